@@ -1,0 +1,80 @@
+"""The ``icl`` command: one entry point, one subcommand per part of kube-icl.
+
+Each part registers its own subcommands through a ``register(subparsers)``
+function in its ``cli`` module; heavy imports happen inside the handlers, so
+``icl --help`` stays fast. Logging is configured here and only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+# Modules that contribute subcommands, in the order ``icl --help`` lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "simulator.topo_cli",
+    "simulator.demo_cli",
+)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        payload = {
+            "ts": self.formatTime(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            payload["exc"] = self.formatException(record.exc_info)
+        return json.dumps(payload)
+
+
+def _configure_logging(level: str, json_logs: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
+    )
+    common.add_argument("--json-logs", action="store_true", help="write logs as one JSON object per line")
+    parser = argparse.ArgumentParser(
+        prog="icl",
+        description=(
+            "kube-icl: place accelerator jobs on devices that are actually linked together. "
+            "Subcommands cover the topology library, the device plugin, the scheduler extender "
+            "and the placement simulator."
+        ),
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _configure_logging(args.log_level, args.json_logs)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
