@@ -1,0 +1,1 @@
+"""Generated stubs of the kubelet Device Plugin API v1beta1 (see ``deviceplugin.protogen``)."""
