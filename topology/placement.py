@@ -1,0 +1,468 @@
+"""Placement: given a topology, a free set and a shape, an ordered placement or none.
+
+Exact on node-sized graphs: when a placement exists it is found. Each
+(topology, shape) gets a candidate table, computed once: every distinct device
+set that forms the shape, as a bitmask, plus per-device bitsets over the table.
+A query is then a handful of big-integer operations (which candidates avoid the
+busy devices), not a search. Where a table would be too large to hold (a ring of
+16 in a 64-device torus has hundreds of thousands), it holds a bounded prefix and
+a query that finds nothing in it falls back to an exact search of the free set.
+
+>>> from topology.presets import build_preset
+>>> from topology.shapes import parse_shape
+>>> placer = Placer.for_topology(build_preset("ring:8"))
+>>> placer.place(parse_shape("ring", 2), free=["2", "3", "5"]).devices
+('2', '3')
+>>> placer.place(parse_shape("ring", 4), free=["2", "3", "5"]) is None
+True
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from topology.errors import ShapeError, TopologyError
+from topology.model import NodeTopology
+from topology.scoring import Policy, boundary, fragmentation_loss, hop_cost
+from topology.search import Pattern, SearchResult, bfs_order, bits, component_of, connected_sets, embeddings
+from topology.shapes import Shape, ShapeKind, parse_shape
+
+__all__ = ["DEFAULT_MIX", "Placement", "Placer", "TableStats"]
+
+#: The expected mix of future requests that fragmentation is measured against.
+DEFAULT_MIX: tuple[tuple[str, float], ...] = (
+    ("ring:2", 1.0),
+    ("ring:4", 1.0),
+    ("ring:8", 1.0),
+    ("mesh:2x2", 0.5),
+    ("mesh:2x4", 0.5),
+)
+TABLE_LIMIT = 20_000  # candidates kept per (topology, shape)
+TABLE_BUDGET = 600_000  # search steps spent building one table
+SEARCH_BUDGET = 3_000_000  # search steps for a fallback query (exhaustive far below this at <= 64 devices)
+MAX_OPTIONS = 256  # fitting placements scored per decision
+QUERY_CACHE = 4096  # remembered decisions per topology
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """An ordered placement: ``devices`` in ring order or mesh row-major, ``coords`` per device.
+
+    ``valid`` says whether the devices really form ``shape`` (a topology-unaware policy may
+    return devices that do not); ``score`` is the policy's cost, lower is better.
+    """
+
+    devices: tuple[str, ...]
+    shape: Shape
+    coords: tuple[tuple[int, ...], ...]
+    score: float = 0.0
+    valid: bool = True
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "devices": list(self.devices),
+            "shape": str(self.shape),
+            "coords": [list(c) for c in self.coords],
+            "score": round(self.score, 6),
+            "valid": self.valid,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TableStats:
+    shape: str
+    candidates: int
+    complete: bool
+
+
+class _Table:
+    """Every distinct device set forming one shape (or a bounded prefix when there are too many)."""
+
+    __slots__ = ("all", "by_device", "complete", "masks", "orders")
+
+    def __init__(self, result: SearchResult, n: int) -> None:
+        self.masks = result.masks
+        self.orders = result.placements
+        self.complete = result.complete
+        by_device = [0] * n
+        for i, mask in enumerate(self.masks):
+            bit = 1 << i
+            for v in bits(mask):
+                by_device[v] |= bit
+        self.by_device = by_device
+        self.all = (1 << len(self.masks)) - 1
+
+    def fitting(self, busy: int) -> int:
+        """The bitset of candidates that use no busy device."""
+        hit = 0
+        for v in bits(busy):
+            hit |= self.by_device[v]
+        return self.all & ~hit
+
+
+class Placer:
+    """Placement on one topology; get one with :meth:`for_topology` so equal topologies share tables.
+
+    Thread-safe: tables and the decision cache are guarded by a lock, and each
+    decision is a pure function of (shape, free set, policy, must_include).
+    """
+
+    _registry: OrderedDict[str, Placer] = OrderedDict()
+    _registry_lock = threading.Lock()
+    REGISTRY_SIZE = 256
+
+    def __init__(self, topo: NodeTopology, mix: Sequence[tuple[str, float]] = DEFAULT_MIX) -> None:
+        self.topo = topo
+        self.n = len(topo.devices)
+        self.adj = topo.adjacency
+        self.healthy = topo.healthy_mask
+        self._lock = threading.RLock()
+        self._tables: dict[Shape, _Table] = {}
+        self._cache: OrderedDict[tuple[object, ...], Placement | None] = OrderedDict()
+        self._mix = tuple(
+            (shape, weight) for shape, weight in ((parse_shape(s), w) for s, w in mix) if shape.size < self.n
+        )
+
+    @classmethod
+    def for_topology(cls, topo: NodeTopology) -> Placer:
+        """The shared placer of ``topo`` (keyed by fingerprint: equal topologies share tables)."""
+        key = topo.fingerprint
+        with cls._registry_lock:
+            placer = cls._registry.get(key)
+            if placer is not None and placer.topo.ids == topo.ids:
+                cls._registry.move_to_end(key)
+                return placer
+            placer = cls(topo)
+            cls._registry[key] = placer
+            while len(cls._registry) > cls.REGISTRY_SIZE:
+                cls._registry.popitem(last=False)
+            return placer
+
+    # -- tables ----------------------------------------------------------------------------------
+
+    def _pattern(self, shape: Shape) -> Pattern:
+        return Pattern.build(shape.size, shape.pattern_edges(), ring=shape.kind is ShapeKind.RING)
+
+    def _search(self, shape: Shape, domain: int, limit: int, budget: int) -> SearchResult:
+        if shape.kind is ShapeKind.ANY:
+            return connected_sets(self.adj, shape.size, domain, limit, budget)
+        if shape.kind is ShapeKind.RING and shape.size > 2 and shape.size % 2 and self._bipartite:
+            return SearchResult([], [], True)  # a bipartite graph has no odd cycle
+        return embeddings(self.adj, self._pattern(shape), domain, limit, budget)
+
+    @cached_property
+    def _bipartite(self) -> bool:
+        from topology.search import is_bipartite
+
+        return is_bipartite(self.adj, self.healthy)
+
+    def table(self, shape: Shape) -> _Table:
+        with self._lock:
+            table = self._tables.get(shape)
+            if table is None:
+                table = _Table(self._search(shape, self.healthy, TABLE_LIMIT, TABLE_BUDGET), self.n)
+                self._tables[shape] = table
+            return table
+
+    def table_stats(self) -> list[TableStats]:
+        with self._lock:
+            return [TableStats(str(s), len(t.masks), t.complete) for s, t in self._tables.items()]
+
+    @cached_property
+    def _dist(self) -> tuple[tuple[int, ...], ...]:
+        """All-pairs hop distances in the healthy graph (unreachable: n + 1)."""
+        rows = []
+        for s in range(self.n):
+            row = [self.n + 1] * self.n
+            row[s] = 0
+            frontier, seen, d = 1 << s, 1 << s, 0
+            while frontier:
+                d += 1
+                nxt = 0
+                for v in bits(frontier):
+                    nxt |= self.adj[v]
+                nxt &= self.healthy & ~seen
+                for v in bits(nxt):
+                    row[v] = d
+                seen |= nxt
+                frontier = nxt
+            rows.append(tuple(row))
+        return tuple(rows)
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def _masks(self, free: Collection[str], must_include: Collection[str]) -> tuple[int, int]:
+        free_mask = self.topo.mask_of(free, "free") & self.healthy
+        must = self.topo.mask_of(must_include, "must_include")
+        if must & ~free_mask:
+            missing = ", ".join(self.topo.ids_of(must & ~free_mask))
+            raise TopologyError(f"must_include: device(s) {missing} are not free and healthy")
+        return free_mask, must
+
+    def _check(self, shape: Shape) -> None:
+        if shape.size > self.n:
+            raise ShapeError(f"shape: {shape.describe()} needs {shape.size} devices; the node has {self.n}")
+
+    def fits(self, shape: Shape, free: Collection[str]) -> bool:
+        """Whether ``shape`` can be placed on ``free`` (exact)."""
+        if shape.size > self.n:
+            return False
+        free_mask, _ = self._masks(free, ())
+        return self._fits_mask(shape, free_mask)
+
+    def _fits_mask(self, shape: Shape, free_mask: int) -> bool:
+        if free_mask.bit_count() < shape.size:
+            return False
+        table = self.table(shape)
+        if table.fitting(self.healthy & ~free_mask):
+            return True
+        if table.complete:
+            return False
+        if shape.kind is ShapeKind.ANY:
+            return self._largest_component(free_mask) >= shape.size
+        return bool(self._search(shape, free_mask, 1, SEARCH_BUDGET).masks)
+
+    def place(
+        self,
+        shape: Shape,
+        free: Collection[str],
+        policy: Policy = Policy.FRAGMENTATION,
+        must_include: Collection[str] = (),
+    ) -> Placement | None:
+        """The best placement of ``shape`` on ``free`` under ``policy``, or None when none exists."""
+        self._check(shape)
+        free_mask, must = self._masks(free, must_include)
+        key = (shape, free_mask, must, policy)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        result = self._decide(shape, free_mask, must, policy)
+        with self._lock:
+            self._cache[key] = result
+            while len(self._cache) > QUERY_CACHE:
+                self._cache.popitem(last=False)
+        return result
+
+    def _options(self, shape: Shape, free_mask: int, must: int) -> list[tuple[int, tuple[int, ...]]]:
+        """Up to MAX_OPTIONS fitting (mask, order) pairs, in table order."""
+        if free_mask.bit_count() < shape.size:
+            return []
+        table = self.table(shape)
+        fit = table.fitting(self.healthy & ~free_mask)
+        for v in bits(must):
+            fit &= table.by_device[v]
+        options = []
+        for i in bits(fit):
+            options.append((table.masks[i], table.orders[i]))
+            if len(options) >= MAX_OPTIONS:
+                break
+        if options or table.complete:
+            return options
+        if shape.kind is ShapeKind.ANY:
+            return self._grow_any(shape.size, free_mask, must)
+        # The table is a prefix: search the free set itself (exact), keeping those with ``must``.
+        found = self._search(shape, free_mask, MAX_OPTIONS * 4, SEARCH_BUDGET)
+        return [(m, o) for m, o in zip(found.masks, found.placements, strict=True) if m & must == must][
+            :MAX_OPTIONS
+        ]
+
+    def _largest_component(self, free_mask: int) -> int:
+        best, rest = 0, free_mask
+        while rest:
+            comp = component_of(self.adj, (rest & -rest).bit_length() - 1, free_mask)
+            best = max(best, comp.bit_count())
+            rest &= ~comp
+        return best
+
+    def _grow_any(self, k: int, free_mask: int, must: int) -> list[tuple[int, tuple[int, ...]]]:
+        """Connected k-sets grown greedily (fewest added hops) from each free seed: exact for existence,
+        since a component of k or more free devices always lets a set grow to k."""
+        dist = self._dist
+        seeds = must if must else free_mask
+        out: dict[int, tuple[int, ...]] = {}
+        for seed in bits(seeds):
+            chosen = [seed]
+            mask = (1 << seed) | must
+            chosen += [v for v in bits(must) if v != seed]
+            while len(chosen) < k:
+                frontier = 0
+                for v in chosen:
+                    frontier |= self.adj[v]
+                frontier &= free_mask & ~mask
+                if not frontier:
+                    break
+                best = min(bits(frontier), key=lambda u: (sum(dist[u][c] for c in chosen), u))
+                chosen.append(best)
+                mask |= 1 << best
+            if len(chosen) == k and component_of(self.adj, seed, mask) == mask:
+                out.setdefault(mask, bfs_order(self.adj, mask))
+            if len(out) >= MAX_OPTIONS:
+                break
+        return list(out.items())
+
+    def _decide(self, shape: Shape, free_mask: int, must: int, policy: Policy) -> Placement | None:
+        if policy is Policy.KUBELET:
+            return self._kubelet(shape, free_mask, must)
+        options = self._options(shape, free_mask, must)
+        if not options:
+            return None
+        if policy is Policy.FRAGMENTATION:
+            busy = self.healthy & ~free_mask
+            mix = [(self.table(s), w) for s, w in self._mix]
+            fitting = [t.fitting(busy) for t, _ in mix]
+            by_device = [t.by_device for t, _ in mix]
+            weights = [w for _, w in mix]
+
+        def cost(option: tuple[int, tuple[int, ...]]) -> tuple[float, ...]:
+            mask, order = option
+            hops = float(hop_cost(self._dist, order)) if shape.kind is ShapeKind.ANY else 0.0
+            edge = float(boundary(self.adj, mask, free_mask))
+            if policy is Policy.FRAGMENTATION:
+                return (hops, fragmentation_loss(mask, fitting, by_device, weights), edge)
+            return (hops, edge)
+
+        best = min(options, key=lambda o: (cost(o), o[0]))
+        return self._placement(shape, best[1], score=cost(best)[1 if policy is Policy.FRAGMENTATION else -1])
+
+    def _placement(self, shape: Shape, order: Sequence[int], score: float = 0.0, valid: bool = True) -> Placement:
+        ids = tuple(self.topo.devices[v].id for v in order)
+        return Placement(ids, shape, shape.coords(), score, valid)
+
+    def _kubelet(self, shape: Shape, free_mask: int, must: int) -> Placement | None:
+        """A stock kubelet's choice: the requested count of lowest free ids (``must_include`` first)."""
+        if free_mask.bit_count() < shape.size:
+            return None
+        chosen = list(bits(must))
+        for v in bits(free_mask & ~must):
+            if len(chosen) >= shape.size:
+                break
+            chosen.append(v)
+        chosen.sort()
+        mask = sum(1 << v for v in chosen)
+        ranked = self._rank_mask(shape, mask)
+        if ranked is not None:
+            return self._placement(shape, ranked)
+        return Placement(tuple(self.topo.devices[v].id for v in chosen), shape, (), 0.0, valid=False)
+
+    def _rank_mask(self, shape: Shape, mask: int) -> tuple[int, ...] | None:
+        if mask.bit_count() != shape.size or mask & ~self.healthy:
+            return None
+        if shape.kind is ShapeKind.ANY:
+            start = (mask & -mask).bit_length() - 1
+            return bfs_order(self.adj, mask) if component_of(self.adj, start, mask) == mask else None
+        found = self._search(shape, mask, 1, SEARCH_BUDGET)
+        return found.placements[0] if found.placements else None
+
+    def rank_order(self, shape: Shape, devices: Collection[str]) -> Placement | None:
+        """Rebuild the ring order / mesh coordinates of exactly ``devices``, or None if they do not form ``shape``."""
+        mask = self.topo.mask_of(devices, "devices")
+        if mask.bit_count() != len(devices):
+            raise TopologyError(f"devices: duplicate ids in {sorted(devices)}")
+        order = self._rank_mask(shape, mask)
+        return None if order is None else self._placement(shape, order)
+
+    def is_valid(self, shape: Shape, devices: Collection[str]) -> bool:
+        """Whether ``devices`` (healthy) form ``shape``."""
+        return self.rank_order(shape, devices) is not None
+
+    def pack(
+        self, shape: Shape, free: Collection[str], want: int, policy: Policy = Policy.FRAGMENTATION
+    ) -> list[Placement]:
+        """Up to ``want`` disjoint placements of ``shape`` on ``free``.
+
+        Placed one at a time by ``policy``; when that falls short and the table is complete, an
+        exact search for ``want`` disjoint candidates follows, so the count is the true maximum
+        (capped at ``want``) on node-sized graphs.
+        """
+        self._check(shape)
+        free_mask, _ = self._masks(free, ())
+        out: list[Placement] = []
+        left = free_mask
+        while len(out) < want:
+            p = self._decide(shape, left, 0, policy)
+            if p is None:
+                break
+            out.append(p)
+            left &= ~self.topo.mask_of(p.devices)
+        if len(out) >= want:
+            return out
+        table = self.table(shape)
+        if not table.complete:
+            return out
+        exact = self._disjoint(table, free_mask, want)
+        if len(exact) <= len(out):
+            return out
+        return [self._placement(shape, table.orders[i]) for i in exact]
+
+    def _disjoint(self, table: _Table, free_mask: int, want: int) -> list[int]:
+        """Indices of up to ``want`` pairwise disjoint table candidates inside ``free_mask`` (exact search)."""
+        best: list[int] = []
+        steps = 0
+
+        def go(avail: int, chosen: list[int]) -> bool:
+            nonlocal best, steps
+            steps += 1
+            if len(chosen) > len(best):
+                best = list(chosen)
+                if len(best) >= want:
+                    return True
+            if steps > SEARCH_BUDGET:
+                return True
+            fit = table.fitting(self.healthy & ~avail)
+            if not fit or len(chosen) + avail.bit_count() // max(1, table_size) <= len(best):
+                return False
+            # Branch on the lowest device that some fitting candidate uses: use it in one of them, or not at all.
+            covered = 0
+            for i in bits(fit):
+                covered |= table.masks[i]
+                break
+            v = (covered & -covered).bit_length() - 1
+            for i in bits(fit & table.by_device[v]):
+                chosen.append(i)
+                if go(avail & ~table.masks[i], chosen):
+                    return True
+                chosen.pop()
+            return go(avail & ~(1 << v), chosen)
+
+        table_size = table.masks[0].bit_count() if table.masks else 1
+        go(free_mask, [])
+        return best
+
+    # -- explanations ----------------------------------------------------------------------------
+
+    def largest_ring(self, free: Collection[str], below: int | None = None) -> int:
+        """The size of the largest ring that fits ``free`` (0 when nothing is free)."""
+        free_mask, _ = self._masks(free, ())
+        top = min(free_mask.bit_count(), below if below is not None else self.n)
+        for k in range(top, 0, -1):
+            if self._fits_mask(Shape(ShapeKind.RING, k, (k,)), free_mask):
+                return k
+        return 0
+
+    def explain(self, shape: Shape, free: Collection[str]) -> str:
+        """Why ``shape`` does not fit ``free``, in words a person can act on (empty when it fits)."""
+        free_mask, _ = self._masks(free, ())
+        healthy = self.healthy.bit_count()
+        n_free = free_mask.bit_count()
+        what = shape.describe()
+        if shape.size > healthy:
+            return f"{what} needs {shape.size} devices; the node has {healthy} healthy of {self.n}"
+        if n_free < shape.size:
+            return f"{what} needs {shape.size} free devices; {n_free} of {healthy} healthy are free"
+        if self._fits_mask(shape, free_mask):
+            return ""
+        if shape.kind is ShapeKind.RING:
+            largest = self.largest_ring(self.topo.ids_of(free_mask), below=shape.size - 1)
+            return f"{what} needs {shape.size} adjacent free devices; largest free ring is {largest}"
+        group = self._largest_component(free_mask)
+        if shape.kind is ShapeKind.ANY:
+            return f"{what} needs {shape.size} linked free devices; largest linked free group is {group}"
+        return (
+            f"{what} needs {shape.size} free devices linked as a {'x'.join(map(str, shape.dims))} grid; "
+            f"{n_free} are free, largest linked free group is {group}, and no {what} is among them"
+        )
