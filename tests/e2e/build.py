@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""Build, or reuse from the cache, the real control plane of the e2e tests.
+
+The binaries (etcd, kube-apiserver, kube-scheduler, kubectl, kwok) are built
+with the Go toolchain from the wrapper module in ``tests/e2e/gomod``, whose
+versions come from ``tests/e2e/versions.env``. They are cached outside the
+repository, in ``${ICL_E2E_CACHE:-~/.cache/kube-icl/e2e}/<key>/bin``, where
+``<key>`` hashes the pins, the wrapper module and the build recipe, so a second
+run finds them at once.
+
+Standard library only: ``make e2e-bins`` runs it with the system Python, and
+the pytest harness imports it to find the binaries without calling Go.
+
+Usage::
+
+    python3 tests/e2e/build.py            # build what is missing (make e2e-bins)
+    python3 tests/e2e/build.py --sync     # after editing versions.env: regenerate gomod/
+    python3 tests/e2e/build.py --bin-dir  # print where the binaries are (or would be)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "TARGETS",
+    "BuildError",
+    "Versions",
+    "bin_dir",
+    "build",
+    "cache_key",
+    "cache_root",
+    "check_gomod",
+    "load_versions",
+    "missing_binaries",
+    "sync",
+]
+
+HERE = Path(__file__).resolve().parent
+VERSIONS_FILE = HERE / "versions.env"
+GOMOD_DIR = HERE / "gomod"
+# Bump when the way binaries are built changes, so that cached ones are rebuilt.
+RECIPE = "go build -trimpath -ldflags='-s -w'; recipe 1"
+BUILD_FLAGS = ("-trimpath", "-ldflags=-s -w")
+HEARTBEAT_S = 20.0
+MODULE_PATH = "kube-icl.io/e2e-bins"
+
+
+class BuildError(Exception):
+    """The binaries could not be built; the message says what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One binary: its file name and the Go main package it is built from."""
+
+    name: str
+    package: str
+
+
+# The API server first: it holds most of the shared packages, the rest reuse them.
+TARGETS: tuple[Target, ...] = (
+    Target("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver"),
+    Target("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler"),
+    Target("etcd", "go.etcd.io/etcd/server/v3"),
+    Target("kwok", "sigs.k8s.io/kwok/cmd/kwok"),
+    Target("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
+)
+
+_SEMVER = re.compile(r"^v\d+\.\d+\.\d+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    """The pins of ``versions.env``."""
+
+    kubernetes: str
+    kwok: str
+    etcd: str
+
+    @property
+    def staging(self) -> str:
+        """Version of the ``k8s.io/*`` staging modules: v1.37.2 -> v0.37.2."""
+        return "v0." + self.kubernetes.split(".", 1)[1]
+
+    def pins(self) -> dict[str, str]:
+        """Module path -> version, for the modules the wrapper requires directly."""
+        return {
+            "k8s.io/kubernetes": self.kubernetes,
+            "sigs.k8s.io/kwok": self.kwok,
+            "go.etcd.io/etcd/server/v3": self.etcd,
+        }
+
+
+def load_versions(path: Path = VERSIONS_FILE) -> Versions:
+    """Read ``KEY=VALUE`` lines; comments and blank lines are ignored."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise BuildError(f"{path}:{number}: expected KEY=VALUE, got {raw!r}")
+        values[key.strip()] = value.strip().strip("\"'")
+    fields = {"kubernetes": "KUBERNETES_VERSION", "kwok": "KWOK_VERSION", "etcd": "ETCD_VERSION"}
+    found: dict[str, str] = {}
+    for field, key in fields.items():
+        value = values.get(key)
+        if value is None:
+            raise BuildError(f"{path}: {key} is missing")
+        if not _SEMVER.match(value):
+            raise BuildError(f"{path}: {key}={value!r} is not a release version like v1.2.3")
+        found[field] = value
+    return Versions(**found)
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def cache_root() -> Path:
+    """``$ICL_E2E_CACHE``, else ``~/.cache/kube-icl/e2e``."""
+    configured = os.environ.get("ICL_E2E_CACHE")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "kube-icl" / "e2e"
+
+
+def cache_key() -> str:
+    """Hash of everything that decides the binaries: pins, wrapper module, recipe."""
+    digest = hashlib.sha256()
+    for path in (VERSIONS_FILE, GOMOD_DIR / "go.mod", GOMOD_DIR / "go.sum"):
+        digest.update(path.name.encode() + b"\0")
+        digest.update(path.read_bytes() if path.exists() else b"<missing>")
+    digest.update(RECIPE.encode())
+    for target in TARGETS:
+        digest.update(f"{target.name}={target.package}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def bin_dir() -> Path:
+    """Where the binaries are: ``$ICL_E2E_BIN_DIR`` if set, else the cache entry."""
+    configured = os.environ.get("ICL_E2E_BIN_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return cache_root() / cache_key() / "bin"
+
+
+def missing_binaries(directory: Path | None = None) -> list[str]:
+    """Names of the binaries that are not in ``directory`` (default: :func:`bin_dir`)."""
+    directory = bin_dir() if directory is None else directory
+    return [t.name for t in TARGETS if not os.access(directory / t.name, os.X_OK)]
+
+
+# --------------------------------------------------------------------------- go.mod
+
+
+def _go_mod_entries(text: str, directive: str) -> list[str]:
+    """Lines of one directive (``require``, ``replace``), in block or single-line form."""
+    entries: list[str] = []
+    in_block = False
+    for raw in text.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if in_block:
+            if line == ")":
+                in_block = False
+            elif line:
+                entries.append(line)
+        elif line == f"{directive} (":
+            in_block = True
+        elif line.startswith(directive + " "):
+            entries.append(line[len(directive) + 1 :].strip())
+    return entries
+
+
+def check_gomod(versions: Versions, gomod: Path = GOMOD_DIR / "go.mod") -> list[str]:
+    """Disagreements between the wrapper's go.mod and the pins (empty: it matches)."""
+    if not gomod.exists():
+        return [f"{gomod} is missing"]
+    text = gomod.read_text()
+    required = dict(entry.split()[:2] for entry in _go_mod_entries(text, "require"))
+    problems = [
+        f"requires {module} {required.get(module, '(nothing)')}, versions.env pins {version}"
+        for module, version in versions.pins().items()
+        if required.get(module) != version
+    ]
+    for entry in _go_mod_entries(text, "replace"):
+        old, _, new = entry.partition("=>")
+        parts = new.split()
+        if old.strip().startswith("k8s.io/") and (len(parts) != 2 or parts[1] != versions.staging):
+            problems.append(f"replaces {old.strip()} with {new.strip()}, expected {versions.staging}")
+    return problems
+
+
+# --------------------------------------------------------------------------- go
+
+
+def _say(message: str) -> None:
+    print(f"e2e-bins: {message}", flush=True)
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    flags = env.get("GOFLAGS", "").split()
+    env["GOFLAGS"] = " ".join([f for f in flags if not f.startswith("-mod=")] + ["-mod=mod"])
+    return env
+
+
+def _go(args: Sequence[str], cwd: Path | None = None) -> str:
+    result = subprocess.run(
+        ["go", *args], cwd=cwd, env=_go_env(), capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise BuildError(f"`go {' '.join(args)}` failed:\n{result.stderr.strip()}")
+    return result.stdout
+
+
+def check_versions_exist(versions: Versions) -> None:
+    """Ask the module proxy whether every pinned release exists."""
+    for module, version in versions.pins().items():
+        listed = _go(["list", "-m", "-versions", module]).split()[1:]
+        if version not in listed:
+            recent = " ".join(listed[-5:]) or "none"
+            raise BuildError(f"{module} {version} is not on the module proxy (recent: {recent})")
+
+
+def _staging_modules(kubernetes_version: str) -> list[str]:
+    """The ``k8s.io/*`` modules that k8s.io/kubernetes replaces with its staging tree."""
+    info = json.loads(_go(["mod", "download", "-json", f"k8s.io/kubernetes@{kubernetes_version}"]))
+    text = Path(info["GoMod"]).read_text()
+    modules = []
+    for entry in _go_mod_entries(text, "replace"):
+        old, _, new = entry.partition("=>")
+        if new.strip().startswith("./staging/"):
+            modules.append(old.split()[0])
+    return sorted(modules)
+
+
+def _published(module: str, version: str) -> bool:
+    try:
+        _go(["list", "-m", "-json", f"{module}@{version}"])
+    except BuildError:
+        return False
+    return True
+
+
+def sync(versions: Versions) -> None:
+    """Regenerate ``gomod/go.mod`` and ``go.sum`` from the pins (network: module proxy)."""
+    _say(f"checking the pins on the module proxy: {versions}")
+    check_versions_exist(versions)
+    replaces = []
+    for module in _staging_modules(versions.kubernetes):
+        if _published(module, versions.staging):
+            replaces.append(f"\t{module} => {module} {versions.staging}")
+        else:
+            _say(f"note: {module} {versions.staging} is not published; not mapped (not needed)")
+    requires = [f"\t{module} {version}" for module, version in sorted(versions.pins().items())]
+    tools = [f"\t{target.package}" for target in sorted(TARGETS, key=lambda t: t.package)]
+    gomod = "\n".join(
+        [
+            "// Wrapper module that builds the real control plane of the e2e tests.",
+            "// Generated from tests/e2e/versions.env by `python3 tests/e2e/build.py --sync`;",
+            "// do not edit by hand. The k8s.io/* staging modules, which k8s.io/kubernetes",
+            "// replaces with local paths, are mapped to their published releases.",
+            f"module {MODULE_PATH}",
+            "",
+            "go 1.26.0",
+            "",
+            "require (",
+            *requires,
+            ")",
+            "",
+            "tool (",
+            *tools,
+            ")",
+            "",
+            "replace (",
+            *replaces,
+            ")",
+            "",
+        ]
+    )
+    with tempfile.TemporaryDirectory(prefix="kube-icl-gomod-") as scratch:
+        work = Path(scratch)
+        (work / "go.mod").write_text(gomod)
+        _say("go mod tidy (downloads the module graph)")
+        _go(["mod", "tidy"], cwd=work)
+        GOMOD_DIR.mkdir(parents=True, exist_ok=True)
+        for name in ("go.mod", "go.sum"):
+            shutil.copyfile(work / name, GOMOD_DIR / name)
+    problems = check_gomod(versions)
+    if problems:
+        raise BuildError("go mod tidy moved a pin: " + "; ".join(problems))
+    _say(f"wrote {GOMOD_DIR / 'go.mod'} and go.sum; new cache key {cache_key()}")
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _format_duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def _build_one(target: Target, work: Path, out: Path, index: int) -> float:
+    """``go build`` one binary, printing a heartbeat; returns the seconds it took."""
+    prefix = f"[{index}/{len(TARGETS)}] {target.name}"
+    _say(f"{prefix}: building {target.package}")
+    command = ["nice", "-n", "10", "go", "build", "-v", *BUILD_FLAGS, "-o", str(out), target.package]
+    started = time.monotonic()
+    process = subprocess.Popen(
+        command, cwd=work, env=_go_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stderr is not None
+    counts = {"packages": 0, "modules": 0}
+    tail: deque[str] = deque(maxlen=40)
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            elapsed = _format_duration(time.monotonic() - started)
+            _say(
+                f"{prefix}: {counts['packages']} packages compiled, "
+                f"{counts['modules']} modules downloaded, {elapsed}"
+            )
+
+    thread = threading.Thread(target=heartbeat, daemon=True)
+    thread.start()
+    try:
+        for line in process.stderr:
+            tail.append(line.rstrip())
+            if line.startswith("go: downloading"):
+                counts["modules"] += 1
+            elif not line.startswith(("go:", "#", " ", "\t")):
+                counts["packages"] += 1
+        code = process.wait()
+    finally:
+        done.set()
+        thread.join()
+    took = time.monotonic() - started
+    if code != 0:
+        log = "\n".join(line for line in tail if " " in line or line.startswith("#"))
+        raise BuildError(f"{prefix}: go build failed (exit {code}) after {_format_duration(took)}:\n{log}")
+    size = out.stat().st_size / 2**20
+    _say(f"{prefix}: done in {_format_duration(took)} ({counts['packages']} packages, {size:.0f} MiB)")
+    return took
+
+
+def build(*, force: bool = False, check_proxy: bool = True) -> Path:
+    """Build the missing binaries into the cache; returns their directory."""
+    versions = load_versions()
+    problems = check_gomod(versions)
+    if problems:
+        raise BuildError(
+            "tests/e2e/gomod/go.mod does not match tests/e2e/versions.env ("
+            + "; ".join(problems)
+            + "); run `python3 tests/e2e/build.py --sync`"
+        )
+    entry = cache_root() / cache_key()
+    target_dir = entry / "bin"
+    if not force and not missing_binaries(target_dir):
+        _say(f"up to date: {target_dir}")
+        return target_dir
+    with _locked(entry.with_suffix(".lock")):
+        if not force and not missing_binaries(target_dir):
+            _say(f"up to date (built meanwhile): {target_dir}")
+            return target_dir
+        go_version = _go(["env", "GOVERSION"]).strip()
+        _say(
+            f"building kubernetes {versions.kubernetes}, kwok {versions.kwok}, etcd {versions.etcd} "
+            f"with {go_version} into {entry} (cold: about 30 minutes on 2 cores)"
+        )
+        if check_proxy:
+            check_versions_exist(versions)
+        work = entry / "src"
+        work.mkdir(parents=True, exist_ok=True)
+        for name in ("go.mod", "go.sum"):
+            shutil.copyfile(GOMOD_DIR / name, work / name)
+        staging = entry / "bin.partial"
+        staging.mkdir(exist_ok=True)
+        started = time.monotonic()
+        for index, target in enumerate(TARGETS, start=1):
+            out = staging / target.name
+            if out.exists() and not force:
+                _say(f"[{index}/{len(TARGETS)}] {target.name}: already built")
+                continue
+            _build_one(target, work, out, index)
+        shutil.copyfile(VERSIONS_FILE, staging / "versions.env")
+        if target_dir.exists():
+            shutil.rmtree(target_dir)
+        staging.rename(target_dir)
+        _say(f"all built in {_format_duration(time.monotonic() - started)}: {target_dir}")
+    return target_dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--sync", action="store_true", help="regenerate gomod/ from versions.env")
+    group.add_argument("--bin-dir", action="store_true", help="print the binaries' directory and exit")
+    group.add_argument("--check", action="store_true", help="check gomod/ against versions.env")
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    args = parser.parse_args(argv)
+    try:
+        if args.bin_dir:
+            print(bin_dir())
+            return 0
+        if args.check:
+            problems = check_gomod(load_versions())
+            for problem in problems:
+                _say(f"go.mod {problem}")
+            return 1 if problems else 0
+        if shutil.which("go") is None:
+            _say(
+                "Go toolchain not found: the e2e control plane is not built and the e2e tests "
+                "will skip (install Go >= 1.26, then `make e2e-bins`)"
+            )
+            return 0
+        if args.sync:
+            sync(load_versions())
+            return 0
+        build(force=args.force)
+    except BuildError as error:
+        _say(f"error: {error}")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The harness itself: a real control plane comes up, schedules onto kwok nodes, goes away."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from . import build
+from .harness import KWOK_TOLERATIONS, ControlPlane, require_binaries
+
+pytestmark = pytest.mark.e2e
+
+
+def _pod(name: str, node_selector: dict[str, str]) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": node_selector,
+            "tolerations": KWOK_TOLERATIONS,
+            # kwok never pulls it; the name only has to be valid.
+            "containers": [{"name": "main", "image": "registry.invalid/kube-icl/e2e:none"}],
+        },
+    }
+
+
+def test_control_plane_is_up(control_plane: ControlPlane) -> None:
+    version = k8s.VersionApi(control_plane.api_client).get_code()
+    assert version.git_version == build.load_versions().kubernetes
+    assert control_plane.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+    assert {"etcd", "kube-apiserver", "kwok", "kube-scheduler"} <= set(control_plane.pids())
+    assert all(component.running for component in control_plane.components)
+    # kubectl, from the same release, talks to it with the admin kubeconfig.
+    assert "default" in control_plane.kubectl("get", "namespaces", "-o", "name").stdout
+
+
+def test_kwok_node_becomes_ready(control_plane: ControlPlane) -> None:
+    node = control_plane.create_node(
+        "kwok-ready-0",
+        labels={"kube-icl.io/link-domain": "rack-a"},
+        annotations={"kube-icl.io/topology": '{"v":1}'},
+        allocatable={"kube-icl.io/accelerator": "8", "cpu": "16"},
+    )
+    assert node.metadata.labels["kube-icl.io/link-domain"] == "rack-a"
+    assert node.metadata.annotations["kube-icl.io/topology"] == '{"v":1}'
+    assert node.status.allocatable["kube-icl.io/accelerator"] == "8"
+    assert node.status.allocatable["cpu"] == "16"
+
+
+def test_plain_pod_is_scheduled_onto_kwok_node_and_runs(control_plane: ControlPlane, namespace: str) -> None:
+    control_plane.create_node("kwok-plain-0", labels={"kube-icl.io/e2e": "plain"})
+    control_plane.core.create_namespaced_pod(namespace, _pod("plain", {"kube-icl.io/e2e": "plain"}))
+
+    pod = control_plane.wait_pod_phase(namespace, "plain", "Running")
+
+    assert pod.spec.node_name == "kwok-plain-0"
+    assert pod.spec.scheduler_name == "default-scheduler"
+    scheduled = [c for c in pod.status.conditions if c.type == "PodScheduled"]
+    assert scheduled and scheduled[0].status == "True"
+
+
+def test_pod_without_a_fitting_node_is_unschedulable(control_plane: ControlPlane, namespace: str) -> None:
+    control_plane.core.create_namespaced_pod(namespace, _pod("nowhere", {"kube-icl.io/e2e": "no-such-node"}))
+
+    def unschedulable(pod: k8s.V1Pod) -> bool:
+        conditions = (pod.status and pod.status.conditions) or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+
+    pod = control_plane.wait_pod(namespace, "nowhere", unschedulable, what="Unschedulable")
+    assert pod.spec.node_name is None
+
+
+def test_scheduler_restarts_with_a_given_config(control_plane: ControlPlane, namespace: str) -> None:
+    config = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [{"schedulerName": "e2e-second-scheduler"}],
+    }
+    control_plane.create_node("kwok-second-0", labels={"kube-icl.io/e2e": "second"})
+    with control_plane.use_scheduler(config):
+        body = _pod("second", {"kube-icl.io/e2e": "second"})
+        body["spec"]["schedulerName"] = "e2e-second-scheduler"  # type: ignore[index]
+        control_plane.core.create_namespaced_pod(namespace, body)
+        pod = control_plane.wait_pod_phase(namespace, "second", "Running")
+        assert pod.spec.node_name == "kwok-second-0"
+    assert control_plane.scheduler is not None and control_plane.scheduler.running
+
+
+def test_teardown_leaves_no_process(tmp_path: Path) -> None:
+    plane = ControlPlane(tmp_path, require_binaries()).start()
+    pids = plane.pids()
+    assert set(pids) == {"etcd", "kube-apiserver", "kwok", "kube-scheduler"}
+    # A component that already died must not break the teardown of the others.
+    assert plane.kwok is not None
+    plane.kwok.stop()
+
+    survivors = plane.stop()
+
+    assert survivors == []
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)  # nothing left in the component's process group either
+    assert all(not component.running for component in plane.components)
