@@ -19,7 +19,13 @@ from topology.cluster import (
 )
 from topology.encoding import ANNOTATION_VERSION, decode_annotation, encode_annotation
 from topology.errors import AllocationError, ShapeError, TopologyError
-from topology.fileformat import API_VERSION, dump_topology, load_topology, loads_topology, topology_from_mapping
+from topology.fileformat import (
+    API_VERSION,
+    dump_topology,
+    load_topology,
+    loads_topology,
+    topology_from_mapping,
+)
 from topology.model import Device, Health, Layout, LayoutKind, Link, LinkKind, NodeTopology
 from topology.placement import DEFAULT_MIX, Placement, Placer
 from topology.presets import build_preset, is_preset

@@ -196,7 +196,9 @@ def place_gang(
     return GangPlacement(domain_name, tuple(chosen))
 
 
-def _runs(graph: nx.Graph, usable: set[str], capacity: Mapping[str, list[Placement]], members: int) -> Iterable[list[str]]:
+def _runs(
+    graph: nx.Graph, usable: set[str], capacity: Mapping[str, list[Placement]], members: int
+) -> Iterable[list[str]]:
     """For each usable start node, a connected run of usable nodes grown until it holds ``members``."""
     for start in sorted(usable):
         run = [start]

@@ -123,10 +123,14 @@ def decode_annotation(text: str) -> NodeTopology:
             a, b = int(entry[0]), int(entry[1])
             if not (0 <= a < n and 0 <= b < n):
                 raise TopologyError(f"l[{j}] names a device index out of range 0..{n - 1}")
-            kind, bw, lanes = (LinkKind(_KINDS[entry[2]]), float(entry[3]), int(entry[4])) if len(entry) > 2 else (
-                LinkKind.ICL,
-                0.0,
-                1,
+            kind, bw, lanes = (
+                (LinkKind(_KINDS[entry[2]]), float(entry[3]), int(entry[4]))
+                if len(entry) > 2
+                else (
+                    LinkKind.ICL,
+                    0.0,
+                    1,
+                )
             )
             health = Health.UNHEALTHY if j in broken else Health.HEALTHY
             links.append(Link(ids[a], ids[b], kind, bw, lanes, health))
@@ -134,8 +138,8 @@ def decode_annotation(text: str) -> NodeTopology:
         if "y" in doc:
             y = doc["y"]
             lkind, dims = LayoutKind(y[0]), tuple(int(d) for d in y[1])
-            coords = tuple(tuple(int(x) for x in c) for c in y[2]) if len(y) > 2 else tuple(
-                _derived_coords(lkind, dims, n)
+            coords = (
+                tuple(tuple(int(x) for x in c) for c in y[2]) if len(y) > 2 else tuple(_derived_coords(lkind, dims, n))
             )
             layout = Layout(lkind, dims, coords)
         return NodeTopology(devices, tuple(links), str(doc.get("n", "")), layout)

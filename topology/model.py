@@ -114,9 +114,7 @@ class NodeTopology:
                     f"devices[{position}].id: duplicate device id {device.id!r} (first at {seen[device.id]})"
                 )
             if device.index != position:
-                raise TopologyError(
-                    f"devices[{position}].index: is {device.index}, must equal its position {position}"
-                )
+                raise TopologyError(f"devices[{position}].index: is {device.index}, must equal its position {position}")
             seen[device.id] = position
         keys: set[tuple[str, str]] = set()
         for position, link in enumerate(self.links):
@@ -133,9 +131,7 @@ class NodeTopology:
                 raise TopologyError(f"links[{position}].bandwidth: must be >= 0, got {link.bandwidth}")
             keys.add(link.key)
         if self.layout.coords and len(self.layout.coords) != len(self.devices):
-            raise TopologyError(
-                f"layout.coords: {len(self.layout.coords)} coordinates for {len(self.devices)} devices"
-            )
+            raise TopologyError(f"layout.coords: {len(self.layout.coords)} coordinates for {len(self.devices)} devices")
 
     # -- lookups ---------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import ClassVar
 
 from topology.errors import ShapeError, TopologyError
 from topology.model import NodeTopology
@@ -111,9 +112,9 @@ class Placer:
     decision is a pure function of (shape, free set, policy, must_include).
     """
 
-    _registry: OrderedDict[str, Placer] = OrderedDict()
-    _registry_lock = threading.Lock()
-    REGISTRY_SIZE = 256
+    _registry: ClassVar[OrderedDict[str, Placer]] = OrderedDict()
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+    REGISTRY_SIZE: ClassVar[int] = 256
 
     def __init__(self, topo: NodeTopology, mix: Sequence[tuple[str, float]] = DEFAULT_MIX) -> None:
         self.topo = topo
@@ -267,9 +268,7 @@ class Placer:
             return self._grow_any(shape.size, free_mask, must)
         # The table is a prefix: search the free set itself (exact), keeping those with ``must``.
         found = self._search(shape, free_mask, MAX_OPTIONS * 4, SEARCH_BUDGET)
-        return [(m, o) for m, o in zip(found.masks, found.placements, strict=True) if m & must == must][
-            :MAX_OPTIONS
-        ]
+        return [(m, o) for m, o in zip(found.masks, found.placements, strict=True) if m & must == must][:MAX_OPTIONS]
 
     def _largest_component(self, free_mask: int) -> int:
         best, rest = 0, free_mask

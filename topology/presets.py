@@ -68,7 +68,9 @@ def _devices(n: int) -> tuple[Device, ...]:
     return tuple(Device(id=str(i), index=i, path=f"/dev/accel/accel{i}") for i in range(n))
 
 
-def _links(edges: list[tuple[int, int]], kind: LinkKind, lanes: dict[tuple[int, int], int] | None = None) -> tuple[Link, ...]:
+def _links(
+    edges: list[tuple[int, int]], kind: LinkKind, lanes: dict[tuple[int, int], int] | None = None
+) -> tuple[Link, ...]:
     lanes = lanes or {}
     out = []
     for a, b in edges:

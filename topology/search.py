@@ -55,7 +55,8 @@ class Pattern:
         if ring:  # walk the cycle instead, so positions are ring ranks
             order = list(range(n))
         pos = {v: t for t, v in enumerate(order)}
-        anchor, back = [-1], [()]
+        anchor: list[int] = [-1]
+        back: list[tuple[int, ...]] = [()]
         for t in range(1, n):
             earlier = tuple(sorted(pos[u] for u in nbrs[order[t]] if pos[u] < t))
             anchor.append(earlier[0])

@@ -1,0 +1,188 @@
+"""``icl topo``: look at topologies and place jobs on them from the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["register", "tour"]
+
+EXIT_NO_PLACEMENT = 3
+EXIT_BAD_INPUT = 2
+JOB_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _ids(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    topo = sub.add_parser(
+        "topo",
+        parents=[common],
+        help="draw topologies, place ring/mesh/torus jobs, encode annotations",
+        description=(
+            "Work with node topologies. TOPOLOGY is a preset (ring:N, mesh:RxC, torus:RxC, torus:RxCxD, "
+            "full:N, hcm:8) or the path of a topology file (YAML or JSON, see docs/topology.md)."
+        ),
+    )
+    verbs = topo.add_subparsers(dest="verb", metavar="VERB")
+    verbs.required = True
+
+    show = verbs.add_parser("show", parents=[common], help="draw a topology in the terminal")
+    show.add_argument("topology", metavar="TOPOLOGY")
+    show.add_argument("--busy", metavar="IDS", help="comma-separated device ids to mark busy")
+    show.add_argument("--json", action="store_true", help="print the topology document as JSON instead")
+    show.set_defaults(func=_show)
+
+    place = verbs.add_parser(
+        "place",
+        parents=[common],
+        help="place a job of a shape on the free devices",
+        description="Place one job. Exits 0 with the placement, 3 with a one-line reason when none exists.",
+    )
+    place.add_argument("topology", metavar="TOPOLOGY")
+    place.add_argument("--shape", default="any", help="any, ring, mesh:RxC or torus:RxC[xD] (default: any)")
+    place.add_argument("--count", type=int, help="devices asked for (required for any and ring)")
+    place.add_argument("--free", metavar="IDS", help="comma-separated free device ids (default: all healthy)")
+    place.add_argument(
+        "--policy",
+        default="fragmentation",
+        choices=["fragmentation", "binpack", "kubelet"],
+        help="choice policy",
+    )
+    place.add_argument("--json", action="store_true", help='print {"devices", "shape", "score", ...} as JSON')
+    place.set_defaults(func=_place)
+
+    enc = verbs.add_parser("encode", parents=[common], help="print the compact kube-icl.io/topology annotation")
+    enc.add_argument("topology", metavar="TOPOLOGY")
+    enc.set_defaults(func=_encode)
+
+    check = verbs.add_parser("validate", parents=[common], help="check a topology file; exit 2 naming the error")
+    check.add_argument("topology", metavar="TOPOLOGY")
+    check.set_defaults(func=_validate)
+
+    tour_p = verbs.add_parser(
+        "tour", parents=[common], help="draw the built-in topologies and place ring and mesh jobs on them"
+    )
+    tour_p.set_defaults(func=lambda args: tour())
+
+
+def _load(spec: str) -> Any:
+    from topology import load_topology
+
+    return load_topology(spec)
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    print(f"icl: {message}", file=sys.stderr)
+    return code
+
+
+def _show(args: argparse.Namespace) -> int:
+    from topology import TopologyError, dump_topology, render
+
+    try:
+        topo = _load(args.topology)
+        busy = _ids(args.busy) or []
+        topo.mask_of(busy, "--busy")
+    except TopologyError as e:
+        return _fail(str(e))
+    if args.json:
+        print(json.dumps(dump_topology(topo), indent=2))
+    else:
+        print(render(topo, {d: "#" for d in busy}))
+    return 0
+
+
+def _place(args: argparse.Namespace) -> int:
+    from topology import Placer, Policy, ShapeError, TopologyError, parse_shape, render
+
+    try:
+        topo = _load(args.topology)
+        shape = parse_shape(args.shape, args.count)
+        free = _ids(args.free)
+        free_ids = sorted(topo.healthy_ids, key=topo.index_of) if free is None else free
+        placer = Placer.for_topology(topo)
+        placement = placer.place(shape, free_ids, Policy(args.policy))
+    except (TopologyError, ShapeError) as e:
+        return _fail(str(e))
+    if placement is None:
+        return _fail(f"no placement: {placer.explain(shape, free_ids)}", EXIT_NO_PLACEMENT)
+    if args.json:
+        print(json.dumps(placement.as_dict()))
+        return 0
+    busy = set(topo.ids) - set(free_ids)
+    marks = {d: "#" for d in busy} | {d: "A" for d in placement.devices}
+    print(render(topo, marks))
+    print(f"{shape.describe()}: {' → '.join(placement.devices)}  (policy {args.policy}, score {placement.score:.3f})")
+    if not placement.valid:
+        print("warning: these devices do not form the asked shape (topology-unaware policy)")
+    return 0
+
+
+def _encode(args: argparse.Namespace) -> int:
+    from topology import TopologyError, encode_annotation
+
+    try:
+        print(encode_annotation(_load(args.topology)))
+    except TopologyError as e:
+        return _fail(str(e))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from topology import TopologyError
+
+    try:
+        topo = _load(args.topology)
+    except TopologyError as e:
+        return _fail(str(e))
+    unhealthy = sum(1 for d in topo.devices if not d.healthy)
+    print(f"ok: {len(topo.devices)} devices ({unhealthy} unhealthy), {len(topo.links)} links")
+    return 0
+
+
+def tour() -> int:
+    """Several built-in topologies drawn, a stream of jobs placed on each, with a stock kubelet beside it."""
+    from topology import Placer, Policy, build_preset, parse_shape, render
+
+    scenes = [
+        ("torus:4x4", ["ring:4", "mesh:2x4", "ring:2", "mesh:2x2", "any:2"]),
+        ("hcm:8", ["ring:4", "ring:2", "ring:2"]),
+        ("ring:8", ["ring:2", "ring:2", "any:3"]),
+        ("mesh:4x4", ["mesh:2x2", "ring:8", "mesh:2x2", "ring:2"]),
+        ("torus:2x2x2", ["torus:2x2x2"]),
+    ]
+    for preset, jobs in scenes:
+        topo = build_preset(preset)
+        placer = Placer.for_topology(topo)
+        print("=" * 78)
+        for policy in (Policy.FRAGMENTATION, Policy.KUBELET):
+            free = set(topo.ids)
+            marks: dict[str, str] = {}
+            lines = []
+            valid = 0
+            for letter, job in zip(JOB_LETTERS, jobs, strict=False):
+                kind, _, size = job.partition(":")
+                shape = parse_shape(
+                    kind if kind in ("ring", "any") else job, int(size) if kind in ("ring", "any") else None
+                )
+                p = placer.place(shape, free, policy)
+                if p is None:
+                    lines.append(f"  {letter}: {shape.describe():<22} no placement: {placer.explain(shape, free)}")
+                    continue
+                free -= set(p.devices)
+                marks.update({d: letter for d in p.devices})
+                valid += p.valid
+                ok = "ok" if p.valid else "NOT the asked shape"
+                lines.append(f"  {letter}: {shape.describe():<22} {','.join(p.devices):<28} {ok}")
+            print(f"[{preset}] policy {policy.value}: {valid} of {len(jobs)} jobs on a valid shape")
+            print(render(topo, marks))
+            print("\n".join(lines))
+            print()
+    return 0
