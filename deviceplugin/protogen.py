@@ -78,24 +78,19 @@ def _grpc_pyi(fds: descriptor_pb2.FileDescriptorSet) -> str:
             kind = "UnaryStream" if m.server_streaming else "UnaryUnary"
             if m.client_streaming:
                 raise ProtogenError(f"client streaming is not supported: {svc.name}.{m.name}")
-            out.append(
-                f"    {m.name}: grpc.aio.{kind}MultiCallable[{msg(m.input_type)}, {msg(m.output_type)}]"
-            )
+            out.append(f"    {m.name}: grpc.aio.{kind}MultiCallable[{msg(m.input_type)}, {msg(m.output_type)}]")
         out += ["", "", f"class {svc.name}Servicer:"]
         for m in svc.method:
             req, resp = msg(m.input_type), msg(m.output_type)
             ctx = f"grpc.aio.ServicerContext[{req}, {resp}]"
             if m.server_streaming:
-                out.append(
-                    f"    def {m.name}(self, request: {req}, context: {ctx}) -> AsyncIterator[{resp}]: ..."
-                )
+                out.append(f"    def {m.name}(self, request: {req}, context: {ctx}) -> AsyncIterator[{resp}]: ...")
             else:
                 out.append(f"    async def {m.name}(self, request: {req}, context: {ctx}) -> {resp}: ...")
         out += [
             "",
             "",
-            f"def add_{svc.name}Servicer_to_server("
-            f"servicer: {svc.name}Servicer, server: grpc.aio.Server) -> None: ...",
+            f"def add_{svc.name}Servicer_to_server(servicer: {svc.name}Servicer, server: grpc.aio.Server) -> None: ...",
         ]
     return "\n".join(out) + "\n"
 
@@ -135,9 +130,7 @@ def check(repo_root: Path = REPO_ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m deviceplugin.protogen", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m deviceplugin.protogen", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed stubs are stale")
     args = parser.parse_args(argv)
     if args.check:

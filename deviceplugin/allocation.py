@@ -1,0 +1,173 @@
+"""The plugin's two decisions, as pure functions of the topology and the request.
+
+- :func:`preferred_allocation`: which devices GetPreferredAllocation answers — the
+  scheduler's choice when a bound pod names it, else a topology-aware placement,
+  always with ``must_include``.
+- :func:`rank_layout` and :func:`container_env`: the rank order and coordinates of
+  the devices the kubelet allocated (it may reorder the ids), and the environment
+  a collective library reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from deviceplugin.pods import PodInfo, find_scheduled_pod
+from topology import NodeTopology, Placement, Placer, Policy, Shape, ShapeError, ShapeKind, TopologyError, parse_shape
+
+__all__ = [
+    "Choice",
+    "ChoiceSource",
+    "RankLayout",
+    "RequestError",
+    "container_env",
+    "preferred_allocation",
+    "rank_layout",
+]
+
+ENV_VISIBLE = "ICL_VISIBLE_DEVICES"
+ENV_INDICES = "ICL_DEVICE_INDICES"
+ENV_WORLD = "ICL_WORLD_SIZE"
+ENV_SHAPE = "ICL_SHAPE"
+ENV_COORDS = "ICL_COORDS"
+ENV_RING = "ICL_RING_ORDER"
+
+
+class RequestError(ValueError):
+    """A kubelet request that cannot be honoured; the message names the field and the value."""
+
+
+class ChoiceSource(StrEnum):
+    SCHEDULER = "scheduler"  # the bound pod's kube-icl.io/devices annotation
+    TOPOLOGY = "topology"  # the plugin's own placement
+    FALLBACK = "fallback"  # no connected set: lowest indices, like a stock kubelet
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    devices: tuple[str, ...]
+    source: ChoiceSource
+    placement: Placement | None = None
+    pod: PodInfo | None = None
+
+
+def check_preferred_request(
+    topo: NodeTopology, available: Sequence[str], must_include: Sequence[str], size: int
+) -> None:
+    """Guard clauses: a request the kubelet could not have meant is rejected before any search."""
+    known = set(topo.ids)
+    for field, ids in (("available_deviceIDs", available), ("must_include_deviceIDs", must_include)):
+        for d in ids:
+            if d not in known:
+                raise RequestError(f"{field}: unknown device {d!r}")
+    if size < 1:
+        raise RequestError(f"allocation_size: must be >= 1, got {size}")
+    if len(set(available)) < size:
+        raise RequestError(f"allocation_size: {size} exceeds the {len(set(available))} available devices")
+    missing = sorted(set(must_include) - set(available))
+    if missing:
+        raise RequestError(f"must_include_deviceIDs: {missing} are not in available_deviceIDs")
+    if len(set(must_include)) > size:
+        raise RequestError(f"must_include_deviceIDs: {len(set(must_include))} devices exceed allocation_size {size}")
+
+
+def preferred_allocation(
+    topo: NodeTopology,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    *,
+    pods: Sequence[PodInfo] = (),
+    node: str = "",
+    policy: Policy = Policy.FRAGMENTATION,
+    exclude_uids: Collection[str] = (),
+) -> Choice:
+    """The devices to prefer for one container request (see the module docstring)."""
+    check_preferred_request(topo, available, must_include, size)
+    pod = find_scheduled_pod(pods, node, available, size, must_include, exclude_uids) if node else None
+    placer = Placer.for_topology(topo)
+    if pod is not None:
+        layout = rank_layout(topo, pod.devices, pod.shape)
+        return Choice(pod.devices, ChoiceSource.SCHEDULER, layout.placement, pod)
+    healthy = [d for d in dict.fromkeys(available) if d in topo.healthy_ids]
+    must = list(dict.fromkeys(must_include))
+    if set(must) <= set(healthy) and len(healthy) >= size:
+        shape = parse_shape("any", count=size)
+        placement = placer.place(shape, healthy, policy, must_include=must)
+        if placement is not None:
+            return Choice(placement.devices, ChoiceSource.TOPOLOGY, placement)
+    # No connected set: must_include first, then the lowest device indices (what a stock kubelet does).
+    rest = sorted((d for d in dict.fromkeys(available) if d not in must), key=topo.index_of)
+    rest.sort(key=lambda d: d not in topo.healthy_ids)  # healthy first, stable
+    return Choice(tuple(must + rest[: size - len(must)]), ChoiceSource.FALLBACK)
+
+
+@dataclass(frozen=True, slots=True)
+class RankLayout:
+    """Devices in rank order, with the shape they form and each rank's coordinates."""
+
+    devices: tuple[str, ...]
+    shape: Shape | None
+    coords: tuple[tuple[int, ...], ...]
+    placement: Placement | None = None
+
+
+def _shape_candidates(k: int, hint: str) -> list[Shape]:
+    out: list[Shape] = []
+    if hint:
+        try:
+            out.append(parse_shape(hint, count=k))
+        except ShapeError:
+            with contextlib.suppress(ShapeError):
+                out.append(parse_shape(hint))
+    out.append(parse_shape("ring", count=k))
+    out.append(parse_shape("any", count=k))
+    return [s for s in out if s.size == k]
+
+
+def rank_layout(topo: NodeTopology, devices: Collection[str], shape_hint: str = "") -> RankLayout:
+    """Rebuild the rank order of ``devices``: the hinted shape, else a ring, else connected BFS order.
+
+    The kubelet passes Allocate the ids in an order of its own; the collective
+    library needs ring neighbours or mesh coordinates, so the order is derived
+    again from the topology. Devices that form no shape keep device-index order.
+    """
+    ids = list(dict.fromkeys(devices))
+    if not ids:
+        return RankLayout((), None, ())
+    placer = Placer.for_topology(topo)
+    for shape in _shape_candidates(len(ids), shape_hint):
+        try:
+            placement = placer.rank_order(shape, ids)
+        except (TopologyError, ShapeError):
+            placement = None
+        if placement is not None:
+            return RankLayout(placement.devices, shape, placement.coords, placement)
+    ordered = tuple(sorted(ids, key=topo.index_of))
+    return RankLayout(ordered, None, tuple((i,) for i in range(len(ordered))))
+
+
+def container_env(topo: NodeTopology, layout: RankLayout) -> dict[str, str]:
+    """The environment of a container that got ``layout``'s devices."""
+    env = {
+        ENV_VISIBLE: ",".join(layout.devices),
+        ENV_INDICES: ",".join(str(topo.index_of(d)) for d in layout.devices),
+        ENV_WORLD: str(len(layout.devices)),
+        ENV_SHAPE: str(layout.shape) if layout.shape is not None else "none",
+        ENV_COORDS: ";".join(",".join(map(str, c)) for c in layout.coords),
+    }
+    # A ring through the ranks, for ring all-reduce on any shape that has one (mesh 2xC, torus, ...).
+    if layout.shape is not None and layout.shape.kind is ShapeKind.RING:
+        env[ENV_RING] = ",".join(str(r) for r in range(len(layout.devices)))
+    elif len(layout.devices) > 0:
+        rank = {d: r for r, d in enumerate(layout.devices)}
+        try:
+            ring = Placer.for_topology(topo).rank_order(parse_shape("ring", count=len(rank)), list(rank))
+        except (TopologyError, ShapeError):
+            ring = None
+        if ring is not None:
+            env[ENV_RING] = ",".join(str(rank[d]) for d in ring.devices)
+    return env

@@ -1,0 +1,123 @@
+"""What every backend provides, and the health bookkeeping they share.
+
+A backend owns discovery and health. It gives the plugin a :class:`NodeTopology`
+whose device and link health is current, and a stream of new snapshots when
+anything changes. The plugin never asks the backend how it knows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from topology import NodeTopology
+from topology.model import Health
+
+__all__ = ["Backend", "DeviceSpecInfo", "HealthTracker", "SnapshotFeed"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSpecInfo:
+    """A device node a container needs for one device (host path, container path, cgroup permissions)."""
+
+    host_path: str
+    container_path: str
+    permissions: str = "rw"
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A source of devices, links and their health."""
+
+    name: str
+    feed: SnapshotFeed
+
+    def snapshot(self) -> NodeTopology:
+        """The current topology, health included."""
+        ...
+
+    def device_specs(self, device_id: str) -> list[DeviceSpecInfo]:
+        """The device nodes to expose in a container for ``device_id``."""
+        ...
+
+    async def run(self) -> None:
+        """Discover and probe until cancelled, publishing every change to :attr:`feed`."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the backend holds (threads, monitors, library handles)."""
+        ...
+
+
+class HealthTracker:
+    """Health that fails fast and recovers slowly.
+
+    A probe that fails marks the key unhealthy at once; it comes back only after
+    ``recover_after`` clean probes in a row. Keys are device ids or link keys.
+
+    >>> t = HealthTracker(recover_after=2)
+    >>> t.observe("a", ok=False), t.observe("a", ok=True), t.observe("a", ok=True)
+    (<Health.UNHEALTHY: 'unhealthy'>, <Health.UNHEALTHY: 'unhealthy'>, <Health.HEALTHY: 'healthy'>)
+    """
+
+    def __init__(self, recover_after: int = 3) -> None:
+        if recover_after < 1:
+            raise ValueError(f"recover_after: must be >= 1, got {recover_after}")
+        self.recover_after = recover_after
+        self._clean: dict[Hashable, int] = {}  # key -> clean probes since the last failure (unhealthy keys only)
+
+    def observe(self, key: Hashable, ok: bool) -> Health:
+        if not ok:
+            self._clean[key] = 0
+            return Health.UNHEALTHY
+        if key not in self._clean:
+            return Health.HEALTHY
+        self._clean[key] += 1
+        if self._clean[key] >= self.recover_after:
+            del self._clean[key]
+            return Health.HEALTHY
+        return Health.UNHEALTHY
+
+    def health(self, key: Hashable) -> Health:
+        return Health.UNHEALTHY if key in self._clean else Health.HEALTHY
+
+    def unhealthy(self) -> frozenset[Hashable]:
+        return frozenset(self._clean)
+
+    def forget(self, keys: Iterable[Hashable]) -> None:
+        for key in keys:
+            self._clean.pop(key, None)
+
+
+class SnapshotFeed:
+    """Fan-out of topology snapshots to any number of async readers; readers see the latest state."""
+
+    def __init__(self, initial: NodeTopology) -> None:
+        self._current = initial
+        self._version = 0
+        self._cond = asyncio.Condition()
+
+    @property
+    def current(self) -> NodeTopology:
+        return self._current
+
+    async def publish(self, topo: NodeTopology) -> None:
+        async with self._cond:
+            if topo == self._current:
+                return
+            self._current = topo
+            self._version += 1
+            self._cond.notify_all()
+
+    async def follow(self) -> AsyncIterator[NodeTopology]:
+        """The current snapshot, then each newer one (intermediate ones may be skipped)."""
+        seen = -1
+        while True:
+            async with self._cond:
+                while self._version == seen:
+                    await self._cond.wait()
+                seen = self._version
+                topo = self._current
+            yield topo

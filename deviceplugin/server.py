@@ -1,0 +1,422 @@
+"""The device plugin: a ``grpc.aio`` DevicePlugin service on a unix socket, registered with the kubelet.
+
+:class:`DevicePlugin` owns the lifecycle:
+
+1. start the backend (it probes and publishes snapshots);
+2. serve DevicePlugin on ``<plugin_dir>/<socket_name>`` (a stale socket is removed first);
+3. Register with ``<plugin_dir>/kubelet.sock`` (version v1beta1, our endpoint, the resource
+   name, GetPreferredAllocationAvailable);
+4. watch both sockets: when ``kubelet.sock`` is re-created (kubelet restart) or our socket
+   disappears, stop the server and go back to 2; failures retry with exponential back-off;
+5. stop gracefully when asked (SIGTERM in :func:`deviceplugin.cli`).
+
+:class:`DevicePluginService` answers the five RPCs from the plugin's current state;
+the decisions themselves are the pure functions of :mod:`deviceplugin.allocation`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from deviceplugin.allocation import (
+    ChoiceSource,
+    RequestError,
+    container_env,
+    preferred_allocation,
+    rank_layout,
+)
+from deviceplugin.backends.base import Backend
+from deviceplugin.config import PluginConfig
+from deviceplugin.metrics import PluginMetrics
+from deviceplugin.pods import DEVICES_ANNOTATION, NoPods, PodInfo, PodSource
+from deviceplugin.publisher import NodePublisher
+from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from topology import NodeTopology, Policy
+
+__all__ = ["API_VERSION", "HEALTHY", "UNHEALTHY", "DevicePlugin", "DevicePluginService", "device_list"]
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+T = TypeVar("T")
+
+
+def device_list(topo: NodeTopology) -> api_pb2.ListAndWatchResponse:
+    """The ListAndWatch message for ``topo``: every device, its health and NUMA node."""
+    return api_pb2.ListAndWatchResponse(
+        devices=[
+            api_pb2.Device(
+                ID=d.id,
+                health=HEALTHY if d.healthy else UNHEALTHY,
+                topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=d.numa)]) if d.numa is not None else None,
+            )
+            for d in topo.devices
+        ]
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationRecord:
+    devices: tuple[str, ...]  # rank order
+    shape: str
+    at: float
+
+
+class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
+    """The RPC handlers; every call is timed and counted in the plugin's metrics."""
+
+    def __init__(self, plugin: DevicePlugin) -> None:
+        self.plugin = plugin
+
+    async def _timed(self, method: str, context: Any, call: Callable[[], Awaitable[T]]) -> T:
+        m = self.plugin.metrics
+        start = time.perf_counter()
+        code = "OK"
+        try:
+            return await call()
+        except RequestError as e:
+            code = "INVALID_ARGUMENT"
+            log.warning("%s rejected: %s", method, e)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: {e}")
+            raise  # unreachable: abort raises
+        except PreconditionError as e:
+            code = "FAILED_PRECONDITION"
+            log.warning("%s rejected: %s", method, e)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{method}: {e}")
+            raise
+        except Exception:
+            code = "INTERNAL"
+            raise
+        finally:
+            m.grpc_calls.labels(method, code).inc()
+            m.grpc_latency.labels(method).observe(time.perf_counter() - start)
+
+    async def GetDevicePluginOptions(
+        self,
+        request: api_pb2.Empty,
+        context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions],
+    ) -> api_pb2.DevicePluginOptions:
+        async def call() -> api_pb2.DevicePluginOptions:
+            return self.plugin.options()
+
+        return await self._timed("GetDevicePluginOptions", context, call)
+
+    async def ListAndWatch(
+        self,
+        request: api_pb2.Empty,
+        context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse],
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        self.plugin.metrics.grpc_calls.labels("ListAndWatch", "OK").inc()
+        async for topo in self.plugin.backend.feed.follow():
+            yield device_list(topo)
+
+    async def GetPreferredAllocation(
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse],
+    ) -> api_pb2.PreferredAllocationResponse:
+        return await self._timed("GetPreferredAllocation", context, lambda: self.plugin.preferred(request))
+
+    async def Allocate(
+        self,
+        request: api_pb2.AllocateRequest,
+        context: grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse],
+    ) -> api_pb2.AllocateResponse:
+        async def call() -> api_pb2.AllocateResponse:
+            return self.plugin.allocate(request)
+
+        return await self._timed("Allocate", context, call)
+
+    async def PreStartContainer(
+        self,
+        request: api_pb2.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse],
+    ) -> api_pb2.PreStartContainerResponse:
+        async def call() -> api_pb2.PreStartContainerResponse:
+            return self.plugin.pre_start(request)
+
+        return await self._timed("PreStartContainer", context, call)
+
+
+class PreconditionError(ValueError):
+    """The request is well-formed but the devices are not in a state to honour it."""
+
+
+class DevicePlugin:
+    """One plugin instance: a backend, a gRPC server, the registration with the kubelet."""
+
+    HINTS_KEPT = 256
+
+    def __init__(
+        self,
+        config: PluginConfig,
+        backend: Backend,
+        pods: PodSource | None = None,
+        *,
+        metrics: PluginMetrics | None = None,
+        publisher: NodePublisher | None = None,
+        watch_interval: float = 0.5,
+        backoff: tuple[float, float] = (0.2, 10.0),
+        grace: float = 2.0,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.pods = pods or NoPods()
+        self.metrics = metrics or PluginMetrics()
+        self.publisher = publisher
+        self.watch_interval = watch_interval
+        self.backoff = backoff
+        self.grace = grace
+        self.policy = Policy(config.policy)
+        self._server: grpc.aio.Server | None = None
+        self._registered = False
+        self._hints: OrderedDict[frozenset[str], str] = OrderedDict()  # devices -> shape, from preferred answers
+        self.allocations: list[AllocationRecord] = []
+        self.restarts = 0  # gRPC server (re)starts after the first
+        self.registrations = 0
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def topology(self) -> NodeTopology:
+        return self.backend.snapshot()
+
+    @property
+    def healthy(self) -> bool:
+        """Serving and registered: what /healthz reports."""
+        return self._server is not None and self._registered
+
+    def options(self) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(
+            pre_start_required=self.config.pre_start_required, get_preferred_allocation_available=True
+        )
+
+    async def _pods(self) -> list[PodInfo]:
+        if not self.config.node_name:
+            return []
+        try:
+            return await self.pods.pods_on_node(self.config.node_name)
+        except Exception as e:  # the API server being away must not block admission
+            log.warning("cannot list pods of node %s (%s); using the plugin's own choice", self.config.node_name, e)
+            return []
+
+    async def preferred(self, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
+        topo = self.topology
+        pods = await self._pods() if request.container_requests else []
+        answers: list[tuple[tuple[str, ...], str, ChoiceSource]] = []
+        for i, creq in enumerate(request.container_requests):
+            try:
+                choice = preferred_allocation(
+                    topo,
+                    list(creq.available_deviceIDs),
+                    list(creq.must_include_deviceIDs),
+                    creq.allocation_size,
+                    pods=pods,
+                    node=self.config.node_name,
+                    policy=self.policy,
+                )
+            except RequestError as e:
+                raise RequestError(f"container_requests[{i}].{e}") from None
+            hint = choice.pod.shape if choice.pod is not None and choice.pod.shape else ""
+            if not hint and choice.placement is not None:
+                hint = str(choice.placement.shape)
+            answers.append((choice.devices, hint, choice.source))
+            if choice.pod is not None:
+                log.info("preferred %s for pod %s (scheduler's choice)", ",".join(choice.devices), choice.pod.key)
+            else:
+                log.info("preferred %s (%s)", ",".join(choice.devices), choice.source)
+        for devices, hint, source in answers:  # all decided: now record
+            self.metrics.preferred.labels(str(source)).inc()
+            self._hints[frozenset(devices)] = hint
+            self._hints.move_to_end(frozenset(devices))
+            while len(self._hints) > self.HINTS_KEPT:
+                self._hints.popitem(last=False)
+        return api_pb2.PreferredAllocationResponse(
+            container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=d) for d, _, _ in answers]
+        )
+
+    def _check_ids(self, topo: NodeTopology, field: str, ids: list[str]) -> None:
+        if not ids:
+            raise RequestError(f"{field}: no device ids")
+        known = set(topo.ids)
+        seen: set[str] = set()
+        for d in ids:
+            if d not in known:
+                raise RequestError(
+                    f"{field}: unknown device {d!r} (this node has {len(known)} devices of {self.config.resource_name})"
+                )
+            if d in seen:
+                raise RequestError(f"{field}: device {d!r} listed twice")
+            seen.add(d)
+            if d not in topo.healthy_ids:
+                raise RequestError(f"{field}: device {d!r} is unhealthy")
+
+    def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
+        topo = self.topology
+        if not request.container_requests:
+            raise RequestError("container_requests: empty")
+        for i, creq in enumerate(request.container_requests):  # validate everything before any effect
+            self._check_ids(topo, f"container_requests[{i}].devices_ids", list(creq.devices_ids))
+        responses = []
+        records = []
+        for creq in request.container_requests:
+            ids = list(creq.devices_ids)
+            layout = rank_layout(topo, ids, self._hints.get(frozenset(ids), ""))
+            specs = [
+                api_pb2.DeviceSpec(container_path=s.container_path, host_path=s.host_path, permissions=s.permissions)
+                for d in layout.devices
+                for s in self.backend.device_specs(d)
+            ]
+            unique_specs = list({(s.host_path, s.container_path): s for s in specs}.values())
+            responses.append(
+                api_pb2.ContainerAllocateResponse(
+                    envs=container_env(topo, layout),
+                    devices=unique_specs,
+                    annotations={DEVICES_ANNOTATION: ",".join(layout.devices)},
+                )
+            )
+            records.append(AllocationRecord(layout.devices, str(layout.shape) if layout.shape else "", time.time()))
+        for r in records:
+            self.metrics.allocations.inc()
+            self.metrics.allocated_devices.inc(len(r.devices))
+            log.info("allocated %s (%s)", ",".join(r.devices), r.shape or "no shape")
+        self.allocations.extend(records)
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    def pre_start(self, request: api_pb2.PreStartContainerRequest) -> api_pb2.PreStartContainerResponse:
+        topo = self.topology
+        ids = list(request.devices_ids)
+        known = set(topo.ids)
+        for d in ids:
+            if d not in known:
+                raise RequestError(f"devices_ids: unknown device {d!r}")
+        bad = [d for d in ids if d not in topo.healthy_ids]
+        if bad:
+            raise PreconditionError(f"devices_ids: {bad} went unhealthy before the container started")
+        return api_pb2.PreStartContainerResponse()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start_server(self) -> None:
+        path = self.config.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a stale socket from a previous run
+        server = grpc.aio.server()
+        api_pb2_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self), server)
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+        self._server = server
+        log.info("serving %s on %s", self.config.resource_name, path)
+
+    async def stop_server(self) -> None:
+        server, self._server = self._server, None
+        self._registered = False
+        if server is not None:
+            await server.stop(self.grace)
+        with contextlib.suppress(FileNotFoundError):
+            self.config.socket_path.unlink()
+
+    async def register(self) -> None:
+        """Register with the kubelet; raises grpc.aio.AioRpcError (or OSError) when it cannot."""
+        kubelet = self.config.kubelet_socket
+        if not kubelet.exists():
+            raise FileNotFoundError(f"{kubelet}: kubelet registration socket not found")
+        async with grpc.aio.insecure_channel(f"unix://{kubelet}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)
+            await stub.Register(
+                api_pb2.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self.config.socket_name,
+                    resource_name=self.config.resource_name,
+                    options=self.options(),
+                ),
+                timeout=10,
+            )
+        self._registered = True
+        self.registrations += 1
+        self.metrics.registrations.inc()
+        log.info("registered %s with the kubelet at %s", self.config.resource_name, kubelet)
+
+    @staticmethod
+    def _identity(path: Path) -> tuple[int, int] | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_ctime_ns)
+
+    async def _watch_sockets(self, stop: asyncio.Event, kubelet_id: tuple[int, int] | None) -> str:
+        """Return why the server must restart (or "stop")."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.watch_interval)
+            if stop.is_set():
+                break
+            if not self.config.socket_path.exists():
+                return "plugin socket deleted"
+            now = self._identity(self.config.kubelet_socket)
+            if now != kubelet_id and now is not None:
+                return "kubelet.sock re-created (kubelet restart)"
+        return "stop"
+
+    def _start_side_tasks(self) -> None:
+        async def observe() -> None:
+            async for topo in self.backend.feed.follow():
+                self.metrics.observe_topology(topo)
+
+        self._tasks = [asyncio.create_task(self.backend.run(), name="backend"), asyncio.create_task(observe())]
+        if self.publisher is not None:
+            self._tasks.append(asyncio.create_task(self.publisher.follow(self.backend.feed.follow())))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve and stay registered until ``stop`` is set; then stop gracefully."""
+        self._start_side_tasks()
+        delay = self.backoff[0]
+        first = True
+        try:
+            while not stop.is_set():
+                try:
+                    await self.start_server()
+                    if not first:
+                        self.restarts += 1
+                    first = False
+                    kubelet_id = self._identity(self.config.kubelet_socket)
+                    await self.register()
+                except (grpc.aio.AioRpcError, OSError, RuntimeError) as e:
+                    detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
+                    log.warning("start/registration failed: %s; retrying in %.1fs", detail, delay)
+                    await self.stop_server()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    delay = min(delay * 2, self.backoff[1])
+                    continue
+                delay = self.backoff[0]
+                reason = await self._watch_sockets(stop, kubelet_id)
+                if reason != "stop":
+                    log.info("%s: restarting the gRPC server and registering again", reason)
+                await self.stop_server()
+        finally:
+            await self.stop_server()
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            self._tasks = []
+            await self.backend.close()
