@@ -1,0 +1,534 @@
+"""The extender's view of the cluster: nodes, their topologies and who holds which device.
+
+Fed by list+watch of nodes and pods (see :mod:`scheduler.informer`) and by the
+extender's own binds (assume / confirm / forget). Rebuilt from the API server at
+start: every pod with ``spec.nodeName`` and a ``kube-icl.io/devices``
+annotation holds exactly those devices, so a restarted extender knows every
+allocation.
+
+Concurrency: one lock guards every mutation; it is held only for in-memory work,
+never across an API call. Readers on the hot filter path read a node's
+:attr:`NodeRecord.key` without the lock (attribute reads are atomic), and every
+decision is re-checked under the lock at bind time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.podspec import (
+    ANN_TOPOLOGY,
+    LABEL_LINK_COORDS,
+    LABEL_LINK_DOMAIN,
+    PodInfo,
+    PodSpecError,
+    parse_quantity,
+    pod_info,
+)
+from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopology, TopologyError, decode_annotation
+
+__all__ = ["ClusterCache", "NodeRecord", "NodeView", "PodChange", "StateKey"]
+
+log = logging.getLogger(__name__)
+
+JsonObj = dict[str, Any]
+
+# (fingerprint, free mask, devices held by pods whose exact devices are unknown)
+StateKey = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """An immutable snapshot of what a node offers; replaced whole on every change."""
+
+    topology: NodeTopology
+    free: frozenset[str]
+    key: StateKey
+    unattributed: int
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """One node as the extender sees it. Mutated only under :attr:`ClusterCache.lock`."""
+
+    name: str
+    raw_topology: str = ""
+    topology: NodeTopology | None = None
+    error: str = ""  # why the node cannot take our pods (bad annotation); "" when fine
+    allocator: NodeAllocator | None = None
+    index: dict[str, int] = field(default_factory=dict)
+    healthy: frozenset[str] = frozenset()
+    allocatable: int | None = None
+    domain: str = ""
+    coords: str = ""  # raw kube-icl.io/link-coords label (x, x.y or x.y.z)
+    domain_kind: str = ""  # raw kube-icl.io/link-domain-kind label
+    ready: bool = True
+    unschedulable: bool = False
+    owners: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod uid -> devices held
+    reserved: dict[str, tuple[str, ...]] = field(default_factory=dict)  # reservation owner -> devices
+    unattributed: dict[str, int] = field(default_factory=dict)  # pod uid -> count, devices unknown
+    view: NodeView | None = None
+    version: int = 0
+
+    @property
+    def free(self) -> frozenset[str]:
+        return self.view.free if self.view is not None else frozenset()
+
+    @property
+    def unattributed_total(self) -> int:
+        return sum(self.unattributed.values())
+
+    def holder(self, device: str) -> str | None:
+        for owner, devs in self.owners.items():
+            if device in devs:
+                return owner
+        for owner, devs in self.reserved.items():
+            if device in devs:
+                return owner
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PodChange:
+    """What a pod event meant, for the gang manager: a member failed or vanished."""
+
+    info: PodInfo
+    failed: bool  # phase Failed, or deleted while it held devices and had not succeeded
+    node: str
+
+
+def _ready(node: Mapping[str, Any]) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if isinstance(cond, Mapping) and cond.get("type") == "Ready":
+            return cond.get("status") == "True"
+    return True  # no conditions reported yet (kwok, fresh nodes): trust the topology
+
+
+class ClusterCache:
+    """Nodes, pods and device holdings; thread-safe."""
+
+    def __init__(self, resource: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.resource = resource
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.nodes: dict[str, NodeRecord] = {}
+        self.pods: dict[str, PodInfo] = {}  # uid -> pods that ask for our resource (or are gang members)
+        self.bad_pods: dict[str, str] = {}  # uid -> why its annotations could not be read
+        self.allocated: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> (node, devices)
+        self.assumed: dict[str, float] = {}  # uid -> time of assume (bind in flight)
+        self.nodes_synced = False
+        self.pods_synced = False
+        self.generation = 0  # bumps on every change; cheap staleness check for callers
+        self._topologies: dict[str, NodeTopology | str] = {}  # raw annotation -> topology or error text
+        self._listeners: list[Callable[[PodChange], None]] = []
+        self._node_listeners: list[Callable[[str, NodeRecord | None], None]] = []
+
+    # ------------------------------------------------------------------ listeners
+
+    def on_pod_change(self, fn: Callable[[PodChange], None]) -> None:
+        self._listeners.append(fn)
+
+    def on_node_change(self, fn: Callable[[str, NodeRecord | None], None]) -> None:
+        self._node_listeners.append(fn)
+
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    # ------------------------------------------------------------------ nodes
+
+    def _decode(self, raw: str) -> NodeTopology | str:
+        hit = self._topologies.get(raw)
+        if hit is None:
+            try:
+                hit = decode_annotation(raw)
+            except (TopologyError, ValueError, TypeError, KeyError) as exc:
+                hit = f"annotation {ANN_TOPOLOGY} is invalid: {exc}"
+            if len(self._topologies) > 4096:
+                self._topologies.clear()
+            self._topologies[raw] = hit
+        return hit
+
+    def upsert_node(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if not name:
+            return
+        ann = meta.get("annotations") or {}
+        labels = meta.get("labels") or {}
+        raw = str(ann.get(ANN_TOPOLOGY) or "")
+        alloc_raw = ((obj.get("status") or {}).get("allocatable") or {}).get(self.resource)
+        try:
+            allocatable = None if alloc_raw is None else parse_quantity(alloc_raw, "status.allocatable")
+        except PodSpecError:
+            allocatable = 0
+        with self.lock:
+            rec = self.nodes.get(name)
+            if rec is None:
+                rec = NodeRecord(name)
+                self.nodes[name] = rec
+            rec.allocatable = allocatable
+            rec.domain = str(labels.get(LABEL_LINK_DOMAIN) or "")
+            rec.coords = str(labels.get(LABEL_LINK_COORDS) or "")
+            rec.domain_kind = str(labels.get(DOMAIN_KIND_LABEL) or "")
+            rec.ready = _ready(obj)
+            rec.unschedulable = bool((obj.get("spec") or {}).get("unschedulable"))
+            if raw != rec.raw_topology or rec.topology is None:
+                self._set_topology(rec, raw)
+            self._refresh(rec)
+            self.generation += 1
+        for fn in self._node_listeners:
+            fn(name, rec)
+
+    def _set_topology(self, rec: NodeRecord, raw: str) -> None:
+        rec.raw_topology = raw
+        if not raw:
+            topo: NodeTopology | str = f"node has no {ANN_TOPOLOGY} annotation (is the kube-icl device plugin running?)"
+        else:
+            topo = self._decode(raw)
+        if isinstance(topo, str):
+            rec.topology, rec.allocator, rec.error = None, None, topo
+            rec.index, rec.healthy = {}, frozenset()
+            # Holdings stay in rec.owners so they come back when the annotation is fixed.
+            return
+        rec.topology, rec.error = topo, ""
+        rec.index = {d: i for i, d in enumerate(topo.ids)}
+        rec.healthy = topo.healthy_ids
+        rec.allocator = NodeAllocator(topo)
+        # Replay holdings onto the new allocator; a holding that no longer fits is logged and
+        # counted by size only, so capacity is never over-promised.
+        for owner, devs in list(rec.owners.items()):
+            try:
+                rec.allocator.allocate(owner, devs)
+            except (AllocationError, TopologyError) as exc:
+                log.warning("node %s: pod %s holds %s, which the new topology rejects: %s", rec.name, owner, devs, exc)
+                del rec.owners[owner]
+                rec.unattributed[owner] = len(devs)
+        for owner, devs in list(rec.reserved.items()):
+            try:
+                rec.allocator.reserve(owner, devs)
+            except (AllocationError, TopologyError):
+                del rec.reserved[owner]
+
+    def _refresh(self, rec: NodeRecord) -> None:
+        rec.version += 1
+        if rec.topology is None or rec.allocator is None:
+            rec.view = None
+            return
+        free = frozenset(rec.allocator.free_ids() & rec.healthy)
+        mask = 0
+        for dev in free:
+            mask |= 1 << rec.index[dev]
+        held = rec.unattributed_total
+        rec.view = NodeView(rec.topology, free, (rec.topology.fingerprint, mask, held), held)
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            rec = self.nodes.pop(name, None)
+            self.generation += 1
+        if rec is not None:
+            for fn in self._node_listeners:
+                fn(name, None)
+
+    def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A full list: add or update every node, drop the ones that are gone."""
+        seen = set()
+        for obj in items:
+            self.upsert_node(obj)
+            seen.add(str((obj.get("metadata") or {}).get("name") or ""))
+        for name in [n for n in self.nodes if n not in seen]:
+            self.delete_node(name)
+        self.nodes_synced = True
+
+    # ------------------------------------------------------------------ pods
+
+    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        if not uid:
+            return
+        try:
+            info = pod_info(obj, self.resource)
+        except PodSpecError as exc:
+            self._bad_pod(uid, obj, str(exc))
+            return
+        with self.lock:
+            self.bad_pods.pop(uid, None)
+            change = self._apply_pod(info)
+            self.generation += 1
+        if change is not None:
+            for fn in self._listeners:
+                fn(change)
+
+    def _bad_pod(self, uid: str, obj: Mapping[str, Any], reason: str) -> None:
+        """A pod whose annotations cannot be read: keep its devices counted, by size, if it is bound."""
+        meta = obj.get("metadata") or {}
+        node = str((obj.get("spec") or {}).get("nodeName") or "")
+        phase = str((obj.get("status") or {}).get("phase") or "Pending")
+        log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), reason)
+        try:
+            from scheduler.podspec import requested_count
+
+            count = requested_count(obj, self.resource)
+        except PodSpecError:
+            count = 0
+        with self.lock:
+            self.bad_pods[uid] = reason
+            prev = self.allocated.get(uid)
+            if phase in ("Succeeded", "Failed"):
+                self._release(uid)
+                self.pods.pop(uid, None)
+            elif node and count and prev is None:
+                rec = self.nodes.get(node)
+                if rec is not None:
+                    rec.unattributed[uid] = count
+                    self._refresh(rec)
+            self.generation += 1
+
+    def _apply_pod(self, info: PodInfo) -> PodChange | None:
+        uid = info.uid
+        if info.count == 0 and info.gang is None:
+            self.pods.pop(uid, None)
+            self._release(uid)
+            return None
+        prev_info = self.pods.get(uid)
+        if info.terminal:
+            held = self.allocated.get(uid)
+            self._release(uid)
+            self.pods.pop(uid, None)
+            if info.phase == "Failed" and (held or info.node_name):
+                return PodChange(info, True, info.node_name or (held[0] if held else ""))
+            return PodChange(info, False, info.node_name) if prev_info else None
+        self.pods[uid] = info
+        if info.node_name and info.devices:
+            held = self.allocated.get(uid)
+            if held == (info.node_name, info.devices):
+                self.assumed.pop(uid, None)
+                return None
+            self._release(uid)
+            self._hold(uid, info.node_name, info.devices)
+            return None
+        if info.node_name and uid not in self.assumed and uid not in self.allocated:
+            rec = self.nodes.get(info.node_name)
+            if rec is not None and info.count and rec.unattributed.get(uid) != info.count:
+                rec.unattributed[uid] = info.count
+                self._refresh(rec)
+        return None
+
+    def _hold(self, uid: str, node: str, devices: tuple[str, ...]) -> bool:
+        rec = self.nodes.get(node)
+        if rec is None:
+            # Node not seen (yet): remember the holding so it applies when the node arrives.
+            rec = NodeRecord(node)
+            rec.error = "node not seen yet"
+            self.nodes[node] = rec
+        if rec.allocator is not None:
+            try:
+                rec.allocator.allocate(uid, devices)
+            except (AllocationError, TopologyError) as exc:
+                log.error("node %s: pod %s claims %s: %s; counting it by size", node, uid, ",".join(devices), exc)
+                rec.unattributed[uid] = len(devices)
+                self._refresh(rec)
+                return False
+        rec.owners[uid] = devices
+        rec.unattributed.pop(uid, None)
+        self.allocated[uid] = (node, devices)
+        self._refresh(rec)
+        return True
+
+    def _release(self, uid: str) -> None:
+        self.assumed.pop(uid, None)
+        held = self.allocated.pop(uid, None)
+        for rec in self.nodes.values() if held is None else [self.nodes.get(held[0])]:
+            if rec is None:
+                continue
+            changed = False
+            if uid in rec.owners:
+                del rec.owners[uid]
+                if rec.allocator is not None:
+                    rec.allocator.release(uid)
+                changed = True
+            if rec.unattributed.pop(uid, None) is not None:
+                changed = True
+            if changed:
+                self._refresh(rec)
+            if held is not None:
+                break
+
+    def delete_pod(self, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        with self.lock:
+            info = self.pods.pop(uid, None)
+            held = self.allocated.get(uid)
+            self._release(uid)
+            self.bad_pods.pop(uid, None)
+            self.generation += 1
+        if info is not None:
+            failed = bool(held or info.node_name) and info.phase != "Succeeded"
+            change = PodChange(info, failed, info.node_name or (held[0] if held else ""))
+            for fn in self._listeners:
+                fn(change)
+
+    def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
+        seen = set()
+        for obj in items:
+            self.upsert_pod(obj)
+            seen.add(str((obj.get("metadata") or {}).get("uid") or ""))
+        with self.lock:
+            gone = [uid for uid in list(self.pods) + list(self.allocated) if uid not in seen]
+        for uid in dict.fromkeys(gone):
+            if uid in self.assumed:
+                continue  # our own bind in flight; the watch will confirm it
+            info = self.pods.get(uid)
+            self.delete_pod({"metadata": {"uid": uid, "name": info.name if info else ""}})
+        self.pods_synced = True
+
+    # ------------------------------------------------------------------ binds
+
+    def assume(self, uid: str, node: str, devices: tuple[str, ...], info: PodInfo | None = None) -> None:
+        """Hold ``devices`` for a pod whose bind is in flight; raises AllocationError if any is taken."""
+        with self.lock:
+            rec = self.nodes.get(node)
+            if rec is None or rec.allocator is None:
+                raise AllocationError(f"node {node!r} is not known with a topology")
+            if uid in self.allocated:
+                raise AllocationError(f"pod {uid} already holds devices on {self.allocated[uid][0]}")
+            rec.allocator.allocate(uid, devices)  # raises and changes nothing on conflict
+            rec.owners[uid] = devices
+            rec.unattributed.pop(uid, None)
+            self.allocated[uid] = (node, devices)
+            self.assumed[uid] = self.clock()
+            if info is not None:
+                self.pods[uid] = info
+            self._refresh(rec)
+            self.generation += 1
+
+    def confirm(self, uid: str) -> None:
+        with self.lock:
+            self.assumed.pop(uid, None)
+
+    def forget(self, uid: str) -> None:
+        """Undo :meth:`assume`; safe to call twice."""
+        with self.lock:
+            if uid in self.assumed:
+                self._release(uid)
+                self.generation += 1
+
+    # ------------------------------------------------------------------ reservations
+
+    def reserve(self, owner: str, node: str, devices: tuple[str, ...]) -> None:
+        with self.lock:
+            rec = self.nodes.get(node)
+            if rec is None or rec.allocator is None:
+                raise AllocationError(f"node {node!r} is not known with a topology")
+            rec.allocator.reserve(owner, devices)
+            rec.reserved[owner] = devices
+            self._refresh(rec)
+            self.generation += 1
+
+    def unreserve(self, owner: str, node: str) -> None:
+        """Safe to call twice, and for a node that is gone."""
+        with self.lock:
+            rec = self.nodes.get(node)
+            if rec is None or owner not in rec.reserved:
+                return
+            del rec.reserved[owner]
+            if rec.allocator is not None:
+                rec.allocator.unreserve(owner)
+            self._refresh(rec)
+            self.generation += 1
+
+    # ------------------------------------------------------------------ queries
+
+    def capacity(self) -> dict[str, int]:
+        """Healthy devices per pool (topology fingerprint)."""
+        with self.lock:
+            cap: dict[str, int] = {}
+            for r in self.nodes.values():
+                if r.topology is not None:
+                    pool = r.topology.fingerprint
+                    cap[pool] = cap.get(pool, 0) + len(r.healthy)
+            return cap
+
+    def used_by_queue(self) -> dict[str, dict[str, int]]:
+        """Devices held per queue and pool, assumed binds included."""
+        with self.lock:
+            used: dict[str, dict[str, int]] = {}
+
+            def add(uid: str, rec: NodeRecord | None, n: int) -> None:
+                info = self.pods.get(uid)
+                if info is None or rec is None or rec.topology is None:
+                    return
+                pools = used.setdefault(info.queue, {})
+                pool = rec.topology.fingerprint
+                pools[pool] = pools.get(pool, 0) + n
+
+            for uid, (node, devs) in self.allocated.items():
+                add(uid, self.nodes.get(node), len(devs))
+            for rec in self.nodes.values():
+                for uid, n in rec.unattributed.items():
+                    add(uid, rec, n)
+            return used
+
+    def pending(self) -> list[PodInfo]:
+        with self.lock:
+            return [
+                p
+                for p in self.pods.values()
+                if not p.node_name and p.uid not in self.allocated and p.count > 0 and not p.deleting
+            ]
+
+    def find_pod(self, namespace: str, name: str, uid: str = "") -> PodInfo | None:
+        with self.lock:
+            if uid and uid in self.pods:
+                return self.pods[uid]
+            for p in self.pods.values():
+                if p.namespace == namespace and p.name == name and (not uid or p.uid == uid):
+                    return p
+        return None
+
+    def snapshot(self) -> JsonObj:
+        """Allocations per node, for ``/debug/state``."""
+        with self.lock:
+            nodes = {}
+            for name in sorted(self.nodes):
+                rec = self.nodes[name]
+                nodes[name] = {
+                    "topology": rec.topology.fingerprint if rec.topology is not None else None,
+                    "error": rec.error or None,
+                    "devices": len(rec.topology.ids) if rec.topology is not None else 0,
+                    "healthy": len(rec.healthy),
+                    "free": sorted(rec.free, key=lambda d: rec.index.get(d, 0)),
+                    "allocations": {
+                        (self.pods[u].key if u in self.pods else u): list(d) for u, d in sorted(rec.owners.items())
+                    },
+                    "reservations": {o: list(d) for o, d in sorted(rec.reserved.items())},
+                    "unattributed": dict(sorted(rec.unattributed.items())),
+                    "linkDomain": rec.domain or None,
+                    "ready": rec.ready,
+                }
+            return {
+                "synced": self.synced,
+                "nodes": nodes,
+                "assumed": sorted(self.assumed),
+                "badPods": dict(sorted(self.bad_pods.items())),
+            }
+
+    def check_invariants(self) -> None:
+        """No device held twice, across allocations and reservations (tests call this)."""
+        with self.lock:
+            for rec in self.nodes.values():
+                seen: dict[str, str] = {}
+                for owner, devs in [*rec.owners.items(), *rec.reserved.items()]:
+                    for d in devs:
+                        if d in seen:
+                            raise AssertionError(f"node {rec.name}: device {d} held by {seen[d]} and {owner}")
+                        seen[d] = owner
+                if rec.topology is not None and rec.free & set(seen):
+                    raise AssertionError(f"node {rec.name}: free set overlaps holdings")

@@ -1,0 +1,100 @@
+"""``icl extender``: run the kube-scheduler extender."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["register", "run"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "extender",
+        parents=[common],
+        help="run the kube-scheduler extender (filter/prioritize/bind/preempt over HTTP)",
+        description=(
+            "Serve the kube-scheduler extender API: filter and prioritize nodes by whether the pod's "
+            "device shape fits their free linked devices, bind with the exact device ids written on the "
+            "pod, reserve gangs, enforce queue fair share, and choose preemption victims. State is "
+            "rebuilt from the API server at start. Also serves /healthz, /readyz, /metrics and /debug/state."
+        ),
+    )
+    p.add_argument("--config", metavar="FILE", help="extender config (YAML); defaults apply when omitted")
+    p.add_argument("--kubeconfig", metavar="FILE", help="reach the API server with this kubeconfig")
+    p.add_argument("--server", metavar="URL", help="API server URL (overrides the config's kube.server)")
+    p.add_argument("--host", help="listen address (overrides listen.host)")
+    p.add_argument("--port", type=int, help="listen port (overrides listen.port)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import logging
+    import signal
+    import sys
+    import threading
+
+    from scheduler.cache import ClusterCache
+    from scheduler.config import ConfigError, load_config
+    from scheduler.events import EventRecorder
+    from scheduler.extender import Extender
+    from scheduler.informer import Informer
+    from scheduler.kube import KubeError, RestKubeAPI
+    from scheduler.server import ExtenderServer
+
+    log = logging.getLogger("scheduler")
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"icl extender: {exc}", file=sys.stderr)
+        return 2
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        cfg = dataclasses.replace(cfg, **overrides)
+    kube = cfg.kube
+    try:
+        server_url = args.server or kube.server
+        kubeconfig = args.kubeconfig or kube.kubeconfig
+        if server_url:
+            token = None
+            if kube.token_file:
+                with open(kube.token_file) as fh:
+                    token = fh.read().strip()
+            api = RestKubeAPI.from_url(server_url, token=token, timeout_s=kube.request_timeout_s)
+        elif kubeconfig:
+            api = RestKubeAPI.from_kubeconfig(kubeconfig, insecure=kube.insecure, timeout_s=kube.request_timeout_s)
+        else:
+            api = RestKubeAPI.in_cluster(timeout_s=kube.request_timeout_s)
+    except (KubeError, OSError) as exc:
+        print(f"icl extender: cannot reach the API server: {exc}", file=sys.stderr)
+        return 2
+    cache = ClusterCache(cfg.resource_name)
+    events = EventRecorder(api, cfg.event_component, enabled=cfg.events)
+    extender = Extender(cfg, cache, api, events=events)
+    informer = Informer(api, cache, watch_timeout_s=kube.watch_timeout_s)
+    try:
+        server = ExtenderServer(extender, cfg)
+    except OSError as exc:
+        print(f"icl extender: cannot listen on {cfg.host}:{cfg.port}: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def _signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _signal)
+    signal.signal(signal.SIGINT, _signal)
+    extender.start()
+    informer.start()
+    server.start()
+    log.info("extender listening on %s (resource %s, policy %s)", server.url, cfg.resource_name, cfg.policy)
+    while not stop.wait(1.0):
+        try:
+            extender.sweep()
+        except Exception:
+            log.exception("housekeeping")
+    server.stop()
+    informer.stop()
+    extender.stop()
+    return 0

@@ -1,0 +1,245 @@
+"""Typed configuration of the extender, read from one YAML (or JSON) file.
+
+Every key is optional; an unknown key or a wrong type is an error naming the
+key and the value, so a typo never silently falls back to a default.
+
+Example::
+
+    listen: {host: 0.0.0.0, port: 8888}
+    tls: {cert: /etc/kube-icl/tls.crt, key: /etc/kube-icl/tls.key}
+    resourceName: kube-icl.io/accelerator
+    policy: fragmentation
+    weights: {fragmentation: 2, binpack: 1}
+    gangTimeoutSeconds: 120
+    queues:
+      research: {weight: 2}
+      batch: {weight: 1, quota: 64}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ConfigError", "ExtenderConfig", "KubeConfig", "QueueConfig", "load_config", "parse_config"]
+
+DEFAULT_RESOURCE = "kube-icl.io/accelerator"
+
+
+class ConfigError(ValueError):
+    """The configuration file has a bad key or value."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    name: str
+    weight: float = 1.0
+    quota: int | None = None  # devices; None: no quota
+
+
+@dataclass(frozen=True, slots=True)
+class KubeConfig:
+    """How to reach the API server: a URL (tests), a kubeconfig file, or in-cluster."""
+
+    server: str | None = None
+    kubeconfig: str | None = None
+    token_file: str | None = None
+    ca_file: str | None = None
+    insecure: bool = False
+    request_timeout_s: float = 10.0
+    watch_timeout_s: int = 300
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderConfig:
+    host: str = "0.0.0.0"
+    port: int = 8888
+    path_prefix: str = ""
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    max_body_bytes: int = 32 * 1024 * 1024
+    request_timeout_s: float = 30.0
+    resource_name: str = DEFAULT_RESOURCE
+    policy: str = "fragmentation"
+    fragmentation_weight: float = 1.0
+    binpack_weight: float = 1.0
+    gang_timeout_s: float = 120.0
+    fair_share: bool = True
+    queues: Mapping[str, QueueConfig] = field(default_factory=dict)
+    default_queue_weight: float = 1.0
+    events: bool = True
+    event_component: str = "kube-icl-extender"
+    kube: KubeConfig = field(default_factory=KubeConfig)
+
+    def queue(self, name: str) -> QueueConfig:
+        return self.queues.get(name) or QueueConfig(name, weight=self.default_queue_weight)
+
+
+_TOP_KEYS = {
+    "listen",
+    "tls",
+    "maxBodyBytes",
+    "requestTimeoutSeconds",
+    "resourceName",
+    "policy",
+    "weights",
+    "gangTimeoutSeconds",
+    "fairShare",
+    "queues",
+    "defaultQueueWeight",
+    "events",
+    "kube",
+}
+
+
+def _check_keys(obj: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            raise ConfigError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _map(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+    return value
+
+
+def _num(value: Any, where: str, *, minimum: float = 0.0, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        raise ConfigError(f"{where}: must be {'>' if strict else '>='} {minimum}, got {value!r}")
+    return float(value)
+
+
+def _int(value: Any, where: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise ConfigError(f"{where}: {value} is out of range")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def parse_config(raw: Any) -> ExtenderConfig:
+    """Build an :class:`ExtenderConfig` from decoded YAML."""
+    top = _map(raw, "config")
+    _check_keys(top, _TOP_KEYS, "config")
+    kw: dict[str, Any] = {}
+    listen = _map(top.get("listen"), "listen")
+    _check_keys(listen, {"host", "port", "pathPrefix"}, "listen")
+    if "host" in listen:
+        kw["host"] = _str(listen["host"], "listen.host")
+    if "port" in listen:
+        kw["port"] = _int(listen["port"], "listen.port", maximum=65535)
+    if "pathPrefix" in listen:
+        prefix = str(listen["pathPrefix"]).rstrip("/")
+        if prefix and not prefix.startswith("/"):
+            raise ConfigError(f"listen.pathPrefix: must start with '/', got {prefix!r}")
+        kw["path_prefix"] = prefix
+    tls = _map(top.get("tls"), "tls")
+    _check_keys(tls, {"cert", "key"}, "tls")
+    if tls:
+        if "cert" not in tls or "key" not in tls:
+            raise ConfigError("tls: both cert and key are required")
+        kw["tls_cert"] = _str(tls["cert"], "tls.cert")
+        kw["tls_key"] = _str(tls["key"], "tls.key")
+    if "maxBodyBytes" in top:
+        kw["max_body_bytes"] = _int(top["maxBodyBytes"], "maxBodyBytes", minimum=1024)
+    if "requestTimeoutSeconds" in top:
+        kw["request_timeout_s"] = _num(top["requestTimeoutSeconds"], "requestTimeoutSeconds", strict=True)
+    if "resourceName" in top:
+        name = _str(top["resourceName"], "resourceName")
+        if "/" not in name:
+            raise ConfigError(f"resourceName: an extended resource needs a domain prefix, got {name!r}")
+        kw["resource_name"] = name
+    if "policy" in top:
+        policy = _str(top["policy"], "policy")
+        if policy not in ("fragmentation", "binpack", "kubelet"):
+            raise ConfigError(f"policy: {policy!r} is not one of fragmentation, binpack, kubelet")
+        kw["policy"] = policy
+    weights = _map(top.get("weights"), "weights")
+    _check_keys(weights, {"fragmentation", "binpack"}, "weights")
+    if "fragmentation" in weights:
+        kw["fragmentation_weight"] = _num(weights["fragmentation"], "weights.fragmentation")
+    if "binpack" in weights:
+        kw["binpack_weight"] = _num(weights["binpack"], "weights.binpack")
+    if weights and kw.get("fragmentation_weight", 1.0) + kw.get("binpack_weight", 1.0) <= 0:
+        raise ConfigError("weights: at least one weight must be positive")
+    if "gangTimeoutSeconds" in top:
+        kw["gang_timeout_s"] = _num(top["gangTimeoutSeconds"], "gangTimeoutSeconds", strict=True)
+    if "fairShare" in top:
+        kw["fair_share"] = _bool(top["fairShare"], "fairShare")
+    if "defaultQueueWeight" in top:
+        kw["default_queue_weight"] = _num(top["defaultQueueWeight"], "defaultQueueWeight", strict=True)
+    queues: dict[str, QueueConfig] = {}
+    for qname, qraw in _map(top.get("queues"), "queues").items():
+        where = f"queues.{qname}"
+        q = _map(qraw, where)
+        _check_keys(q, {"weight", "quota"}, where)
+        queues[str(qname)] = QueueConfig(
+            name=str(qname),
+            weight=_num(q["weight"], f"{where}.weight", strict=True)
+            if "weight" in q
+            else kw.get("default_queue_weight", 1.0),
+            quota=None if q.get("quota") is None else _int(q["quota"], f"{where}.quota"),
+        )
+    kw["queues"] = queues
+    events = _map(top.get("events"), "events")
+    _check_keys(events, {"enabled", "component"}, "events")
+    if "enabled" in events:
+        kw["events"] = _bool(events["enabled"], "events.enabled")
+    if "component" in events:
+        kw["event_component"] = _str(events["component"], "events.component")
+    kube = _map(top.get("kube"), "kube")
+    _check_keys(
+        kube,
+        {"server", "kubeconfig", "tokenFile", "caFile", "insecure", "requestTimeoutSeconds", "watchTimeoutSeconds"},
+        "kube",
+    )
+    kw["kube"] = KubeConfig(
+        server=_str(kube["server"], "kube.server") if "server" in kube else None,
+        kubeconfig=_str(kube["kubeconfig"], "kube.kubeconfig") if "kubeconfig" in kube else None,
+        token_file=_str(kube["tokenFile"], "kube.tokenFile") if "tokenFile" in kube else None,
+        ca_file=_str(kube["caFile"], "kube.caFile") if "caFile" in kube else None,
+        insecure=_bool(kube["insecure"], "kube.insecure") if "insecure" in kube else False,
+        request_timeout_s=_num(kube["requestTimeoutSeconds"], "kube.requestTimeoutSeconds", strict=True)
+        if "requestTimeoutSeconds" in kube
+        else 10.0,
+        watch_timeout_s=_int(kube["watchTimeoutSeconds"], "kube.watchTimeoutSeconds", minimum=1)
+        if "watchTimeoutSeconds" in kube
+        else 300,
+    )
+    return ExtenderConfig(**kw)
+
+
+def load_config(path: str | Path | None) -> ExtenderConfig:
+    """Read a config file; ``None`` gives the defaults."""
+    if path is None:
+        return ExtenderConfig()
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from None
+    return parse_config(raw)

@@ -1,0 +1,656 @@
+"""The extender's decisions: filter, prioritize, bind, preempt.
+
+Handlers run small, separate policies in a fixed cycle, and the policies do not
+call each other:
+
+1. read the pod (:func:`scheduler.podspec.pod_info`, :func:`topology.parse_shape`);
+2. fair share (:mod:`scheduler.fairshare`): may hold the pod back;
+3. gang (:mod:`scheduler.gang`): may restrict the pod to its reserved nodes;
+4. per node: does the shape fit the node's free healthy devices (:class:`topology.Placer`).
+
+Per-node answers are memoised on (topology fingerprint, free mask, shape), so a
+filter over thousands of nodes that share a few topologies is a dictionary
+lookup per node. Bind re-decides under the cache lock with the same placement
+code, assumes the devices, and only then does I/O, without the lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler import fairshare
+from scheduler.cache import ClusterCache, NodeView
+from scheduler.config import ExtenderConfig
+from scheduler.events import EventRecorder, summarize_failures
+from scheduler.gang import GangManager, Slot
+from scheduler.kube import KubeAPI, KubeError
+from scheduler.metrics import Metrics
+from scheduler.podspec import ANN_DEVICES, ANN_SHAPE, PodInfo, PodSpecError, format_devices, pod_info
+from scheduler.wire import (
+    MAX_PRIORITY,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+    MetaPod,
+    MetaVictims,
+)
+from topology import (
+    DEFAULT_MIX,
+    AllocationError,
+    Placer,
+    Policy,
+    Shape,
+    ShapeError,
+    ShapeKind,
+    TopologyError,
+    binpack_node_score,
+    pack_node,
+    parse_shape,
+)
+
+__all__ = ["Extender", "NodeEval"]
+
+log = logging.getLogger(__name__)
+
+_MIX_TOTAL = sum(w for _, w in DEFAULT_MIX) or 1.0
+_MEMO_LIMIT = 200_000
+_MAX_VICTIM_SETS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEval:
+    """One node's answer for one shape: fits or why not, and its 0..10 score."""
+
+    ok: bool
+    reason: str
+    score: int
+    unresolvable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """A pod's request, read once per call."""
+
+    info: PodInfo
+    shape: Shape | None  # None: the pod asks for none of our devices
+    error: str  # the pod's annotations cannot be read: every node fails with this
+
+
+class Extender:
+    def __init__(
+        self,
+        cfg: ExtenderConfig,
+        cache: ClusterCache,
+        api: KubeAPI | None = None,
+        *,
+        events: EventRecorder | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.cache = cache
+        self.api = api
+        self.policy = Policy(cfg.policy)
+        self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
+        self.metrics = metrics or Metrics()
+        self.gangs = GangManager(cache, cfg.gang_timeout_s, self.policy, self._queue_eviction, self._gang_event)
+        self._memo: dict[tuple[Any, ...], NodeEval] = {}
+        self._seen: OrderedDict[str, PodInfo] = OrderedDict()
+        self._seen_lock = threading.Lock()
+        self._evictions: queue.Queue[tuple[PodInfo, str] | None] = queue.Queue()
+        self._evict_thread: threading.Thread | None = None
+        self.metrics.attach_state(self._share_metrics, self._free_shape_metrics)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.events.start()
+        if self.api is not None and self._evict_thread is None:
+            self._evict_thread = threading.Thread(target=self._evict_loop, name="evictions", daemon=True)
+            self._evict_thread.start()
+
+    def stop(self) -> None:
+        if self._evict_thread is not None:
+            self._evictions.put(None)
+            self._evict_thread.join(timeout=5)
+            self._evict_thread = None
+        self.events.stop()
+
+    def flush(self) -> None:
+        """Wait for queued evictions and events (tests)."""
+        if self._evict_thread is not None:
+            self._evictions.join()
+        self.events.flush()
+
+    # ------------------------------------------------------------------ reading the pod
+
+    def _ask(self, pod: Mapping[str, Any]) -> _Ask:
+        try:
+            info = pod_info(pod, self.cfg.resource_name)
+        except PodSpecError as exc:
+            meta = pod.get("metadata") or {}
+            info = PodInfo(
+                uid=str(meta.get("uid") or ""),
+                namespace=str(meta.get("namespace") or "default"),
+                name=str(meta.get("name") or ""),
+                count=0,
+                shape="any",
+                queue="",
+                gang=None,
+                priority=0,
+                node_name="",
+                phase="Pending",
+                devices=(),
+                deleting=False,
+            )
+            return _Ask(info, None, str(exc))
+        if info.count == 0:
+            return _Ask(info, None, "")
+        try:
+            shape = parse_shape(info.shape, count=info.count)
+        except ShapeError as exc:
+            return _Ask(info, None, f"annotation {ANN_SHAPE}: {exc}")
+        with self._seen_lock:
+            self._seen[info.uid or info.key] = info
+            self._seen.move_to_end(info.uid or info.key)
+            while len(self._seen) > 10_000:
+                self._seen.popitem(last=False)
+        return _Ask(info, shape, "")
+
+    # ------------------------------------------------------------------ per-node evaluation
+
+    def evaluate(self, view: NodeView, shape: Shape) -> NodeEval:
+        """Whether ``shape`` fits this node view, why not, and its score (memoised)."""
+        key = (view.key, shape)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        result = self._evaluate(view, shape)
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = result
+        return result
+
+    def _evaluate(self, view: NodeView, shape: Shape) -> NodeEval:
+        topo = view.topology
+        placer = Placer.for_topology(topo)
+        healthy = len(topo.healthy_ids)
+        if shape.size > healthy:
+            return NodeEval(False, placer.explain(shape, view.free), 0, unresolvable=True)
+        usable = len(view.free) - view.unattributed
+        if usable < shape.size:
+            held = f" ({view.unattributed} more held by pods without a device list)" if view.unattributed else ""
+            return NodeEval(False, f"{shape.describe()} needs {shape.size} free devices; {usable} are free{held}", 0)
+        best = placer.place(shape, view.free, Policy.FRAGMENTATION)
+        if best is None:
+            return NodeEval(False, placer.explain(shape, view.free) or f"{shape.describe()} does not fit", 0)
+        loss = min(1.0, max(0.0, best.score / _MIX_TOTAL))
+        pack = binpack_node_score(healthy, usable, shape.size)
+        wf, wb = self.cfg.fragmentation_weight, self.cfg.binpack_weight
+        total = wf + wb
+        raw = (wf * (1.0 - loss) + wb * pack) / total if total > 0 else 0.0
+        return NodeEval(True, "", max(0, min(MAX_PRIORITY, round(raw * MAX_PRIORITY))))
+
+    # ------------------------------------------------------------------ fair share
+
+    def _fair_share(self, info: PodInfo) -> fairshare.Verdict | None:
+        used = self.cache.used_by_queue()
+        capacity = self.cache.capacity()
+        qcfg = self.cfg.queue(info.queue)
+        if qcfg.quota is None and not self.cfg.fair_share:
+            return None
+        waiting: dict[str, str] = {}
+        if self.cfg.fair_share:
+            mine = fairshare.dominant_share(used.get(info.queue, {}), capacity, qcfg.weight)
+            if mine > 0:
+                waiting = self._waiting_below(info, mine, used, capacity)
+        return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting)
+
+    def _waiting_below(
+        self, info: PodInfo, mine: float, used: Mapping[str, Mapping[str, int]], capacity: Mapping[str, int]
+    ) -> dict[str, str]:
+        """Other queues below ``mine`` that have a pending pod which fits some node now."""
+        lower: dict[str, list[PodInfo]] = {}
+        for p in self.cache.pending():
+            if p.queue == info.queue or p.uid == info.uid:
+                continue
+            share = fairshare.dominant_share(used.get(p.queue, {}), capacity, self.cfg.queue(p.queue).weight)
+            if share < mine:
+                lower.setdefault(p.queue, []).append(p)
+        if not lower:
+            return {}
+        views = {}
+        for rec in list(self.cache.nodes.values()):
+            view = rec.view
+            if view is not None and rec.ready and not rec.unschedulable:
+                views[view.key] = view
+        out: dict[str, str] = {}
+        for q, pods in lower.items():
+            tried: set[tuple[str, int]] = set()
+            for p in pods[:64]:
+                if (p.shape, p.count) in tried:
+                    continue
+                tried.add((p.shape, p.count))
+                try:
+                    shape = parse_shape(p.shape, count=p.count)
+                except ShapeError:
+                    continue
+                if any(self.evaluate(v, shape).ok for v in views.values()):
+                    out[q] = f"pod {p.key} ({shape.describe()})"
+                    break
+        return out
+
+    # ------------------------------------------------------------------ filter
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        t0 = time.perf_counter()
+        try:
+            result, outcome = self._filter(args)
+        finally:
+            self.metrics.latency.labels("filter").observe(time.perf_counter() - t0)
+        self.metrics.decisions.labels("filter", outcome).inc()
+        return result
+
+    def _result(
+        self, args: ExtenderArgs, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str]
+    ) -> ExtenderFilterResult:
+        if args.node_names is not None:
+            return ExtenderFilterResult(
+                node_names=passed, failed_nodes=failed, failed_and_unresolvable_nodes=unresolvable
+            )
+        keep = set(passed)
+        nodes = [n for n in args.nodes or () if n["metadata"]["name"] in keep]
+        return ExtenderFilterResult(nodes=nodes, failed_nodes=failed, failed_and_unresolvable_nodes=unresolvable)
+
+    def _filter(self, args: ExtenderArgs) -> tuple[ExtenderFilterResult, str]:
+        names = list(dict.fromkeys(args.names))
+        ask = self._ask(args.pod)
+        info = ask.info
+        if ask.error:
+            self._event(info, "InvalidPlacementRequest", ask.error)
+            return self._result(args, [], {}, dict.fromkeys(names, ask.error)), "invalid"
+        if ask.shape is None:
+            return self._result(args, names, {}, {}), "ignored"
+        shape = ask.shape
+        allowed: set[str] | None = None
+        if info.gang is not None:
+            with self.cache.lock:
+                reserved = info.gang.key in self.gangs.reservations
+            if not reserved:
+                verdict = self._fair_share(info)
+                if verdict is not None:
+                    self._event(info, "QueueHeldBack", verdict.reason)
+                    return self._result(args, [], {}, dict.fromkeys(names, verdict.reason)), "held"
+            allowed, reason = self.gangs.plan(info, shape, names)
+            if reason:
+                self._event(info, "GangNotPlaced", reason)
+                return self._result(args, [], dict.fromkeys(names, reason), {}), "unschedulable"
+        if allowed is not None:
+            where = ", ".join(sorted(allowed))
+            msg = f"gang {info.gang.name if info.gang else ''!r} has its reserved devices on {where}"
+            elsewhere = {n: msg for n in names if n not in allowed}
+            return self._result(args, [n for n in names if n in allowed], elsewhere, {}), "gang"
+        if info.gang is None:
+            verdict = self._fair_share(info)
+            if verdict is not None:
+                self._event(info, "QueueHeldBack", verdict.reason)
+                bucket = dict.fromkeys(names, verdict.reason)
+                if verdict.unresolvable:
+                    return self._result(args, [], {}, bucket), "held"
+                return self._result(args, [], bucket, {}), "held"
+
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        nodes_get = self.cache.nodes.get
+        memo_get = self._memo.get
+        local: dict[Any, NodeEval] = {}
+        for name in names:
+            rec = nodes_get(name)
+            if rec is None:
+                failed[name] = "node is not known to kube-icl yet (no watch event for it)"
+                continue
+            view = rec.view
+            if view is None:
+                unresolvable[name] = rec.error or "node has no usable topology"
+                continue
+            if not rec.ready:
+                failed[name] = "node is not ready"
+                continue
+            ev = local.get(view.key)
+            if ev is None:
+                ev = memo_get((view.key, shape)) or self.evaluate(view, shape)
+                local[view.key] = ev
+            if ev.ok:
+                passed.append(name)
+            elif ev.unresolvable:
+                unresolvable[name] = ev.reason
+            else:
+                failed[name] = ev.reason
+        if not passed and names:
+            self._event(info, "FailedPlacement", summarize_failures({**failed, **unresolvable}, len(names), str(shape)))
+            return self._result(args, passed, failed, unresolvable), "unschedulable"
+        return self._result(args, passed, failed, unresolvable), "fit"
+
+    # ------------------------------------------------------------------ prioritize
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        t0 = time.perf_counter()
+        try:
+            out = self._prioritize(args)
+        finally:
+            self.metrics.latency.labels("prioritize").observe(time.perf_counter() - t0)
+        self.metrics.decisions.labels("prioritize", "scored").inc()
+        return out
+
+    def _prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        names = args.names
+        ask = self._ask(args.pod)
+        if ask.shape is None or ask.error:
+            return [HostPriority(n, 0) for n in names]
+        info, shape = ask.info, ask.shape
+        if info.gang is not None:
+            with self.cache.lock:
+                res = self.gangs.reservations.get(info.gang.key)
+                open_nodes = res.open_nodes(info.uid) if res is not None else None
+            if open_nodes is not None:
+                return [HostPriority(n, MAX_PRIORITY if n in open_nodes else 0) for n in names]
+        out: list[HostPriority] = []
+        nodes_get = self.cache.nodes.get
+        local: dict[Any, int] = {}
+        for name in names:
+            rec = nodes_get(name)
+            view = rec.view if rec is not None else None
+            if view is None:
+                out.append(HostPriority(name, 0))
+                continue
+            score = local.get(view.key)
+            if score is None:
+                ev = self._memo.get((view.key, shape)) or self.evaluate(view, shape)
+                score = ev.score if ev.ok else 0
+                local[view.key] = score
+            out.append(HostPriority(name, score))
+        return out
+
+    # ------------------------------------------------------------------ bind
+
+    def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        t0 = time.perf_counter()
+        try:
+            result = self._bind(args)
+        finally:
+            self.metrics.latency.labels("bind").observe(time.perf_counter() - t0)
+        self.metrics.decisions.labels("bind", "error" if result.error else "bound").inc()
+        return result
+
+    def _pod_for_bind(self, args: ExtenderBindingArgs) -> tuple[PodInfo | None, str]:
+        info = self.cache.find_pod(args.pod_namespace, args.pod_name, args.pod_uid)
+        if info is None:
+            with self._seen_lock:
+                info = self._seen.get(args.pod_uid) or self._seen.get(f"{args.pod_namespace}/{args.pod_name}")
+        if info is None and self.api is not None:
+            try:
+                pod = self.api.get_pod(args.pod_namespace, args.pod_name)
+            except KubeError as exc:
+                return None, f"cannot read pod {args.pod_namespace}/{args.pod_name}: {exc}"
+            if pod is not None:
+                try:
+                    info = pod_info(pod, self.cfg.resource_name)
+                except PodSpecError as exc:
+                    return None, str(exc)
+        if info is None:
+            return None, f"pod {args.pod_namespace}/{args.pod_name} not found"
+        if args.pod_uid and info.uid and info.uid != args.pod_uid:
+            return None, f"pod {args.pod_namespace}/{args.pod_name} has uid {info.uid}, not {args.pod_uid}"
+        return info, ""
+
+    def _bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        if self.api is None:
+            return ExtenderBindingResult("extender has no API access; cannot bind")
+        info, err = self._pod_for_bind(args)
+        if info is None:
+            return ExtenderBindingResult(err)
+        node = args.node
+        uid = args.pod_uid or info.uid
+        shape: Shape | None = None
+        if info.count > 0:
+            try:
+                shape = parse_shape(info.shape, count=info.count)
+            except ShapeError as exc:
+                return ExtenderBindingResult(f"annotation {ANN_SHAPE}: {exc}")
+        slot: Slot | None = None
+        assumed = False
+        devices: tuple[str, ...] = ()
+        if shape is not None:
+            try:
+                devices, slot, assumed, err = self._choose(info, uid, node, shape)
+            except (AllocationError, TopologyError, ShapeError) as exc:
+                err = f"devices on {node} changed while binding: {exc}"
+            if err:
+                self._event(info, "FailedBinding", err)
+                return ExtenderBindingResult(err)
+        try:
+            if devices:
+                self.api.patch_pod_annotations(info.namespace, info.name, uid, {ANN_DEVICES: format_devices(devices)})
+            self.api.bind_pod(info.namespace, info.name, uid, node)
+        except KubeError as exc:
+            if slot is not None:
+                self.gangs.unclaim(info, slot)
+            elif assumed:
+                self.cache.forget(uid)
+            msg = f"binding {info.key} to {node} failed: {exc.message}"
+            log.warning("%s", msg)
+            self._event(info, "FailedBinding", msg)
+            return ExtenderBindingResult(msg)
+        if devices and shape is not None:
+            self._event(info, "DevicesAssigned", f"{shape.describe()} on {node}: {format_devices(devices)}", "Normal")
+        return ExtenderBindingResult()
+
+    def _choose(
+        self, info: PodInfo, uid: str, node: str, shape: Shape
+    ) -> tuple[tuple[str, ...], Slot | None, bool, str]:
+        """Pick and assume the devices, under the cache lock: (devices, gang slot, assumed, error)."""
+        with self.cache.lock:
+            held = self.cache.allocated.get(uid)
+            if held is not None:
+                if held[0] != node:
+                    return (), None, False, f"pod {info.key} already holds devices on {held[0]}"
+                return held[1], None, False, ""  # a retried bind: same devices again
+            if info.gang is not None and info.gang.key in self.gangs.reservations:
+                slot = self.gangs.claim(info, node)
+                if slot is None:
+                    return (), None, False, f"gang {info.gang.name!r} has no reserved slot on {node}"
+                return slot.devices, slot, True, ""
+            rec = self.cache.nodes.get(node)
+            if rec is None or rec.view is None:
+                why = rec.error if rec is not None else "node is not known to kube-icl"
+                return (), None, False, f"cannot bind to {node}: {why}"
+            view = rec.view
+            gone = f"{node}: {shape.describe()} no longer fits"
+            if len(view.free) - view.unattributed < shape.size:
+                return (), None, False, f"{gone}: {self.evaluate(view, shape).reason}"
+            placement = Placer.for_topology(view.topology).place(shape, view.free, self.policy)
+            if placement is None:
+                return (), None, False, f"{gone}: {self.evaluate(view, shape).reason}"
+            self.cache.assume(uid, node, placement.devices, info)
+            return placement.devices, None, True, ""
+
+    # ------------------------------------------------------------------ preempt
+
+    def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        t0 = time.perf_counter()
+        try:
+            result = self._preempt(args)
+        finally:
+            self.metrics.latency.labels("preempt").observe(time.perf_counter() - t0)
+        self.metrics.decisions.labels("preempt", "victims" if result.node_name_to_meta_victims else "none").inc()
+        return result
+
+    def _preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        proposed = args.victim_uids()
+        ask = self._ask(args.pod)
+        if ask.error:
+            return ExtenderPreemptionResult({})
+        if ask.shape is None:
+            return ExtenderPreemptionResult(
+                {n: MetaVictims(tuple(MetaPod(u) for u in uids), pdb) for n, (uids, pdb) in proposed.items()}
+            )
+        info, shape = ask.info, ask.shape
+        if self._fair_share(info) is not None:
+            return ExtenderPreemptionResult({})  # a held-back pod never preempts
+        used = self.cache.used_by_queue()
+        capacity = self.cache.capacity()
+        out: dict[str, MetaVictims] = {}
+        for node, (uids, pdb) in sorted(proposed.items()):
+            with self.cache.lock:
+                rec = self.cache.nodes.get(node)
+                if rec is None or rec.view is None:
+                    continue
+                view = rec.view
+                held: dict[str, tuple[str, ...]] = {}
+                for u in uids:
+                    where = self.cache.allocated.get(u)
+                    if where is not None and where[0] == node:
+                        held[u] = where[1]
+                queues = {u: self.cache.pods[u].queue if u in self.cache.pods else "" for u in held}
+                unattributed_victims = sum(rec.unattributed.get(u, 0) for u in uids)
+            others = tuple(u for u in uids if u not in held)
+            pool = view.topology.fingerprint
+            placer = Placer.for_topology(view.topology)
+            spare = view.unattributed - unattributed_victims
+
+            def fits(extra: frozenset[str], spare: int = spare, view: NodeView = view, placer: Placer = placer) -> bool:
+                free = view.free | extra
+                return len(free) - spare >= shape.size and placer.fits(shape, free)
+
+            if fits(frozenset()):
+                out[node] = MetaVictims(tuple(MetaPod(u) for u in others), pdb)
+                continue
+            candidates = []
+            for u, devs in sorted(held.items()):
+                q = queues[u]
+                if q and not fairshare.victim_allowed(
+                    info.queue, {pool: shape.size}, q, {pool: len(devs)}, used, capacity, self.cfg
+                ):
+                    continue
+                candidates.append(u)
+            chosen = self._fewest_victims(candidates, held, fits)
+            if chosen is None:
+                continue
+            out[node] = MetaVictims(tuple(MetaPod(u) for u in (*others, *chosen)), pdb)
+        return ExtenderPreemptionResult(out)
+
+    @staticmethod
+    def _fewest_victims(
+        candidates: list[str], held: Mapping[str, tuple[str, ...]], fits: Callable[[frozenset[str]], bool]
+    ) -> tuple[str, ...] | None:
+        """The smallest set of victims whose devices make the shape fit; ties: fewest devices freed."""
+        tried = 0
+        for k in range(1, len(candidates) + 1):
+            best: tuple[int, tuple[str, ...]] | None = None
+            for combo in itertools.combinations(candidates, k):
+                tried += 1
+                if tried > _MAX_VICTIM_SETS:
+                    return best[1] if best else None
+                freed = frozenset(d for u in combo for d in held[u])
+                if fits(freed) and (best is None or len(freed) < best[0]):
+                    best = (len(freed), combo)
+            if best is not None:
+                return best[1]
+        return None
+
+    # ------------------------------------------------------------------ gangs, events
+
+    def sweep(self) -> None:
+        self.gangs.sweep(self.cache.clock())
+        self.metrics.gang_reservations.set(len(self.gangs.reservations))
+
+    def _gang_event(self, outcome: str, key: str) -> None:
+        self.metrics.gang_events.labels(outcome).inc()
+        self.metrics.gang_reservations.set(len(self.gangs.reservations))
+
+    def _queue_eviction(self, info: PodInfo, why: str) -> None:
+        self._event(info, "GangFailed", why)
+        if self.api is not None:
+            self._evictions.put((info, why))
+
+    def _evict_loop(self) -> None:
+        assert self.api is not None
+        while True:
+            item = self._evictions.get()
+            try:
+                if item is None:
+                    return
+                info, _why = item
+                try:
+                    self.api.evict_pod(info.namespace, info.name, info.uid)
+                except KubeError as exc:
+                    if exc.status != 404:
+                        log.warning("evicting %s: %s", info.key, exc)
+            except Exception:
+                log.exception("eviction worker")
+            finally:
+                self._evictions.task_done()
+
+    def _event(self, info: PodInfo, reason: str, message: str, event_type: str = "Warning") -> None:
+        if info.name:
+            self.events.record(info.namespace, info.name, info.uid, reason, message, event_type)
+
+    # ------------------------------------------------------------------ state for /debug and /metrics
+
+    def _share_metrics(self) -> dict[str, tuple[float, int]]:
+        used = self.cache.used_by_queue()
+        capacity = self.cache.capacity()
+        shares = fairshare.shares(used, capacity, self.cfg)
+        return {q: (s, sum(used.get(q, {}).values())) for q, s in shares.items()}
+
+    def _free_shape_metrics(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for name, rec in list(self.cache.nodes.items()):
+            view = rec.view
+            if view is None:
+                continue
+            n = len(view.topology.healthy_ids)
+            k = 1
+            while k <= n:
+                key = ("free-shapes", view.key, k)
+                hit = self._memo.get(key)
+                if hit is None:
+                    shape = Shape(ShapeKind.RING, k, (k,))
+                    count = len(pack_node(view.topology, view.free, shape, max(1, len(view.free) // k), self.policy))
+                    hit = NodeEval(True, "", count)
+                    self._memo[key] = hit
+                out[(name, f"ring:{k}")] = hit.score
+                k *= 2
+        return out
+
+    def debug_state(self) -> dict[str, Any]:
+        used = self.cache.used_by_queue()
+        capacity = self.cache.capacity()
+        shares = fairshare.shares(used, capacity, self.cfg)
+        queues = {
+            q: {
+                "dominantShare": round(s, 6),
+                "devices": sum(used.get(q, {}).values()),
+                "weight": self.cfg.queue(q).weight,
+                "quota": self.cfg.queue(q).quota,
+            }
+            for q, s in shares.items()
+        }
+        return {
+            **self.cache.snapshot(),
+            "reservations": self.gangs.snapshot(),
+            "queues": queues,
+            "capacity": capacity,
+        }

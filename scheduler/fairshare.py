@@ -1,0 +1,107 @@
+"""Weighted dominant-resource fairness over device pools. Pure functions, no I/O.
+
+Each distinct node topology (its fingerprint) is one resource: a pool of
+devices. A queue's share of a pool is the devices it holds there divided by the
+pool's healthy devices; its *dominant share* is the largest of those, divided by
+the queue's weight. DRF schedules the queue with the smallest dominant share
+next, so a pod is held back when some other queue with a smaller dominant share
+has a pending pod that would fit now. A quota caps a queue's devices outright.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scheduler.config import ExtenderConfig
+
+__all__ = ["Verdict", "admit", "dominant_share", "shares", "victim_allowed"]
+
+Usage = Mapping[str, Mapping[str, int]]  # queue -> pool -> devices
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why a pod may not be placed now; ``unresolvable`` means preemption would not help."""
+
+    reason: str
+    unresolvable: bool = True
+
+
+def dominant_share(held: Mapping[str, int], capacity: Mapping[str, int], weight: float) -> float:
+    best = 0.0
+    for pool, n in held.items():
+        cap = capacity.get(pool, 0)
+        if cap > 0 and n > 0:
+            best = max(best, n / cap)
+    return best / weight if weight > 0 else float("inf")
+
+
+def shares(used: Usage, capacity: Mapping[str, int], cfg: ExtenderConfig) -> dict[str, float]:
+    """Dominant share of every queue that holds devices or is configured."""
+    names = set(used) | set(cfg.queues)
+    return {q: dominant_share(used.get(q, {}), capacity, cfg.queue(q).weight) for q in sorted(names)}
+
+
+def _total(held: Mapping[str, int] | None) -> int:
+    return sum((held or {}).values())
+
+
+def admit(
+    queue: str,
+    count: int,
+    used: Usage,
+    capacity: Mapping[str, int],
+    cfg: ExtenderConfig,
+    waiting: Mapping[str, str],
+) -> Verdict | None:
+    """``None`` when a pod of ``queue`` asking for ``count`` devices may go now, else why not.
+
+    ``waiting`` maps each other queue that has a pending pod which would fit now to a
+    short description of that pod (for the message).
+    """
+    qcfg = cfg.queue(queue)
+    held = _total(used.get(queue))
+    if qcfg.quota is not None and held + count > qcfg.quota:
+        return Verdict(
+            f"queue {queue!r} is at its quota: {held} of {qcfg.quota} devices in use, this pod asks for {count}"
+        )
+    if not cfg.fair_share:
+        return None
+    mine = dominant_share(used.get(queue, {}), capacity, qcfg.weight)
+    for other, pod in sorted(waiting.items()):
+        if other == queue:
+            continue
+        theirs = dominant_share(used.get(other, {}), capacity, cfg.queue(other).weight)
+        if theirs < mine:
+            return Verdict(
+                f"queue {queue!r} is above its fair share (dominant share {mine:.2f}, weight {qcfg.weight:g}) "
+                f"while queue {other!r} (share {theirs:.2f}) has {pod} waiting that fits; held back"
+            )
+    return None
+
+
+def victim_allowed(
+    preemptor_queue: str,
+    preemptor_pool_gain: Mapping[str, int],
+    victim_queue: str,
+    victim_pool_loss: Mapping[str, int],
+    used: Usage,
+    capacity: Mapping[str, int],
+    cfg: ExtenderConfig,
+) -> bool:
+    """A victim may be taken from its own queue, or from a queue that stays above the preemptor after.
+
+    Preempting must never push a queue below the preemptor's share (that would invert fairness).
+    """
+    if victim_queue == preemptor_queue:
+        return True
+    after_p = dict(used.get(preemptor_queue, {}))
+    for pool, n in preemptor_pool_gain.items():
+        after_p[pool] = after_p.get(pool, 0) + n
+    after_v = dict(used.get(victim_queue, {}))
+    for pool, n in victim_pool_loss.items():
+        after_v[pool] = max(0, after_v.get(pool, 0) - n)
+    share_p = dominant_share(after_p, capacity, cfg.queue(preemptor_queue).weight)
+    share_v = dominant_share(after_v, capacity, cfg.queue(victim_queue).weight)
+    return share_v >= share_p

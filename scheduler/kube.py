@@ -1,0 +1,369 @@
+"""The extender's narrow window onto the Kubernetes API.
+
+:class:`KubeAPI` names every call the extender makes; nothing else in
+``scheduler/`` speaks to the API server. :class:`RestKubeAPI` implements it with
+the standard library over the plain REST paths (no client library), so tests can
+stand a loopback server in front of it that speaks the same paths.
+
+Paths used (all core/v1 or policy/v1):
+
+- ``GET  /api/v1/nodes``, ``GET /api/v1/pods`` (list, paged with ``limit``/``continue``)
+- ``GET  /api/v1/{nodes,pods}?watch=1&resourceVersion=RV&allowWatchBookmarks=true``
+- ``GET  /api/v1/namespaces/NS/pods/NAME``
+- ``PATCH /api/v1/namespaces/NS/pods/NAME`` (``application/merge-patch+json``)
+- ``POST /api/v1/namespaces/NS/pods/NAME/binding``
+- ``POST /api/v1/namespaces/NS/pods/NAME/eviction``
+- ``POST /api/v1/namespaces/NS/events``
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import ssl
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+__all__ = [
+    "KubeAPI",
+    "KubeError",
+    "Resource",
+    "RestKubeAPI",
+    "binding_body",
+    "eviction_body",
+    "patch_body",
+]
+
+Resource = Literal["nodes", "pods"]
+JsonObj = dict[str, Any]
+
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+class KubeError(Exception):
+    """An API call that failed; ``status`` is the HTTP code (0 for a transport error)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+        self.message = message
+
+
+class KubeAPI(Protocol):
+    """Every API call the extender makes."""
+
+    def list(self, resource: Resource) -> tuple[list[JsonObj], str]:
+        """All objects and the list's resourceVersion."""
+        ...
+
+    def watch(self, resource: Resource, resource_version: str, timeout_s: int) -> Iterator[tuple[str, JsonObj]]:
+        """Watch events (``ADDED``/``MODIFIED``/``DELETED``/``BOOKMARK``/``ERROR``) until the server ends it."""
+        ...
+
+    def get_pod(self, namespace: str, name: str) -> JsonObj | None: ...
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
+    ) -> JsonObj: ...
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None: ...
+
+    def create_event(self, namespace: str, event: JsonObj) -> None: ...
+
+
+# --------------------------------------------------------------------- request bodies (pure)
+
+
+def patch_body(uid: str, annotations: Mapping[str, str | None]) -> JsonObj:
+    """A merge patch of annotations; ``metadata.uid`` makes it fail on a recreated pod."""
+    meta: JsonObj = {"annotations": dict(annotations)}
+    if uid:
+        meta["uid"] = uid
+    return {"metadata": meta}
+
+
+def binding_body(namespace: str, name: str, uid: str, node: str) -> JsonObj:
+    meta: JsonObj = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": meta,
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+
+
+def eviction_body(namespace: str, name: str, uid: str) -> JsonObj:
+    body: JsonObj = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+    if uid:
+        body["deleteOptions"] = {"preconditions": {"uid": uid}}
+    return body
+
+
+def _q(part: str) -> str:
+    return urllib.parse.quote(part, safe="")
+
+
+# --------------------------------------------------------------------- REST client
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    scheme: str
+    host: str
+    port: int
+    base_path: str
+    context: ssl.SSLContext | None
+    token: str | None
+    token_file: str | None
+
+
+def _kubeconfig_endpoint(path: str, insecure: bool) -> _Endpoint:
+    import yaml
+
+    with open(path) as fh:
+        cfg = yaml.safe_load(fh) or {}
+    current = cfg.get("current-context")
+    contexts = {c["name"]: c.get("context", {}) for c in cfg.get("contexts") or []}
+    ctx = contexts.get(current) if current else next(iter(contexts.values()), None)
+    if ctx is None:
+        raise KubeError(0, f"kubeconfig {path}: no current context")
+    clusters = {c["name"]: c.get("cluster", {}) for c in cfg.get("clusters") or []}
+    users = {u["name"]: u.get("user", {}) or {} for u in cfg.get("users") or []}
+    cluster = clusters.get(ctx.get("cluster"), {})
+    user = users.get(ctx.get("user"), {})
+    base = os.path.dirname(os.path.abspath(path))
+
+    def _file(key: str, data_key: str, holder: Mapping[str, Any]) -> str | None:
+        if holder.get(data_key):
+            with tempfile.NamedTemporaryFile("wb", delete=False, prefix="kube-icl-", suffix=".pem") as tmp:
+                tmp.write(base64.b64decode(holder[data_key]))
+            return tmp.name
+        if holder.get(key):
+            return os.path.join(base, str(holder[key]))
+        return None
+
+    server = str(cluster.get("server") or "")
+    ca = _file("certificate-authority", "certificate-authority-data", cluster)
+    cert = _file("client-certificate", "client-certificate-data", user)
+    key = _file("client-key", "client-key-data", user)
+    insecure = insecure or bool(cluster.get("insecure-skip-tls-verify"))
+    return _endpoint(server, ca, insecure, cert, key, user.get("token"), user.get("tokenFile"))
+
+
+def _endpoint(
+    server: str,
+    ca_file: str | None,
+    insecure: bool,
+    cert: str | None,
+    key: str | None,
+    token: str | None,
+    token_file: str | None,
+) -> _Endpoint:
+    url = urllib.parse.urlsplit(server)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise KubeError(0, f"API server URL {server!r} must be http(s)://host[:port]")
+    context = None
+    if url.scheme == "https":
+        context = ssl.create_default_context(cafile=ca_file)
+        if insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if cert and key:
+            context.load_cert_chain(cert, key)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return _Endpoint(url.scheme, url.hostname, port, url.path.rstrip("/"), context, token, token_file)
+
+
+class RestKubeAPI:
+    """:class:`KubeAPI` over HTTP(S) with keep-alive connections, one per thread."""
+
+    def __init__(self, endpoint: _Endpoint, timeout_s: float = 10.0) -> None:
+        self._ep = endpoint
+        self._timeout = timeout_s
+        self._local = threading.local()
+        self._token_cache: tuple[float, str | None] = (0.0, endpoint.token)
+
+    # ---- construction
+
+    @classmethod
+    def from_url(cls, server: str, *, token: str | None = None, timeout_s: float = 10.0) -> RestKubeAPI:
+        return cls(_endpoint(server, None, False, None, None, token, None), timeout_s)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, *, insecure: bool = False, timeout_s: float = 10.0) -> RestKubeAPI:
+        return cls(_kubeconfig_endpoint(path, insecure), timeout_s)
+
+    @classmethod
+    def in_cluster(cls, *, timeout_s: float = 10.0) -> RestKubeAPI:
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host:
+            raise KubeError(0, "not in a cluster: KUBERNETES_SERVICE_HOST is unset; pass kube.server or --kubeconfig")
+        if ":" in host:
+            host = f"[{host}]"
+        ep = _endpoint(f"https://{host}:{port}", f"{SA_DIR}/ca.crt", False, None, None, None, f"{SA_DIR}/token")
+        return cls(ep, timeout_s)
+
+    # ---- plumbing
+
+    def _token(self) -> str | None:
+        if not self._ep.token_file:
+            return self._ep.token
+        read_at, token = self._token_cache
+        if time.monotonic() - read_at > 60 or token is None:
+            with open(self._ep.token_file) as fh:
+                token = fh.read().strip()
+            self._token_cache = (time.monotonic(), token)
+        return token
+
+    def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self._ep.scheme == "https":
+            return http.client.HTTPSConnection(self._ep.host, self._ep.port, timeout=timeout, context=self._ep.context)
+        return http.client.HTTPConnection(self._ep.host, self._ep.port, timeout=timeout)
+
+    def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "kube-icl-extender"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = self._token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    def _request(
+        self, method: str, path: str, body: JsonObj | None = None, content_type: str = "application/json"
+    ) -> Any:
+        payload = None if body is None else json.dumps(body).encode()
+        headers = self._headers(content_type if payload is not None else None)
+        for attempt in (0, 1):
+            conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._connect(self._timeout)
+                self._local.conn = conn
+            try:
+                conn.request(method, self._ep.base_path + path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                self._local.conn = None
+                if attempt == 0 and method in ("GET",):
+                    continue
+                raise KubeError(0, f"{method} {path}: {exc}") from None
+            if resp.status >= 300:
+                raise KubeError(resp.status, f"{method} {path}: {_status_message(data)}")
+            if not data:
+                return None
+            try:
+                return json.loads(data)
+            except ValueError:
+                raise KubeError(resp.status, f"{method} {path}: response is not JSON") from None
+        raise KubeError(0, f"{method} {path}: no response")  # pragma: no cover
+
+    # ---- KubeAPI
+
+    def list(self, resource: Resource) -> tuple[list[JsonObj], str]:
+        items: list[JsonObj] = []
+        cont = ""
+        while True:
+            query = {"limit": "500"}
+            if cont:
+                query["continue"] = cont
+            page = self._request("GET", f"/api/v1/{resource}?{urllib.parse.urlencode(query)}")
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            cont = meta.get("continue") or ""
+            if not cont:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def watch(self, resource: Resource, resource_version: str, timeout_s: int) -> Iterator[tuple[str, JsonObj]]:
+        query = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        path = f"/api/v1/{resource}?{urllib.parse.urlencode(query)}"
+        conn = self._connect(timeout_s + 30)
+        try:
+            conn.request("GET", self._ep.base_path + path, headers=self._headers(None))
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise KubeError(resp.status, f"watch {resource}: {_status_message(resp.read())}")
+            while True:
+                line = resp.readline()
+                if not line:
+                    return
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    raise KubeError(0, f"watch {resource}: bad event line") from None
+                yield str(event.get("type")), event.get("object") or {}
+        except (OSError, http.client.HTTPException) as exc:
+            raise KubeError(0, f"watch {resource}: {exc}") from None
+        finally:
+            conn.close()
+
+    def get_pod(self, namespace: str, name: str) -> JsonObj | None:
+        try:
+            pod: JsonObj = self._request("GET", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return pod
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
+    ) -> JsonObj:
+        pod: JsonObj = self._request(
+            "PATCH",
+            f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}",
+            patch_body(uid, annotations),
+            "application/merge-patch+json",
+        )
+        return pod
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        self._request(
+            "POST",
+            f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/binding",
+            binding_body(namespace, name, uid, node),
+        )
+
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        self._request(
+            "POST",
+            f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/eviction",
+            eviction_body(namespace, name, uid),
+        )
+
+    def create_event(self, namespace: str, event: JsonObj) -> None:
+        self._request("POST", f"/api/v1/namespaces/{_q(namespace)}/events", event)
+
+
+def _status_message(data: bytes) -> str:
+    try:
+        status = json.loads(data)
+    except ValueError:
+        return data[:200].decode(errors="replace")
+    if isinstance(status, dict) and status.get("message"):
+        return str(status["message"])
+    return data[:200].decode(errors="replace")

@@ -1,0 +1,86 @@
+"""Prometheus metrics of the extender, on a registry of its own.
+
+- ``kube_icl_extender_decisions_total{verb,result}``: every verb's outcome.
+- ``kube_icl_extender_request_duration_seconds{verb}``: latency per verb.
+- ``kube_icl_gang_reservations``: gang reservations held now;
+  ``kube_icl_gang_reservation_events_total{outcome}``: reserved / completed / expired / failed.
+- ``kube_icl_queue_dominant_share{queue}``, ``kube_icl_queue_devices{queue}``: fair share state.
+- ``kube_icl_node_free_shapes{node,shape}``: how many disjoint rings of each size still fit
+  on each node's free devices (computed at scrape time, cached per topology and free set).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+__all__ = ["Metrics"]
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _StateCollector:
+    def __init__(
+        self,
+        shares: Callable[[], dict[str, tuple[float, int]]],
+        free_shapes: Callable[[], dict[tuple[str, str], int]],
+    ) -> None:
+        self._shares = shares
+        self._free_shapes = free_shapes
+
+    def collect(self) -> Iterator[Any]:
+        share = GaugeMetricFamily(
+            "kube_icl_queue_dominant_share", "Weighted dominant share per queue", labels=["queue"]
+        )
+        devices = GaugeMetricFamily("kube_icl_queue_devices", "Devices held per queue", labels=["queue"])
+        for queue, (s, n) in sorted(self._shares().items()):
+            share.add_metric([queue], s)
+            devices.add_metric([queue], n)
+        yield share
+        yield devices
+        shapes = GaugeMetricFamily(
+            "kube_icl_node_free_shapes",
+            "Disjoint placements of each shape that fit a node's free devices",
+            labels=["node", "shape"],
+        )
+        for (node, shape), n in sorted(self._free_shapes().items()):
+            shapes.add_metric([node, shape], n)
+        yield shapes
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.decisions = Counter(
+            "kube_icl_extender_decisions",
+            "Extender decisions by verb and result",
+            ["verb", "result"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "kube_icl_extender_request_duration_seconds",
+            "Time to answer one extender call",
+            ["verb"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.gang_reservations = Gauge(
+            "kube_icl_gang_reservations", "Gang reservations held now", registry=self.registry
+        )
+        self.gang_events = Counter(
+            "kube_icl_gang_reservation_events", "Gang reservation outcomes", ["outcome"], registry=self.registry
+        )
+
+    def attach_state(
+        self,
+        shares: Callable[[], dict[str, tuple[float, int]]],
+        free_shapes: Callable[[], dict[tuple[str, str], int]],
+    ) -> None:
+        self.registry.register(_StateCollector(shares, free_shapes))
+
+    def render(self) -> bytes:
+        data: bytes = generate_latest(self.registry)
+        return data

@@ -1,0 +1,239 @@
+"""The extender's HTTP(S) server: the four verbs plus health, readiness, metrics and state.
+
+A ``ThreadingHTTPServer`` speaking HTTP/1.1 with keep-alive, a bounded number of
+handler threads, a per-connection socket timeout and a bounded request size.
+Every verb answers 200 with the upstream result, 4xx with ``{"Error": ...}`` for
+a request it cannot read, and 500 only for an internal error; no request can
+crash the server or change state when it is rejected.
+
+Routes (``PREFIX`` is ``listen.pathPrefix``, empty by default):
+
+- ``POST PREFIX/filter``, ``PREFIX/prioritize``, ``PREFIX/bind``, ``PREFIX/preempt``
+- ``GET /healthz`` (process up), ``/readyz`` (cache synced), ``/metrics``, ``/debug/state``
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from scheduler import wire
+from scheduler.config import ExtenderConfig
+from scheduler.extender import Extender
+
+__all__ = ["ExtenderServer", "make_ssl_context"]
+
+log = logging.getLogger(__name__)
+
+MAX_HANDLER_THREADS = 64
+
+
+def make_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], app: ExtenderServer) -> None:
+        self.app = app
+        self._slots = threading.BoundedSemaphore(MAX_HANDLER_THREADS)
+        super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()  # back-pressure: accept no more than the handler threads we allow
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+    server_version = "kube-icl-extender"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    # ---- responses
+
+    def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _error(self, code: int, message: str) -> None:
+        self._send(code, wire.encode_json({"Error": message}))
+
+    # ---- routing
+
+    def do_GET(self) -> None:
+        app = self.server.app
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            self._send(200, b"ok\n", "text/plain; charset=utf-8")
+        elif path == "/readyz":
+            if app.ready():
+                self._send(200, b"ok\n", "text/plain; charset=utf-8")
+            else:
+                self._send(503, b"cache not synced\n", "text/plain; charset=utf-8")
+        elif path == "/metrics":
+            self._send(200, app.extender.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/debug/state":
+            state = app.extender.debug_state()
+            self._send(200, json.dumps(state, indent=1, sort_keys=True).encode())
+        elif self._verb(path) is not None:
+            self._error(405, f"{path}: use POST")
+        else:
+            self._error(404, f"{path}: not found")
+
+    do_HEAD = do_GET
+
+    def _verb(self, path: str) -> str | None:
+        prefix = self.server.app.cfg.path_prefix
+        if prefix and path.startswith(prefix + "/"):
+            path = path[len(prefix) :]
+        verb = path.strip("/")
+        return verb if verb in ("filter", "prioritize", "bind", "preempt") else None
+
+    def do_POST(self) -> None:
+        app = self.server.app
+        path = self.path.split("?", 1)[0]
+        verb = self._verb(path)
+        if verb is None:
+            self.close_connection = True
+            self._error(404, f"{path}: not found (verbs: filter, prioritize, bind, preempt)")
+            return
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            self.close_connection = True
+            self._error(411, "chunked bodies are not accepted; send Content-Length")
+            return
+        raw_len = self.headers.get("Content-Length")
+        try:
+            length = int(raw_len) if raw_len is not None else -1
+        except ValueError:
+            length = -2
+        if length == -1:
+            self.close_connection = True
+            self._error(411, "Content-Length is required")
+            return
+        if length < 0:
+            self.close_connection = True
+            self._error(400, f"Content-Length {raw_len!r} is not a number")
+            return
+        if length > app.cfg.max_body_bytes:
+            self.close_connection = True
+            self._error(413, f"request body of {length} bytes exceeds the limit of {app.cfg.max_body_bytes}")
+            return
+        try:
+            body = self.rfile.read(length)
+        except (TimeoutError, OSError):
+            self.close_connection = True
+            return
+        if len(body) != length:
+            self.close_connection = True
+            self._error(400, f"request body ended after {len(body)} of {length} bytes")
+            return
+        try:
+            payload = app.handle(verb, body)
+        except wire.WireError as exc:
+            self._error(400, str(exc))
+            return
+        except Exception as exc:  # an internal error must not take the server down
+            log.exception("%s failed", verb)
+            self._error(500, f"internal error in {verb}: {type(exc).__name__}: {exc}")
+            return
+        self._send(200, payload)
+
+
+class ExtenderServer:
+    """Owns the listening socket and the threads that serve it."""
+
+    def __init__(
+        self,
+        extender: Extender,
+        cfg: ExtenderConfig | None = None,
+        *,
+        ready: Callable[[], bool] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.extender = extender
+        self.cfg = cfg or extender.cfg
+        self.ready = ready or (lambda: extender.cache.synced)
+        # StreamRequestHandler applies the class attribute ``timeout`` to every connection socket.
+        handler = type("ExtenderHandler", (_Handler,), {"timeout": self.cfg.request_timeout_s})
+        self._httpd = _Server((self.cfg.host, self.cfg.port), handler, self)
+        if ssl_context is None and self.cfg.tls_cert and self.cfg.tls_key:
+            ssl_context = make_ssl_context(self.cfg.tls_cert, self.cfg.tls_key)
+        self.tls = ssl_context is not None
+        if ssl_context is not None:
+            # Handshake in the handler thread (first read), not in the accept loop.
+            self._httpd.socket = ssl_context.wrap_socket(
+                self._httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
+
+    def handle(self, verb: str, body: bytes) -> bytes:
+        """Decode, decide, encode. Raises :class:`wire.WireError` for a body it cannot read."""
+        data = wire.decode_json(body)
+        ext = self.extender
+        if verb == "filter":
+            return wire.encode_json(ext.filter(wire.parse_extender_args(data)).to_wire())
+        if verb == "prioritize":
+            return wire.encode_json(wire.encode_priorities(ext.prioritize(wire.parse_extender_args(data))))
+        if verb == "bind":
+            return wire.encode_json(ext.bind(wire.parse_binding_args(data)).to_wire())
+        if verb == "preempt":
+            return wire.encode_json(ext.preempt(wire.parse_preemption_args(data)).to_wire())
+        raise wire.WireError(f"unknown verb {verb!r}")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True)
+        self._thread.start()
+
+    def serve_forever(self) -> None:
+        self._httpd.serve_forever()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None

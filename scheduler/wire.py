@@ -1,0 +1,435 @@
+"""The kube-scheduler extender wire format (``k8s.io/kube-scheduler/extender/v1``).
+
+The Go structs carry no json tags, so the keys on the wire are the Go field
+names, capitalised (``Pod``, ``NodeNames``, ``FailedNodes``...). Embedded
+Kubernetes objects (``v1.Pod``, ``v1.NodeList``) keep their own lower-camel
+json names. Go's decoder matches keys case-insensitively, so this module does
+the same when reading; it always writes the exact upstream spelling.
+
+Nil pointers and nil maps are encoded by Go as ``null``; both ``null`` and a
+missing key are accepted here.
+
+Every parse function raises :class:`WireError` with a message naming the field
+and what was wrong; nothing else escapes for any JSON value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "ExtenderArgs",
+    "ExtenderBindingArgs",
+    "ExtenderBindingResult",
+    "ExtenderFilterResult",
+    "ExtenderPreemptionArgs",
+    "ExtenderPreemptionResult",
+    "HostPriority",
+    "MetaPod",
+    "MetaVictims",
+    "Victims",
+    "WireError",
+    "decode_json",
+    "encode_json",
+    "encode_priorities",
+    "parse_binding_args",
+    "parse_extender_args",
+    "parse_filter_result",
+    "parse_preemption_args",
+    "parse_preemption_result",
+    "parse_priorities",
+]
+
+MIN_PRIORITY = 0
+MAX_PRIORITY = 10
+
+JsonObj = dict[str, Any]
+
+
+class WireError(ValueError):
+    """A request or response body that does not follow the extender wire format."""
+
+
+def decode_json(body: bytes | str) -> Any:
+    """Decode JSON text, turning every decoding problem into :class:`WireError`."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise WireError(f"request body is not valid JSON: {exc}") from None
+
+
+def encode_json(value: Any) -> bytes:
+    """Compact UTF-8 JSON, the way the scheduler sends it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _field(obj: Mapping[str, Any], name: str) -> Any:
+    """Go-style lookup: exact key first, then a case-insensitive match."""
+    if name in obj:
+        return obj[name]
+    lower = name.lower()
+    for key, value in obj.items():
+        if key.lower() == lower:
+            return value
+    return None
+
+
+def _object(value: Any, where: str) -> JsonObj:
+    if not isinstance(value, dict):
+        raise WireError(f"{where}: expected a JSON object, got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _string(value: Any, where: str, *, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        raise WireError(f"{where}: expected a string, got {_kind(value)}")
+    return value
+
+
+def _int(value: Any, where: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(f"{where}: expected an integer, got {_kind(value)}")
+    return value
+
+
+def _string_list(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list):
+        raise WireError(f"{where}: expected an array of strings, got {_kind(value)}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise WireError(f"{where}[{i}]: expected a string, got {_kind(item)}")
+    return value
+
+
+def _string_map(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    obj = _object(value, where)
+    for key, item in obj.items():
+        if not isinstance(item, str):
+            raise WireError(f"{where}[{key!r}]: expected a string, got {_kind(item)}")
+    return obj
+
+
+def _pod(value: Any, where: str) -> JsonObj:
+    pod = _object(value, where)
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        raise WireError(f"{where}.metadata: expected a JSON object, got {_kind(meta)}")
+    if not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise WireError(f"{where}.metadata.name: expected a non-empty string")
+    return pod
+
+
+def _node_items(value: Any, where: str) -> list[JsonObj]:
+    node_list = _object(value, where)
+    items = node_list.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise WireError(f"{where}.items: expected an array, got {_kind(items)}")
+    for i, item in enumerate(items):
+        node = _object(item, f"{where}.items[{i}]")
+        meta = node.get("metadata")
+        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
+            raise WireError(f"{where}.items[{i}].metadata.name: expected a string")
+    return items
+
+
+# --------------------------------------------------------------------- filter / prioritize
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """``ExtenderArgs``: the pod and its candidate nodes, as names or as full objects."""
+
+    pod: JsonObj
+    nodes: list[JsonObj] | None = None
+    node_names: list[str] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """Candidate node names, whichever way they were sent."""
+        if self.node_names is not None:
+            return self.node_names
+        return [n["metadata"]["name"] for n in self.nodes or ()]
+
+    def to_wire(self) -> JsonObj:
+        return {
+            "Pod": self.pod,
+            "Nodes": None if self.nodes is None else {"metadata": {}, "items": self.nodes},
+            "NodeNames": self.node_names,
+        }
+
+
+def parse_extender_args(body: Any) -> ExtenderArgs:
+    """Validate a decoded filter/prioritize request."""
+    obj = _object(body, "ExtenderArgs")
+    pod = _pod(_field(obj, "Pod"), "ExtenderArgs.Pod")
+    raw_names = _field(obj, "NodeNames")
+    raw_nodes = _field(obj, "Nodes")
+    names = None if raw_names is None else _string_list(raw_names, "ExtenderArgs.NodeNames")
+    nodes = None if raw_nodes is None else _node_items(raw_nodes, "ExtenderArgs.Nodes")
+    if names is None and nodes is None:
+        raise WireError("ExtenderArgs: one of NodeNames or Nodes must be set")
+    return ExtenderArgs(pod=pod, nodes=nodes, node_names=names)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderFilterResult:
+    """``ExtenderFilterResult``; names out when names came in, objects out when objects came in."""
+
+    nodes: list[JsonObj] | None = None
+    node_names: list[str] | None = None
+    failed_nodes: dict[str, str] = field(default_factory=dict)
+    failed_and_unresolvable_nodes: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+
+    def to_wire(self) -> JsonObj:
+        return {
+            "Nodes": None if self.nodes is None else {"metadata": {}, "items": self.nodes},
+            "NodeNames": self.node_names,
+            "FailedNodes": self.failed_nodes,
+            "FailedAndUnresolvableNodes": self.failed_and_unresolvable_nodes,
+            "Error": self.error,
+        }
+
+
+def parse_filter_result(body: Any) -> ExtenderFilterResult:
+    """Read a filter response (tests and the e2e harness use this as the scheduler would)."""
+    obj = _object(body, "ExtenderFilterResult")
+    raw_names = _field(obj, "NodeNames")
+    raw_nodes = _field(obj, "Nodes")
+    return ExtenderFilterResult(
+        nodes=None if raw_nodes is None else _node_items(raw_nodes, "ExtenderFilterResult.Nodes"),
+        node_names=None if raw_names is None else _string_list(raw_names, "ExtenderFilterResult.NodeNames"),
+        failed_nodes=_string_map(_field(obj, "FailedNodes"), "ExtenderFilterResult.FailedNodes"),
+        failed_and_unresolvable_nodes=_string_map(
+            _field(obj, "FailedAndUnresolvableNodes"), "ExtenderFilterResult.FailedAndUnresolvableNodes"
+        ),
+        error=_string(_field(obj, "Error"), "ExtenderFilterResult.Error", required=False),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HostPriority:
+    """One element of ``HostPriorityList``; ``score`` in 0..10."""
+
+    host: str
+    score: int
+
+    def to_wire(self) -> JsonObj:
+        return {"Host": self.host, "Score": self.score}
+
+
+def encode_priorities(priorities: Sequence[HostPriority]) -> list[JsonObj]:
+    """``HostPriorityList`` is a bare JSON array."""
+    return [{"Host": p.host, "Score": p.score} for p in priorities]
+
+
+def parse_priorities(body: Any) -> list[HostPriority]:
+    if not isinstance(body, list):
+        raise WireError(f"HostPriorityList: expected an array, got {_kind(body)}")
+    out = []
+    for i, item in enumerate(body):
+        obj = _object(item, f"HostPriorityList[{i}]")
+        score = _int(_field(obj, "Score"), f"HostPriorityList[{i}].Score")
+        if not MIN_PRIORITY <= score <= MAX_PRIORITY:
+            raise WireError(f"HostPriorityList[{i}].Score: {score} is outside 0..10")
+        out.append(HostPriority(_string(_field(obj, "Host"), f"HostPriorityList[{i}].Host"), score))
+    return out
+
+
+# --------------------------------------------------------------------- bind
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderBindingArgs:
+    """``ExtenderBindingArgs``: the pod to bind and the node the scheduler chose."""
+
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+    def to_wire(self) -> JsonObj:
+        return {
+            "PodName": self.pod_name,
+            "PodNamespace": self.pod_namespace,
+            "PodUID": self.pod_uid,
+            "Node": self.node,
+        }
+
+
+def parse_binding_args(body: Any) -> ExtenderBindingArgs:
+    obj = _object(body, "ExtenderBindingArgs")
+    args = ExtenderBindingArgs(
+        pod_name=_string(_field(obj, "PodName"), "ExtenderBindingArgs.PodName"),
+        pod_namespace=_string(_field(obj, "PodNamespace"), "ExtenderBindingArgs.PodNamespace"),
+        pod_uid=_string(_field(obj, "PodUID"), "ExtenderBindingArgs.PodUID", required=False),
+        node=_string(_field(obj, "Node"), "ExtenderBindingArgs.Node"),
+    )
+    if not args.pod_name:
+        raise WireError("ExtenderBindingArgs.PodName: must not be empty")
+    if not args.node:
+        raise WireError("ExtenderBindingArgs.Node: must not be empty")
+    return args
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderBindingResult:
+    error: str = ""
+
+    def to_wire(self) -> JsonObj:
+        return {"Error": self.error}
+
+
+# --------------------------------------------------------------------- preempt
+
+
+@dataclass(frozen=True, slots=True)
+class MetaPod:
+    uid: str
+
+    def to_wire(self) -> JsonObj:
+        return {"UID": self.uid}
+
+
+@dataclass(frozen=True, slots=True)
+class MetaVictims:
+    pods: tuple[MetaPod, ...]
+    num_pdb_violations: int = 0
+
+    def to_wire(self) -> JsonObj:
+        return {"Pods": [p.to_wire() for p in self.pods], "NumPDBViolations": self.num_pdb_violations}
+
+
+@dataclass(frozen=True, slots=True)
+class Victims:
+    """``Victims`` with full pod objects (sent when the extender is not node-cache capable)."""
+
+    pods: tuple[JsonObj, ...]
+    num_pdb_violations: int = 0
+
+    def uids(self) -> tuple[str, ...]:
+        return tuple(str(p.get("metadata", {}).get("uid", "")) for p in self.pods)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderPreemptionArgs:
+    pod: JsonObj
+    node_name_to_victims: dict[str, Victims] | None = None
+    node_name_to_meta_victims: dict[str, MetaVictims] | None = None
+
+    def victim_uids(self) -> dict[str, tuple[tuple[str, ...], int]]:
+        """node -> (victim pod UIDs, PDB violations), whichever form was sent."""
+        if self.node_name_to_meta_victims is not None:
+            return {
+                node: (tuple(p.uid for p in mv.pods), mv.num_pdb_violations)
+                for node, mv in self.node_name_to_meta_victims.items()
+            }
+        return {node: (v.uids(), v.num_pdb_violations) for node, v in (self.node_name_to_victims or {}).items()}
+
+    def to_wire(self) -> JsonObj:
+        return {
+            "Pod": self.pod,
+            "NodeNameToVictims": None
+            if self.node_name_to_victims is None
+            else {
+                n: {"Pods": list(v.pods), "NumPDBViolations": v.num_pdb_violations}
+                for n, v in self.node_name_to_victims.items()
+            },
+            "NodeNameToMetaVictims": None
+            if self.node_name_to_meta_victims is None
+            else {n: v.to_wire() for n, v in self.node_name_to_meta_victims.items()},
+        }
+
+
+def _meta_victims(value: Any, where: str) -> MetaVictims:
+    obj = _object(value, where)
+    raw = _field(obj, "Pods")
+    pods: list[MetaPod] = []
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise WireError(f"{where}.Pods: expected an array, got {_kind(raw)}")
+        for i, item in enumerate(raw):
+            meta = _object(item, f"{where}.Pods[{i}]")
+            pods.append(MetaPod(_string(_field(meta, "UID"), f"{where}.Pods[{i}].UID")))
+    return MetaVictims(tuple(pods), _int(_field(obj, "NumPDBViolations"), f"{where}.NumPDBViolations"))
+
+
+def _victims(value: Any, where: str) -> Victims:
+    obj = _object(value, where)
+    raw = _field(obj, "Pods")
+    pods: list[JsonObj] = []
+    if raw is not None:
+        if not isinstance(raw, list):
+            raise WireError(f"{where}.Pods: expected an array, got {_kind(raw)}")
+        pods = [_pod(item, f"{where}.Pods[{i}]") for i, item in enumerate(raw)]
+    return Victims(tuple(pods), _int(_field(obj, "NumPDBViolations"), f"{where}.NumPDBViolations"))
+
+
+def parse_preemption_args(body: Any) -> ExtenderPreemptionArgs:
+    obj = _object(body, "ExtenderPreemptionArgs")
+    pod = _pod(_field(obj, "Pod"), "ExtenderPreemptionArgs.Pod")
+    raw_meta = _field(obj, "NodeNameToMetaVictims")
+    raw_full = _field(obj, "NodeNameToVictims")
+    meta = None
+    full = None
+    if raw_meta is not None:
+        meta = {
+            str(node): _meta_victims(v, f"ExtenderPreemptionArgs.NodeNameToMetaVictims[{node!r}]")
+            for node, v in _object(raw_meta, "ExtenderPreemptionArgs.NodeNameToMetaVictims").items()
+        }
+    if raw_full is not None:
+        full = {
+            str(node): _victims(v, f"ExtenderPreemptionArgs.NodeNameToVictims[{node!r}]")
+            for node, v in _object(raw_full, "ExtenderPreemptionArgs.NodeNameToVictims").items()
+        }
+    return ExtenderPreemptionArgs(pod=pod, node_name_to_victims=full, node_name_to_meta_victims=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderPreemptionResult:
+    """Always ``NodeNameToMetaVictims`` (keyed by pod UID), whatever form came in."""
+
+    node_name_to_meta_victims: dict[str, MetaVictims]
+
+    def to_wire(self) -> JsonObj:
+        return {"NodeNameToMetaVictims": {n: v.to_wire() for n, v in self.node_name_to_meta_victims.items()}}
+
+
+def parse_preemption_result(body: Any) -> ExtenderPreemptionResult:
+    obj = _object(body, "ExtenderPreemptionResult")
+    raw = _field(obj, "NodeNameToMetaVictims")
+    if raw is None:
+        return ExtenderPreemptionResult({})
+    return ExtenderPreemptionResult(
+        {
+            str(node): _meta_victims(v, f"ExtenderPreemptionResult.NodeNameToMetaVictims[{node!r}]")
+            for node, v in _object(raw, "ExtenderPreemptionResult.NodeNameToMetaVictims").items()
+        }
+    )
