@@ -151,7 +151,14 @@ class NodeState:
 
     def key(self) -> StateKey:
         """Canonical key: device order does not matter."""
-        return (self.model, self.cpu_total, self.mem_total, self.cpu_free, self.mem_free, tuple(sorted(self.gpu_free)))
+        return (
+            self.model,
+            self.cpu_total,
+            self.mem_total,
+            self.cpu_free,
+            self.mem_free,
+            tuple(sorted(self.gpu_free)),
+        )
 
     @property
     def gpu_free_total(self) -> int:

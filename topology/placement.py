@@ -28,11 +28,14 @@ from typing import ClassVar
 
 from topology.errors import ShapeError, TopologyError
 from topology.model import NodeTopology
-from topology.scoring import Policy, boundary, fragmentation_loss, hop_cost
+from topology.scoring import Policy, fragmentation_loss, hop_cost
 from topology.search import Pattern, SearchResult, bfs_order, bits, component_of, connected_sets, embeddings
 from topology.shapes import Shape, ShapeKind, parse_shape
 
 __all__ = ["DEFAULT_MIX", "Placement", "Placer", "TableStats"]
+
+# A fitting placement: (device mask, order, hop cost, mask of devices linked to it from outside).
+_Option = tuple[int, tuple[int, ...], int, int]
 
 #: The expected mix of future requests that fragmentation is measured against.
 DEFAULT_MIX: tuple[tuple[str, float], ...] = (
@@ -83,18 +86,24 @@ class TableStats:
 class _Table:
     """Every distinct device set forming one shape (or a bounded prefix when there are too many)."""
 
-    __slots__ = ("all", "by_device", "complete", "masks", "orders")
+    __slots__ = ("all", "by_device", "complete", "hops", "masks", "nbrs", "orders")
 
-    def __init__(self, result: SearchResult, n: int) -> None:
+    def __init__(self, result: SearchResult, adj: Sequence[int], dist: Sequence[Sequence[int]] | None) -> None:
         self.masks = result.masks
         self.orders = result.placements
         self.complete = result.complete
-        by_device = [0] * n
+        by_device = [0] * len(adj)
+        nbrs: list[int] = []
         for i, mask in enumerate(self.masks):
             bit = 1 << i
+            around = 0
             for v in bits(mask):
                 by_device[v] |= bit
+                around |= adj[v]
+            nbrs.append(around & ~mask)
         self.by_device = by_device
+        self.nbrs = nbrs  # per candidate: the devices linked to it from outside
+        self.hops = [hop_cost(dist, o) for o in self.orders] if dist is not None else [0] * len(self.masks)
         self.all = (1 << len(self.masks)) - 1
 
     def fitting(self, busy: int) -> int:
@@ -143,6 +152,11 @@ class Placer:
                 cls._registry.popitem(last=False)
             return placer
 
+    def clear_cache(self) -> None:
+        """Forget remembered decisions (tables stay): for benchmarks that must measure a cold decision."""
+        with self._lock:
+            self._cache.clear()
+
     # -- tables ----------------------------------------------------------------------------------
 
     def _pattern(self, shape: Shape) -> Pattern:
@@ -165,7 +179,8 @@ class Placer:
         with self._lock:
             table = self._tables.get(shape)
             if table is None:
-                table = _Table(self._search(shape, self.healthy, TABLE_LIMIT, TABLE_BUDGET), self.n)
+                result = self._search(shape, self.healthy, TABLE_LIMIT, TABLE_BUDGET)
+                table = _Table(result, self.adj, self._dist if shape.kind is ShapeKind.ANY else None)
                 self._tables[shape] = table
             return table
 
@@ -249,26 +264,47 @@ class Placer:
                 self._cache.popitem(last=False)
         return result
 
-    def _options(self, shape: Shape, free_mask: int, must: int) -> list[tuple[int, tuple[int, ...]]]:
-        """Up to MAX_OPTIONS fitting (mask, order) pairs, in table order."""
+    def _options(self, shape: Shape, free_mask: int, must: int) -> list[_Option]:
+        """Up to MAX_OPTIONS fitting placements, in table order."""
         if free_mask.bit_count() < shape.size:
             return []
         table = self.table(shape)
         fit = table.fitting(self.healthy & ~free_mask)
         for v in bits(must):
             fit &= table.by_device[v]
-        options = []
+        options: list[_Option] = []
         for i in bits(fit):
-            options.append((table.masks[i], table.orders[i]))
+            options.append((table.masks[i], table.orders[i], table.hops[i], table.nbrs[i]))
             if len(options) >= MAX_OPTIONS:
                 break
         if options or table.complete:
             return options
         if shape.kind is ShapeKind.ANY:
-            return self._grow_any(shape.size, free_mask, must)
-        # The table is a prefix: search the free set itself (exact), keeping those with ``must``.
-        found = self._search(shape, free_mask, MAX_OPTIONS * 4, SEARCH_BUDGET)
-        return [(m, o) for m, o in zip(found.masks, found.placements, strict=True) if m & must == must][:MAX_OPTIONS]
+            found = self._grow_any(shape.size, free_mask, must)
+        else:  # the table is a prefix: search the free set itself (exact), keeping those with ``must``
+            result = self._search(shape, free_mask, MAX_OPTIONS * 4, SEARCH_BUDGET)
+            found = [(m, o) for m, o in zip(result.masks, result.placements, strict=True) if m & must == must]
+        return [self._option(m, o, shape) for m, o in found[:MAX_OPTIONS]]
+
+    def _option(self, mask: int, order: tuple[int, ...], shape: Shape) -> _Option:
+        around = 0
+        for v in order:
+            around |= self.adj[v]
+        hops = hop_cost(self._dist, order) if shape.kind is ShapeKind.ANY else 0
+        return (mask, order, hops, around & ~mask)
+
+    def first_fit(self, shape: Shape, free: Collection[str]) -> Placement | None:
+        """The first fitting candidate in table order: the bare subset test, no scoring."""
+        self._check(shape)
+        free_mask, _ = self._masks(free, ())
+        if free_mask.bit_count() < shape.size:
+            return None
+        table = self.table(shape)
+        fit = table.fitting(self.healthy & ~free_mask)
+        if fit:
+            return self._placement(shape, table.orders[(fit & -fit).bit_length() - 1])
+        options = [] if table.complete else self._options(shape, free_mask, 0)
+        return self._placement(shape, options[0][1]) if options else None
 
     def _largest_component(self, free_mask: int) -> int:
         best, rest = 0, free_mask
@@ -310,23 +346,23 @@ class Placer:
         options = self._options(shape, free_mask, must)
         if not options:
             return None
-        if policy is Policy.FRAGMENTATION:
-            busy = self.healthy & ~free_mask
-            mix = [(self.table(s), w) for s, w in self._mix]
-            fitting = [t.fitting(busy) for t, _ in mix]
-            by_device = [t.by_device for t, _ in mix]
-            weights = [w for _, w in mix]
-
-        def cost(option: tuple[int, tuple[int, ...]]) -> tuple[float, ...]:
-            mask, order = option
-            hops = float(hop_cost(self._dist, order)) if shape.kind is ShapeKind.ANY else 0.0
-            edge = float(boundary(self.adj, mask, free_mask))
-            if policy is Policy.FRAGMENTATION:
-                return (hops, fragmentation_loss(mask, fitting, by_device, weights), edge)
-            return (hops, edge)
-
-        best = min(options, key=lambda o: (cost(o), o[0]))
-        return self._placement(shape, best[1], score=cost(best)[1 if policy is Policy.FRAGMENTATION else -1])
+        if policy is Policy.BINPACK:
+            # fewest hops (any), then the fewest free devices left touching the job, then table order
+            best = min(options, key=lambda o: (o[2], (o[3] & free_mask).bit_count()))
+            return self._placement(shape, best[1], score=float((best[3] & free_mask).bit_count()))
+        busy = self.healthy & ~free_mask
+        mix = [(self.table(s), w) for s, w in self._mix]
+        fitting = [t.fitting(busy) for t, _ in mix]
+        by_device = [t.by_device for t, _ in mix]
+        weights = [w for _, w in mix]
+        low = min(o[2] for o in options)
+        scored = [
+            (fragmentation_loss(o[0], fitting, by_device, weights), (o[3] & free_mask).bit_count(), n, o)
+            for n, o in enumerate(options)
+            if o[2] == low
+        ]
+        loss, _, _, best = min(scored, key=lambda x: x[:3])
+        return self._placement(shape, best[1], score=loss)
 
     def _placement(self, shape: Shape, order: Sequence[int], score: float = 0.0, valid: bool = True) -> Placement:
         ids = tuple(self.topo.devices[v].id for v in order)
