@@ -106,14 +106,14 @@ def main() -> int:
             for mix_shape, _ in placer._mix:
                 placer.table(mix_shape)
 
-            def table_path(free: set[str], shape: Shape = shape) -> object:
+            def table_path(free: set[str], shape: Shape = shape, placer: Placer = placer) -> object:
                 return placer.first_fit(shape, free)
 
-            def binpack_path(free: set[str], shape: Shape = shape) -> object:
+            def binpack_path(free: set[str], shape: Shape = shape, placer: Placer = placer) -> object:
                 placer.clear_cache()
                 return placer.place(shape, free, Policy.BINPACK)
 
-            def frag_path(free: set[str], shape: Shape = shape) -> object:
+            def frag_path(free: set[str], shape: Shape = shape, placer: Placer = placer) -> object:
                 placer.clear_cache()
                 return placer.place(shape, free)
 
