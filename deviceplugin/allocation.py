@@ -116,6 +116,7 @@ class RankLayout:
 
 
 def _shape_candidates(k: int, hint: str) -> list[Shape]:
+    """The hinted shape (unless it is ``any``), then a ring, then any connected order."""
     out: list[Shape] = []
     if hint:
         try:
@@ -123,13 +124,14 @@ def _shape_candidates(k: int, hint: str) -> list[Shape]:
         except ShapeError:
             with contextlib.suppress(ShapeError):
                 out.append(parse_shape(hint))
+    out = [s for s in out if s.size == k and s.kind is not ShapeKind.ANY]
     out.append(parse_shape("ring", count=k))
     out.append(parse_shape("any", count=k))
-    return [s for s in out if s.size == k]
+    return out
 
 
 def rank_layout(topo: NodeTopology, devices: Collection[str], shape_hint: str = "") -> RankLayout:
-    """Rebuild the rank order of ``devices``: the hinted shape, else a ring, else connected BFS order.
+    """Rebuild the rank order of ``devices``: the hinted shape, else a ring, else a connected (BFS) order.
 
     The kubelet passes Allocate the ids in an order of its own; the collective
     library needs ring neighbours or mesh coordinates, so the order is derived

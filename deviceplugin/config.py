@@ -17,8 +17,8 @@ A config file looks like::
     linkCoords: "0.1"                # kube-icl.io/link-coords label: x, x.y or x.y.z (optional)
     policy: fragmentation            # fallback placement policy
     faultFile: /run/kube-icl/faults.json   # sim: fault injection file
-    udev: {subsystem: accel, namePattern: "accel[0-9]*", linkTool: ""}
-    nvml: {fatalXids: [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95]}
+    udev: {subsystem: accel, namePattern: "accel[0-9]*", linkTool: "", linkAdapter: generic}
+    nvml: {fatalXids: [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95], fixture: ""}
 
 Every key is optional. Unknown keys and wrong types are errors naming the key.
 """
@@ -60,6 +60,7 @@ class UdevConfig:
     subsystem: str = "accel"
     name_pattern: str = "accel[0-9]*"
     link_tool: str = ""  # command whose JSON output gives the link graph (see deviceplugin.backends.udev)
+    link_adapter: str = "generic"  # how to read that output: generic | neuron-ls
 
 
 @dataclass(frozen=True, slots=True)

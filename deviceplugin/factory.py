@@ -1,0 +1,168 @@
+"""Build a running plugin from a :class:`PluginConfig`, and serve it with signal handling.
+
+``serve`` is what ``icl plugin`` runs: SIGTERM/SIGINT stop gracefully; SIGHUP
+re-reads the config file and, if it is valid, restarts the plugin with it (an
+invalid file is logged and the running plugin is kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from deviceplugin.backends.base import Backend
+from deviceplugin.config import ConfigError, PluginConfig
+from deviceplugin.metrics import HttpEndpoint, PluginMetrics, Response, json_response
+from deviceplugin.pods import FilePodSource, KubernetesPodSource, NoPods, PodSource
+from deviceplugin.publisher import KubernetesNodePatcher, NodePublisher, kube_api_client
+from deviceplugin.server import DevicePlugin
+from topology import encode_annotation, load_topology
+
+__all__ = ["build_backend", "build_plugin", "serve", "start_http"]
+
+log = logging.getLogger(__name__)
+
+
+def build_backend(config: PluginConfig) -> Backend:
+    """The backend ``config.backend`` names; errors are ValueErrors naming the key."""
+    if config.backend == "sim":
+        from deviceplugin.backends.sim import SimBackend
+
+        return SimBackend(
+            load_topology(config.topology),
+            recover_after=config.recover_after,
+            probe_interval=config.probe_interval,
+            fault_file=config.fault_file or None,
+        )
+    if config.backend == "udev":
+        from deviceplugin.backends.udev import PyudevSource, UdevBackend
+
+        return UdevBackend(
+            PyudevSource(config.udev.subsystem, config.udev.name_pattern),
+            links=load_topology(config.topology) if config.topology else None,
+            link_tool=config.udev.link_tool,
+            link_adapter=config.udev.link_adapter,
+            recover_after=config.recover_after,
+            probe_interval=config.probe_interval,
+        )
+    from deviceplugin.backends.nvml import FixtureNvml, NvmlApi, NvmlBackend, PynvmlApi
+
+    api: NvmlApi = FixtureNvml.load(config.nvml.fixture) if config.nvml.fixture else PynvmlApi()
+    return NvmlBackend(
+        api,
+        fatal_xids=config.nvml.fatal_xids,
+        recover_after=config.recover_after,
+        probe_interval=config.probe_interval,
+    )
+
+
+def build_pods(config: PluginConfig, api_client: Callable[[], Any]) -> PodSource:
+    if config.pods == "kubernetes":
+        return KubernetesPodSource(api_client())
+    if config.pods.startswith("file:"):
+        return FilePodSource(config.pods.removeprefix("file:"))
+    return NoPods()
+
+
+def build_plugin(config: PluginConfig, **plugin_kwargs: Any) -> DevicePlugin:
+    client: list[Any] = []
+
+    def api_client() -> Any:
+        if not client:
+            client.append(kube_api_client())
+        return client[0]
+
+    metrics = PluginMetrics()
+    publisher = None
+    if config.publish:
+        publisher = NodePublisher(
+            KubernetesNodePatcher(api_client()),
+            config.node_name,
+            link_domain=config.link_domain,
+            link_coords=config.link_coords,
+            on_failure=metrics.publish_failures.inc,
+        )
+    return DevicePlugin(
+        config,
+        build_backend(config),
+        build_pods(config, api_client),
+        metrics=metrics,
+        publisher=publisher,
+        **plugin_kwargs,
+    )
+
+
+async def start_http(plugin: DevicePlugin) -> HttpEndpoint | None:
+    """The /metrics, /healthz, /topology (and sim /sim/faults) endpoint, if the config asks for one."""
+    where = plugin.config.metrics_host_port
+    if where is None:
+        return None
+    http = HttpEndpoint(*where)
+    http.add_metrics(plugin.metrics, lambda: plugin.healthy)
+
+    async def topology(_: bytes) -> Response:
+        return Response(200, encode_annotation(plugin.topology).encode(), "application/json")
+
+    http.route("GET", "/topology", topology)
+    from deviceplugin.backends.sim import SimBackend
+
+    backend = plugin.backend
+    if isinstance(backend, SimBackend):
+        sim = backend
+
+        async def faults(body: bytes) -> Response:
+            try:
+                sim.set_faults_json(json.loads(body or b"{}"))
+            except ValueError as e:
+                return json_response(400, {"error": str(e)})
+            return json_response(200, {"devices": sorted(sim.faults[0]), "links": sorted(sim.faults[1])})
+
+        http.route("POST", "/sim/faults", faults)
+    port = await http.start()
+    log.info("metrics and health on http://%s:%d (/metrics, /healthz, /topology)", where[0], port)
+    return http
+
+
+async def serve(load: Callable[[], PluginConfig], **plugin_kwargs: Any) -> int:
+    """Run the plugin until SIGTERM/SIGINT; SIGHUP reloads the config via ``load``."""
+    loop = asyncio.get_running_loop()
+    stop, reload = asyncio.Event(), asyncio.Event()
+    for sig, event in ((signal.SIGTERM, stop), (signal.SIGINT, stop), (signal.SIGHUP, reload)):
+        loop.add_signal_handler(sig, event.set)
+    config = load()
+    try:
+        while True:
+            plugin = build_plugin(config, **plugin_kwargs)
+            http = await start_http(plugin)
+            inner = asyncio.Event()
+            task = asyncio.create_task(plugin.run(inner))
+            new_config: PluginConfig | None = None
+            while new_config is None and not stop.is_set() and not task.done():
+                waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(reload.wait())]
+                await asyncio.wait([*waiters, task], return_when=asyncio.FIRST_COMPLETED)
+                for w in waiters:
+                    w.cancel()
+                if reload.is_set():
+                    reload.clear()
+                    try:
+                        new_config = load()
+                        log.info("SIGHUP: configuration reloaded; restarting the plugin")
+                    except (ConfigError, ValueError) as e:
+                        log.error("SIGHUP: configuration not reloaded, keeping the running one: %s", e)
+            inner.set()
+            await task  # re-raises if the plugin died
+            if http is not None:
+                await http.stop()
+            if new_config is None:
+                log.info("stopped")
+                return 0
+            config = new_config
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
