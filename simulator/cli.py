@@ -20,6 +20,7 @@ __all__ = ["build_parser", "main"]
 COMMAND_MODULES: tuple[str, ...] = (
     "simulator.topo_cli",
     "simulator.demo_cli",
+    "deviceplugin.cli",
     "scheduler.cli",
 )
 
