@@ -3,41 +3,47 @@
 Each policy is a pure function of one node's state and one task: it returns
 the best device choice on that node with a score (lower is better), or
 ``None`` when the task does not fit. The caller (the scheduler extender or the
-simulator) compares scores across nodes and breaks exact ties; nothing here
-keeps state except memo tables of pure values.
+simulator) compares scores across nodes and breaks exact ties uniformly at
+random; nothing here keeps state except memo tables of pure values.
 
 Policies:
 
 - ``random``: every feasible node scores the same, so the caller's tie-break
-  (uniform) picks the node; on the node, the tightest device that fits.
-- ``spread``: the stock kube-scheduler scoring (``LeastAllocated``): the node
-  with the most free resources; on the node, the freest device.
-- ``bestfit``: the node with the least weighted remaining resources after the
-  placement (CPU, memory and device units, each relative to the node's
-  capacity); on the node, the tightest device.
-- ``fgd``: the fragmentation-gradient policy of Weng et al. (USENIX ATC'23):
-  the node and device that minimise the increase of the node's expected
-  fragmentation ``F_n(M)`` against the target workload ``M``.
-- ``icl``: kube-icl's packing policy. It keeps FGD's fragmentation gradient and
-  adds what FGD ignores: (1) the fragmentation of CPU and memory that strands
-  whole devices (a node whose CPU is gone leaves its devices unusable) is
-  already inside ``F_n``, but FGD scores every option by its gradient alone, so
-  a placement that wastes a device's last milli-units on a node with room to
-  spare scores the same as a tight one; ``icl`` breaks those ties towards the
-  fuller node (best fit); (2) it weighs the gradient against a share of
-  "stranding": free device units on a node whose CPU or memory can no longer
-  host the workload's typical task.
+  picks the node uniformly; ``uniform_devices`` asks the caller to pick the
+  device uniformly among those that fit, too.
+- ``spread``: the stock kube-scheduler scoring (``NodeResourcesFit``,
+  ``LeastAllocated``): the node left with the most free resources; on the
+  node, the freest device.
+- ``bestfit``: the node left with the least remaining resources, a weighted
+  sum of free CPU and free device units, each divided by the largest node's
+  capacity in that dimension; on the node, the tightest device.
+- ``fgd``: fragmentation gradient descent (Weng et al., "Beware of
+  Fragmentation", USENIX ATC'23): the node and device that minimise the
+  growth of the node's expected fragmentation ``F_n(M)`` against the target
+  workload ``M`` (see ``topology.gpushare``). As a kube-scheduler Score plugin
+  (the paper's implementation) the gradient becomes an integer node score in
+  0..100: ``floor(100 * sigmoid(-dF / 1000))`` with ``dF`` in milli-units;
+  equal integer scores tie and the framework picks among them at random.
+  ``levels=0`` keeps the exact real-valued gradient instead.
+- ``icl``: kube-icl's packing policy. It keeps FGD's integer gradient score and
+  resolves its ties by best fit instead of a coin toss: among placements whose
+  fragmentation growth is the same to the score's resolution, the one that
+  leaves its node with the least free CPU and devices wins, which keeps empty
+  and near-empty nodes whole for the large (4- and 8-device) tasks that a
+  random spread would starve.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
 from topology.gpushare import (
     FragmentationModel,
+    GpuNodeSpec,
     NodeState,
     TargetWorkload,
     TaskRequest,
@@ -47,12 +53,13 @@ from topology.gpushare import (
 __all__ = [
     "BestFit",
     "Choice",
+    "Fgd",
     "FracPolicy",
     "FracPolicyName",
-    "Fgd",
     "IclPack",
     "RandomFit",
     "Spread",
+    "brute_force_best",
     "make_policy",
 ]
 
@@ -74,26 +81,38 @@ class FracPolicy(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def uniform_devices(self) -> bool:
+        """True when the caller should pick the devices uniformly among those that fit."""
+        ...
+
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None: ...
 
 
-def _remaining(state: NodeState) -> float:
-    """Weighted remaining resources, each dimension relative to the node's capacity."""
-    value = 0.0
-    if state.cpu_total:
-        value += state.cpu_free / state.cpu_total
-    if state.mem_total:
-        value += state.mem_free / state.mem_total
-    if state.gpu_free:
-        value += state.gpu_free_total / state.gpu_total
-    return value
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Per-dimension reference capacities (the largest node's) for weighting free resources."""
+
+    cpu_milli: int
+    gpu_milli: int
+
+    @classmethod
+    def of(cls, specs: Sequence[GpuNodeSpec]) -> Capacity:
+        if not specs:
+            raise ValueError("capacity: no nodes")
+        return cls(max(1, max(s.cpu_milli for s in specs)), max(1000, 1000 * max(s.gpus for s in specs)))
+
+    def remaining(self, state: NodeState) -> float:
+        """Free CPU plus free device units, each over the reference capacity (0..2)."""
+        return state.cpu_free / self.cpu_milli + state.gpu_free_total / self.gpu_milli
 
 
 @dataclass(frozen=True, slots=True)
 class RandomFit:
-    """All feasible nodes tie; the caller picks one uniformly. Tightest device on the node."""
+    """All feasible nodes tie; the caller picks node and device uniformly."""
 
     name: str = FracPolicyName.RANDOM.value
+    uniform_devices: bool = True
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
@@ -102,41 +121,68 @@ class RandomFit:
 
 @dataclass(frozen=True, slots=True)
 class Spread:
-    """Stock scheduler (``LeastAllocated``): the emptiest node, the freest device."""
+    """Stock scheduler (``LeastAllocated``): the emptiest node after placement, the freest device."""
 
+    capacity: Capacity
     name: str = FracPolicyName.SPREAD.value
+    uniform_devices: bool = False
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
         if not opts:
             return None
         take = opts[-1]
-        return (-_remaining(state.apply(task, take)), take)
+        return (-self.capacity.remaining(state.apply(task, take)), take)
 
 
 @dataclass(frozen=True, slots=True)
 class BestFit:
     """The node left with the least weighted remaining resources; the tightest device."""
 
+    capacity: Capacity
     name: str = FracPolicyName.BESTFIT.value
+    uniform_devices: bool = False
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
         if not opts:
             return None
         take = opts[0]
-        return (_remaining(state.apply(task, take)), take)
+        return (self.capacity.remaining(state.apply(task, take)), take)
+
+
+def gradient_score(delta: float, levels: int, scale: float) -> float:
+    """FGD's score of a fragmentation growth ``delta`` (milli-units), lower is better.
+
+    ``levels > 0``: minus the kube-scheduler integer score
+    ``floor(levels * sigmoid(-delta / scale))``; ``levels == 0``: ``delta`` itself.
+
+    >>> gradient_score(0.0, 100, 1000.0)
+    -50.0
+    >>> gradient_score(-5000.0, 100, 1000.0)
+    -99.0
+    >>> gradient_score(250.0, 0, 1000.0)
+    250.0
+    """
+    if levels <= 0:
+        return delta
+    x = -delta / scale
+    sig = 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+    return -float(math.floor(levels * sig))
 
 
 @dataclass(frozen=True, slots=True)
 class Fgd:
     """Fragmentation gradient descent: minimise ``F_n(M)`` growth.
 
-    Among a node's options with the same gradient the tightest device wins.
+    Among a node's device options with the same score the tightest device wins.
     """
 
     frag: FragmentationModel
+    levels: int = 100
+    scale: float = 1000.0
     name: str = FracPolicyName.FGD.value
+    uniform_devices: bool = False
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
@@ -145,26 +191,28 @@ class Fgd:
         before = self.frag(state)
         best: Choice | None = None
         for take in opts:
-            delta = self.frag(state.apply(task, take)) - before
-            if best is None or delta < best[0] - 1e-9:
-                best = (delta, take)
+            value = gradient_score(self.frag(state.apply(task, take)) - before, self.levels, self.scale)
+            if best is None or value < best[0] - 1e-9:
+                best = (value, take)
         return best
 
 
 @dataclass(frozen=True, slots=True)
 class IclPack:
-    """kube-icl: fragmentation gradient, then best fit, in one score.
+    """kube-icl: FGD's integer gradient score, ties resolved by best fit.
 
-    ``score = dF + tie_weight * remaining_after`` where ``remaining_after`` is
-    in [0, 3] (CPU, memory, devices relative to the node). With a small
-    ``tie_weight`` the gradient decides and the packing term only orders
-    near-equal gradients, which FGD leaves to chance.
+    ``score = gradient_score(dF) + pack_weight * remaining_after``; the packing
+    term is below one score level (``remaining`` is in 0..2), so it only orders
+    placements that FGD scores equal.
     """
 
     frag: FragmentationModel
-    tie_weight: float = 1.0
+    capacity: Capacity
+    levels: int = 100
+    scale: float = 1000.0
+    pack_weight: float = 1e-3
     name: str = FracPolicyName.ICL.value
-    _unused: tuple[int, ...] = field(default=(), repr=False)
+    uniform_devices: bool = False
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
@@ -174,14 +222,15 @@ class IclPack:
         best: Choice | None = None
         for take in opts:
             after = state.apply(task, take)
-            value = self.frag(after) - before + self.tie_weight * _remaining(after)
-            if best is None or value < best[0] - 1e-9:
+            value = gradient_score(self.frag(after) - before, self.levels, self.scale)
+            value += self.pack_weight * self.capacity.remaining(after)
+            if best is None or value < best[0] - 1e-12:
                 best = (value, take)
         return best
 
 
-def make_policy(name: str, workload: TargetWorkload | None = None) -> FracPolicy:
-    """Build a policy by name; ``fgd`` and ``icl`` need the target workload.
+def make_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkload | None = None) -> FracPolicy:
+    """Build a policy by name for a cluster of ``specs``; ``fgd`` and ``icl`` need the target workload.
 
     Raises ``ValueError`` naming the allowed values for an unknown name.
     """
@@ -192,22 +241,23 @@ def make_policy(name: str, workload: TargetWorkload | None = None) -> FracPolicy
         raise ValueError(f"policy: unknown name {name!r}; allowed: {allowed}") from None
     if which is FracPolicyName.RANDOM:
         return RandomFit()
+    capacity = Capacity.of(specs)
     if which is FracPolicyName.SPREAD:
-        return Spread()
+        return Spread(capacity)
     if which is FracPolicyName.BESTFIT:
-        return BestFit()
+        return BestFit(capacity)
     if workload is None:
         raise ValueError(f"policy {name!r}: needs a target workload")
     frag = FragmentationModel(workload)
     if which is FracPolicyName.FGD:
         return Fgd(frag)
-    return IclPack(frag)
+    return IclPack(frag, capacity)
 
 
 def brute_force_best(
     states: Sequence[NodeState], task: TaskRequest, policy: FracPolicy
 ) -> list[tuple[int, tuple[int, ...]]]:
-    """Every (node index, devices) that attains the minimum score; for tests and audits."""
+    """Every (node index, devices) that attains the minimum score over all options; for tests."""
     scored = [(i, c) for i, s in enumerate(states) if (c := policy.score(s, task)) is not None]
     if not scored:
         return []

@@ -1,0 +1,113 @@
+"""Reader for the Alibaba GPU cluster trace 2023 ("openb", the FGD paper's trace).
+
+Two CSV kinds, read from a path the user gives (the data is never part of the
+repository):
+
+- node list: ``sn, cpu_milli, memory_mib, gpu, model``
+- pod list: ``name, cpu_milli, memory_mib, num_gpu, gpu_milli`` and, in most
+  files, ``gpu_spec`` (allowed models joined by ``|``), ``qos``, ``pod_phase``,
+  ``creation_time``, ``deletion_time``, ``scheduled_time`` (seconds).
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from topology.gpushare import GpuNodeSpec, TaskRequest
+
+__all__ = ["OpenbPod", "TraceError", "read_nodes", "read_pods"]
+
+
+class TraceError(ValueError):
+    """A trace file is malformed; the message names the file, row and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class OpenbPod:
+    name: str
+    task: TaskRequest
+    creation_time: int | None = None
+    deletion_time: int | None = None
+    qos: str = ""
+
+
+def _int(path: Path, row: int, record: dict[str, str], column: str, default: int | None = None) -> int:
+    raw = (record.get(column) or "").strip()
+    if not raw:
+        if default is not None:
+            return default
+        raise TraceError(f"{path}:{row}: column {column!r} is empty")
+    try:
+        return int(float(raw))
+    except ValueError:
+        raise TraceError(f"{path}:{row}: column {column!r} is not a number: {raw!r}") from None
+
+
+def _require(path: Path, header: list[str] | None, columns: tuple[str, ...]) -> None:
+    missing = [c for c in columns if c not in (header or [])]
+    if missing:
+        raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; header is {header}")
+
+
+def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[GpuNodeSpec]:
+    """Nodes of an openb node list. ``gpu_only`` drops nodes without devices."""
+    p = Path(path)
+    with p.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        _require(p, reader.fieldnames and list(reader.fieldnames), ("sn", "cpu_milli", "memory_mib", "gpu"))
+        nodes: list[GpuNodeSpec] = []
+        for row, rec in enumerate(reader, start=2):
+            gpus = _int(p, row, rec, "gpu", 0)
+            if gpu_only and gpus == 0:
+                continue
+            nodes.append(
+                GpuNodeSpec(
+                    name=rec["sn"],
+                    cpu_milli=_int(p, row, rec, "cpu_milli"),
+                    memory_mib=_int(p, row, rec, "memory_mib", 0),
+                    gpus=gpus,
+                    model=(rec.get("model") or "").strip(),
+                )
+            )
+    if not nodes:
+        raise TraceError(f"{p}: no nodes")
+    return nodes
+
+
+def read_pods(path: str | Path) -> list[OpenbPod]:
+    """Pods of an openb pod list, in file order."""
+    p = Path(path)
+    pods: list[OpenbPod] = []
+    with p.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        _require(p, reader.fieldnames and list(reader.fieldnames), ("cpu_milli", "num_gpu", "gpu_milli"))
+        for row, rec in enumerate(reader, start=2):
+            num_gpu = _int(p, row, rec, "num_gpu", 0)
+            milli = _int(p, row, rec, "gpu_milli", 0) if num_gpu else 0
+            spec = frozenset(s for s in (rec.get("gpu_spec") or "").split("|") if s)
+            try:
+                task = TaskRequest(
+                    cpu_milli=_int(p, row, rec, "cpu_milli"),
+                    memory_mib=_int(p, row, rec, "memory_mib", 0),
+                    num_gpu=num_gpu,
+                    gpu_milli=milli,
+                    gpu_spec=spec,
+                )
+            except ValueError as exc:
+                raise TraceError(f"{p}:{row}: {exc}") from None
+            created = (rec.get("creation_time") or "").strip()
+            deleted = (rec.get("deletion_time") or "").strip()
+            pods.append(
+                OpenbPod(
+                    name=rec.get("name") or f"pod-{row - 2}",
+                    task=task,
+                    creation_time=int(float(created)) if created else None,
+                    deletion_time=int(float(deleted)) if deleted else None,
+                    qos=(rec.get("qos") or "").strip(),
+                )
+            )
+    if not pods:
+        raise TraceError(f"{p}: no pods")
+    return pods
