@@ -47,6 +47,10 @@ class Informer:
             t.start()
             self._threads.append(t)
 
+    def halt(self) -> None:
+        """Ask the threads to stop (they return when their current watch ends)."""
+        self._stop.set()
+
     def stop(self) -> None:
         self._stop.set()
         for t in self._threads:

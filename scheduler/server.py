@@ -225,7 +225,9 @@ class ExtenderServer:
         raise wire.WireError(f"unknown verb {verb!r}")
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="http", daemon=True
+        )
         self._thread.start()
 
     def serve_forever(self) -> None:

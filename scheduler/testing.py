@@ -1,0 +1,573 @@
+"""A loopback stand-in for kube-apiserver, speaking the REST paths the extender uses.
+
+For tests and benchmarks only. It keeps Nodes and Pods as upstream JSON, hands
+out increasing resourceVersions, streams watch events with chunked encoding
+(as the real server does), applies JSON merge patches (RFC 7386), turns a
+Binding into ``spec.nodeName``, an Eviction into a delete, and stores Events.
+It answers errors as ``v1.Status`` objects with the real HTTP codes
+(404, 409, 410, 415, 422). Every request is recorded for field-by-field checks.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = ["FakeAPIServer", "RecordedRequest", "merge_patch"]
+
+JsonObj = dict[str, Any]
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def _status(code: int, reason: str, message: str) -> JsonObj:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: Any
+
+
+class _ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+_POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(?:/(binding|eviction))?$")
+_EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+
+
+class FakeAPIServer:
+    """``with FakeAPIServer() as api: ...``; ``api.url`` is the base URL."""
+
+    def __init__(self, history: int = 10_000) -> None:
+        self.lock = threading.Condition()
+        self.rv = 100
+        self.nodes: dict[str, JsonObj] = {}
+        self.pods: dict[tuple[str, str], JsonObj] = {}
+        self.events: list[JsonObj] = []
+        self.bindings: list[JsonObj] = []
+        self.evictions: list[JsonObj] = []
+        self.requests: list[RecordedRequest] = []
+        self.log: list[tuple[int, str, str, JsonObj]] = []  # (rv, resource, type, object)
+        self.oldest_rv = self.rv  # watches from before this get 410 Gone
+        self.history = history
+        self.fail: dict[tuple[str, str], list[int]] = {}  # (method, path suffix) -> status codes to answer
+        self.before_bind: Callable[[str, str], None] | None = None
+        self._closed = False
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def _dispatch(self, method: str) -> None:
+                fake._handle(self, method)
+
+            def do_GET(self) -> None:
+                self._dispatch("GET")
+
+            def do_POST(self) -> None:
+                self._dispatch("POST")
+
+            def do_PATCH(self) -> None:
+                self._dispatch("PATCH")
+
+            def do_DELETE(self) -> None:
+                self._dispatch("DELETE")
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-apiserver", daemon=True
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeAPIServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        with self.lock:
+            self._closed = True
+            self.lock.notify_all()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> FakeAPIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ object store (test side)
+
+    def _bump(self, resource: str, kind: str, obj: JsonObj) -> JsonObj:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.log.append((self.rv, resource, kind, copy.deepcopy(obj)))
+        if len(self.log) > self.history:
+            drop = len(self.log) - self.history
+            self.oldest_rv = self.log[drop - 1][0]
+            del self.log[:drop]
+        self.lock.notify_all()
+        return obj
+
+    def put_node(self, node: JsonObj) -> JsonObj:
+        with self.lock:
+            node = copy.deepcopy(node)
+            name = node["metadata"]["name"]
+            node["metadata"].setdefault("uid", str(uuid.uuid4()))
+            kind = "MODIFIED" if name in self.nodes else "ADDED"
+            self.nodes[name] = node
+            return copy.deepcopy(self._bump("nodes", kind, node))
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            node = self.nodes.pop(name)
+            self._bump("nodes", "DELETED", node)
+
+    def put_pod(self, pod: JsonObj) -> JsonObj:
+        with self.lock:
+            pod = copy.deepcopy(pod)
+            meta = pod["metadata"]
+            meta.setdefault("namespace", "default")
+            meta.setdefault("uid", str(uuid.uuid4()))
+            key = (meta["namespace"], meta["name"])
+            kind = "MODIFIED" if key in self.pods else "ADDED"
+            self.pods[key] = pod
+            return copy.deepcopy(self._bump("pods", kind, pod))
+
+    def pod(self, namespace: str, name: str) -> JsonObj | None:
+        with self.lock:
+            pod = self.pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod is not None else None
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str) -> None:
+        with self.lock:
+            pod = self.pods[(namespace, name)]
+            pod.setdefault("status", {})["phase"] = phase
+            self._bump("pods", "MODIFIED", pod)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self.lock:
+            pod = self.pods.pop((namespace, name))
+            self._bump("pods", "DELETED", pod)
+
+    def compact(self) -> None:
+        """Forget all history: every watch from an older resourceVersion gets 410 Gone."""
+        with self.lock:
+            self.oldest_rv = self.rv
+            self.log.clear()
+
+    def inject(self, method: str, suffix: str, *codes: int) -> None:
+        """Answer the next requests of ``method`` whose path ends with ``suffix`` with ``codes``."""
+        with self.lock:
+            self.fail.setdefault((method, suffix), []).extend(codes)
+
+    # ------------------------------------------------------------------ HTTP side
+
+    def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        url = urllib.parse.urlsplit(h.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        length = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(length) if length else b""
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                self._reply(h, 400, _status(400, "BadRequest", "body is not JSON"))
+                return
+        with self.lock:
+            self.requests.append(RecordedRequest(method, url.path, query, dict(h.headers.items()), body))
+            for (verb, suffix), codes in self.fail.items():
+                if verb == method and url.path.endswith(suffix) and codes:
+                    code = codes.pop(0)
+                    self._reply(h, code, _status(code, "InjectedFailure", f"injected {code} for {url.path}"))
+                    return
+        try:
+            if method == "GET" and url.path in ("/api/v1/nodes", "/api/v1/pods"):
+                resource = url.path.rsplit("/", 1)[1]
+                if query.get("watch") in ("1", "true"):
+                    self._watch(h, resource, query)
+                    return
+                self._reply(h, 200, self._list(resource, query))
+                return
+            pm = _POD.match(url.path)
+            if pm:
+                ns, name, sub = pm.group(1), pm.group(2), pm.group(3)
+                self._reply(h, *self._pod_op(method, ns, name, sub, body, h.headers.get("Content-Type") or ""))
+                return
+            if _EVENTS.match(url.path) and method == "POST":
+                if not isinstance(body, dict) or body.get("kind") != "Event":
+                    raise _ApiError(400, "BadRequest", "expected an Event")
+                with self.lock:
+                    body.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+                    self.events.append(body)
+                self._reply(h, 201, body)
+                return
+            raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+        except _ApiError as exc:
+            self._reply(h, exc.code, _status(exc.code, exc.reason, exc.message))
+
+    def _reply(self, h: BaseHTTPRequestHandler, code: int, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        h.send_response(code)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _list(self, resource: str, query: dict[str, str]) -> JsonObj:
+        with self.lock:
+            store = self.nodes if resource == "nodes" else self.pods
+            items = [copy.deepcopy(o) for _, o in sorted(store.items())]
+            rv = str(self.rv)
+        limit = int(query.get("limit") or 0)
+        start = int(query.get("continue") or 0)
+        cont = ""
+        if limit:
+            if start + limit < len(items):
+                cont = str(start + limit)
+            items = items[start : start + limit]
+        return {
+            "kind": "NodeList" if resource == "nodes" else "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": rv, **({"continue": cont} if cont else {})},
+            "items": items,
+        }
+
+    def _watch(self, h: BaseHTTPRequestHandler, resource: str, query: dict[str, str]) -> None:
+        since = int(query.get("resourceVersion") or 0)
+        timeout = float(query.get("timeoutSeconds") or 30)
+        with self.lock:
+            gone = since < self.oldest_rv
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+
+        def chunk(obj: JsonObj) -> None:
+            data = json.dumps(obj).encode() + b"\n"
+            h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            h.wfile.flush()
+
+        try:
+            if gone:
+                chunk(
+                    {
+                        "type": "ERROR",
+                        "object": _status(410, "Expired", f"too old resource version: {since} ({self.oldest_rv})"),
+                    }
+                )
+                return
+            deadline = time.monotonic() + timeout
+            sent = since
+            while True:
+                with self.lock:
+                    batch = [(rv, t, o) for rv, r, t, o in self.log if r == resource and rv > sent]
+                    if not batch:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or self._closed:
+                            return
+                        self.lock.wait(min(left, 0.5))
+                        continue
+                for rv, kind, obj in batch:
+                    chunk({"type": kind, "object": obj})
+                    sent = rv
+        except OSError:
+            return
+        finally:
+            try:
+                h.wfile.write(b"0\r\n\r\n")
+                h.wfile.flush()
+            except OSError:
+                pass
+
+    def _pod_op(
+        self, method: str, ns: str, name: str, sub: str | None, body: Any, content_type: str
+    ) -> tuple[int, JsonObj]:
+        with self.lock:
+            pod = self.pods.get((ns, name))
+            if pod is None:
+                raise _ApiError(404, "NotFound", f'pods "{name}" not found')
+            if method == "GET" and sub is None:
+                return 200, copy.deepcopy(pod)
+            if method == "PATCH" and sub is None:
+                if content_type.split(";")[0].strip() != "application/merge-patch+json":
+                    raise _ApiError(
+                        415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}"
+                    )
+                if not isinstance(body, dict):
+                    raise _ApiError(400, "BadRequest", "patch must be a JSON object")
+                uid = (body.get("metadata") or {}).get("uid")
+                if uid is not None and uid != pod["metadata"]["uid"]:
+                    raise _ApiError(422, "Invalid", f'Pod "{name}" is invalid: metadata.uid: field is immutable')
+                patched = merge_patch(pod, body)
+                self.pods[(ns, name)] = patched
+                return 200, copy.deepcopy(self._bump("pods", "MODIFIED", patched))
+            if method == "POST" and sub == "binding":
+                if not isinstance(body, dict) or body.get("kind") != "Binding":
+                    raise _ApiError(400, "BadRequest", "expected a Binding")
+                target = (body.get("target") or {}).get("name")
+                if not target:
+                    raise _ApiError(422, "Invalid", "Binding.target.name: Required value")
+                uid = (body.get("metadata") or {}).get("uid")
+                if uid and uid != pod["metadata"]["uid"]:
+                    raise _ApiError(
+                        409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": uid mismatch'
+                    )
+                if pod.get("spec", {}).get("nodeName"):
+                    raise _ApiError(
+                        409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"'
+                    )
+                if self.before_bind is not None:
+                    self.before_bind(ns, name)
+                pod.setdefault("spec", {})["nodeName"] = target
+                self.bindings.append(copy.deepcopy(body))
+                self._bump("pods", "MODIFIED", pod)
+                return 201, _status(201, "", "") | {"status": "Success"}
+            if method == "POST" and sub == "eviction":
+                if not isinstance(body, dict) or body.get("kind") != "Eviction":
+                    raise _ApiError(400, "BadRequest", "expected an Eviction")
+                self.evictions.append(copy.deepcopy(body))
+                del self.pods[(ns, name)]
+                self._bump("pods", "DELETED", pod)
+                return 201, _status(201, "", "") | {"status": "Success"}
+        raise _ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
+
+
+# ---------------------------------------------------------------------- builders of upstream objects
+
+
+def node_obj(
+    name: str,
+    topology: str | None = "ring:8",
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    ready: bool = True,
+    resource: str = "kube-icl.io/accelerator",
+) -> JsonObj:
+    """A ``v1.Node`` carrying the topology annotation of a preset (``None``: no annotation)."""
+    from topology import build_preset, encode_annotation
+
+    ann = dict(annotations or {})
+    count = 0
+    if topology is not None:
+        topo = build_preset(topology)
+        ann["kube-icl.io/topology"] = encode_annotation(topo)
+        count = len(topo.healthy_ids)
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", resource: str(count)}
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}, "annotations": ann},
+        "spec": {},
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False", "reason": "KubeletReady"}],
+        },
+    }
+
+
+def pod_obj(
+    name: str,
+    count: int,
+    shape: str | None = None,
+    *,
+    namespace: str = "default",
+    uid: str | None = None,
+    annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+    node: str | None = None,
+    phase: str = "Pending",
+    priority: int = 0,
+    resource: str = "kube-icl.io/accelerator",
+    scheduler_name: str = "kube-icl",
+) -> JsonObj:
+    """A ``v1.Pod`` asking for ``count`` devices of ``resource`` in ``shape``."""
+    ann = dict(annotations or {})
+    if shape is not None:
+        ann["kube-icl.io/shape"] = shape
+    resources: JsonObj = {}
+    if count:
+        resources = {"limits": {resource: str(count)}, "requests": {resource: str(count)}}
+    spec: JsonObj = {
+        "containers": [{"name": "main", "image": "busybox", "resources": resources}],
+        "schedulerName": scheduler_name,
+        "priority": priority,
+    }
+    if node:
+        spec["nodeName"] = node
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or str(uuid.uuid5(uuid.NAMESPACE_URL, f"{namespace}/{name}")),
+            "labels": dict(labels or {}),
+            "annotations": ann,
+        },
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+# ---------------------------------------------------------------------- a whole extender on loopback
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``cond`` until it returns something truthy; fail after ``timeout_s`` (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.005)
+
+
+class ExtenderHarness:
+    """A fake API server, the extender's cache fed by a real informer, and its HTTP server, on loopback."""
+
+    def __init__(self, cfg: Any = None, *, informer: bool = True, clock: Callable[[], float] | None = None) -> None:
+        import dataclasses
+
+        from scheduler.cache import ClusterCache
+        from scheduler.config import ExtenderConfig
+        from scheduler.events import EventRecorder
+        from scheduler.extender import Extender
+        from scheduler.informer import Informer
+        from scheduler.kube import RestKubeAPI
+        from scheduler.server import ExtenderServer
+
+        base = cfg or ExtenderConfig()
+        self.cfg = dataclasses.replace(base, host="127.0.0.1", port=0)
+        self.fake = FakeAPIServer().start()
+        self.api = RestKubeAPI.from_url(self.fake.url, timeout_s=5)
+        self.cache = ClusterCache(self.cfg.resource_name, clock=clock or time.monotonic)
+        self.events = EventRecorder(self.api, self.cfg.event_component, enabled=self.cfg.events, dedupe_s=0)
+        self.extender = Extender(self.cfg, self.cache, self.api, events=self.events)
+        self.informer = Informer(self.api, self.cache, watch_timeout_s=30)
+        self.server = ExtenderServer(self.extender, self.cfg)
+        self._use_informer = informer
+        self._conns = threading.local()
+
+    def __enter__(self) -> ExtenderHarness:
+        self.extender.start()
+        self.server.start()
+        if self._use_informer:
+            self.informer.start()
+            wait_for(lambda: self.cache.synced, what="cache sync")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.informer.halt()
+        self.server.stop()
+        self.fake.close()  # ends the open watches, so the informer threads return at once
+        self.informer.stop()
+        self.extender.stop()
+
+    def post(self, verb: str, body: Any, *, raw: bytes | None = None) -> tuple[int, Any]:
+        import http.client
+
+        conn: http.client.HTTPConnection | None = getattr(self._conns, "conn", None)
+        if conn is None:
+            host, port = self.server.address
+            conn = http.client.HTTPConnection(host, port, timeout=30)
+            self._conns.conn = conn
+        data = raw if raw is not None else json.dumps(body).encode()
+        try:
+            conn.request("POST", f"{self.cfg.path_prefix}/{verb}", data, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            payload = resp.read()
+        except (OSError, http.client.HTTPException):
+            self._conns.conn = None
+            conn.close()
+            raise
+        if resp.getheader("Connection", "").lower() == "close":
+            self._conns.conn = None
+            conn.close()
+        return resp.status, json.loads(payload) if payload else None
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        import http.client
+
+        host, port = self.server.address
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def seen(self, cond: Callable[[], Any], what: str = "cache update") -> Any:
+        return wait_for(cond, what=what)
+
+    def schedule(self, pod: JsonObj, nodes: list[str]) -> tuple[str | None, JsonObj]:
+        """Do what kube-scheduler does for one pod: filter, prioritize, pick the best, bind."""
+        args = {"Pod": pod, "Nodes": None, "NodeNames": nodes}
+        code, result = self.post("filter", args)
+        assert code == 200, result
+        passed = result["NodeNames"] or []
+        if not passed:
+            return None, result
+        code, scores = self.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": passed})
+        assert code == 200, scores
+        best = max(scores, key=lambda s: (s["Score"], [-ord(c) for c in s["Host"]]))["Host"]
+        meta = pod["metadata"]
+        code, bound = self.post(
+            "bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": best}
+        )
+        assert code == 200, bound
+        if bound["Error"]:
+            return None, bound
+        return best, bound
