@@ -276,6 +276,7 @@ def record(api: NvmlApi) -> dict[str, Any]:
     ]
     return {
         "version": FIXTURE_VERSION,
+        "source": "deviceplugin.nvml_record",
         "devices": devices,
         "p2p_read_ok": [[i == j or api.p2p_ok(i, j) for j in range(n)] for i in range(n)],
         "topology_level": [[0 if i == j else api.topology_level(i, j) for j in range(n)] for i in range(n)],
@@ -371,14 +372,14 @@ class NvmlBackend:
     def _probe_sync(self) -> tuple[dict[str, bool], dict[tuple[str, str], bool]]:
         api = self._api
         buses = [_norm_bus(str(d.attrs[1][1])) for d in self._base.devices]
+        failed, self._xid_failed = self._xid_failed, set()  # swap: XIDs noted meanwhile count next time
         devices: dict[str, bool] = {}
         for d in self._base.devices:
             try:
                 ok = api.uuid(d.index) == d.id
             except Exception:
                 ok = False
-            devices[d.id] = ok and d.index not in self._xid_failed
-        self._xid_failed.clear()
+            devices[d.id] = ok and d.index not in failed
         try:
             now = self._nvlink_matrix(buses)
         except Exception:
@@ -435,8 +436,8 @@ class NvmlBackend:
         thread.start()
         try:
             while True:
+                wake.clear()  # before probing: an event during the probe wakes the next one
                 await self.probe()
-                wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), self._probe_interval)
         finally:

@@ -111,8 +111,8 @@ class SimBackend:
 
     async def run(self) -> None:
         while True:
+            self._wake.clear()  # before probing: an event during the probe wakes the next one
             await self.probe()
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._probe_interval)
 

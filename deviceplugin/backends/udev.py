@@ -8,7 +8,8 @@ Discovery goes through a :class:`DeviceSource`:
   ``root=/sys`` it sees what udev sees; with a recorded tree it replays a machine
   that is not here (``tests/fixtures/plugin/sysfs``).
 
-Device ids are the kernel names (``accel0``, ``neuron3``), in natural order.
+Device ids are the kernel names (``accel0``, ``neuron3``): natural order at start, hot-plugged
+devices appended (indices of known devices never change).
 Links come from a topology file whose device ids are those names, or from a
 vendor tool's JSON output mapped by an adapter (:data:`LINK_ADAPTERS`). A device
 that disappears goes unhealthy at once and comes back after ``recover_after``
@@ -302,7 +303,9 @@ class UdevBackend:
         order: list[str] = []
         if self._link_topology is not None:
             order = [d.id for d in self._link_topology.devices if d.id in self._records]
-        order += sorted((n for n in self._records if n not in order), key=_natural)
+        # Then the rest in the order first seen (natural order at start): a hot-plugged device is
+        # appended, so the indices of devices already known never change.
+        order += [n for n in self._records if n not in order]
         devices = tuple(
             Device(
                 id=name,
@@ -350,8 +353,8 @@ class UdevBackend:
             loop.add_reader(fd, on_event)
         try:
             while True:
+                wake.clear()  # before probing: an event during the probe wakes the next one
                 await self.probe()
-                wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wake.wait(), self._probe_interval)
         finally:
