@@ -63,7 +63,7 @@ def test_device_specs_include_control_nodes() -> None:
 
 @async_test
 async def test_fatal_xid_marks_unhealthy_until_clean_probes() -> None:
-    b, api = backend("dgx1_v100_hcm.json", recover_after=2)
+    b, _ = backend("dgx1_v100_hcm.json", recover_after=2)
     gpu3 = b.snapshot().devices[3].id
     assert b.note_xids([(3, 13)]) is False  # not in this fatal list
     assert (await b.probe()).device(gpu3).healthy
