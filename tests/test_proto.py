@@ -48,9 +48,7 @@ def test_golden_bytes_of_a_device_list() -> None:
     # Field 1 (ID), 2 (health), 3 (topology{nodes{ID}}) — what a Go kubelet decodes.
     msg = api_pb2.ListAndWatchResponse(
         devices=[
-            api_pb2.Device(
-                ID="a0", health="Healthy", topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=1)])
-            )
+            api_pb2.Device(ID="a0", health="Healthy", topology=api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=1)]))
         ]
     )
     assert msg.SerializeToString() == bytes.fromhex(
