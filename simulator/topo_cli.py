@@ -148,41 +148,54 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def tour() -> int:
-    """Several built-in topologies drawn, a stream of jobs placed on each, with a stock kubelet beside it."""
+    """Built-in topologies drawn, a stream of jobs (with departures) placed on each, next to a stock kubelet."""
     from topology import Placer, Policy, build_preset, parse_shape, render
 
+    # "-X" means job X leaves; every other entry is a job that arrives, lettered in order.
     scenes = [
-        ("torus:4x4", ["ring:4", "mesh:2x4", "ring:2", "mesh:2x2", "any:2"]),
-        ("hcm:8", ["ring:4", "ring:2", "ring:2"]),
-        ("ring:8", ["ring:2", "ring:2", "any:3"]),
-        ("mesh:4x4", ["mesh:2x2", "ring:8", "mesh:2x2", "ring:2"]),
+        ("torus:4x4", ["ring:2", "ring:2", "ring:2", "-B", "mesh:2x4", "mesh:2x2", "ring:2"]),
+        ("hcm:8", ["ring:2", "ring:2", "-A", "ring:4", "ring:2"]),
+        ("mesh:4x4", ["ring:2", "any:3", "-A", "mesh:2x2", "ring:8", "ring:2"]),
+        ("ring:8", ["ring:2", "ring:2", "-A", "any:3", "ring:2"]),
         ("torus:2x2x2", ["torus:2x2x2"]),
     ]
+    summary = []
     for preset, jobs in scenes:
         topo = build_preset(preset)
         placer = Placer.for_topology(topo)
         print("=" * 78)
         for policy in (Policy.FRAGMENTATION, Policy.KUBELET):
             free = set(topo.ids)
-            marks: dict[str, str] = {}
+            held: dict[str, tuple[str, ...]] = {}
             lines = []
-            valid = 0
-            for letter, job in zip(JOB_LETTERS, jobs, strict=False):
+            arrived = valid = 0
+            letters = iter(JOB_LETTERS)
+            for job in jobs:
+                if job.startswith("-"):
+                    free |= set(held.pop(job[1:], ()))
+                    lines.append(f"  {job[1:]}: leaves")
+                    continue
+                letter = next(letters)
+                arrived += 1
                 kind, _, size = job.partition(":")
-                shape = parse_shape(
-                    kind if kind in ("ring", "any") else job, int(size) if kind in ("ring", "any") else None
-                )
+                sized = kind in ("ring", "any")
+                shape = parse_shape(kind if sized else job, int(size) if sized else None)
                 p = placer.place(shape, free, policy)
                 if p is None:
-                    lines.append(f"  {letter}: {shape.describe():<22} no placement: {placer.explain(shape, free)}")
+                    lines.append(f"  {letter}: {shape.describe():<22} waits: {placer.explain(shape, free)}")
                     continue
                 free -= set(p.devices)
-                marks.update({d: letter for d in p.devices})
+                held[letter] = p.devices
                 valid += p.valid
                 ok = "ok" if p.valid else "NOT the asked shape"
                 lines.append(f"  {letter}: {shape.describe():<22} {','.join(p.devices):<28} {ok}")
-            print(f"[{preset}] policy {policy.value}: {valid} of {len(jobs)} jobs on a valid shape")
+            marks = {d: letter for letter, devices in held.items() for d in devices}
+            print(f"[{preset}] policy {policy.value}: {valid} of {arrived} jobs placed on a valid shape")
             print(render(topo, marks))
             print("\n".join(lines))
             print()
+            summary.append(f"  {preset:<12} {policy.value:<14} {valid}/{arrived} on a valid shape")
+    print("=" * 78)
+    print("summary (fragmentation = kube-icl's default policy, kubelet = lowest free ids, link-unaware)")
+    print("\n".join(summary))
     return 0
