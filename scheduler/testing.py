@@ -89,6 +89,7 @@ class FakeAPIServer:
         self.fail: dict[tuple[str, str], list[int]] = {}  # (method, path suffix) -> status codes to answer
         self.before_bind: Callable[[str, str], None] | None = None
         self._closed = False
+        self._epoch = 0
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -197,10 +198,12 @@ class FakeAPIServer:
             self._bump("pods", "DELETED", pod)
 
     def compact(self) -> None:
-        """Forget all history: every watch from an older resourceVersion gets 410 Gone."""
+        """Forget all history and end the open watches: a watch resumed from before now gets 410 Gone."""
         with self.lock:
             self.oldest_rv = self.rv
             self.log.clear()
+            self._epoch += 1
+            self.lock.notify_all()
 
     def inject(self, method: str, suffix: str, *codes: int) -> None:
         """Answer the next requests of ``method`` whose path ends with ``suffix`` with ``codes``."""
@@ -285,6 +288,7 @@ class FakeAPIServer:
         timeout = float(query.get("timeoutSeconds") or 30)
         with self.lock:
             gone = since < self.oldest_rv
+            epoch = self._epoch
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
         h.send_header("Transfer-Encoding", "chunked")
@@ -311,7 +315,7 @@ class FakeAPIServer:
                     batch = [(rv, t, o) for rv, r, t, o in self.log if r == resource and rv > sent]
                     if not batch:
                         left = deadline - time.monotonic()
-                        if left <= 0 or self._closed:
+                        if left <= 0 or self._closed or self._epoch != epoch:
                             return
                         self.lock.wait(min(left, 0.5))
                         continue
