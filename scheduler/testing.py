@@ -575,3 +575,77 @@ class ExtenderHarness:
         if bound["Error"]:
             return None, bound
         return best, bound
+
+
+class MemoryKubeAPI:
+    """:class:`scheduler.kube.KubeAPI` in memory, for fast property tests (the HTTP path is tested elsewhere).
+
+    ``fail`` maps a call name (``patch``, ``bind``, ``evict``, ``event``) to how many of the next such
+    calls fail with a 500. Pods are stored like the API server stores them.
+    """
+
+    def __init__(self) -> None:
+        from scheduler.kube import KubeError
+
+        self._error = KubeError
+        self.lock = threading.RLock()
+        self.nodes: dict[str, JsonObj] = {}
+        self.pods: dict[tuple[str, str], JsonObj] = {}
+        self.fail: dict[str, int] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.events: list[JsonObj] = []
+        self.before: dict[str, Callable[[], None]] = {}
+
+    def _maybe_fail(self, call: str, ns: str, name: str) -> None:
+        self.calls.append((call, ns, name))
+        hook = self.before.get(call)
+        if hook is not None:
+            hook()
+        if self.fail.get(call, 0) > 0:
+            self.fail[call] -= 1
+            raise self._error(500, f"injected failure of {call} {ns}/{name}")
+
+    def list(self, resource: str) -> tuple[list[JsonObj], str]:
+        with self.lock:
+            store: Any = self.nodes if resource == "nodes" else self.pods
+            return [copy.deepcopy(o) for _, o in sorted(store.items())], "1"
+
+    def watch(self, resource: str, resource_version: str, timeout_s: int) -> Any:
+        return iter(())
+
+    def get_pod(self, namespace: str, name: str) -> JsonObj | None:
+        with self.lock:
+            pod = self.pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod else None
+
+    def patch_pod_annotations(self, namespace: str, name: str, uid: str, annotations: Any) -> JsonObj:
+        with self.lock:
+            self._maybe_fail("patch", namespace, name)
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                raise self._error(404, f'pods "{name}" not found')
+            if uid and pod["metadata"]["uid"] != uid:
+                raise self._error(422, "uid mismatch")
+            pod = merge_patch(pod, {"metadata": {"annotations": dict(annotations)}})
+            self.pods[(namespace, name)] = pod
+            return copy.deepcopy(pod)
+
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+        with self.lock:
+            self._maybe_fail("bind", namespace, name)
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                raise self._error(404, f'pods "{name}" not found')
+            if pod["spec"].get("nodeName"):
+                raise self._error(409, f"pod {name} is already assigned to node {pod['spec']['nodeName']!r}")
+            pod["spec"]["nodeName"] = node
+
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        with self.lock:
+            self._maybe_fail("evict", namespace, name)
+            self.pods.pop((namespace, name), None)
+
+    def create_event(self, namespace: str, event: JsonObj) -> None:
+        with self.lock:
+            self._maybe_fail("event", namespace, event["metadata"]["name"])
+            self.events.append(event)

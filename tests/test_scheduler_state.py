@@ -1,0 +1,189 @@
+"""Property tests of the extender's bookkeeping: no device is ever held twice.
+
+A hypothesis state machine drives filter / bind (with API failures injected) /
+watch confirmations / pod completion / extender restart against an in-memory
+API, and checks after every step that the cache and the API objects agree that
+no device is held twice and that every holding has the shape its pod asked for.
+A second test hammers bind from many threads at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.extender import Extender
+from scheduler.informer import Informer
+from scheduler.podspec import parse_devices
+from scheduler.testing import MemoryKubeAPI, node_obj, pod_obj
+from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from topology import Placer, parse_shape
+
+NODES = {"a": "ring:8", "b": "mesh:4x4", "c": "torus:2x2x2"}
+ASKS = [(1, "any"), (2, "ring"), (3, "any"), (4, "ring"), (4, "mesh:2x2"), (8, "ring"), (8, "mesh:2x4")]
+
+
+def _bound_devices(api: MemoryKubeAPI) -> list[tuple[str, str, tuple[str, ...]]]:
+    out = []
+    for pod in api.pods.values():
+        node = pod["spec"].get("nodeName")
+        devs = (pod["metadata"].get("annotations") or {}).get("kube-icl.io/devices")
+        if node and devs and pod["status"].get("phase") not in ("Succeeded", "Failed"):
+            out.append((pod["metadata"]["uid"], node, parse_devices(devs)))
+    return out
+
+
+class BindMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.api = MemoryKubeAPI()
+        for name, preset in NODES.items():
+            self.api.nodes[name] = node_obj(name, preset)
+        self.cache = ClusterCache("kube-icl.io/accelerator")
+        Informer(self.api, self.cache).sync_once()  # type: ignore[arg-type]
+        self.ext = Extender(ExtenderConfig(fair_share=False), self.cache, self.api)  # type: ignore[arg-type]
+        self.serial = 0
+        self.pending: list[dict[str, Any]] = []
+
+    @rule(ask=st.sampled_from(ASKS))
+    def create_pod(self, ask: tuple[int, str]) -> None:
+        self.serial += 1
+        pod = pod_obj(f"p{self.serial}", ask[0], ask[1])
+        self.api.pods[("default", pod["metadata"]["name"])] = pod
+        self.cache.upsert_pod(pod)
+        self.pending.append(pod)
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(
+        pick=st.integers(0, 1000),
+        node_pick=st.integers(0, 10),
+        fail=st.sampled_from(["", "", "patch", "bind"]),
+    )
+    def schedule(self, pick: int, node_pick: int, fail: str) -> None:
+        pod = self.pending[pick % len(self.pending)]
+        meta = pod["metadata"]
+        result = self.ext.filter(ExtenderArgs(pod=pod, node_names=list(NODES)))
+        assert set(result.node_names or []) | set(result.failed_nodes) | set(
+            result.failed_and_unresolvable_nodes
+        ) == set(NODES)
+        passed = result.node_names or []
+        if not passed:
+            event("filter: no node fits")
+            return
+        node = passed[node_pick % len(passed)]
+        if fail:
+            self.api.fail[fail] = 1
+        out = self.ext.bind(ExtenderBindingArgs(meta["name"], meta["namespace"], meta["uid"], node))
+        self.api.fail.clear()
+        stored = self.api.pods[("default", meta["name"])]
+        event(f"bind: {'failed' if out.error else 'bound'}{' (injected ' + fail + ' failure)' if fail else ''}")
+        if out.error:
+            # A failed Binding may leave a stale devices annotation on the pending pod; that is fine.
+            assert meta["uid"] not in self.cache.allocated, "a failed bind must forget its devices"
+            return
+        assert stored["spec"]["nodeName"] == node
+        self.pending.remove(pod)
+
+    @rule()
+    def watch_catches_up(self) -> None:
+        for pod in list(self.api.pods.values()):
+            self.cache.upsert_pod(pod)
+
+    @precondition(lambda self: any(p["spec"].get("nodeName") for p in self.api.pods.values()))
+    @rule(pick=st.integers(0, 1000), phase=st.sampled_from(["Succeeded", "Failed", "deleted"]))
+    def finish(self, pick: int, phase: str) -> None:
+        bound = sorted(k for k, p in self.api.pods.items() if p["spec"].get("nodeName"))
+        key = bound[pick % len(bound)]
+        pod = self.api.pods[key]
+        if phase == "deleted":
+            del self.api.pods[key]
+            self.cache.delete_pod(pod)
+        else:
+            pod["status"]["phase"] = phase
+            self.cache.upsert_pod(pod)
+
+    @rule()
+    def restart(self) -> None:
+        """A new extender rebuilt from the API objects replaces the old one."""
+        self.cache = ClusterCache("kube-icl.io/accelerator")
+        Informer(self.api, self.cache).sync_once()  # type: ignore[arg-type]
+        self.ext = Extender(ExtenderConfig(fair_share=False), self.cache, self.api)  # type: ignore[arg-type]
+
+    @invariant()
+    def no_device_held_twice(self) -> None:
+        self.cache.check_invariants()
+        per_node: Counter[tuple[str, str]] = Counter()
+        for _uid, node, devs in _bound_devices(self.api):
+            for d in devs:
+                per_node[(node, d)] += 1
+        assert not [k for k, n in per_node.items() if n > 1], "the API says a device is held twice"
+
+    @invariant()
+    def holdings_have_their_shape(self) -> None:
+        for uid, (node, devs) in self.cache.allocated.items():
+            info = self.cache.pods.get(uid)
+            rec = self.cache.nodes[node]
+            assert info is not None and rec.topology is not None
+            shape = parse_shape(info.shape, count=info.count)
+            assert Placer.for_topology(rec.topology).is_valid(shape, devs), (info.shape, devs)
+
+    @invariant()
+    def api_and_cache_agree_on_bound_pods(self) -> None:
+        for uid, node, devs in _bound_devices(self.api):
+            assert self.cache.allocated.get(uid) == (node, devs)
+
+
+TestBindMachine = BindMachine.TestCase
+TestBindMachine.settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@pytest.mark.parametrize("threads", [8])
+def test_concurrent_binds_never_hold_a_device_twice(threads: int) -> None:
+    """Many pods, bound from many threads to the same few nodes at once."""
+    api = MemoryKubeAPI()
+    for name in ("a", "b"):
+        api.nodes[name] = node_obj(name, "torus:4x4")
+    cache = ClusterCache("kube-icl.io/accelerator")
+    Informer(api, cache).sync_once()  # type: ignore[arg-type]
+    ext = Extender(ExtenderConfig(fair_share=False), cache, api)  # type: ignore[arg-type]
+    pods = [pod_obj(f"p{i}", 2, "ring") for i in range(40)]
+    for pod in pods:
+        api.pods[("default", pod["metadata"]["name"])] = pod
+        cache.upsert_pod(pod)
+    start = threading.Barrier(threads)
+    results: list[tuple[str, str]] = []
+
+    def worker(chunk: list[dict[str, Any]]) -> None:
+        start.wait()
+        for pod in chunk:
+            meta = pod["metadata"]
+            for node in ("a", "b"):
+                out = ext.bind(ExtenderBindingArgs(meta["name"], "default", meta["uid"], node))
+                results.append((meta["name"], out.error))
+                if not out.error:
+                    break
+
+    workers = [threading.Thread(target=worker, args=(pods[i::threads],)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    cache.check_invariants()
+    bound = _bound_devices(api)
+    assert len(bound) == 16, "2 nodes x 16 devices / ring of 2: exactly 16 pods fit"
+    seen: set[tuple[str, str]] = set()
+    for _uid, node, devs in bound:
+        for d in devs:
+            assert (node, d) not in seen, f"device {node}/{d} bound twice"
+            seen.add((node, d))
+    assert sum(1 for _, err in results if not err) == 16
