@@ -37,8 +37,8 @@ class Cluster:
             self.api.nodes[name] = node_obj(name, preset, labels=(labels or {}).get(name))
         self.clock = Clock()
         self.cache = ClusterCache("kube-icl.io/accelerator", clock=self.clock)
-        Informer(self.api, self.cache).sync_once()  # type: ignore[arg-type]
-        self.ext = Extender(cfg or ExtenderConfig(), self.cache, self.api)  # type: ignore[arg-type]
+        Informer(self.api, self.cache).sync_once()
+        self.ext = Extender(cfg or ExtenderConfig(), self.cache, self.api)
         self.names = list(nodes)
 
     def add(self, pod: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def test_gang_on_one_node_reserves_all_members_at_first_sight() -> None:
     assert c.bind(members[0], "b") == "" and c.bind(members[1], "b") == ""
     devs = [c.devices(m)[1] for m in members]
     assert not set(devs[0]) & set(devs[1])
-    placer = Placer.for_topology(c.cache.nodes["b"].topology)  # type: ignore[arg-type]
+    placer = Placer.for_topology(c.cache.nodes["b"].topology)
     assert all(placer.is_valid(parse_shape("ring", 8), d) for d in devs)
     c.ext.sweep()
     assert "default/job" not in c.ext.gangs.reservations, "a complete gang releases its reservation record"
@@ -167,7 +167,7 @@ def test_node_death_fails_its_gangs() -> None:
     labels = {"kube-icl.io/link-domain": "d", "kube-icl.io/link-coords": "0"}
     c.api.nodes["a"]["metadata"]["labels"].update(labels)
     c.api.nodes["b"]["metadata"]["labels"].update({**labels, "kube-icl.io/link-coords": "1"})
-    Informer(c.api, c.cache).sync_once()  # type: ignore[arg-type]
+    Informer(c.api, c.cache).sync_once()
     members = [c.add(gang_pod(f"w{i}", "job", 2, 8, "ring")) for i in range(2)]
     assert {c.schedule(m) for m in members} == {"a", "b"}
     c.ext.start()

@@ -48,8 +48,8 @@ class BindMachine(RuleBasedStateMachine):
         for name, preset in NODES.items():
             self.api.nodes[name] = node_obj(name, preset)
         self.cache = ClusterCache("kube-icl.io/accelerator")
-        Informer(self.api, self.cache).sync_once()  # type: ignore[arg-type]
-        self.ext = Extender(ExtenderConfig(fair_share=False), self.cache, self.api)  # type: ignore[arg-type]
+        Informer(self.api, self.cache).sync_once()
+        self.ext = Extender(ExtenderConfig(fair_share=False), self.cache, self.api)
         self.serial = 0
         self.pending: list[dict[str, Any]] = []
 
@@ -114,8 +114,8 @@ class BindMachine(RuleBasedStateMachine):
     def restart(self) -> None:
         """A new extender rebuilt from the API objects replaces the old one."""
         self.cache = ClusterCache("kube-icl.io/accelerator")
-        Informer(self.api, self.cache).sync_once()  # type: ignore[arg-type]
-        self.ext = Extender(ExtenderConfig(fair_share=False), self.cache, self.api)  # type: ignore[arg-type]
+        Informer(self.api, self.cache).sync_once()
+        self.ext = Extender(ExtenderConfig(fair_share=False), self.cache, self.api)
 
     @invariant()
     def no_device_held_twice(self) -> None:
@@ -154,8 +154,8 @@ def test_concurrent_binds_never_hold_a_device_twice(threads: int) -> None:
     for name in ("a", "b"):
         api.nodes[name] = node_obj(name, "torus:4x4")
     cache = ClusterCache("kube-icl.io/accelerator")
-    Informer(api, cache).sync_once()  # type: ignore[arg-type]
-    ext = Extender(ExtenderConfig(fair_share=False), cache, api)  # type: ignore[arg-type]
+    Informer(api, cache).sync_once()
+    ext = Extender(ExtenderConfig(fair_share=False), cache, api)
     pods = [pod_obj(f"p{i}", 2, "ring") for i in range(40)]
     for pod in pods:
         api.pods[("default", pod["metadata"]["name"])] = pod
