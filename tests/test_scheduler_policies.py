@@ -93,7 +93,9 @@ def test_gang_on_one_node_reserves_all_members_at_first_sight() -> None:
     assert c.bind(members[0], "b") == "" and c.bind(members[1], "b") == ""
     devs = [c.devices(m)[1] for m in members]
     assert not set(devs[0]) & set(devs[1])
-    placer = Placer.for_topology(c.cache.nodes["b"].topology)
+    topo = c.cache.nodes["b"].topology
+    assert topo is not None
+    placer = Placer.for_topology(topo)
     assert all(placer.is_valid(parse_shape("ring", 8), d) for d in devs)
     c.ext.sweep()
     assert "default/job" not in c.ext.gangs.reservations, "a complete gang releases its reservation record"
