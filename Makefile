@@ -28,7 +28,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) e2e-bins
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -36,3 +36,8 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+
+## e2e-bins: build the real control plane of the e2e tests once (Go), cached outside the repository
+.PHONY: e2e-bins
+e2e-bins:
+	@$(PYTHON) tests/e2e/build.py

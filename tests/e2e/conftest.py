@@ -13,7 +13,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
-from .harness import ControlPlane, require_binaries
+from .harness import NOT_BUILT, ControlPlane, require_binaries
 
 _ACTIVE: list[ControlPlane] = []
 
@@ -48,6 +48,9 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """On a failed e2e test, add each component's log tail to the report."""
     report = yield
+    if report.skipped and isinstance(report.longrepr, tuple) and NOT_BUILT in report.longrepr[2]:
+        # One summary line for all e2e tests, not one per test.
+        report.longrepr = (__file__, 0, report.longrepr[2])
     if report.failed and _ACTIVE and item.get_closest_marker("e2e") is not None:
         for plane in _ACTIVE:
             for name, tail in plane.log_tails().items():

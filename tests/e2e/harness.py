@@ -69,6 +69,7 @@ DEFAULT_ALLOCATABLE: dict[str, str] = {"cpu": "32", "memory": "256Gi", "pods": "
 SCHEDULER_API = "kubescheduler.config.k8s.io/v1"
 LOG_TAIL_LINES = 40
 START_TIMEOUT_S = 90.0
+NOT_BUILT = "e2e control plane not built"
 
 
 class ComponentError(RuntimeError):
@@ -94,8 +95,8 @@ def find_binaries() -> tuple[Binaries | None, str]:
     missing = build.missing_binaries(directory)
     if not missing:
         return Binaries(directory), ""
-    how = "run `make e2e-bins` (needs Go >= 1.26, about 30 minutes cold)"
-    return None, f"e2e control plane not built ({', '.join(missing)} missing in {directory}): {how}"
+    how = "run `make e2e-bins` to enable the e2e tests (needs Go >= 1.26; about 10 minutes the first time)"
+    return None, f"{NOT_BUILT}: {', '.join(missing)} missing in {directory}; {how}"
 
 
 def e2e_required() -> bool:
@@ -109,7 +110,7 @@ def require_binaries() -> Binaries:
     if binaries is not None:
         return binaries
     if e2e_required():
-        pytest.fail(f"ICL_E2E_REQUIRED=1 but the {reason}", pytrace=False)
+        pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {reason}", pytrace=False)
     pytest.skip(reason)
 
 
@@ -267,37 +268,47 @@ class Pki:
         """A CA, the API server's serving cert, client certs, the service-account key pair."""
         directory.mkdir(parents=True, exist_ok=True)
         pki = cls(directory)
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-icl-e2e-ca")])
         now = dt.datetime.now(dt.UTC)
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name)
-            .issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(ca_key, hashes.SHA256())
-        )
-        pki._write("ca", ca_cert, ca_key)
 
-        def leaf(name: str, common_name: str, org: str | None, server: bool) -> None:
+        def authority(name: str, common_name: str) -> tuple[x509.Name, ec.EllipticCurvePrivateKey]:
+            key = ec.generate_private_key(ec.SECP256R1())
+            subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+            cert = (
+                x509.CertificateBuilder()
+                .subject_name(subject)
+                .issuer_name(subject)
+                .public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - dt.timedelta(minutes=5))
+                .not_valid_after(now + dt.timedelta(days=2))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+                .add_extension(
+                    x509.KeyUsage(
+                        digital_signature=True,
+                        content_commitment=False,
+                        key_encipherment=False,
+                        data_encipherment=False,
+                        key_agreement=False,
+                        key_cert_sign=True,
+                        crl_sign=True,
+                        encipher_only=False,
+                        decipher_only=False,
+                    ),
+                    critical=True,
+                )
+                .sign(key, hashes.SHA256())
+            )
+            pki._write(name, cert, key)
+            return subject, key
+
+        def leaf(
+            name: str,
+            common_name: str,
+            org: str | None,
+            server: bool,
+            issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey],
+        ) -> None:
+            ca_name, ca_key = issuer
             key = ec.generate_private_key(ec.SECP256R1())
             attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
             if org:
@@ -325,16 +336,17 @@ class Pki:
                         "kubernetes.default.svc.cluster.local",
                     )
                 ]
-                names += [
-                    x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1", "10.96.0.1")
-                ]
+                names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1", "10.96.0.1")]
                 builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
             pki._write(name, builder.sign(ca_key, hashes.SHA256()), key)
 
-        leaf("apiserver", "kube-apiserver", None, server=True)
-        leaf("admin", "kube-icl-e2e-admin", "system:masters", server=False)
-        leaf("scheduler", "system:kube-scheduler", None, server=False)
-        leaf("kwok", "kube-icl-e2e-kwok", "system:masters", server=False)
+        ca = authority("ca", "kube-icl-e2e-ca")
+        leaf("apiserver", "kube-apiserver", None, server=True, issuer=ca)
+        leaf("admin", "kube-icl-e2e-admin", "system:masters", server=False, issuer=ca)
+        leaf("scheduler", "system:kube-scheduler", None, server=False, issuer=ca)
+        leaf("kwok", "kube-icl-e2e-kwok", "system:masters", server=False, issuer=ca)
+        front_proxy = authority("front-proxy-ca", "kube-icl-e2e-front-proxy-ca")
+        leaf("front-proxy-client", "front-proxy-client", None, server=False, issuer=front_proxy)
 
         sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         pki.path("sa.key").write_bytes(
@@ -580,8 +592,16 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki.path('sa.key')}",
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--authorization-mode=Node,RBAC",
-                # No controller-manager creates the `default` service accounts.
-                "--disable-admission-plugins=ServiceAccount",
+                # No controller-manager: nothing creates the `default` service accounts,
+                # nor lifts the not-ready taint that TaintNodesByCondition puts on new nodes.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                f"--requestheader-client-ca-file={pki.path('front-proxy-ca.crt')}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.path('front-proxy-client.crt')}",
+                f"--proxy-client-key-file={pki.path('front-proxy-client.key')}",
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
                 "--profiling=false",
@@ -613,6 +633,7 @@ class ControlPlane:
             [
                 self.binaries["kwok"],
                 f"--kubeconfig={self._kwok_kubeconfig}",
+                f"--config={self.binaries.directory / build.KWOK_STAGES}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
                 f"--server-address=127.0.0.1:{port}",
@@ -797,9 +818,7 @@ class ControlPlane:
 
     # ----------------------------------------------------------- kubectl
 
-    def kubectl(
-        self, *args: str, check: bool = True, timeout: float = 120.0
-    ) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl against this cluster as the admin."""
         command = [self.binaries["kubectl"], f"--kubeconfig={self.kubeconfig}", *args]
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)

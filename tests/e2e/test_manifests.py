@@ -28,9 +28,7 @@ def _targets(root: Path) -> list[Path]:
     """Kustomization directories, then YAML files outside them, in a stable order."""
     if not root.is_dir():
         return []
-    kustomized = sorted(
-        {p.parent for name in KUSTOMIZATIONS for p in root.rglob(name)}, key=lambda p: p.as_posix()
-    )
+    kustomized = sorted({p.parent for name in KUSTOMIZATIONS for p in root.rglob(name)}, key=lambda p: p.as_posix())
     files = sorted(
         p
         for pattern in ("*.yaml", "*.yml", "*.json")
