@@ -188,6 +188,7 @@ class DevicePlugin:
         self.allocations: list[AllocationRecord] = []
         self.restarts = 0  # gRPC server (re)starts after the first
         self.registrations = 0
+        self.backend_failures = 0
         self._tasks: list[asyncio.Task[Any]] = []
 
     # -- state -----------------------------------------------------------------------------------
@@ -380,7 +381,19 @@ class DevicePlugin:
             async for topo in self.backend.feed.follow():
                 self.metrics.observe_topology(topo)
 
-        self._tasks = [asyncio.create_task(self.backend.run(), name="backend"), asyncio.create_task(observe())]
+        async def backend() -> None:
+            delay = self.backoff[0]
+            while True:
+                try:
+                    await self.backend.run()
+                    return
+                except Exception:
+                    self.backend_failures += 1
+                    log.exception("backend %s failed; restarting it in %.1fs", self.backend.name, delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.backoff[1])
+
+        self._tasks = [asyncio.create_task(backend(), name="backend"), asyncio.create_task(observe())]
         if self.publisher is not None:
             self._tasks.append(asyncio.create_task(self.publisher.follow(self.backend.feed.follow())))
 

@@ -358,3 +358,24 @@ async def test_pre_start_container_when_configured(sockdir: Path) -> None:
         assert h.kubelet.endpoints[R].options.pre_start_required
         await h.kubelet.admit("p", "main", R, 2)
         assert h.plugin.metrics.grpc_calls.labels("PreStartContainer", "OK")._value.get() == 1
+
+
+class CrashOnceBackend(SimBackend):
+    def __init__(self) -> None:
+        super().__init__(build_preset("ring:4"), recover_after=1, probe_interval=0.05)
+        self.crashed = False
+
+    async def run(self) -> None:
+        if not self.crashed:
+            self.crashed = True
+            raise RuntimeError("probe thread died")
+        await super().run()
+
+
+@async_test
+async def test_a_crashed_backend_is_restarted(sockdir: Path) -> None:
+    backend = CrashOnceBackend()
+    async with running_plugin(sockdir, backend) as h:
+        await eventually(lambda: h.plugin.backend_failures == 1)
+        backend.set_faults(devices=["2"])
+        await h.wait_devices(lambda d: d["2"] == "Unhealthy")

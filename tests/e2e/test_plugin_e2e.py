@@ -82,11 +82,9 @@ async def test_plugin_honours_the_pod_annotation_from_the_api_server(
     }
     control_plane.core.create_namespaced_pod(namespace, pod)
     pods = KubernetesPodSource(control_plane.api_client)
-    patcher = KubernetesNodePatcher(control_plane.api_client)
     with short_tmpdir() as d:
         backend = SimBackend(build_preset("torus:4x4"), recover_after=1, probe_interval=0.05)
         async with running_plugin(d, backend, pods, node_name=node, topology="torus:4x4") as h:
-            h.plugin.publisher = NodePublisher(patcher, node)
             a = await h.kubelet.admit("uid-of-allreduce", "main", R, 4)
             assert sorted(a.devices) == ["10", "5", "6", "9"]
             assert a.envs["ICL_VISIBLE_DEVICES"] == "5,6,9,10"
