@@ -70,6 +70,8 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # header and body leave at once: no delayed-ACK stalls on keep-alive
+    wbufsize = 64 * 1024  # one write per response; handle_one_request flushes
     server: _Server
     server_version = "kube-icl-extender"
     sys_version = ""
