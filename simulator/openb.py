@@ -12,6 +12,7 @@ repository):
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def _int(path: Path, row: int, record: dict[str, str], column: str, default: int
         raise TraceError(f"{path}:{row}: column {column!r} is not a number: {raw!r}") from None
 
 
-def _require(path: Path, header: list[str] | None, columns: tuple[str, ...]) -> None:
+def _require(path: Path, header: Sequence[str] | None, columns: tuple[str, ...]) -> None:
     missing = [c for c in columns if c not in (header or [])]
     if missing:
         raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; header is {header}")
@@ -56,7 +57,7 @@ def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[GpuNodeSpec]:
     p = Path(path)
     with p.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        _require(p, reader.fieldnames and list(reader.fieldnames), ("sn", "cpu_milli", "memory_mib", "gpu"))
+        _require(p, reader.fieldnames, ("sn", "cpu_milli", "memory_mib", "gpu"))
         nodes: list[GpuNodeSpec] = []
         for row, rec in enumerate(reader, start=2):
             gpus = _int(p, row, rec, "gpu", 0)
@@ -82,7 +83,7 @@ def read_pods(path: str | Path) -> list[OpenbPod]:
     pods: list[OpenbPod] = []
     with p.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        _require(p, reader.fieldnames and list(reader.fieldnames), ("cpu_milli", "num_gpu", "gpu_milli"))
+        _require(p, reader.fieldnames, ("cpu_milli", "num_gpu", "gpu_milli"))
         for row, rec in enumerate(reader, start=2):
             num_gpu = _int(p, row, rec, "num_gpu", 0)
             milli = _int(p, row, rec, "gpu_milli", 0) if num_gpu else 0

@@ -1,0 +1,202 @@
+"""Cluster specs for the simulator: node pools and link domains, from YAML or built in.
+
+A spec (YAML)::
+
+    pools:
+      - name: ring          # node names: ring-00, ring-01, ...
+        count: 8
+        topology: ring:8    # a preset (ring:N, mesh:RxC, torus:RxC[xD], full:N, hcm:8) or a topology file
+        cpu_milli: 96000
+        memory_mib: 786432
+        model: nnp-t        # device model (gpu_spec constraints match it)
+        link_domain:        # optional: the pool's nodes are joined node to node
+          kind: ring        # ring | mesh | torus
+          dims: [8]         # nodes per domain = product of dims; more nodes make more domains
+
+The node topology gives each node's devices (all of one model); the device
+count is its size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from topology import ClusterView, DomainKind, LinkDomain, NodeTopology, TopologyError, load_topology
+from topology.gpushare import GpuNodeSpec
+
+__all__ = ["BUILTIN_CLUSTER", "ClusterSpec", "NodeSpec", "SpecError", "builtin_cluster", "load_cluster"]
+
+
+class SpecError(ValueError):
+    """A cluster spec is malformed; the message names the field and the value."""
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    topology: NodeTopology
+    cpu_milli: int
+    memory_mib: int
+    model: str
+    pool: str
+
+    @property
+    def devices(self) -> int:
+        return len(self.topology.devices)
+
+    def gpu_spec(self) -> GpuNodeSpec:
+        return GpuNodeSpec(self.name, self.cpu_milli, self.memory_mib, self.devices, self.model)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: tuple[NodeSpec, ...]
+    view: ClusterView = field(default_factory=ClusterView)
+    name: str = "cluster"
+
+    @property
+    def devices(self) -> int:
+        return sum(n.devices for n in self.nodes)
+
+    def describe(self) -> str:
+        pools: dict[str, list[NodeSpec]] = {}
+        for n in self.nodes:
+            pools.setdefault(n.pool, []).append(n)
+        parts = [f"{len(ns)}x {ns[0].topology.name or '?'}" for ns in pools.values()]
+        doms = ", ".join(f"{d.name} ({d.kind.value} {'x'.join(map(str, d.dims))})" for d in self.view.domains.values())
+        return (
+            f"{len(self.nodes)} nodes, {self.devices} devices: "
+            + ", ".join(parts)
+            + (f"; domains: {doms}" if doms else "")
+        )
+
+
+BUILTIN_CLUSTER: dict[str, Any] = {
+    "name": "builtin",
+    "pools": [
+        {
+            "name": "ring",
+            "count": 8,
+            "topology": "ring:8",
+            "cpu_milli": 96000,
+            "memory_mib": 786432,
+            "model": "icl-ring",
+            "link_domain": {"kind": "ring", "dims": [8]},
+        },
+        {
+            "name": "torus",
+            "count": 8,
+            "topology": "torus:2x2x2",
+            "cpu_milli": 96000,
+            "memory_mib": 786432,
+            "model": "icl-torus",
+            "link_domain": {"kind": "torus", "dims": [2, 4]},
+        },
+        {
+            "name": "hcm",
+            "count": 8,
+            "topology": "hcm:8",
+            "cpu_milli": 96000,
+            "memory_mib": 786432,
+            "model": "icl-hcm",
+            "link_domain": {"kind": "mesh", "dims": [2, 4]},
+        },
+    ],
+}
+"""The cluster ``icl sim`` runs with no arguments: 24 nodes of 8 devices in three link domains."""
+
+
+def _int(where: str, raw: object, minimum: int = 0) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
+        raise SpecError(f"{where}: must be an integer >= {minimum}, got {raw!r}")
+    return raw
+
+
+def _coords(dims: Sequence[int], i: int) -> tuple[int, ...]:
+    out: list[int] = []
+    for d in reversed(dims):
+        out.append(i % d)
+        i //= d
+    return tuple(reversed(out))
+
+
+def cluster_from_mapping(data: Mapping[str, Any], base: Path | None = None) -> ClusterSpec:
+    """Build a spec from its parsed YAML/JSON form; topology file paths are relative to ``base``."""
+    pools = data.get("pools")
+    if not isinstance(pools, list) or not pools:
+        raise SpecError("pools: must be a non-empty list")
+    nodes: list[NodeSpec] = []
+    domains: dict[str, LinkDomain] = {}
+    seen: set[str] = set()
+    for pi, pool in enumerate(pools):
+        where = f"pools[{pi}]"
+        if not isinstance(pool, dict):
+            raise SpecError(f"{where}: must be a mapping, got {pool!r}")
+        name = str(pool.get("name") or f"pool{pi}")
+        if name in seen:
+            raise SpecError(f"{where}.name: duplicate pool name {name!r}")
+        seen.add(name)
+        count = _int(f"{where}.count", pool.get("count", 1), 1)
+        topo_ref = pool.get("topology")
+        if not isinstance(topo_ref, str) or not topo_ref:
+            raise SpecError(f"{where}.topology: must be a preset or a file path, got {topo_ref!r}")
+        ref = topo_ref
+        if base is not None and ":" not in topo_ref and not Path(topo_ref).is_absolute():
+            ref = str(base / topo_ref)
+        try:
+            topo = load_topology(ref)
+        except (TopologyError, OSError) as exc:
+            raise SpecError(f"{where}.topology: {exc}") from None
+        if not topo.name:
+            topo = topo.renamed(topo_ref)
+        cpu = _int(f"{where}.cpu_milli", pool.get("cpu_milli", 64000))
+        mem = _int(f"{where}.memory_mib", pool.get("memory_mib", 262144))
+        model = str(pool.get("model") or name)
+        width = len(str(count - 1))
+        names = [f"{name}-{i:0{max(2, width)}d}" for i in range(count)]
+        for n in names:
+            nodes.append(NodeSpec(n, topo, cpu, mem, model, name))
+        ld = pool.get("link_domain")
+        if ld is None:
+            continue
+        if not isinstance(ld, dict):
+            raise SpecError(f"{where}.link_domain: must be a mapping, got {ld!r}")
+        try:
+            kind = DomainKind(str(ld.get("kind")))
+        except ValueError:
+            allowed = ", ".join(k.value for k in DomainKind)
+            raise SpecError(f"{where}.link_domain.kind: must be one of {allowed}, got {ld.get('kind')!r}") from None
+        dims_raw = ld.get("dims", [count])
+        if not isinstance(dims_raw, list) or not dims_raw or len(dims_raw) > 3:
+            raise SpecError(f"{where}.link_domain.dims: must be a list of 1 to 3 integers, got {dims_raw!r}")
+        dims = [_int(f"{where}.link_domain.dims", d, 1) for d in dims_raw]
+        if kind is DomainKind.RING and len(dims) != 1:
+            raise SpecError(f"{where}.link_domain.dims: a ring has one dimension, got {dims}")
+        per = reduce(lambda a, b: a * b, dims, 1)
+        for di in range(0, count, per):
+            members = names[di : di + per]
+            dname = f"{name}-d{di // per}"
+            domains[dname] = LinkDomain(dname, kind, {n: _coords(dims, k) for k, n in enumerate(members)})
+    return ClusterSpec(tuple(nodes), ClusterView(domains), str(data.get("name") or "cluster"))
+
+
+def builtin_cluster() -> ClusterSpec:
+    return cluster_from_mapping(BUILTIN_CLUSTER)
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read a cluster spec file (YAML or JSON)."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: expected a mapping with 'pools'")
+    return cluster_from_mapping(data, p.parent)

@@ -1,0 +1,226 @@
+"""Jobs for the time-driven simulator: the generic trace format and a synthetic generator.
+
+Generic job format (CSV with a header, or JSON: a list of objects or
+``{"jobs": [...]}``); one row per job, a gang's members share the row:
+
+==============  ========  =====================================================
+field           default   meaning
+==============  ========  =====================================================
+id              row no.   job name
+submit          required  submit time, seconds from the start of the trace
+duration        required  run time in seconds once all members run
+count           required  devices per member (0 for a CPU-only member)
+shape           ``any``   ``any``, ``ring``, ``mesh:RxC``, ``torus:RxC[xD]``
+gang            1         members that must all run at once (multi-node gangs
+                          go on adjacent nodes of one link domain)
+queue           default   queue / tenant for fair share
+cpu             0         CPU per member, milli-cores
+memory          0         memory per member, MiB
+gpu_milli       1000      per-device share in milli-units (< 1000 only when
+                          count is 1; fractional jobs need the fractional model)
+gpu_spec        (any)     allowed device models joined by ``|``
+==============  ========  =====================================================
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["JOB_FIELDS", "Job", "JobFormatError", "read_jobs", "synthetic_jobs", "write_jobs_csv"]
+
+JOB_FIELDS = ("id", "submit", "duration", "count", "shape", "gang", "queue", "cpu", "memory", "gpu_milli", "gpu_spec")
+
+
+class JobFormatError(ValueError):
+    """A job file is malformed; the message names the file, the record and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    submit: float
+    duration: float
+    count: int
+    shape: str = "any"
+    gang: int = 1
+    queue: str = "default"
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_milli: int = 1000
+    gpu_spec: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        where = f"job {self.id!r}"
+        if self.submit < 0:
+            raise JobFormatError(f"{where}: submit must be >= 0, got {self.submit}")
+        if self.duration <= 0:
+            raise JobFormatError(f"{where}: duration must be > 0, got {self.duration}")
+        if self.count < 0:
+            raise JobFormatError(f"{where}: count must be >= 0, got {self.count}")
+        if self.gang < 1:
+            raise JobFormatError(f"{where}: gang must be >= 1, got {self.gang}")
+        if not 0 < self.gpu_milli <= 1000:
+            raise JobFormatError(f"{where}: gpu_milli must be in 1..1000, got {self.gpu_milli}")
+        if self.gpu_milli < 1000 and self.count != 1:
+            raise JobFormatError(f"{where}: a fractional share (gpu_milli {self.gpu_milli}) needs count 1")
+
+    @property
+    def devices(self) -> int:
+        """Whole devices the job holds in all (all members)."""
+        return self.count * self.gang
+
+    @property
+    def device_milli(self) -> int:
+        return self.count * self.gang * self.gpu_milli
+
+
+def _num(where: str, rec: Mapping[str, object], name: str, default: float | None = None) -> float:
+    raw = rec.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise JobFormatError(f"{where}: field {name!r} is missing")
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise JobFormatError(f"{where}: field {name!r} must be a number, got {raw!r}")
+    try:
+        return float(raw)
+    except ValueError:
+        raise JobFormatError(f"{where}: field {name!r} must be a number, got {raw!r}") from None
+
+
+def _job(where: str, index: int, rec: Mapping[str, object]) -> Job:
+    spec_raw = rec.get("gpu_spec") or ""
+    spec = frozenset(s for s in str(spec_raw).split("|") if s)
+    try:
+        return Job(
+            id=str(rec.get("id") or f"job-{index}"),
+            submit=_num(where, rec, "submit"),
+            duration=_num(where, rec, "duration"),
+            count=int(_num(where, rec, "count")),
+            shape=str(rec.get("shape") or "any"),
+            gang=int(_num(where, rec, "gang", 1)),
+            queue=str(rec.get("queue") or "default"),
+            cpu_milli=int(_num(where, rec, "cpu", 0)),
+            memory_mib=int(_num(where, rec, "memory", 0)),
+            gpu_milli=int(_num(where, rec, "gpu_milli", 1000)),
+            gpu_spec=spec,
+        )
+    except JobFormatError as exc:
+        raise JobFormatError(f"{where}: {exc}") from None
+
+
+def read_jobs(path: str | Path) -> list[Job]:
+    """Jobs of a generic CSV or JSON file (by extension: ``.json`` is JSON), sorted by submit time."""
+    p = Path(path)
+    records: list[Mapping[str, object]]
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise JobFormatError(f"{p}: not valid JSON: {exc}") from None
+        if isinstance(data, dict):
+            data = data.get("jobs")
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise JobFormatError(f"{p}: expected a list of job objects or {{'jobs': [...]}}")
+        records = data
+        jobs = [_job(f"{p}: job #{i}", i, r) for i, r in enumerate(records)]
+    else:
+        with p.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in ("submit", "duration", "count") if c not in (reader.fieldnames or [])]
+            if missing:
+                raise JobFormatError(f"{p}: missing column(s) {', '.join(missing)}")
+            jobs = [_job(f"{p}:{row}", row - 2, rec) for row, rec in enumerate(reader, start=2)]
+    if not jobs:
+        raise JobFormatError(f"{p}: no jobs")
+    return sorted(jobs, key=lambda j: (j.submit, j.id))
+
+
+def write_jobs_csv(jobs: Sequence[Job], path: str | Path) -> None:
+    """Write ``jobs`` in the generic CSV format (round-trips through ``read_jobs``)."""
+    with Path(path).open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(JOB_FIELDS)
+        for j in jobs:
+            w.writerow(
+                [
+                    j.id,
+                    j.submit,
+                    j.duration,
+                    j.count,
+                    j.shape,
+                    j.gang,
+                    j.queue,
+                    j.cpu_milli,
+                    j.memory_mib,
+                    j.gpu_milli,
+                    "|".join(sorted(j.gpu_spec)),
+                ]
+            )
+
+
+DEFAULT_MIX: tuple[tuple[str, int, int, float], ...] = (
+    # shape, devices per member, gang members, weight
+    ("any", 1, 1, 0.22),
+    ("ring", 2, 1, 0.14),
+    ("ring", 4, 1, 0.18),
+    ("mesh:2x2", 4, 1, 0.10),
+    ("ring", 8, 1, 0.10),
+    ("mesh:2x4", 8, 1, 0.08),
+    ("any", 3, 1, 0.06),
+    ("ring", 4, 2, 0.06),
+    ("ring", 8, 2, 0.04),
+    ("ring", 8, 4, 0.02),
+)
+
+
+def synthetic_jobs(
+    n: int,
+    seed: int,
+    *,
+    queues: Mapping[str, float] | None = None,
+    mix: Sequence[tuple[str, int, int, float]] = DEFAULT_MIX,
+    mean_interarrival: float = 60.0,
+    mean_duration: float = 3600.0,
+) -> list[Job]:
+    """``n`` jobs with Poisson arrivals, log-normal durations and shapes drawn from ``mix``.
+
+    Deterministic for a seed. ``queues`` maps queue name to its share of jobs.
+    """
+    if n < 0:
+        raise ValueError(f"synthetic: n must be >= 0, got {n}")
+    if not mix:
+        raise ValueError("synthetic: empty mix")
+    rng = random.Random(seed)
+    qs = dict(queues or {"research": 0.5, "prod": 0.3, "batch": 0.2})
+    qnames = sorted(qs)
+    qweights = [qs[q] for q in qnames]
+    weights = [m[3] for m in mix]
+    t = 0.0
+    jobs: list[Job] = []
+    sigma = 1.0
+    mu = max(1.0, mean_duration)
+    for i in range(n):
+        t += rng.expovariate(1.0 / mean_interarrival)
+        shape, count, gang, _ = rng.choices(mix, weights)[0]
+        duration = max(60.0, rng.lognormvariate(0.0, sigma) * mu / 1.6487)
+        queue = rng.choices(qnames, qweights)[0]
+        jobs.append(
+            Job(
+                id=f"job-{i:05d}",
+                submit=round(t, 3),
+                duration=round(duration, 3),
+                count=count,
+                shape=shape,
+                gang=gang,
+                queue=queue,
+                cpu_milli=4000 * count,
+                memory_mib=16384 * count,
+            )
+        )
+    return jobs
