@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from kubernetes import client as k8s
 
 from . import build
-from .harness import KWOK_TOLERATIONS, ControlPlane, require_binaries
+from .harness import KWOK_TOLERATIONS, ControlPlane, require_binaries, scheduler_config
 
 pytestmark = pytest.mark.e2e
 
@@ -107,3 +111,53 @@ def test_teardown_leaves_no_process(tmp_path: Path) -> None:
         with pytest.raises(ProcessLookupError):
             os.killpg(pid, 0)  # nothing left in the component's process group either
     assert all(not component.running for component in plane.components)
+
+
+class _StubExtender(BaseHTTPRequestHandler):
+    """A pass-through extender: keeps every node, scores none, records what it saw."""
+
+    calls: ClassVar[list[tuple[str, str]]] = []
+
+    def do_POST(self) -> None:
+        args = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        pod = args.get("pod") or args.get("Pod") or {}
+        nodes = args.get("nodes") or args.get("Nodes") or {"items": []}
+        self.calls.append((self.path, pod.get("metadata", {}).get("name", "")))
+        if self.path.endswith("/filter"):
+            answer: object = {"nodes": nodes, "failedNodes": {}, "error": ""}
+        else:
+            answer = [{"host": n["metadata"]["name"], "score": 0} for n in nodes["items"]]
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_scheduler_consults_an_extender(control_plane: ControlPlane, namespace: str) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StubExtender)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/icl"
+    control_plane.create_node(
+        "kwok-extender-0",
+        labels={"kube-icl.io/e2e": "extender"},
+        allocatable={"kube-icl.io/accelerator": "8"},
+    )
+    try:
+        with control_plane.use_scheduler(scheduler_config(extender_url=url, bind_verb=None)):
+            body = _pod("extended", {"kube-icl.io/e2e": "extender"})
+            body["spec"]["containers"][0]["resources"] = {  # type: ignore[index]
+                "limits": {"kube-icl.io/accelerator": "2"}
+            }
+            control_plane.core.create_namespaced_pod(namespace, body)
+            pod = control_plane.wait_pod_phase(namespace, "extended", "Running")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert pod.spec.node_name == "kwok-extender-0"
+    assert ("/icl/filter", "extended") in _StubExtender.calls
