@@ -121,8 +121,20 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse],
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         self.plugin.metrics.grpc_calls.labels("ListAndWatch", "OK").inc()
-        async for topo in self.plugin.backend.feed.follow():
-            yield device_list(topo)
+        closing = self.plugin.closing
+        updates = self.plugin.backend.feed.follow().__aiter__()
+        while not closing.is_set():
+            nxt = asyncio.ensure_future(updates.__anext__())
+            stop = asyncio.ensure_future(closing.wait())
+            try:
+                await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                if not nxt.done():
+                    nxt.cancel()
+            if nxt.done() and not nxt.cancelled():
+                yield device_list(nxt.result())
+        # the server is stopping: end the stream now instead of holding the grace period
 
     async def GetPreferredAllocation(
         self,
@@ -189,6 +201,7 @@ class DevicePlugin:
         self.restarts = 0  # gRPC server (re)starts after the first
         self.registrations = 0
         self.backend_failures = 0
+        self.closing = asyncio.Event()  # set while the gRPC server stops
         self._tasks: list[asyncio.Task[Any]] = []
 
     # -- state -----------------------------------------------------------------------------------
@@ -318,6 +331,7 @@ class DevicePlugin:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a stale socket from a previous run
+        self.closing = asyncio.Event()
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(DevicePluginService(self), server)
         server.add_insecure_port(f"unix://{path}")
@@ -329,6 +343,7 @@ class DevicePlugin:
         server, self._server = self._server, None
         self._registered = False
         if server is not None:
+            self.closing.set()  # ListAndWatch streams end; unary calls in flight get the grace period
             await server.stop(self.grace)
         with contextlib.suppress(FileNotFoundError):
             self.config.socket_path.unlink()
