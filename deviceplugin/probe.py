@@ -27,6 +27,7 @@ Three layers, so that everything but the copies themselves is tested offline:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import re
@@ -374,7 +375,8 @@ class CupyEngine:
             p = rt.getDeviceProperties(i)
             name = p.get("name", b"")
             uuid = p.get("uuid")
-            bus = f"{int(p.get('pciDomainID', 0)):08X}:{int(p.get('pciBusID', 0)):02X}:{int(p.get('pciDeviceID', 0)):02X}.0"
+            domain, bus_no, dev_no = (int(p.get(k, 0)) for k in ("pciDomainID", "pciBusID", "pciDeviceID"))
+            bus = f"{domain:08X}:{bus_no:02X}:{dev_no:02X}.0"
             out.append(
                 ProbedDevice(
                     i,
@@ -392,11 +394,8 @@ class CupyEngine:
         cp = self._cp
         rt = cp.cuda.runtime
         if (src, dst) not in self._enabled and self.can_access_peer(src, dst):
-            with cp.cuda.Device(src):
-                try:
-                    rt.deviceEnablePeerAccess(dst)
-                except cp.cuda.runtime.CUDARuntimeError:
-                    pass  # already enabled
+            with cp.cuda.Device(src), contextlib.suppress(cp.cuda.runtime.CUDARuntimeError):  # already on
+                rt.deviceEnablePeerAccess(dst)
             self._enabled.add((src, dst))
         with cp.cuda.Device(dst):
             b = cp.empty(nbytes, dtype=cp.uint8)
@@ -590,11 +589,11 @@ def compare(
         raise ValueError(f"reference: {reference!r} is not one of auto, declared, peers") from None
     mapping = align(declared, result)
     declared_links: dict[tuple[int, int], Link] = {}
-    for lk in declared.links:
-        if not lk.healthy:
+    for dl in declared.links:
+        if not dl.healthy:
             continue
-        a, b = mapping[declared.index_of(lk.a)], mapping[declared.index_of(lk.b)]
-        declared_links[(min(a, b), max(a, b))] = lk
+        a, b = mapping[declared.index_of(dl.a)], mapping[declared.index_of(dl.b)]
+        declared_links[(min(a, b), max(a, b))] = dl
     n = len(result.devices)
     measured: dict[tuple[int, int], float] = {}
     for i in range(n):
@@ -607,9 +606,9 @@ def compare(
         return (str(lk.kind), lk.lanes, lk.bandwidth)
 
     peers: dict[tuple[str, int, float], list[float]] = {}
-    for pair, lk in declared_links.items():
+    for pair, link in declared_links.items():
         if pair in measured:
-            peers.setdefault(klass(lk), []).append(measured[pair])
+            peers.setdefault(klass(link), []).append(measured[pair])
 
     checks: list[LinkCheck] = []
     for pair in sorted(set(declared_links) | set(measured)):
@@ -810,7 +809,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def parse_smi_topo(text: str) -> SmiTopo:
     """Read the matrix of ``nvidia-smi topo -m`` (GPU rows only; NIC rows and columns are skipped)."""
     lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
-    header_at = next((k for k, line in enumerate(lines) if re.match(r"^\s+GPU0\b", line)), None)
+    header_at = next(
+        (k for k, line in enumerate(lines) if re.match(r"^\s*GPU0(\t|\s{2,})(GPU1|CPU Affinity|NIC0)\b", line)), None
+    )
     if header_at is None:
         raise ValueError("nvidia-smi topo -m: no header line starting with GPU0")
     header = re.split(r"\t+|\s{2,}", lines[header_at].strip())

@@ -21,7 +21,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "simulator.topo_cli",
     "simulator.demo_cli",
     "deviceplugin.cli",
+    "deviceplugin.probe_cli",
     "scheduler.cli",
+    "simulator.sim_cli",
 )
 
 
