@@ -59,7 +59,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 
 def run_plugin(args: argparse.Namespace) -> int:
     import asyncio
-    import logging
     from pathlib import Path
 
     from deviceplugin.config import ConfigError, PluginConfig, load_config
@@ -91,8 +90,10 @@ def run_plugin(args: argparse.Namespace) -> int:
         return 2
     try:
         return asyncio.run(serve(load))
-    except (ValueError, RuntimeError) as e:  # backend could not start (e.g. nvml without the library)
-        logging.getLogger("deviceplugin").error("%s", e)
+    except ValueError as e:  # a topology or fixture that does not parse: bad input
+        print(f"icl plugin: {e}")
+        return 2
+    except RuntimeError as e:  # the backend could not start (e.g. nvml without the library)
         print(f"icl plugin: {e}")
         return 1
 

@@ -56,9 +56,9 @@ def test_pcie_only_links_follow_p2p() -> None:
 
 
 def test_device_specs_include_control_nodes() -> None:
-    b, _ = backend("pcie_l4x4.json")
-    paths = [s.host_path for s in b.device_specs("GPU-l4-2")]
-    assert paths[0] == "/dev/nvidia2" and "/dev/nvidiactl" in paths
+    b, _ = backend("pcie_l4x4.json", control_nodes=["/dev/nvidiactl", "/dev/nvidia-uvm"])
+    assert [s.host_path for s in b.device_specs("GPU-l4-2")] == ["/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    assert all(s.permissions == "rw" and s.container_path == s.host_path for s in b.device_specs("GPU-l4-2"))
 
 
 @async_test

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import signal
 import subprocess
@@ -23,6 +24,29 @@ def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
     out = subprocess.run([*ICL, "plugin", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stdout.strip().splitlines() == [f"icl plugin: {cfg}: recoverAfter: must be >= 1, got -1"]
+
+
+def test_bad_topology_exits_2_and_missing_nvml_exits_1(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [*ICL, "plugin", "--topology", "torus:9x", "--plugin-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert (
+        out.stdout.strip()
+        == "icl plugin: preset 'torus:9x': malformed dimensions '9x' (expected positive integers like 4x4)"
+    )
+    if importlib.util.find_spec("pynvml") is None:
+        out = subprocess.run(
+            [*ICL, "plugin", "--backend", "nvml", "--plugin-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (out.returncode, out.stdout) == (
+            1,
+            "icl plugin: nvml backend needs nvidia-ml-py: pip install 'kube-icl[nvml]'\n",
+        )
 
 
 @async_test

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 FIXTURE_VERSION = 1
 NVLINK_GBPS = 25.0  # per lane per direction, NVLink 2-4 order of magnitude
 PCIE_GBPS = 16.0
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 class NvmlUnavailable(RuntimeError):
@@ -296,8 +297,14 @@ class NvmlBackend:
         fatal_xids: Iterable[int] = (),
         recover_after: int = 3,
         probe_interval: float = 5.0,
+        control_nodes: Iterable[str] | None = None,
     ) -> None:
+        """``control_nodes``: device nodes every container needs besides its GPUs (default: those of
+        /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools that exist on this host)."""
         self._api = api
+        if control_nodes is None:
+            control_nodes = [p for p in CONTROL_NODES if Path(p).exists()]
+        self._control_nodes = tuple(control_nodes)
         self._fatal = frozenset(fatal_xids)
         self._tracker = HealthTracker(recover_after)
         self._probe_interval = probe_interval
@@ -366,7 +373,7 @@ class NvmlBackend:
 
     def device_specs(self, device_id: str) -> list[DeviceSpecInfo]:
         minor = self._minors[self._base.index_of(device_id)]
-        paths = [f"/dev/nvidia{minor}", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        paths = [f"/dev/nvidia{minor}", *self._control_nodes]
         return [DeviceSpecInfo(p, p, "rw") for p in paths]
 
     def _probe_sync(self) -> tuple[dict[str, bool], dict[tuple[str, str], bool]]:
