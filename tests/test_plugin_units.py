@@ -270,3 +270,15 @@ def test_publisher_needs_a_node() -> None:
 def test_config_dataclass_is_validated_directly() -> None:
     with pytest.raises(ConfigError, match="probeInterval"):
         PluginConfig(topology="ring:4", probe_interval=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.lists(st.booleans(), max_size=30))
+def test_health_tracker_recovers_after_n_clean_probes(n: int, probes: list[bool]) -> None:
+    t = HealthTracker(n)
+    for i, ok in enumerate(probes):
+        got = t.observe("k", ok)
+        failures = [j for j in range(i + 1) if not probes[j]]
+        expected_healthy = not failures or (i - failures[-1]) >= n
+        assert (got is Health.HEALTHY) == expected_healthy
+        assert t.health("k") is got
