@@ -1,0 +1,437 @@
+"""Outputs of ``icl sim``: terminal tables, CSV/JSON of every metric, PNG plots, one HTML report.
+
+Everything here is at the edge: it takes finished results and writes files.
+matplotlib is imported lazily (Agg backend) so that the rest of the simulator
+does not need it.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from simulator.fill import FillResult
+from simulator.timesim import TimeResult, TimeSummary
+
+__all__ = ["FillSummary", "Progress", "Report", "format_table", "summarise_fill"]
+
+
+class Progress:
+    """A progress bar on stderr that shows itself only once a run has taken ``after`` seconds."""
+
+    def __init__(self, label: str, *, stream: TextIO | None = None, after: float = 2.0, enabled: bool = True) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.after = after
+        self.enabled = enabled
+        self.start = time.monotonic()
+        self.shown = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total <= 0:
+            return
+        elapsed = time.monotonic() - self.start
+        if elapsed < self.after and not self.shown:
+            return
+        self.shown = True
+        width = 30
+        frac = min(1.0, done / total)
+        bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+        self.stream.write(f"\r{self.label:<28} [{bar}] {100 * frac:5.1f}% {elapsed:6.1f}s")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+@dataclass(frozen=True)
+class FillSummary:
+    policy: str
+    seeds: int
+    unallocated_pct_mean: float
+    unallocated_pct_std: float
+    unallocated_pct_min: float
+    unallocated_pct_max: float
+    allocation_pct_at_100: float
+    final_allocation_pct: float
+    tasks_placed_pct_at_100: float
+    dropped_tasks: float
+    fragmentation_pct_at_100: float
+    decisions_per_s: float
+    seconds: float
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _frag_at(result: FillResult, fraction: float) -> float:
+    if not result.frag_samples:
+        return math.nan
+    goal = fraction * result.capacity_milli
+    idx = next((i for i, a in enumerate(result.arrived_milli) if a >= goal), len(result.arrived_milli) - 1)
+    best = min(result.frag_samples, key=lambda s: abs(s[0] - idx))
+    return 100.0 * best[1] / result.capacity_milli
+
+
+def summarise_fill(results: Sequence[FillResult]) -> FillSummary:
+    """Seed statistics of one policy's fill runs."""
+    if not results:
+        raise ValueError("summarise_fill: no results")
+    un = [r.unallocated_pct_at(1.0) for r in results]
+    placed = [100.0 * p / a for r in results for p, a in [r.placed_at(1.0)]]
+    secs = sum(r.seconds for r in results)
+    frags = [_frag_at(r, 1.0) for r in results if r.frag_samples]
+    decisions = sum(r.tasks for r in results)
+    return FillSummary(
+        policy=results[0].policy,
+        seeds=len(results),
+        unallocated_pct_mean=statistics.fmean(un),
+        unallocated_pct_std=statistics.stdev(un) if len(un) > 1 else 0.0,
+        unallocated_pct_min=min(un),
+        unallocated_pct_max=max(un),
+        allocation_pct_at_100=100.0 - statistics.fmean(un),
+        final_allocation_pct=statistics.fmean(r.final_allocation_pct for r in results),
+        tasks_placed_pct_at_100=statistics.fmean(placed),
+        dropped_tasks=statistics.fmean(r.tasks - sum(r.placed) for r in results),
+        fragmentation_pct_at_100=statistics.fmean(frags) if frags else math.nan,
+        decisions_per_s=decisions / secs if secs > 0 else math.inf,
+        seconds=secs,
+    )
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        return f"{v:.2f}"
+    return str(v)
+
+
+def format_table(rows: Sequence[Mapping[str, object]], columns: Sequence[tuple[str, str]]) -> str:
+    """A plain-text table; ``columns`` are (key, heading)."""
+    cells = [[h for _, h in columns]] + [[_fmt(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append(
+            "  ".join(c.rjust(w) if n and i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        )
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+FILL_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "policy"),
+    ("seeds", "seeds"),
+    ("unallocated_pct_mean", "unalloc% @100"),
+    ("unallocated_pct_std", "±sd"),
+    ("published", "published"),
+    ("final_allocation_pct", "alloc% @end"),
+    ("tasks_placed_pct_at_100", "placed% @100"),
+    ("fragmentation_pct_at_100", "frag% @100"),
+    ("decisions_per_s", "decisions/s"),
+)
+
+TIME_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "policy"),
+    ("placed", "placed"),
+    ("valid_pct", "valid shape%"),
+    ("utilisation_pct", "util%"),
+    ("wait_mean", "wait mean s"),
+    ("wait_p50", "p50"),
+    ("wait_p95", "p95"),
+    ("jct_mean", "JCT mean s"),
+    ("jct_p50", "p50"),
+    ("jct_p95", "p95"),
+    ("jain", "Jain"),
+    ("share_error", "share err%"),
+    ("gang_failures", "gang fails"),
+    ("requeues", "requeues"),
+)
+
+
+@dataclass
+class Report:
+    """Collects results and writes every output into ``out``."""
+
+    out: Path
+    title: str = "kube-icl placement simulator"
+    notes: list[str] = field(default_factory=list)
+    fill: dict[str, list[FillResult]] = field(default_factory=dict)
+    fill_published: dict[str, float] = field(default_factory=dict)
+    time_results: dict[str, TimeResult] = field(default_factory=dict)
+    time_summaries: dict[str, TimeSummary] = field(default_factory=dict)
+    images: list[tuple[str, str]] = field(default_factory=list)
+
+    def fill_rows(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for results in self.fill.values():
+            row: dict[str, object] = dict(summarise_fill(results).as_dict())
+            row["published"] = self.fill_published.get(results[0].policy, math.nan)
+            rows.append(row)
+        return rows
+
+    def time_rows(self) -> list[dict[str, object]]:
+        return [dict(s.as_dict()) for s in self.time_summaries.values()]
+
+    def tables(self) -> str:
+        parts: list[str] = []
+        if self.fill:
+            parts.append("Fill mode (FGD experiment): unallocated devices when arrived demand reaches 100% of capacity")
+            parts.append(format_table(self.fill_rows(), FILL_COLUMNS))
+        if self.time_summaries:
+            parts.append("Time mode: jobs, queues, gangs, failures")
+            parts.append(format_table(self.time_rows(), TIME_COLUMNS))
+        return "\n\n".join(parts)
+
+    # ---- files -------------------------------------------------------------------------------
+
+    def write_data(self) -> list[Path]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        written: list[Path] = []
+        payload: dict[str, Any] = {"title": self.title, "notes": self.notes}
+        if self.fill:
+            rows = self.fill_rows()
+            written.append(self._csv("fill_summary.csv", rows))
+            per_seed = [
+                {
+                    "policy": r.policy,
+                    "seed": r.seed,
+                    "nodes": r.nodes,
+                    "capacity_milli": r.capacity_milli,
+                    "tasks": r.tasks,
+                    "placed": sum(r.placed),
+                    "unallocated_pct_at_100": r.unallocated_pct_at(1.0),
+                    "final_allocation_pct": r.final_allocation_pct,
+                    "seconds": r.seconds,
+                    "decisions_per_s": r.decisions_per_second,
+                }
+                for results in self.fill.values()
+                for r in results
+            ]
+            written.append(self._csv("fill_runs.csv", per_seed))
+            payload["fill"] = {"summary": rows, "runs": per_seed}
+        if self.time_summaries:
+            rows = self.time_rows()
+            written.append(self._csv("time_summary.csv", rows))
+            jobs = [
+                {
+                    "policy": res.policy,
+                    "job": rec.job.id,
+                    "queue": rec.job.queue,
+                    "shape": rec.job.shape,
+                    "count": rec.job.count,
+                    "gang": rec.job.gang,
+                    "submit": rec.job.submit,
+                    "start": rec.starts[0] if rec.starts else None,
+                    "end": rec.end,
+                    "valid": rec.valid,
+                    "requeues": rec.requeues,
+                    "rejected": rec.rejected,
+                }
+                for res in self.time_results.values()
+                for rec in res.records
+            ]
+            written.append(self._csv("time_jobs.csv", jobs))
+            payload["time"] = {"summary": rows}
+        path = self.out / "metrics.json"
+        path.write_text(json.dumps(_clean(payload), indent=2, default=str, allow_nan=False) + "\n")
+        written.append(path)
+        return written
+
+    def _csv(self, name: str, rows: Sequence[Mapping[str, object]]) -> Path:
+        path = self.out / name
+        with path.open("w", newline="") as fh:
+            if rows:
+                w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+        return path
+
+    def write_plots(self) -> list[Path]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        written: list[Path] = []
+        colours = plt.get_cmap("tab10")
+
+        def save(fig: Any, name: str, caption: str) -> None:
+            path = self.out / name
+            fig.tight_layout()
+            fig.savefig(path, dpi=110)
+            plt.close(fig)
+            written.append(path)
+            self.images.append((name, caption))
+
+        if self.fill:
+            fig, ax = plt.subplots(figsize=(7.5, 4.5))
+            for i, (name, results) in enumerate(self.fill.items()):
+                r = results[0]
+                x = [100.0 * a / r.capacity_milli for a in r.arrived_milli]
+                y = [100.0 * a / r.capacity_milli for a in r.allocated_milli]
+                ax.plot(
+                    x,
+                    y,
+                    label=f"{name} ({summarise_fill(results).unallocated_pct_mean:.2f}% unalloc.)",
+                    color=colours(i),
+                    lw=1.4,
+                )
+            ax.plot([0, 130], [0, 130], ls=":", color="grey", lw=0.8)
+            ax.axvline(100, color="grey", lw=0.6)
+            ax.set_xlim(60, 130)
+            ax.set_ylim(60, 101)
+            ax.set_xlabel("arrived device demand, % of capacity")
+            ax.set_ylabel("allocated devices, % of capacity")
+            ax.set_title(f"Allocation vs arrived demand (seed {self.fill[next(iter(self.fill))][0].seed})")
+            ax.legend(fontsize=8, loc="lower right")
+            ax.grid(alpha=0.3)
+            save(fig, "fill_allocation.png", "Allocated devices against arrived demand (first seed).")
+
+            fig, ax = plt.subplots(figsize=(7.5, 4.0))
+            for i, (name, results) in enumerate(self.fill.items()):
+                r = results[0]
+                if not r.frag_samples:
+                    continue
+                x = [100.0 * r.arrived_milli[k] / r.capacity_milli for k, _ in r.frag_samples]
+                y = [100.0 * f / r.capacity_milli for _, f in r.frag_samples]
+                ax.plot(x, y, label=name, color=colours(i), lw=1.4)
+            ax.set_xlabel("arrived device demand, % of capacity")
+            ax.set_ylabel("fragmentation F(M), % of capacity")
+            ax.set_title("Cluster fragmentation against the target workload")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+            save(
+                fig,
+                "fill_fragmentation.png",
+                "Expected fragmentation of the cluster (sum of F_n(M)) as demand arrives.",
+            )
+
+            fig, ax = plt.subplots(figsize=(7.5, 3.8))
+            rows = self.fill_rows()
+            names = [str(row["policy"]) for row in rows]
+            means = [float(str(row["unallocated_pct_mean"])) for row in rows]
+            sds = [float(str(row["unallocated_pct_std"])) for row in rows]
+            ax.bar(names, means, yerr=sds, color=[colours(i) for i in range(len(names))], capsize=4)
+            for i, row in enumerate(rows):
+                pub = row.get("published")
+                if isinstance(pub, float) and not math.isnan(pub):
+                    ax.plot([i - 0.4, i + 0.4], [pub, pub], color="black", lw=2)
+            ax.set_ylabel("unallocated devices at 100% demand, %")
+            ax.set_title("Unallocated devices (bars: mean ± sd over seeds; black: published)")
+            ax.grid(alpha=0.3, axis="y")
+            save(fig, "fill_unallocated.png", "Unallocated devices at 100% arrived demand per policy.")
+
+        if self.time_results:
+            fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+            for i, (name, res) in enumerate(self.time_results.items()):
+                t = [s[0] / 3600.0 for s in res.samples]
+                ax1.plot(t, [100 * s[1] for s in res.samples], label=name, color=colours(i), lw=0.9, alpha=0.85)
+                ax2.plot(t, [s[2] for s in res.samples], label=name, color=colours(i), lw=0.9, alpha=0.85)
+            ax1.set_ylabel("device utilisation, %")
+            ax1.set_title("Utilisation and queue length over time")
+            ax1.legend(fontsize=8)
+            ax1.grid(alpha=0.3)
+            ax2.set_ylabel("queued jobs")
+            ax2.set_xlabel("hours")
+            ax2.grid(alpha=0.3)
+            save(fig, "time_utilisation.png", "Device utilisation and queued jobs over time, per policy.")
+
+            fig, ax = plt.subplots(figsize=(7.5, 3.8))
+            policies = list(self.time_results)
+            queues = sorted({q for res in self.time_results.values() for q in res.busy_device_seconds})
+            width = 0.8 / max(1, len(queues))
+            for qi, q in enumerate(queues):
+                vals = []
+                for p in policies:
+                    res = self.time_results[p]
+                    tot = sum(res.busy_device_seconds.values()) or 1.0
+                    vals.append(100.0 * res.busy_device_seconds.get(q, 0.0) / tot)
+                ax.bar([i + qi * width for i in range(len(policies))], vals, width, label=q, color=colours(qi))
+            ax.set_xticks([i + width * (len(queues) - 1) / 2 for i in range(len(policies))], policies)
+            ax.set_ylabel("share of device-time, %")
+            ax.set_title("Per-queue share of device-time")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3, axis="y")
+            save(fig, "time_queue_share.png", "Each queue's share of the device-time it received.")
+
+            fig, ax = plt.subplots(figsize=(7.5, 3.5))
+            vals = [self.time_summaries[p].valid_pct for p in policies]
+            ax.bar(policies, vals, color=[colours(i) for i in range(len(policies))])
+            for i, v in enumerate(vals):
+                ax.text(i, v + 1, f"{v:.1f}%", ha="center", fontsize=9)
+            ax.set_ylim(0, 110)
+            ax.set_ylabel("jobs on a valid shape, %")
+            ax.set_title("Jobs placed on devices that form the asked shape")
+            ax.grid(alpha=0.3, axis="y")
+            save(
+                fig,
+                "time_valid_shapes.png",
+                "Jobs whose devices form the asked ring/mesh/torus (gangs on adjacent nodes).",
+            )
+        return written
+
+    def write_html(self) -> Path:
+        self.out.mkdir(parents=True, exist_ok=True)
+        parts = [
+            "<!doctype html><html><head><meta charset='utf-8'>",
+            f"<title>{html.escape(self.title)}</title>",
+            "<style>body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}"
+            "table{border-collapse:collapse;font-size:13px;margin:1em 0}"
+            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+            "td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}"
+            "figcaption{font-size:13px;color:#555;margin-bottom:1.5em}</style></head><body>",
+            f"<h1>{html.escape(self.title)}</h1>",
+        ]
+        for note in self.notes:
+            parts.append(f"<p>{html.escape(note)}</p>")
+        if self.fill:
+            parts.append("<h2>Fill mode</h2>")
+            parts.append(_html_table(self.fill_rows(), FILL_COLUMNS))
+        if self.time_summaries:
+            parts.append("<h2>Time mode</h2>")
+            parts.append(_html_table(self.time_rows(), TIME_COLUMNS))
+        parts.append("<h2>Plots</h2>")
+        for name, caption in self.images:
+            data = base64.b64encode((self.out / name).read_bytes()).decode("ascii")
+            parts.append(
+                f"<figure><img alt='{html.escape(name)}' src='data:image/png;base64,{data}'>"
+                f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+            )
+        parts.append("</body></html>")
+        path = self.out / "report.html"
+        path.write_text("\n".join(parts))
+        return path
+
+
+def _html_table(rows: Sequence[Mapping[str, object]], columns: Sequence[tuple[str, str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for _, h in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(k)))}</td>" for k, _ in columns) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _clean(value: object) -> object:
+    """JSON-safe copy: NaN and infinities become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
