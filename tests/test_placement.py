@@ -268,3 +268,71 @@ def test_large_tables_fall_back_to_an_exact_search() -> None:
     free = set(topo.ids) - {str(i) for i in range(0, 40)}  # only rows 5..7 are free
     got = placer.place(shape, free)
     assert got is not None and forms_shape(topo, shape, got.devices) and set(got.devices) <= free
+
+
+def _brute_sets(topo: NodeTopology, shape: Shape, free: set[str]) -> list[frozenset[str]]:
+    """Every device set inside ``free`` that forms ``shape``, by trying all subsets."""
+    import itertools
+
+    from networkx.algorithms import isomorphism
+    from topo_strategies import pattern_graph
+
+    out = []
+    for combo in itertools.combinations(sorted(free & topo.healthy_ids), shape.size):
+        sub = nx.Graph(topo.graph.subgraph(combo))
+        if shape.kind is ShapeKind.ANY:
+            ok = nx.is_connected(sub)
+        else:
+            ok = isomorphism.GraphMatcher(sub, pattern_graph(shape)).subgraph_is_monomorphic()
+        if ok:
+            out.append(frozenset(combo))
+    return out
+
+
+@given(scenarios())
+def test_first_fit_and_largest_ring_against_brute_force(scenario: tuple[NodeTopology, Shape, set[str]]) -> None:
+    topo, shape, free = scenario
+    placer = Placer(topo)
+    got = placer.first_fit(shape, free)
+    assert (got is not None) == brute_force_fits(topo, shape, free)
+    if got is not None:
+        assert forms_shape(topo, shape, got.devices) and set(got.devices) <= free
+    largest = placer.largest_ring(free)
+    assert largest == max(
+        (k for k in range(1, len(free) + 1) if brute_force_fits(topo, parse_shape("ring", k), free)), default=0
+    )
+
+
+@given(small_topologies(max_devices=8), st.data())
+def test_fragmentation_policy_minimises_the_loss_computed_by_brute_force(
+    topo: NodeTopology, data: st.DataObject
+) -> None:
+    k = data.draw(st.integers(1, len(topo.devices)))
+    shape = parse_shape(data.draw(st.sampled_from(["ring", "any"])), k)
+    free = set(data.draw(st.sets(st.sampled_from(topo.ids), min_size=k)))
+    placer = Placer(topo)
+    got = placer.place(shape, free)
+    options = _brute_sets(topo, shape, free)
+    assert (got is not None) == bool(options)
+    if got is None:
+        return
+    mix = [
+        (parse_shape(s), w)
+        for s, w in (("ring:2", 1.0), ("ring:4", 1.0), ("ring:8", 1.0), ("mesh:2x2", 0.5), ("mesh:2x4", 0.5))
+    ]
+    mix_sets = [(_brute_sets(topo, s, free), w) for s, w in mix if s.size < len(topo.devices)]
+
+    def loss(p: frozenset[str]) -> float:
+        return sum(w * sum(1 for m in sets if m & p) / len(sets) for sets, w in mix_sets if sets)
+
+    def hops(p: frozenset[str]) -> int:
+        d = dict(nx.all_pairs_shortest_path_length(topo.graph))
+        ids = sorted(p)
+        return sum(d[a][b] for i, a in enumerate(ids) for b in ids[i + 1 :])
+
+    chosen = frozenset(got.devices)
+    if shape.kind is ShapeKind.ANY:
+        assert hops(chosen) == min(hops(p) for p in options), "any: fewest hops first"
+        options = [p for p in options if hops(p) == hops(chosen)]
+    assert loss(chosen) == pytest.approx(min(loss(p) for p in options))
+    assert got.score == pytest.approx(loss(chosen))
