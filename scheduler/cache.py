@@ -50,6 +50,8 @@ class NodeView:
     free: frozenset[str]
     key: StateKey
     unattributed: int
+    # Per-view answers, keyed by shape text; filled by the extender, dropped with the view.
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
 
 @dataclass(slots=True)
@@ -117,6 +119,8 @@ class ClusterCache:
         self.clock = clock
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeRecord] = {}
+        # Ready nodes with a usable topology -> their current view: the filter's hot path reads only this.
+        self.views: dict[str, NodeView] = {}
         self.pods: dict[str, PodInfo] = {}  # uid -> pods that ask for our resource (or are gang members)
         self.bad_pods: dict[str, str] = {}  # uid -> why its annotations could not be read
         self.allocated: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> (node, devices)
@@ -125,6 +129,13 @@ class ClusterCache:
         self.pods_synced = False
         self.generation = 0  # bumps on every change; cheap staleness check for callers
         self._topologies: dict[str, NodeTopology | str] = {}  # raw annotation -> topology or error text
+        # Accounting kept incrementally: uids whose charge may have changed are settled on read.
+        self._dirty: set[str] = set()
+        self._charged: dict[str, tuple[str, str, int]] = {}  # uid -> (queue, pool, devices)
+        self._usage: dict[str, dict[str, int]] = {}  # queue -> pool -> devices
+        self._pending: dict[str, PodInfo] = {}
+        self._node_cap: dict[str, tuple[str, int]] = {}  # node -> (pool, healthy devices)
+        self._capacity: dict[str, int] = {}
         self._listeners: list[Callable[[PodChange], None]] = []
         self._node_listeners: list[Callable[[str, NodeRecord | None], None]] = []
 
@@ -208,6 +219,8 @@ class ClusterCache:
             except (AllocationError, TopologyError) as exc:
                 log.warning("node %s: pod %s holds %s, which the new topology rejects: %s", rec.name, owner, devs, exc)
                 del rec.owners[owner]
+                self.allocated.pop(owner, None)
+                self.assumed.pop(owner, None)
                 rec.unattributed[owner] = len(devs)
         for owner, devs in list(rec.reserved.items()):
             try:
@@ -217,19 +230,53 @@ class ClusterCache:
 
     def _refresh(self, rec: NodeRecord) -> None:
         rec.version += 1
+        self._dirty.update(rec.owners)
+        self._dirty.update(rec.unattributed)
+        cap = (rec.topology.fingerprint, len(rec.healthy)) if rec.topology is not None else None
+        self._set_cap(rec.name, cap)
         if rec.topology is None or rec.allocator is None:
             rec.view = None
+            self.views.pop(rec.name, None)
             return
         free = frozenset(rec.allocator.free_ids() & rec.healthy)
         mask = 0
         for dev in free:
             mask |= 1 << rec.index[dev]
         held = rec.unattributed_total
-        rec.view = NodeView(rec.topology, free, (rec.topology.fingerprint, mask, held), held)
+        key = (rec.topology.fingerprint, mask, held)
+        view = rec.view
+        if view is None or view.key != key or view.topology is not rec.topology:
+            view = NodeView(rec.topology, free, key, held)
+            rec.view = view
+        if rec.ready:
+            self.views[rec.name] = view
+        else:
+            self.views.pop(rec.name, None)
+
+    def _set_cap(self, name: str, cap: tuple[str, int] | None) -> None:
+        old = self._node_cap.pop(name, None)
+        if old == cap:
+            if cap is not None:
+                self._node_cap[name] = cap
+            return
+        if old is not None:
+            left = self._capacity.get(old[0], 0) - old[1]
+            if left > 0:
+                self._capacity[old[0]] = left
+            else:
+                self._capacity.pop(old[0], None)
+        if cap is not None:
+            self._node_cap[name] = cap
+            self._capacity[cap[0]] = self._capacity.get(cap[0], 0) + cap[1]
 
     def delete_node(self, name: str) -> None:
         with self.lock:
             rec = self.nodes.pop(name, None)
+            self.views.pop(name, None)
+            if rec is not None:
+                self._dirty.update(rec.owners)
+                self._dirty.update(rec.unattributed)
+            self._set_cap(name, None)
             self.generation += 1
         if rec is not None:
             for fn in self._node_listeners:
@@ -260,6 +307,7 @@ class ClusterCache:
         with self.lock:
             self.bad_pods.pop(uid, None)
             change = self._apply_pod(info)
+            self._dirty.add(uid)
             self.generation += 1
         if change is not None:
             for fn in self._listeners:
@@ -278,6 +326,7 @@ class ClusterCache:
         except PodSpecError:
             count = 0
         with self.lock:
+            self._dirty.add(uid)
             self.bad_pods[uid] = reason
             prev = self.allocated.get(uid)
             if phase in ("Succeeded", "Failed"):
@@ -342,6 +391,7 @@ class ClusterCache:
         return True
 
     def _release(self, uid: str) -> None:
+        self._dirty.add(uid)
         self.assumed.pop(uid, None)
         held = self.allocated.pop(uid, None)
         for rec in self.nodes.values() if held is None else [self.nodes.get(held[0])]:
@@ -364,6 +414,7 @@ class ClusterCache:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         with self.lock:
+            self._dirty.add(uid)
             info = self.pods.pop(uid, None)
             held = self.allocated.get(uid)
             self._release(uid)
@@ -404,6 +455,7 @@ class ClusterCache:
             rec.unattributed.pop(uid, None)
             self.allocated[uid] = (node, devices)
             self.assumed[uid] = self.clock()
+            self._dirty.add(uid)
             if info is not None:
                 self.pods[uid] = info
             self._refresh(rec)
@@ -446,43 +498,55 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ queries
 
+    def _settle(self) -> None:
+        """Bring queue usage and the pending set up to date for the pods that changed (lock held)."""
+        for uid in self._dirty:
+            old = self._charged.pop(uid, None)
+            if old is not None:
+                q, pool, n = old
+                pools = self._usage[q]
+                pools[pool] -= n
+                if pools[pool] <= 0:
+                    del pools[pool]
+                if not pools:
+                    del self._usage[q]
+            info = self.pods.get(uid)
+            self._pending.pop(uid, None)
+            if info is None:
+                continue
+            rec: NodeRecord | None = None
+            n = 0
+            held = self.allocated.get(uid)
+            if held is not None:
+                rec, n = self.nodes.get(held[0]), len(held[1])
+            elif info.node_name:
+                rec = self.nodes.get(info.node_name)
+                n = rec.unattributed.get(uid, 0) if rec is not None else 0
+            elif info.count > 0 and not info.deleting:
+                self._pending[uid] = info
+            if rec is not None and rec.topology is not None and n > 0:
+                pool = rec.topology.fingerprint
+                self._charged[uid] = (info.queue, pool, n)
+                pools = self._usage.setdefault(info.queue, {})
+                pools[pool] = pools.get(pool, 0) + n
+        self._dirty.clear()
+
     def capacity(self) -> dict[str, int]:
         """Healthy devices per pool (topology fingerprint)."""
         with self.lock:
-            cap: dict[str, int] = {}
-            for r in self.nodes.values():
-                if r.topology is not None:
-                    pool = r.topology.fingerprint
-                    cap[pool] = cap.get(pool, 0) + len(r.healthy)
-            return cap
+            return dict(self._capacity)
 
     def used_by_queue(self) -> dict[str, dict[str, int]]:
         """Devices held per queue and pool, assumed binds included."""
         with self.lock:
-            used: dict[str, dict[str, int]] = {}
-
-            def add(uid: str, rec: NodeRecord | None, n: int) -> None:
-                info = self.pods.get(uid)
-                if info is None or rec is None or rec.topology is None:
-                    return
-                pools = used.setdefault(info.queue, {})
-                pool = rec.topology.fingerprint
-                pools[pool] = pools.get(pool, 0) + n
-
-            for uid, (node, devs) in self.allocated.items():
-                add(uid, self.nodes.get(node), len(devs))
-            for rec in self.nodes.values():
-                for uid, n in rec.unattributed.items():
-                    add(uid, rec, n)
-            return used
+            self._settle()
+            return {q: dict(pools) for q, pools in self._usage.items()}
 
     def pending(self) -> list[PodInfo]:
+        """Pods that ask for devices and have no node yet."""
         with self.lock:
-            return [
-                p
-                for p in self.pods.values()
-                if not p.node_name and p.uid not in self.allocated and p.count > 0 and not p.deleting
-            ]
+            self._settle()
+            return list(self._pending.values())
 
     def find_pod(self, namespace: str, name: str, uid: str = "") -> PodInfo | None:
         with self.lock:
@@ -532,3 +596,24 @@ class ClusterCache:
                         seen[d] = owner
                 if rec.topology is not None and rec.free & set(seen):
                     raise AssertionError(f"node {rec.name}: free set overlaps holdings")
+            self._settle()
+            usage: dict[str, dict[str, int]] = {}
+            for uid, info in self.pods.items():
+                held = self.allocated.get(uid)
+                node = held[0] if held is not None else info.node_name
+                where = self.nodes.get(node) if node else None
+                if where is None or where.topology is None:
+                    continue
+                n = len(held[1]) if held is not None else where.unattributed.get(uid, 0)
+                if n > 0:
+                    pool = where.topology.fingerprint
+                    pools = usage.setdefault(info.queue, {})
+                    pools[pool] = pools.get(pool, 0) + n
+            if usage != self._usage:
+                raise AssertionError(f"queue usage drifted: kept {self._usage}, recomputed {usage}")
+            cap: dict[str, int] = {}
+            for rec in self.nodes.values():
+                if rec.topology is not None:
+                    cap[rec.topology.fingerprint] = cap.get(rec.topology.fingerprint, 0) + len(rec.healthy)
+            if cap != self._capacity:
+                raise AssertionError(f"capacity drifted: kept {self._capacity}, recomputed {cap}")

@@ -170,17 +170,25 @@ class Extender:
 
     # ------------------------------------------------------------------ per-node evaluation
 
-    def evaluate(self, view: NodeView, shape: Shape) -> NodeEval:
-        """Whether ``shape`` fits this node view, why not, and its score (memoised)."""
-        key = (view.key, shape)
-        hit = self._memo.get(key)
+    def evaluate(self, view: NodeView, shape: Shape, skey: str | None = None) -> NodeEval:
+        """Whether ``shape`` fits this node view, why not, and its score.
+
+        Memoised twice: on the view itself (by shape text; gone when the node changes) and
+        globally on (topology fingerprint, free mask, shape), which nodes in the same state share.
+        """
+        skey = skey or str(shape)
+        hit: NodeEval | None = view.memo.get(skey)
         if hit is not None:
             return hit
-        result = self._evaluate(view, shape)
-        if len(self._memo) >= _MEMO_LIMIT:
-            self._memo.clear()
-        self._memo[key] = result
-        return result
+        key = (view.key, skey)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._evaluate(view, shape)
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = hit
+        view.memo[skey] = hit
+        return hit
 
     def _evaluate(self, view: NodeView, shape: Shape) -> NodeEval:
         topo = view.topology
@@ -313,31 +321,27 @@ class Extender:
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        nodes_get = self.cache.nodes.get
-        memo_get = self._memo.get
-        local: dict[Any, NodeEval] = {}
+        views_get = self.cache.views.get
+        skey = str(shape)
+        evaluate = self.evaluate
         for name in names:
-            rec = nodes_get(name)
+            view = views_get(name)
+            if view is not None:  # hot path: a ready node with a topology
+                ev = view.memo.get(skey) or evaluate(view, shape, skey)
+                if ev.ok:
+                    passed.append(name)
+                elif ev.unresolvable:
+                    unresolvable[name] = ev.reason
+                else:
+                    failed[name] = ev.reason
+                continue
+            rec = self.cache.nodes.get(name)
             if rec is None:
                 failed[name] = "node is not known to kube-icl yet (no watch event for it)"
-                continue
-            view = rec.view
-            if view is None:
+            elif rec.view is None:
                 unresolvable[name] = rec.error or "node has no usable topology"
-                continue
-            if not rec.ready:
-                failed[name] = "node is not ready"
-                continue
-            ev = local.get(view.key)
-            if ev is None:
-                ev = memo_get((view.key, shape)) or self.evaluate(view, shape)
-                local[view.key] = ev
-            if ev.ok:
-                passed.append(name)
-            elif ev.unresolvable:
-                unresolvable[name] = ev.reason
             else:
-                failed[name] = ev.reason
+                failed[name] = "node is not ready"
         if not passed and names:
             self._event(info, "FailedPlacement", summarize_failures({**failed, **unresolvable}, len(names), str(shape)))
             return self._result(args, passed, failed, unresolvable), "unschedulable"
@@ -354,33 +358,43 @@ class Extender:
         self.metrics.decisions.labels("prioritize", "scored").inc()
         return out
 
+    def prioritize_scores(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
+        """Names and their 0..10 scores, in request order (the server encodes them directly)."""
+        t0 = time.perf_counter()
+        try:
+            names, scores = args.names, self._scores(args)
+        finally:
+            self.metrics.latency.labels("prioritize").observe(time.perf_counter() - t0)
+        self.metrics.decisions.labels("prioritize", "scored").inc()
+        return names, scores
+
     def _prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        return [HostPriority(n, s) for n, s in zip(args.names, self._scores(args), strict=True)]
+
+    def _scores(self, args: ExtenderArgs) -> list[int]:
         names = args.names
         ask = self._ask(args.pod)
         if ask.shape is None or ask.error:
-            return [HostPriority(n, 0) for n in names]
+            return [0] * len(names)
         info, shape = ask.info, ask.shape
         if info.gang is not None:
             with self.cache.lock:
                 res = self.gangs.reservations.get(info.gang.key)
                 open_nodes = res.open_nodes(info.uid) if res is not None else None
             if open_nodes is not None:
-                return [HostPriority(n, MAX_PRIORITY if n in open_nodes else 0) for n in names]
-        out: list[HostPriority] = []
-        nodes_get = self.cache.nodes.get
-        local: dict[Any, int] = {}
+                return [MAX_PRIORITY if n in open_nodes else 0 for n in names]
+        views_get = self.cache.views.get
+        skey = str(shape)
+        evaluate = self.evaluate
+        out: list[int] = []
+        append = out.append
         for name in names:
-            rec = nodes_get(name)
-            view = rec.view if rec is not None else None
+            view = views_get(name)
             if view is None:
-                out.append(HostPriority(name, 0))
+                append(0)
                 continue
-            score = local.get(view.key)
-            if score is None:
-                ev = self._memo.get((view.key, shape)) or self.evaluate(view, shape)
-                score = ev.score if ev.ok else 0
-                local[view.key] = score
-            out.append(HostPriority(name, score))
+            ev = view.memo.get(skey) or evaluate(view, shape, skey)
+            append(ev.score if ev.ok else 0)
         return out
 
     # ------------------------------------------------------------------ bind

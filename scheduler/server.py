@@ -219,7 +219,8 @@ class ExtenderServer:
         if verb == "filter":
             return wire.encode_json(ext.filter(wire.parse_extender_args(data)).to_wire())
         if verb == "prioritize":
-            return wire.encode_json(wire.encode_priorities(ext.prioritize(wire.parse_extender_args(data))))
+            names, scores = ext.prioritize_scores(wire.parse_extender_args(data))
+            return wire.encode_priority_list(names, scores)
         if verb == "bind":
             return wire.encode_json(ext.bind(wire.parse_binding_args(data)).to_wire())
         if verb == "preempt":

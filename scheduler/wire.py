@@ -16,6 +16,7 @@ and what was wrong; nothing else escapes for any JSON value.
 from __future__ import annotations
 
 import json
+import json.encoder
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "decode_json",
     "encode_json",
     "encode_priorities",
+    "encode_priority_list",
     "parse_binding_args",
     "parse_extender_args",
     "parse_filter_result",
@@ -118,9 +120,10 @@ def _int(value: Any, where: str) -> int:
 def _string_list(value: Any, where: str) -> list[str]:
     if not isinstance(value, list):
         raise WireError(f"{where}: expected an array of strings, got {_kind(value)}")
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise WireError(f"{where}[{i}]: expected a string, got {_kind(item)}")
+    if set(map(type, value)) - {str}:  # one pass in C; find the culprit only when there is one
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise WireError(f"{where}[{i}]: expected a string, got {_kind(item)}")
     return value
 
 
@@ -248,6 +251,13 @@ class HostPriority:
 def encode_priorities(priorities: Sequence[HostPriority]) -> list[JsonObj]:
     """``HostPriorityList`` is a bare JSON array."""
     return [{"Host": p.host, "Score": p.score} for p in priorities]
+
+
+def encode_priority_list(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
+    """The same bytes as ``encode_json(encode_priorities(...))``, without building a dict per host."""
+    enc = json.encoder.encode_basestring
+    items = [f'{{"Host":{enc(h)},"Score":{int(s)}}}' for h, s in zip(hosts, scores, strict=True)]
+    return ("[" + ",".join(items) + "]").encode()
 
 
 def parse_priorities(body: Any) -> list[HostPriority]:

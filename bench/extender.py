@@ -1,0 +1,145 @@
+"""Extender cost against the cost of its own JSON, side by side in one run.
+
+For 100, 1,000 and 5,000 nodes of an 8-device (torus:2x2x2) and a 16-device
+(torus:4x4) topology, with seeded random allocations already on the nodes (so
+free sets differ from node to node), one pod asking for a ring of 4 is sent
+through filter and then prioritize, exactly as kube-scheduler sends them with
+``nodeCacheCapable: true`` (node names in, names out). Two timings per case:
+
+- ``extender``: the server's whole handling of both verbs, from request bytes to
+  response bytes (decode, fair share, per-node decision, scoring, encode);
+- ``json``: merely decoding the same two requests and encoding the same two
+  responses with the standard library.
+
+The ratio is extender / json: what the decisions add over the wire format's own
+cost. The per-node decisions are memoised per (topology, free mask, shape), so
+the steady state (``warm``) is what a running extender sees; ``cold`` is the
+first call after start, with empty memos (the topology core's candidate tables
+are built once per (topology, shape) before timing, as at start-up).
+
+Run: ``.venv/bin/python bench/extender.py [--repeat N] [--sizes 100,1000,5000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.extender import Extender
+from scheduler.server import ExtenderServer
+from scheduler.testing import node_obj, pod_obj
+from topology import Placer, build_preset, parse_shape
+
+TOPOLOGIES = {"8-device": "torus:2x2x2", "16-device": "torus:4x4"}
+
+
+def build_cluster(n: int, preset: str, seed: int) -> tuple[ExtenderServer, list[str]]:
+    rng = random.Random(seed)
+    cfg = ExtenderConfig(host="127.0.0.1", port=0, events=False)
+    cache = ClusterCache(cfg.resource_name)
+    names = [f"node-{i:05d}" for i in range(n)]
+    cache.replace_nodes(node_obj(name, preset) for name in names)
+    topo = build_preset(preset)
+    placer = Placer.for_topology(topo)
+    pods = []
+    serial = 0
+    for name in names:
+        free = set(topo.ids)
+        for _ in range(rng.randint(0, len(topo.ids) // 2)):
+            shape = parse_shape(rng.choice(["ring", "any"]), count=rng.choice([1, 2, 2, 4]))
+            p = placer.place(shape, free)
+            if p is None:
+                continue
+            free -= set(p.devices)
+            serial += 1
+            pods.append(
+                pod_obj(
+                    f"p{serial}",
+                    shape.size,
+                    "any",
+                    node=name,
+                    namespace=rng.choice(["alpha", "beta"]),
+                    annotations={"kube-icl.io/devices": ",".join(p.devices)},
+                    phase="Running",
+                )
+            )
+    cache.replace_pods(pods)
+    return ExtenderServer(Extender(cfg, cache), cfg), names
+
+
+def timed(fn: Callable[[], object], repeat: int) -> float:
+    """Median seconds of ``repeat`` runs."""
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def run_case(n: int, preset: str, repeat: int, seed: int) -> dict[str, float]:
+    server, names = build_cluster(n, preset, seed)
+    pod = pod_obj("bench", 4, "ring", namespace="alpha")
+    request = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+    topo = build_preset(preset)
+    Placer.for_topology(topo).fits(parse_shape("ring", count=4), topo.ids)  # candidate table, as at start-up
+
+    def extender() -> tuple[bytes, bytes]:
+        return server.handle("filter", request), server.handle("prioritize", request)
+
+    t0 = time.perf_counter()
+    filter_resp, prio_resp = extender()
+    cold = time.perf_counter() - t0
+    filter_obj, prio_obj = json.loads(filter_resp), json.loads(prio_resp)
+    passed = len(filter_obj["NodeNames"])
+
+    def json_only() -> None:
+        json.loads(request)
+        json.dumps(filter_obj, separators=(",", ":"), ensure_ascii=False).encode()
+        json.loads(request)
+        json.dumps(prio_obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+    # Interleave the two measurements so both see the same machine state.
+    ext_t, json_t = [], []
+    for _ in range(repeat):
+        ext_t.append(timed(extender, 1))
+        json_t.append(timed(json_only, 1))
+    warm, base = statistics.median(ext_t), statistics.median(json_t)
+    return {"nodes": n, "passed": passed, "cold": cold, "warm": warm, "json": base}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=15, help="timed runs per case (median reported)")
+    ap.add_argument("--sizes", default="100,1000,5000", help="node counts, comma-separated")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--goal", type=float, default=3.0, help="ratio goal at the largest size")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"{'topology':<22} {'nodes':>6} {'fit':>5} {'json ms':>9} {'warm ms':>9} {'cold ms':>9} "
+          f"{'warm/json':>9} {'cold/json':>9}")  # fmt: skip
+    worst = 0.0
+    for label, preset in TOPOLOGIES.items():
+        for n in sizes:
+            r = run_case(n, preset, args.repeat, args.seed)
+            ratio = r["warm"] / r["json"]
+            if n == max(sizes):
+                worst = max(worst, ratio)
+            print(
+                f"{label + ' ' + preset:<22} {n:>6} {int(r['passed']):>5} {r['json'] * 1e3:>9.2f} "
+                f"{r['warm'] * 1e3:>9.2f} {r['cold'] * 1e3:>9.2f} {ratio:>9.2f} {r['cold'] / r['json']:>9.2f}"
+            )
+    verdict = "meets" if worst <= args.goal else "misses"
+    print(f"\nat {max(sizes)} nodes the extender costs {worst:.2f}x its JSON ({verdict} the goal of {args.goal:g}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
