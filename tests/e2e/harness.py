@@ -25,6 +25,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -171,6 +172,10 @@ def _set_parent_death_signal() -> None:
             libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 @dataclass(slots=True)
 class Component:
     """One process of the control plane, in its own process group, logging to a file."""
@@ -193,7 +198,8 @@ class Component:
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_set_parent_death_signal,
+                # Only from the main thread: the signal fires when the *thread* that forked exits.
+                preexec_fn=_set_parent_death_signal if _in_main_thread() else None,
             )
         except OSError as error:
             self._log.close()
@@ -694,6 +700,26 @@ class ControlPlane:
 
         wait_for(ready, what="kube-scheduler /readyz", timeout=START_TIMEOUT_S, watch=[self.scheduler])
         return self.scheduler
+
+    def check_scheduler_config(self, path: Path | str) -> Path:
+        """Have the real kube-scheduler load and validate a ``KubeSchedulerConfiguration`` file.
+
+        Strict decoding: unknown fields and invalid values are rejected. The
+        file's ``clientConnection.kubeconfig`` is replaced by this cluster's.
+        Returns the defaulted configuration kube-scheduler wrote out.
+        """
+        document = _load_scheduler_config(Path(path))
+        document.setdefault("clientConnection", {})["kubeconfig"] = str(self._scheduler_kubeconfig)
+        self._scheduler_starts += 1
+        checked = self.workdir / f"scheduler-config-check-{self._scheduler_starts}.yaml"
+        checked.write_text(yaml.safe_dump(document, sort_keys=False))
+        written = checked.with_suffix(".defaulted.yaml")
+        command = [self.binaries["kube-scheduler"], f"--config={checked}", f"--write-config-to={written}"]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+        if result.returncode != 0 or not written.exists():
+            errors = [line for line in result.stderr.splitlines() if line.startswith("E")] or [result.stderr]
+            raise ComponentError(f"kube-scheduler rejects {path}: {' '.join(errors)[-2000:]}")
+        return written
 
     def stop_scheduler(self) -> None:
         if self.scheduler is not None:
