@@ -283,6 +283,7 @@ def run_time(
         raise ValueError("jobs: ids must be unique")
     shapes: dict[str, Shape] = {}
     max_dev = max(len(t.devices) for t in c.base.values())
+    distinct = list({t.fingerprint: t for t in c.base.values()}.values())
     for j in jobs:
         try:
             shapes[j.id] = parse_shape(j.shape, count=j.count) if j.count else parse_shape("any", count=1)
@@ -290,6 +291,12 @@ def run_time(
             raise ValueError(f"job {j.id!r}: {exc}") from None
         if j.count > max_dev:
             records[j.id].rejected = f"asks {j.count} devices per member; the largest node has {max_dev}"
+        elif not any(n.cpu_milli >= j.cpu_milli and n.memory_mib >= j.memory_mib for n in spec.nodes):
+            records[j.id].rejected = "asks more CPU or memory per member than any node has"
+        elif pol is not TimePolicy.KUBELET and not any(
+            Placer.for_topology(t).fits(shapes[j.id], t.ids) for t in distinct
+        ):
+            records[j.id].rejected = f"no node's devices can form {j.shape} of {j.count}"
     qweights = dict(weights or {})
     for j in jobs:
         qweights.setdefault(j.queue, 1.0)
@@ -447,7 +454,7 @@ def run_time(
             elif kind == "fail":
                 idx = int(arg)
                 fail(idx, t)
-                if t < last_submit or running or any(queues.values()):
+                if t < last_submit or running:
                     k = items[idx][0]
                     heapq.heappush(events, (t + rng.expovariate(rate[k] / 3600.0), next(seq), "fail", arg, 0))
             else:

@@ -1,0 +1,129 @@
+"""Placement policies of the fractional model: the engine's choice is the brute-force argmin."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from simulator.fill import FracCluster, Scorer
+from topology.gpushare import MILLI, GpuNodeSpec, NodeState, TargetWorkload, TaskRequest, fits
+from topology.policies import (
+    BestFit,
+    Capacity,
+    FracPolicyName,
+    brute_force_best,
+    gradient_score,
+    make_policy,
+)
+
+TASK_MIX = (
+    TaskRequest(4000, 1024, 1, MILLI),
+    TaskRequest(2000, 1024, 1, 500),
+    TaskRequest(2000, 1024, 1, 250),
+    TaskRequest(8000, 2048, 2, MILLI),
+    TaskRequest(16000, 4096, 4, MILLI),
+    TaskRequest(4000, 1024),
+    TaskRequest(1000, 512, 1, 700, frozenset({"B"})),
+)
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[list[GpuNodeSpec], list[TaskRequest]]:
+    n = draw(st.integers(1, 6))
+    specs = [
+        GpuNodeSpec(
+            f"n{i}",
+            draw(st.sampled_from([8000, 16000, 32000])),
+            draw(st.sampled_from([8192, 16384])),
+            draw(st.sampled_from([1, 2, 4])),
+            draw(st.sampled_from(["A", "B"])),
+        )
+        for i in range(n)
+    ]
+    history = draw(st.lists(st.sampled_from(TASK_MIX), max_size=12))
+    return specs, history
+
+
+@pytest.mark.parametrize("name", [p.value for p in FracPolicyName])
+@given(clusters(), st.sampled_from(TASK_MIX), st.integers(0, 2**16))
+def test_engine_choice_is_a_brute_force_argmin(
+    name: str, setup: tuple[list[GpuNodeSpec], list[TaskRequest]], task: TaskRequest, seed: int
+) -> None:
+    specs, history = setup
+    workload = TargetWorkload.from_tasks(TASK_MIX)
+    policy = make_policy(name, specs, workload)
+    cluster = FracCluster(specs)
+    rng = random.Random(seed)
+    scorer = Scorer(policy)
+    for past in history:  # bring the cluster to some state with the same engine
+        picked = scorer.choose(cluster, past, rng)
+        if picked is not None:
+            cluster.allocate(picked[0], past, picked[1][1])
+    best = brute_force_best(cluster.states, task, policy)
+    picked = scorer.choose(cluster, task, rng)
+    if picked is None:
+        assert best == []
+        assert not any(fits(s, task) for s in cluster.states)
+        return
+    node, (score, take) = picked
+    assert (node, take) in best
+    assert score == pytest.approx(policy.score(cluster.states[node], task)[0])  # type: ignore[index]
+
+
+def test_fgd_prefers_the_placement_that_keeps_whole_devices() -> None:
+    """A half-device task goes on the half-used device, not on a whole one."""
+    workload = TargetWorkload.from_tasks([TaskRequest(0, 0, 1, MILLI), TaskRequest(0, 0, 1, 500)])
+    specs = [GpuNodeSpec("a", 8000, 8192, 2, "A")]
+    policy = make_policy("fgd", specs, workload)
+    state = NodeState("A", 8000, 8192, 8000, 8192, (500, 1000))
+    choice = policy.score(state, TaskRequest(0, 0, 1, 500))
+    assert choice is not None and choice[1] == (500,)
+
+
+@pytest.mark.parametrize(
+    ("states", "expect"),
+    [
+        pytest.param(
+            [NodeState("A", 8000, 0, 8000, 0, (1000, 1000)), NodeState("A", 8000, 0, 2000, 0, (1000, 0))],
+            1,
+            id="fuller-node",
+        ),
+        pytest.param(
+            [NodeState("A", 8000, 0, 1000, 0, (1000, 1000)), NodeState("A", 8000, 0, 8000, 0, (1000, 1000))],
+            0,
+            id="less-cpu-left",
+        ),
+    ],
+)
+def test_bestfit_table(states: list[NodeState], expect: int) -> None:
+    policy = BestFit(Capacity(8000, 2000))
+    best = brute_force_best(states, TaskRequest(1000, 0, 1, MILLI), policy)
+    assert [i for i, _ in best] == [expect]
+
+
+@given(st.floats(-1e5, 1e5, allow_nan=False), st.floats(-1e5, 1e5, allow_nan=False))
+def test_gradient_score_is_monotone(a: float, b: float) -> None:
+    lo, hi = min(a, b), max(a, b)
+    assert gradient_score(lo, 100, 1000.0) <= gradient_score(hi, 100, 1000.0)
+    assert -100 <= gradient_score(lo, 100, 1000.0) <= 0
+
+
+def test_icl_breaks_fgd_ties_towards_the_fuller_node() -> None:
+    workload = TargetWorkload.from_tasks([TaskRequest(1000, 0, 1, MILLI)])
+    specs = [GpuNodeSpec("a", 8000, 0, 4, "A"), GpuNodeSpec("b", 8000, 0, 4, "A")]
+    empty = NodeState("A", 8000, 0, 8000, 0, (1000,) * 4)
+    used = NodeState("A", 8000, 0, 7000, 0, (0, 1000, 1000, 1000))
+    task = TaskRequest(1000, 0, 1, MILLI)
+    fgd, icl = make_policy("fgd", specs, workload), make_policy("icl", specs, workload)
+    assert {i for i, _ in brute_force_best([empty, used], task, fgd)} == {0, 1}
+    assert [i for i, _ in brute_force_best([empty, used], task, icl)] == [1]
+
+
+def test_unknown_policy_lists_allowed() -> None:
+    with pytest.raises(ValueError, match="allowed: random, spread, bestfit, fgd, icl"):
+        make_policy("nope", [GpuNodeSpec("a", 1, 1, 1)])
+    with pytest.raises(ValueError, match="target workload"):
+        make_policy("fgd", [GpuNodeSpec("a", 1, 1, 1)])

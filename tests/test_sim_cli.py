@@ -1,0 +1,74 @@
+"""``icl sim`` end to end on small inputs: tables, CSV/JSON, PNGs, one self-contained HTML."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+from simulator.jobs import Job, write_jobs_csv
+
+
+def test_sim_time_with_a_trace_and_a_cluster_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        "pools:\n"
+        "  - name: r\n    count: 4\n    topology: hcm:8\n    cpu_milli: 64000\n    memory_mib: 262144\n"
+        "    link_domain: {kind: ring, dims: [4]}\n"
+    )
+    jobs = [Job(f"j{i}", i * 10.0, 500.0, 4, "ring", queue="a" if i % 2 else "b") for i in range(12)]
+    jobs.append(Job("gang", 5.0, 300.0, 8, "ring", gang=2, queue="a"))
+    trace = tmp_path / "jobs.csv"
+    write_jobs_csv(jobs, trace)
+    out = tmp_path / "out"
+    code = main(
+        ["sim", "--mode", "time", "--cluster", str(cluster), "--trace", str(trace), "--out", str(out), "--no-plots"]
+    )
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "valid shape%" in text and "kubelet" in text and "icl" in text
+    rows = list(csv.DictReader((out / "time_summary.csv").open()))
+    assert {r["policy"] for r in rows} == {"kubelet", "icl", "icl-binpack"}
+    icl = next(r for r in rows if r["policy"] == "icl")
+    assert float(icl["valid_pct"]) == 100.0 and int(icl["completed"]) == len(jobs)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["time"]["summary"]) == 3
+
+
+def test_sim_fill_with_plots_writes_a_self_contained_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code = main(
+        [
+            "sim",
+            "--mode",
+            "fill",
+            "--tasks",
+            "120",
+            "--seeds",
+            "1,2",
+            "--policies",
+            "random,fgd,icl",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    html = (out / "report.html").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs and html.count("data:image/png;base64,") == len(pngs)
+    start = html.index("data:image/png;base64,") + len("data:image/png;base64,")
+    assert base64.b64decode(html[start : html.index("'", start)])[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = list(csv.DictReader((out / "fill_runs.csv").open()))
+    assert len(runs) == 6
+
+
+def test_sim_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("pools: []\n")
+    assert main(["sim", "--mode", "time", "--cluster", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "pools: must be a non-empty list" in capsys.readouterr().err
