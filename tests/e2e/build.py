@@ -124,12 +124,12 @@ def load_versions(path: Path = VERSIONS_FILE) -> Versions:
     fields = {"kubernetes": "KUBERNETES_VERSION", "kwok": "KWOK_VERSION", "etcd": "ETCD_VERSION"}
     found: dict[str, str] = {}
     for field, key in fields.items():
-        value = values.get(key)
-        if value is None:
+        pin = values.get(key)
+        if pin is None:
             raise BuildError(f"{path}: {key} is missing")
-        if not _SEMVER.match(value):
-            raise BuildError(f"{path}: {key}={value!r} is not a release version like v1.2.3")
-        found[field] = value
+        if not _SEMVER.match(pin):
+            raise BuildError(f"{path}: {key}={pin!r} is not a release version like v1.2.3")
+        found[field] = pin
     return Versions(**found)
 
 

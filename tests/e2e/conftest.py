@@ -46,12 +46,12 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """On a failed e2e test, add each component's log tail to the report."""
+    """On a failed test that uses the control plane, add each component's log tail to its report."""
     report = yield
     if report.skipped and isinstance(report.longrepr, tuple) and NOT_BUILT in report.longrepr[2]:
         # One summary line for all e2e tests, not one per test.
         report.longrepr = (__file__, 0, report.longrepr[2])
-    if report.failed and _ACTIVE and item.get_closest_marker("e2e") is not None:
+    if report.failed and _ACTIVE and "control_plane" in getattr(item, "fixturenames", ()):
         for plane in _ACTIVE:
             for name, tail in plane.log_tails().items():
                 report.sections.append((f"{name} log ({call.when})", tail))

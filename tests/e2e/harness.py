@@ -461,7 +461,8 @@ def _load_scheduler_config(config: Mapping[str, Any] | Path | str | None) -> dic
     if config is None:
         return scheduler_config()
     if isinstance(config, Mapping):
-        return json.loads(json.dumps(config))  # a deep copy we may fill in
+        copied: dict[str, Any] = json.loads(json.dumps(config))  # a deep copy we may fill in
+        return copied
     loaded = yaml.safe_load(Path(config).read_text())
     if not isinstance(loaded, dict) or loaded.get("kind") != "KubeSchedulerConfiguration":
         raise ValueError(f"{config}: not a KubeSchedulerConfiguration document")
@@ -523,7 +524,7 @@ class ControlPlane:
     def stop(self) -> list[str]:
         """Stop every component (newest first); returns 'name pid' of any that survived."""
         if self._api_client is not None:
-            self._api_client.close()
+            self._api_client.close()  # type: ignore[no-untyped-call]
             self._api_client = None
         survivors: list[str] = []
         errors: list[str] = []
@@ -740,7 +741,9 @@ class ControlPlane:
     def api_client(self) -> k8s.ApiClient:
         """A ``kubernetes`` ApiClient logged in as the admin (``system:masters``)."""
         if self._api_client is None:
-            self._api_client = k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
+            self._api_client = k8s_config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=str(self.kubeconfig)
+            )
         return self._api_client
 
     @property
@@ -749,7 +752,9 @@ class ControlPlane:
 
     def ensure_namespace(self, name: str) -> None:
         try:
-            self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+            self.core.create_namespace(
+                k8s.V1Namespace(api_version="v1", kind="Namespace", metadata=k8s.V1ObjectMeta(name=name))
+            )
         except k8s.ApiException as error:
             if error.status != 409:
                 raise
@@ -773,7 +778,7 @@ class ControlPlane:
         :data:`KWOK_TOLERATIONS`.
         """
         resources = {**DEFAULT_ALLOCATABLE, **(allocatable or {})}
-        body = {
+        body: Any = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {

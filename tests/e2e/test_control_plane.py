@@ -7,7 +7,7 @@ import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from kubernetes import client as k8s
@@ -18,7 +18,7 @@ from .harness import KWOK_TOLERATIONS, ControlPlane, require_binaries, scheduler
 pytestmark = pytest.mark.e2e
 
 
-def _pod(name: str, node_selector: dict[str, str]) -> dict[str, object]:
+def _pod(name: str, node_selector: dict[str, str]) -> Any:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -43,7 +43,7 @@ def test_control_plane_is_up(control_plane: ControlPlane) -> None:
 
 
 def test_kwok_node_becomes_ready(control_plane: ControlPlane) -> None:
-    node = control_plane.create_node(
+    node: Any = control_plane.create_node(
         "kwok-ready-0",
         labels={"kube-icl.io/link-domain": "rack-a"},
         annotations={"kube-icl.io/topology": '{"v":1}'},
@@ -59,7 +59,7 @@ def test_plain_pod_is_scheduled_onto_kwok_node_and_runs(control_plane: ControlPl
     control_plane.create_node("kwok-plain-0", labels={"kube-icl.io/e2e": "plain"})
     control_plane.core.create_namespaced_pod(namespace, _pod("plain", {"kube-icl.io/e2e": "plain"}))
 
-    pod = control_plane.wait_pod_phase(namespace, "plain", "Running")
+    pod: Any = control_plane.wait_pod_phase(namespace, "plain", "Running")
 
     assert pod.spec.node_name == "kwok-plain-0"
     assert pod.spec.scheduler_name == "default-scheduler"
@@ -74,7 +74,7 @@ def test_pod_without_a_fitting_node_is_unschedulable(control_plane: ControlPlane
         conditions = (pod.status and pod.status.conditions) or []
         return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
 
-    pod = control_plane.wait_pod(namespace, "nowhere", unschedulable, what="Unschedulable")
+    pod: Any = control_plane.wait_pod(namespace, "nowhere", unschedulable, what="Unschedulable")
     assert pod.spec.node_name is None
 
 
@@ -87,9 +87,9 @@ def test_scheduler_restarts_with_a_given_config(control_plane: ControlPlane, nam
     control_plane.create_node("kwok-second-0", labels={"kube-icl.io/e2e": "second"})
     with control_plane.use_scheduler(config):
         body = _pod("second", {"kube-icl.io/e2e": "second"})
-        body["spec"]["schedulerName"] = "e2e-second-scheduler"  # type: ignore[index]
+        body["spec"]["schedulerName"] = "e2e-second-scheduler"
         control_plane.core.create_namespaced_pod(namespace, body)
-        pod = control_plane.wait_pod_phase(namespace, "second", "Running")
+        pod: Any = control_plane.wait_pod_phase(namespace, "second", "Running")
         assert pod.spec.node_name == "kwok-second-0"
     assert control_plane.scheduler is not None and control_plane.scheduler.running
 
@@ -151,11 +151,9 @@ def test_scheduler_consults_an_extender(control_plane: ControlPlane, namespace: 
     try:
         with control_plane.use_scheduler(scheduler_config(extender_url=url, bind_verb=None)):
             body = _pod("extended", {"kube-icl.io/e2e": "extender"})
-            body["spec"]["containers"][0]["resources"] = {  # type: ignore[index]
-                "limits": {"kube-icl.io/accelerator": "2"}
-            }
+            body["spec"]["containers"][0]["resources"] = {"limits": {"kube-icl.io/accelerator": "2"}}
             control_plane.core.create_namespaced_pod(namespace, body)
-            pod = control_plane.wait_pod_phase(namespace, "extended", "Running")
+            pod: Any = control_plane.wait_pod_phase(namespace, "extended", "Running")
     finally:
         server.shutdown()
         server.server_close()
