@@ -746,14 +746,18 @@ def _text_width(text: str, scale: int) -> int:
     return (len(text) * 4 - 1) * scale
 
 
-def heatmap_png(matrix: Sequence[Sequence[float | None]], *, cell: int = 48, scale: int = 2) -> bytes:
-    """A heat map of a square matrix (None cells grey), each cell labelled with its value (integer part),
-    rows and columns labelled with their index, and a colour bar from the smallest to the largest value."""
+def heatmap_png(
+    matrix: Sequence[Sequence[float | None]], *, low: float | None = 0.0, cell: int = 48, scale: int = 2
+) -> bytes:
+    """A heat map of a square matrix (None cells grey), each cell labelled with its value (rounded),
+    rows and columns labelled with their index, and a colour bar from ``low`` (None: the smallest
+    value) to the largest value. The default scale starts at 0, so equal links look equal."""
     n = len(matrix)
     if n == 0 or any(len(row) != n for row in matrix):
         raise ValueError("heat map: the matrix must be square and non-empty")
     values = [v for row in matrix for v in row if v is not None]
-    low, high = (min(values), max(values)) if values else (0.0, 0.0)
+    high = max(values) if values else 0.0
+    low = (min(values) if values else 0.0) if low is None else min(low, high)
     span = high - low
     margin, bar = 12 * scale, 10 * scale
     width = margin + n * cell + 8
@@ -878,7 +882,8 @@ def smi_topology_check(
     NVLink pairs: ``NV<k>`` must be a link of k lanes (kind nvlink or switch); a
     PCIe entry must not be an NVLink/switch link, and must equal the NVML
     topology level when ``levels`` is given. NUMA nodes must match the NUMA affinity
-    column; UUIDs and active link counts must match ``nvidia-smi nvlink -s``.
+    column (no node is accepted where nvidia-smi shows a single node for all GPUs);
+    UUIDs and active link counts must match ``nvidia-smi nvlink -s``.
     """
     problems: list[str] = []
     n = len(topo.devices)
@@ -900,8 +905,11 @@ def smi_topology_check(
                     problems.append(f"GPU{i}-GPU{j}: nvidia-smi says {entry}, nvml backend has {lk.kind} x{lk.lanes}")
                 if levels is not None and entry in SMI_LEVELS and levels[i][j] != SMI_LEVELS[entry]:
                     problems.append(f"GPU{i}-GPU{j}: nvidia-smi says {entry}, NVML topology level is {levels[i][j]}")
+    # sysfs gives no NUMA node (-1) on single-node machines, where nvidia-smi still prints 0: only a
+    # different node, or no node where nvidia-smi sees several, loses information.
+    several = len({v for v in smi.numa if v is not None}) > 1
     for d, numa in zip(topo.devices, smi.numa, strict=True):
-        if numa is not None and d.numa != numa:
+        if numa is not None and (d.numa != numa if d.numa is not None else several):
             problems.append(f"GPU{d.index}: nvidia-smi NUMA affinity {numa}, nvml backend NUMA {d.numa}")
     if nvlink is not None:
         if list(nvlink.uuids) != [d.id for d in topo.devices]:

@@ -27,7 +27,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         ),
     )
     p.add_argument("--against", metavar="SPEC", help="declared graph: topology file, preset, nvml or nvml:FILE")
-    p.add_argument("--from-json", metavar="FILE", help="analyse this recorded measurement instead of measuring")
+    p.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="analyse this recorded measurement (what --json writes) instead of measuring",
+    )
     p.add_argument("--engine", default="auto", choices=["auto", "torch", "cupy"], help="GPU library to copy with")
     p.add_argument("--size-mib", type=float, default=256.0, help="bytes per bandwidth copy, MiB (default: 256)")
     p.add_argument("--iters", type=int, default=20, help="timed copies per pair (default: 20)")
@@ -97,7 +101,10 @@ def run(args: argparse.Namespace) -> int:
             return fail(EXIT_BAD_INPUT, f"--against {args.against}: {e}")
     if args.from_json:
         try:
-            result = ProbeResult.from_json(json.loads(Path(args.from_json).read_text()))
+            doc = json.loads(Path(args.from_json).read_text())
+            if isinstance(doc, dict) and "measurement" in doc:  # what --json writes
+                doc = doc["measurement"]
+            result = ProbeResult.from_json(doc)
         except (OSError, ValueError) as e:
             return fail(EXIT_BAD_INPUT, f"--from-json {args.from_json}: {e}")
     else:
@@ -128,10 +135,10 @@ def run(args: argparse.Namespace) -> int:
             return fail(EXIT_BAD_INPUT, str(e))
     sys.stdout.write(format_report(result, comparison))
     if args.json_out:
-        doc: dict[str, Any] = {"measurement": result.to_json()}
+        out: dict[str, Any] = {"measurement": result.to_json()}
         if comparison is not None:
-            doc["comparison"] = comparison.to_json()
-        Path(args.json_out).write_text(json.dumps(doc, indent=1) + "\n")
+            out["comparison"] = comparison.to_json()
+        Path(args.json_out).write_text(json.dumps(out, indent=1) + "\n")
     if args.png and result.devices:
         Path(args.png).write_bytes(heatmap_png(result.matrix("gbps")))
     return EXIT_MISMATCH if comparison is not None and not comparison.ok else 0

@@ -23,7 +23,7 @@ def main() -> int:
     for s in m["samples"]:
         grid[s["src"]][s["dst"]] = s["gbps"]
     fig, ax = plt.subplots(figsize=(1.3 * n + 2, 1.1 * n + 1.5))
-    im = ax.imshow(grid, cmap="viridis")
+    im = ax.imshow(grid, cmap="viridis", vmin=0)  # from 0: equal links look equal
     for i in range(n):
         for j in range(n):
             v = grid[i][j]

