@@ -15,6 +15,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import networkx as nx
+
 from deviceplugin.pods import PodInfo, find_scheduled_pod
 from topology import NodeTopology, Placement, Placer, Policy, Shape, ShapeError, ShapeKind, TopologyError, parse_shape
 
@@ -90,8 +92,7 @@ def preferred_allocation(
     pod = find_scheduled_pod(pods, node, available, size, must_include, exclude_uids) if node else None
     placer = Placer.for_topology(topo)
     if pod is not None:
-        layout = rank_layout(topo, pod.devices, pod.shape)
-        return Choice(pod.devices, ChoiceSource.SCHEDULER, layout.placement, pod)
+        return Choice(pod.devices, ChoiceSource.SCHEDULER, None, pod)
     healthy = [d for d in dict.fromkeys(available) if d in topo.healthy_ids]
     must = list(dict.fromkeys(must_include))
     if set(must) <= set(healthy) and len(healthy) >= size:
@@ -130,18 +131,39 @@ def _shape_candidates(k: int, hint: str) -> list[Shape]:
     return out
 
 
-def rank_layout(topo: NodeTopology, devices: Collection[str], shape_hint: str = "") -> RankLayout:
-    """Rebuild the rank order of ``devices``: the hinted shape, else a ring, else a connected (BFS) order.
+def order_fits(topo: NodeTopology, shape: Shape, order: Sequence[str]) -> bool:
+    """Whether ``order`` (rank i on ``order[i]``) lays ``shape`` on healthy links of ``topo``."""
+    if len(order) != shape.size or len(set(order)) != shape.size or not set(order) <= topo.healthy_ids:
+        return False
+    g = topo.graph
+    if shape.kind is ShapeKind.ANY:
+        return shape.size == 1 or bool(nx.is_connected(g.subgraph(order)))
+    return all(g.has_edge(order[i], order[j]) for i, j in shape.pattern_edges())
+
+
+def rank_layout(
+    topo: NodeTopology, devices: Collection[str], shape_hint: str = "", preferred_order: Sequence[str] = ()
+) -> RankLayout:
+    """The rank order of ``devices``: ``preferred_order`` if it lays the hinted shape, else rebuilt.
 
     The kubelet passes Allocate the ids in an order of its own; the collective
-    library needs ring neighbours or mesh coordinates, so the order is derived
-    again from the topology. Devices that form no shape keep device-index order.
+    library needs ring neighbours or mesh coordinates. The order the plugin
+    answered in GetPreferredAllocation (the scheduler's annotation order, or the
+    placement's) is kept when it is still valid; otherwise the order is rebuilt
+    from the topology: the hinted shape, else a ring, else a connected (BFS)
+    order. Devices that form no shape keep device-index order.
     """
     ids = list(dict.fromkeys(devices))
     if not ids:
         return RankLayout((), None, ())
+    candidates = _shape_candidates(len(ids), shape_hint)
+    if preferred_order and set(preferred_order) == set(ids) and len(preferred_order) == len(ids):
+        # Keep it only for the shape asked first (the hint, else a ring); "any" is rebuilt, a ring may exist.
+        shape = candidates[0]
+        if shape.kind is not ShapeKind.ANY and order_fits(topo, shape, preferred_order):
+            return RankLayout(tuple(preferred_order), shape, shape.coords())
     placer = Placer.for_topology(topo)
-    for shape in _shape_candidates(len(ids), shape_hint):
+    for shape in candidates:
         try:
             placement = placer.rank_order(shape, ids)
         except (TopologyError, ShapeError):

@@ -196,7 +196,8 @@ class DevicePlugin:
         self.policy = Policy(config.policy)
         self._server: grpc.aio.Server | None = None
         self._registered = False
-        self._hints: OrderedDict[frozenset[str], str] = OrderedDict()  # devices -> shape, from preferred answers
+        # devices -> (shape, rank order) of recent GetPreferredAllocation answers, for Allocate
+        self._hints: OrderedDict[frozenset[str], tuple[str, tuple[str, ...]]] = OrderedDict()
         self.allocations: list[AllocationRecord] = []
         self.restarts = 0  # gRPC server (re)starts after the first
         self.registrations = 0
@@ -256,7 +257,7 @@ class DevicePlugin:
                 log.info("preferred %s (%s)", ",".join(choice.devices), choice.source)
         for devices, hint, source in answers:  # all decided: now record
             self.metrics.preferred.labels(str(source)).inc()
-            self._hints[frozenset(devices)] = hint
+            self._hints[frozenset(devices)] = (hint, devices)
             self._hints.move_to_end(frozenset(devices))
             while len(self._hints) > self.HINTS_KEPT:
                 self._hints.popitem(last=False)
@@ -290,7 +291,8 @@ class DevicePlugin:
         records = []
         for creq in request.container_requests:
             ids = list(creq.devices_ids)
-            layout = rank_layout(topo, ids, self._hints.get(frozenset(ids), ""))
+            hint, order = self._hints.get(frozenset(ids), ("", ()))
+            layout = rank_layout(topo, ids, hint, order)
             specs = [
                 api_pb2.DeviceSpec(container_path=s.container_path, host_path=s.host_path, permissions=s.permissions)
                 for d in layout.devices

@@ -282,3 +282,25 @@ def test_health_tracker_recovers_after_n_clean_probes(n: int, probes: list[bool]
         expected_healthy = not failures or (i - failures[-1]) >= n
         assert (got is Health.HEALTHY) == expected_healthy
         assert t.health("k") is got
+
+
+@pytest.mark.parametrize(
+    ("preset", "hint", "order", "kept"),
+    [
+        ("torus:4x4", "ring", ["3", "2", "1", "0"], True),
+        ("torus:4x4", "ring", ["0", "2", "1", "3"], False),  # 0-2 is no link
+        ("torus:4x4", "mesh:2x2", ["5", "6", "9", "10"], True),
+        ("torus:4x4", "mesh:2x2", ["6", "5", "10", "9"], True),  # mirrored: still a 2x2 mesh
+        ("torus:4x4", "mesh:2x2", ["5", "6", "10", "9"], False),  # a ring order, but a mesh was asked
+        ("ring:8", "", ["3", "2", "4"], False),  # a path is not a ring: rebuilt as "any"
+    ],
+)
+def test_rank_layout_keeps_a_valid_answered_order(preset: str, hint: str, order: list[str], kept: bool) -> None:
+    topo = TOPOS.get(preset) or build_preset(preset)
+    layout = rank_layout(topo, sorted(order), hint, order)
+    assert (list(layout.devices) == order) is kept
+    assert sorted(layout.devices) == sorted(order)
+    assert layout.shape is not None
+    from deviceplugin.allocation import order_fits
+
+    assert order_fits(topo, layout.shape, layout.devices)
