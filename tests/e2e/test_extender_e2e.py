@@ -1,0 +1,198 @@
+"""A real kube-scheduler calling the kube-icl extender places shaped jobs on kwok nodes.
+
+The extender runs in this process (its HTTP server on loopback, its cache fed by
+list+watch of the real API server). kube-scheduler is started from
+``manifests/scheduler/kube-scheduler-config.yaml`` with only the extender's
+``urlPrefix`` pointed at it, so the profiles, verbs, ``nodeCacheCapable`` and
+``managedResources`` under test are the shipped ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.events import EventRecorder
+from scheduler.extender import Extender
+from scheduler.informer import Informer
+from scheduler.kube import KubeError, RestKubeAPI
+from scheduler.podspec import parse_devices
+from scheduler.server import ExtenderServer
+from scheduler.testing import wait_for
+from topology import Placer, build_preset, encode_annotation, parse_shape
+
+from .harness import KWOK_TOLERATIONS, ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
+RESOURCE = "kube-icl.io/accelerator"
+
+
+class Running:
+    def __init__(self, api: RestKubeAPI, cache: ClusterCache, server: ExtenderServer, label: str) -> None:
+        self.api, self.cache, self.server, self.label = api, cache, server, label
+        self.nodes: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def extender(control_plane: ControlPlane) -> Iterator[Running]:
+    api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
+    cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False)
+    cache = ClusterCache(cfg.resource_name)
+    events = EventRecorder(api, cfg.event_component)
+    ext = Extender(cfg, cache, api, events=events)
+    informer = Informer(api, cache, watch_timeout_s=60)
+    server = ExtenderServer(ext, cfg)
+    ext.start()
+    informer.start()
+    server.start()
+    wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
+    config = yaml.safe_load(CONFIG.read_text())
+    config["extenders"][0]["urlPrefix"] = server.url
+    label = f"e2e-{uuid.uuid4().hex[:6]}"
+    running = Running(api, cache, server, label)
+    presets = {"torus": "torus:4x4", "mesh": "mesh:4x4", "ring": "ring:8"}
+    for short, preset in presets.items():
+        name = f"{label}-{short}"
+        topo = build_preset(preset)
+        control_plane.create_node(
+            name,
+            labels={"kube-icl.io/e2e": label},
+            annotations={"kube-icl.io/topology": encode_annotation(topo)},
+            allocatable={RESOURCE: str(len(topo.ids))},
+        )
+        running.nodes[name] = preset
+    wait_for(lambda: all(n in cache.views for n in running.nodes), timeout_s=30, what="nodes in the extender cache")
+    try:
+        with control_plane.use_scheduler(config):
+            yield running
+    finally:
+        informer.halt()
+        server.stop()
+        informer.stop()
+        ext.stop()
+
+
+def _pod(name: str, count: int, shape: str | None, label: str, scheduler: str | None = "kube-icl") -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.example/job:1",
+                "resources": {"limits": {RESOURCE: str(count)}, "requests": {RESOURCE: str(count)}},
+            }
+        ],
+        "tolerations": KWOK_TOLERATIONS,
+        "nodeSelector": {"kube-icl.io/e2e": label},
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    annotations = {"kube-icl.io/shape": shape} if shape else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "annotations": annotations}, "spec": spec}
+
+
+class PodWatch:
+    """Every event of the namespace's pods, from before the pods exist."""
+
+    def __init__(self, api: RestKubeAPI, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        _, self.rv = api.list("pods")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for kind, obj in self.api.watch("pods", self.rv, timeout_s=120):
+                if obj.get("metadata", {}).get("namespace") == self.namespace:
+                    self.events.append((kind, obj))
+                if self._stop.is_set():
+                    return
+        except KubeError:
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _devices(control_plane: ControlPlane, namespace: str, name: str) -> tuple[str, tuple[str, ...]]:
+    pod = control_plane.wait_pod(namespace, name, lambda p: bool(p.spec.node_name), what="bound", timeout=60)
+    annotations = pod.metadata.annotations or {}
+    assert "kube-icl.io/devices" in annotations, f"{name} was bound without a device list"
+    return pod.spec.node_name, parse_devices(annotations["kube-icl.io/devices"])
+
+
+CASES = [
+    ("ring4", 4, "ring"),
+    ("ring8", 8, "ring"),
+    ("mesh2x2", 4, "mesh:2x2"),
+    ("mesh2x4", 8, "mesh:2x4"),
+    ("any3", 3, "any"),
+    ("plain2", 2, None),
+]
+
+
+def test_real_scheduler_places_shapes_with_the_extender(
+    control_plane: ControlPlane, extender: Running, namespace: str
+) -> None:
+    watch = PodWatch(extender.api, namespace)
+    for name, count, shape in CASES:
+        control_plane.core.create_namespaced_pod(namespace, _pod(name, count, shape, extender.label))
+    placed: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for name, count, shape in CASES:
+        node, devices = _devices(control_plane, namespace, name)
+        assert node in extender.nodes
+        assert len(devices) == count
+        topo = build_preset(extender.nodes[node])
+        assert Placer.for_topology(topo).is_valid(parse_shape(shape or "any", count=count), devices), (name, devices)
+        placed[name] = (node, devices)
+    used: dict[tuple[str, str], str] = {}
+    for name, (node, devices) in placed.items():
+        for d in devices:
+            assert (node, d) not in used, f"{node}/{d} given to {used.get((node, d))} and {name}"
+            used[(node, d)] = name
+    # The devices annotation reached the API server before the Binding did.
+    wait_for(lambda: len({o["metadata"]["name"] for k, o in watch.events if o["spec"].get("nodeName")}) >= len(CASES))
+    watch.stop()
+    first_bound: dict[str, dict[str, Any]] = {}
+    for _kind, obj in watch.events:
+        if obj["spec"].get("nodeName"):
+            first_bound.setdefault(obj["metadata"]["name"], obj)
+    for name, obj in first_bound.items():
+        assert "kube-icl.io/devices" in (obj["metadata"].get("annotations") or {}), f"{name} bound before annotated"
+
+
+def test_default_scheduler_profile_uses_the_extender_too(
+    control_plane: ControlPlane, extender: Running, namespace: str
+) -> None:
+    control_plane.core.create_namespaced_pod(namespace, _pod("dflt", 4, "mesh:2x2", extender.label, scheduler=None))
+    node, devices = _devices(control_plane, namespace, "dflt")
+    topo = build_preset(extender.nodes[node])
+    assert Placer.for_topology(topo).is_valid(parse_shape("mesh:2x2"), devices)
+
+
+def test_a_shape_that_fits_nowhere_stays_pending_with_a_reason(
+    control_plane: ControlPlane, extender: Running, namespace: str
+) -> None:
+    control_plane.core.create_namespaced_pod(namespace, _pod("huge", 32, "ring", extender.label))
+
+    def reason() -> str | None:
+        events = control_plane.core.list_namespaced_event(namespace, field_selector="involvedObject.name=huge")
+        for e in events.items:
+            if e.reason == "FailedPlacement" and "ring of 32 needs 32 devices" in (e.message or ""):
+                return str(e.message)
+        return None
+
+    assert wait_for(reason, timeout_s=60, what="a FailedPlacement event")
+    pod = control_plane.core.read_namespaced_pod("huge", namespace)
+    assert not pod.spec.node_name and pod.status.phase == "Pending"
