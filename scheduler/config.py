@@ -170,8 +170,11 @@ def parse_config(raw: Any) -> ExtenderConfig:
         kw["resource_name"] = name
     if "policy" in top:
         policy = _str(top["policy"], "policy")
-        if policy not in ("fragmentation", "binpack", "kubelet"):
-            raise ConfigError(f"policy: {policy!r} is not one of fragmentation, binpack, kubelet")
+        if policy not in ("fragmentation", "binpack"):
+            raise ConfigError(
+                f"policy: {policy!r} is not one of fragmentation, binpack "
+                "(kubelet is the simulator's topology-unaware baseline)"
+            )
         kw["policy"] = policy
     weights = _map(top.get("weights"), "weights")
     _check_keys(weights, {"fragmentation", "binpack"}, "weights")

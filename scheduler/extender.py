@@ -108,6 +108,7 @@ class Extender:
         self._memo: dict[tuple[Any, ...], NodeEval] = {}
         self._seen: OrderedDict[str, PodInfo] = OrderedDict()
         self._seen_lock = threading.Lock()
+        self._last_fit: dict[str, bool] = {}  # pod uid -> whether our latest filter passed any node
         self._evictions: queue.Queue[tuple[PodInfo, str] | None] = queue.Queue()
         self._evict_thread: threading.Thread | None = None
         self.metrics.attach_state(self._share_metrics, self._free_shape_metrics)
@@ -231,8 +232,10 @@ class Extender:
         """Other queues below ``mine`` that have a pending pod which fits some node now."""
         lower: dict[str, list[PodInfo]] = {}
         for p in self.cache.pending():
-            if p.queue == info.queue or p.uid == info.uid:
-                continue
+            if p.queue == info.queue or p.uid == info.uid or p.unschedulable:
+                continue  # a pod kube-scheduler could not place holds nobody back
+            if self._last_fit.get(p.uid) is False:
+                continue  # our last filter for it found no node either
             share = fairshare.dominant_share(used.get(p.queue, {}), capacity, self.cfg.queue(p.queue).weight)
             if share < mine:
                 lower.setdefault(p.queue, []).append(p)
@@ -342,6 +345,9 @@ class Extender:
                 unresolvable[name] = rec.error or "node has no usable topology"
             else:
                 failed[name] = "node is not ready"
+        if len(self._last_fit) > 100_000:
+            self._last_fit.clear()
+        self._last_fit[info.uid] = bool(passed)
         if not passed and names:
             self._event(info, "FailedPlacement", summarize_failures({**failed, **unresolvable}, len(names), str(shape)))
             return self._result(args, passed, failed, unresolvable), "unschedulable"

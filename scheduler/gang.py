@@ -294,22 +294,29 @@ class GangManager:
         self.fail(info.gang.key, f"member {info.name} {what}", except_uid=info.uid)
 
     def _node_changed(self, name: str, rec: NodeRecord | None) -> None:
+        """A node that is gone fails the gangs with members there.
+
+        A node that is merely NotReady fails nothing: kube's node lifecycle evicts its pods if it
+        stays down, and each deletion then fails its gang. Reservations there that nobody has
+        claimed yet are dropped so the next member plans the gang afresh.
+        """
         if rec is not None and rec.ready:
             return
         why = f"node {name} {'is gone' if rec is None else 'is not ready'}"
         with self.cache.lock:
-            keys = {
-                p.gang.key
-                for uid, (node, _devs) in self.cache.allocated.items()
-                if node == name and (p := self.cache.pods.get(uid)) is not None and p.gang is not None
-            }
+            keys: set[str] = set()
+            if rec is None:
+                keys = {
+                    p.gang.key
+                    for uid, (node, _devs) in self.cache.allocated.items()
+                    if node == name and (p := self.cache.pods.get(uid)) is not None and p.gang is not None
+                }
             for res in list(self.reservations.values()):
                 if res.key in keys or not any(s.node == name for s in res.slots):
                     continue
-                if any(s.pod_uid for s in res.slots):
+                if rec is None and any(s.pod_uid for s in res.slots):
                     keys.add(res.key)
-                else:
-                    # Nobody bound yet: drop the reservation; the next member re-plans the gang.
+                elif not any(s.pod_uid for s in res.slots):
                     log.info("gang %s: reservation dropped, %s", res.key, why)
                     self._drop(res)
         for key in sorted(keys):

@@ -76,6 +76,7 @@ class PodInfo:
     phase: str
     devices: tuple[str, ...]  # from kube-icl.io/devices, () when absent
     deleting: bool
+    unschedulable: bool = False  # kube-scheduler marked it PodScheduled=False/Unschedulable
 
     @property
     def key(self) -> str:
@@ -204,4 +205,12 @@ def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:
         phase=str(status.get("phase") or "Pending"),
         devices=devices,
         deleting=bool(meta.get("deletionTimestamp")),
+        unschedulable=_unschedulable(status),
     )
+
+
+def _unschedulable(status: Mapping[str, Any]) -> bool:
+    for cond in status.get("conditions") or ():
+        if isinstance(cond, Mapping) and cond.get("type") == "PodScheduled":
+            return cond.get("status") == "False" and cond.get("reason") == "Unschedulable"
+    return False

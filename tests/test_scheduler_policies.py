@@ -346,3 +346,43 @@ def test_preemption_result_always_makes_the_shape_fit(shape: str) -> None:
     topo = c.cache.nodes["a"].topology
     assert topo is not None
     assert Placer.for_topology(topo).fits(parse_shape(shape, count=4), c.cache.nodes["a"].free | freed)
+
+
+def test_a_pod_kube_scheduler_marked_unschedulable_holds_nobody_back() -> None:
+    c = Cluster({"a": "ring:8", "b": "ring:8"})
+    full = {"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
+    c.add(pod_obj("big", 8, "ring", namespace="alpha", node="a", annotations=full))
+    stuck = pod_obj("stuck", 2, "ring", namespace="beta")
+    stuck["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    c.add(stuck)
+    alpha = c.add(pod_obj("more", 2, "ring", namespace="alpha"))
+    assert c.filter(alpha).node_names == ["b"]
+
+
+def test_a_pod_our_filter_found_no_node_for_holds_nobody_back() -> None:
+    c = Cluster({"a": "ring:8", "b": "ring:8"})
+    c.add(
+        pod_obj("big", 8, "ring", namespace="alpha", node="a", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"})
+    )
+    beta = c.add(pod_obj("picky", 2, "ring", namespace="beta"))
+    alpha = c.add(pod_obj("more", 2, "ring", namespace="alpha"))
+    assert c.filter(alpha).node_names == []
+    # kube-scheduler's own filters left only node a for beta's pod, where it does not fit.
+    assert c.ext.filter(ExtenderArgs(pod=beta, node_names=["a"])).node_names == []
+    assert c.filter(alpha).node_names == ["b"]
+
+
+def test_not_ready_node_drops_an_unclaimed_reservation_without_evicting() -> None:
+    c = Cluster({"a": "torus:4x4"})
+    members = [c.add(gang_pod(f"w{i}", "job", 2, 8, "ring")) for i in range(2)]
+    c.filter(members[0])
+    assert "default/job" in c.ext.gangs.reservations
+    node = c.api.nodes["a"]
+    node["status"]["conditions"][0]["status"] = "False"
+    c.cache.upsert_node(node)
+    assert "default/job" not in c.ext.gangs.reservations
+    assert len(c.cache.nodes["a"].free) == 16
+    assert not [call for call in c.api.calls if call[0] == "evict"]
+    again = c.filter(members[0])
+    assert again.node_names == [] and "gang 'job' needs 2 x ring of 8" in again.failed_nodes["a"]
+    assert "default/job" not in c.ext.gangs.reservations
