@@ -95,7 +95,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch(uuids: list[str], timeout: float = 120.0) -> dict[str, Any]:
+def launch(uuids: list[str], timeout: float = 120.0, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     port = free_port()
     procs = []
     for rank in range(len(uuids)):
@@ -110,6 +110,7 @@ def launch(uuids: list[str], timeout: float = 120.0) -> dict[str, Any]:
             MASTER_PORT=str(port),
             NCCL_DEBUG="INFO",
             NCCL_DEBUG_SUBSYS="INIT",
+            **(extra_env or {}),
         )
         procs.append(
             subprocess.Popen(
@@ -173,12 +174,15 @@ def main() -> int:
             plan.append(("other pair", [a, b]))
     if quad is not None:
         plan.append(("allocated 4 (Allocate's rank order)", quad["envs"]["ICL_VISIBLE_DEVICES"].split(",")))
+    # What a pair without a direct link gets: the same two GPUs with NCCL's peer-to-peer path off
+    # (NCCL_P2P_DISABLE=1: data goes through host shared memory). Labelled as such, not a real pair.
+    plan.append(("allocated pair, NCCL_P2P_DISABLE=1 (host path)", chosen))
     dry = "--dry-run" in sys.argv
     for label, devs in plan:
         if dry:
             print(label, [uuids.index(u) for u in devs], relation(devs[0], devs[1]) if len(devs) == 2 else "")
             continue
-        r = launch(devs)
+        r = launch(devs, extra_env={"NCCL_P2P_DISABLE": "1"} if "P2P_DISABLE" in label else None)
         r.update(
             label=label,
             uuids=devs,

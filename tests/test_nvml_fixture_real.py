@@ -190,12 +190,17 @@ def test_allreduce_used_the_allocated_rank_order() -> None:
         "NVSHMEM_DISABLE_NVLS": "1",
     }
     runs = allreduce["runs"]
+    by_label = {r["label"]: r for r in runs}
     admitted = {e["pod"]: e for e in transcript["events"] if e["event"] == "admitted"}
-    assert runs[0]["uuids"] == admitted["pod-a"]["envs"]["ICL_VISIBLE_DEVICES"].split(",")
-    assert runs[-1]["uuids"] == admitted["pod-c"]["envs"]["ICL_VISIBLE_DEVICES"].split(",")
-    assert sorted(tuple(r["indices"]) for r in runs[1:-1]) == [(0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    pair = admitted["pod-a"]["envs"]["ICL_VISIBLE_DEVICES"].split(",")
+    assert by_label["allocated pair (Allocate's rank order)"]["uuids"] == pair
+    assert by_label["allocated 4 (Allocate's rank order)"]["uuids"] == (
+        admitted["pod-c"]["envs"]["ICL_VISIBLE_DEVICES"].split(",")
+    )
+    others = [r for r in runs if r["label"] == "other pair"]
+    assert sorted(tuple(r["indices"]) for r in others) == [(0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
     assert all(r["correct"] and r["exit_codes"] == [0] * len(r["uuids"]) for r in runs)
-    assert {r["relation"] for r in runs[:-1]} == {"NV18"}  # every pair the same: NVSwitch
+    assert {r["relation"] for r in runs if len(r["uuids"]) == 2} == {"NV18"}  # every pair the same: NVSwitch
 
 
 @pytest.mark.xfail(
