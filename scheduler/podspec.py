@@ -191,7 +191,13 @@ def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:
     shape = str(ann.get(ANN_SHAPE) or "any").strip()
     queue = str(ann.get(ANN_QUEUE) or namespace).strip()
     priority = spec.get("priority")
-    devices = parse_devices(str(ann.get(ANN_DEVICES) or ""))
+    node_name = str(spec.get("nodeName") or "")
+    try:
+        devices = parse_devices(str(ann.get(ANN_DEVICES) or ""))
+    except PodSpecError:
+        if node_name:
+            raise  # a bound pod's holding cannot be read: the cache counts it by size
+        devices = ()  # a stale list on a pending pod does not matter: bind rewrites it
     return PodInfo(
         uid=str(meta.get("uid") or ""),
         namespace=namespace,
@@ -201,7 +207,7 @@ def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:
         queue=queue,
         gang=_gang(meta, spec, namespace),
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
-        node_name=str(spec.get("nodeName") or ""),
+        node_name=node_name,
         phase=str(status.get("phase") or "Pending"),
         devices=devices,
         deleting=bool(meta.get("deletionTimestamp")),

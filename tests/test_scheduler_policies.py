@@ -386,3 +386,28 @@ def test_not_ready_node_drops_an_unclaimed_reservation_without_evicting() -> Non
     again = c.filter(members[0])
     assert again.node_names == [] and "gang 'job' needs 2 x ring of 8" in again.failed_nodes["a"]
     assert "default/job" not in c.ext.gangs.reservations
+
+
+@given(
+    names=st.lists(st.sampled_from(["a", "b", "c", "ghost", "", "a"]), max_size=8),
+    count=st.sampled_from([1, 2, 4, 8, 16]),
+    shape=st.sampled_from(["any", "ring", "mesh:2x2"]),
+)
+def test_filter_answers_exactly_the_names_asked(names: list[str], count: int, shape: str) -> None:
+    c = Cluster({"a": "ring:8", "b": "mesh:4x4", "c": "torus:2x2x2"}, ExtenderConfig(fair_share=False))
+    pod = pod_obj("p", count, shape if shape != "mesh:2x2" or count == 4 else "any")
+    result = c.ext.filter(ExtenderArgs(pod=pod, node_names=names))
+    passed = result.node_names or []
+    assert len(passed) == len(set(passed))
+    assert set(passed) <= set(names)
+    decided = set(passed) | set(result.failed_nodes) | set(result.failed_and_unresolvable_nodes)
+    assert decided == set(names)
+    assert not set(passed) & (set(result.failed_nodes) | set(result.failed_and_unresolvable_nodes))
+
+
+def test_a_stale_device_list_on_a_pending_pod_is_ignored() -> None:
+    c = Cluster({"a": "ring:8"})
+    pod = c.add(pod_obj("p", 2, "ring", annotations={"kube-icl.io/devices": "0,0,not valid"}))
+    assert c.filter(pod).node_names == ["a"]
+    assert c.bind(pod, "a") == ""
+    assert c.api.pods[("default", "p")]["metadata"]["annotations"]["kube-icl.io/devices"] != "0,0,not valid"
