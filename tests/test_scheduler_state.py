@@ -41,17 +41,44 @@ def _bound_devices(api: MemoryKubeAPI) -> list[tuple[str, str, tuple[str, ...]]]
     return out
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CONFIG = ExtenderConfig(fair_share=False, gang_timeout_s=100.0)
+
+
 class BindMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.api = MemoryKubeAPI()
         for name, preset in NODES.items():
             self.api.nodes[name] = node_obj(name, preset)
-        self.cache = ClusterCache("kube-icl.io/accelerator")
+        self.clock = Clock()
+        self.cache = ClusterCache("kube-icl.io/accelerator", clock=self.clock)
         Informer(self.api, self.cache).sync_once()
-        self.ext = Extender(ExtenderConfig(fair_share=False), self.cache, self.api)
+        self.ext = Extender(CONFIG, self.cache, self.api)
         self.serial = 0
         self.pending: list[dict[str, Any]] = []
+
+    @rule(size=st.integers(2, 3), ask=st.sampled_from([(2, "ring"), (4, "mesh:2x2"), (8, "ring")]))
+    def create_gang(self, size: int, ask: tuple[int, str]) -> None:
+        self.serial += 1
+        gang = {"kube-icl.io/gang": f"g{self.serial}", "kube-icl.io/gang-size": str(size)}
+        for i in range(size):
+            pod = pod_obj(f"g{self.serial}-{i}", ask[0], ask[1], annotations=gang)
+            self.api.pods[("default", pod["metadata"]["name"])] = pod
+            self.cache.upsert_pod(pod)
+            self.pending.append(pod)
+
+    @rule(seconds=st.sampled_from([10.0, 60.0, 150.0]))
+    def tick(self, seconds: float) -> None:
+        self.clock.now += seconds
+        self.ext.sweep()
 
     @rule(ask=st.sampled_from(ASKS))
     def create_pod(self, ask: tuple[int, str]) -> None:
@@ -65,7 +92,7 @@ class BindMachine(RuleBasedStateMachine):
     @rule(
         pick=st.integers(0, 1000),
         node_pick=st.integers(0, 10),
-        fail=st.sampled_from(["", "", "patch", "bind"]),
+        fail=st.sampled_from(["", "", "", "", "patch", "bind"]),
     )
     def schedule(self, pick: int, node_pick: int, fail: str) -> None:
         pod = self.pending[pick % len(self.pending)]
@@ -106,6 +133,7 @@ class BindMachine(RuleBasedStateMachine):
         if phase == "deleted":
             del self.api.pods[key]
             self.cache.delete_pod(pod)
+            self.pending = [p for p in self.pending if p["metadata"]["uid"] != pod["metadata"]["uid"]]
         else:
             pod["status"]["phase"] = phase
             self.cache.upsert_pod(pod)
@@ -113,9 +141,23 @@ class BindMachine(RuleBasedStateMachine):
     @rule()
     def restart(self) -> None:
         """A new extender rebuilt from the API objects replaces the old one."""
-        self.cache = ClusterCache("kube-icl.io/accelerator")
+        self.cache = ClusterCache("kube-icl.io/accelerator", clock=self.clock)
         Informer(self.api, self.cache).sync_once()
-        self.ext = Extender(ExtenderConfig(fair_share=False), self.cache, self.api)
+        self.ext = Extender(CONFIG, self.cache, self.api)
+
+    @invariant()
+    def reservations_match_the_cache(self) -> None:
+        live = set()
+        for res in self.ext.gangs.reservations.values():
+            for slot in res.slots:
+                if slot.pod_uid:
+                    held = self.cache.allocated.get(slot.pod_uid)
+                    assert held is None or held == (slot.node, slot.devices)
+                else:
+                    live.add(slot.owner)
+                    assert self.cache.nodes[slot.node].reserved.get(slot.owner) == slot.devices
+        reserved = {o for rec in self.cache.nodes.values() for o in rec.reserved}
+        assert reserved == live, "a reservation leaked or vanished"
 
     @invariant()
     def no_device_held_twice(self) -> None:
