@@ -463,7 +463,7 @@ class Extender:
         try:
             if devices:
                 self.api.patch_pod_annotations(info.namespace, info.name, uid, {ANN_DEVICES: format_devices(devices)})
-            self.api.bind_pod(info.namespace, info.name, uid, node)
+            self._post_binding(info, uid, node)
         except KubeError as exc:
             if slot is not None:
                 self.gangs.unclaim(info, slot)
@@ -476,6 +476,19 @@ class Extender:
         if devices and shape is not None:
             self._event(info, "DevicesAssigned", f"{shape.describe()} on {node}: {format_devices(devices)}", "Normal")
         return ExtenderBindingResult()
+
+    def _post_binding(self, info: PodInfo, uid: str, node: str) -> None:
+        """POST the Binding; a 409 because the pod is already on ``node`` (a retried request) is success."""
+        assert self.api is not None
+        try:
+            self.api.bind_pod(info.namespace, info.name, uid, node)
+        except KubeError as exc:
+            if exc.status != 409:
+                raise
+            pod = self.api.get_pod(info.namespace, info.name)
+            meta = (pod or {}).get("metadata") or {}
+            if pod is None or (pod.get("spec") or {}).get("nodeName") != node or (uid and meta.get("uid") != uid):
+                raise
 
     def _choose(
         self, info: PodInfo, uid: str, node: str, shape: Shape

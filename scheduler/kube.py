@@ -252,6 +252,7 @@ class RestKubeAPI:
         headers = self._headers(content_type if payload is not None else None)
         for attempt in (0, 1):
             conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+            reused = conn is not None
             if conn is None:
                 conn = self._connect(self._timeout)
                 self._local.conn = conn
@@ -262,7 +263,13 @@ class RestKubeAPI:
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 self._local.conn = None
-                if attempt == 0 and method in ("GET",):
+                # A kept-alive connection the server closed while idle fails before any answer:
+                # send again once on a fresh one (GETs may always be retried). Callers of POSTs
+                # handle the rare duplicate (bind treats "already bound to that node" as done).
+                stale = reused and isinstance(
+                    exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+                )
+                if attempt == 0 and (method == "GET" or stale):
                     continue
                 raise KubeError(0, f"{method} {path}: {exc}") from None
             if resp.status >= 300:

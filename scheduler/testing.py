@@ -88,6 +88,7 @@ class FakeAPIServer:
         self.history = history
         self.fail: dict[tuple[str, str], list[int]] = {}  # (method, path suffix) -> status codes to answer
         self.before_bind: Callable[[str, str], None] | None = None
+        self.hang_up = 0  # close this many connections silently after their response
         self._closed = False
         self._epoch = 0
         fake = self
@@ -264,6 +265,11 @@ class FakeAPIServer:
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)
+        with self.lock:
+            if self.hang_up > 0:
+                # Close the kept-alive connection without saying so, as an idle timeout would.
+                self.hang_up -= 1
+                h.close_connection = True
 
     def _list(self, resource: str, query: dict[str, str]) -> JsonObj:
         with self.lock:

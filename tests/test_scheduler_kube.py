@@ -219,3 +219,37 @@ def test_concurrent_watch_and_list_do_not_corrupt_the_cache() -> None:
         t.join()
     cache.check_invariants()
     assert all(not r.free for r in cache.nodes.values())
+
+
+def test_a_silently_closed_keep_alive_connection_is_retried(fake: FakeAPIServer, api: RestKubeAPI) -> None:
+    pod = fake.put_pod(fixture("pod-pending.json"))
+    uid = pod["metadata"]["uid"]
+    api.get_pod("research", "train-0")  # opens the kept-alive connection
+    fake.hang_up = 1
+    api.get_pod("research", "train-0")  # answered, then the server closes the connection silently
+    api.patch_pod_annotations("research", "train-0", uid, {"kube-icl.io/devices": "0,1,2,3"})
+    fake.hang_up = 1
+    api.get_pod("research", "train-0")
+    api.bind_pod("research", "train-0", uid, "node-a")
+    stored = fake.pod("research", "train-0")
+    assert stored is not None and stored["spec"]["nodeName"] == "node-a"
+
+
+def test_a_retried_bind_that_already_landed_is_success() -> None:
+    with ExtenderHarness() as h:
+        h.fake.put_node(node_obj("n1", "ring:8"))
+        pod = h.fake.put_pod(pod_obj("p", 2, "ring"))
+        h.seen(lambda: "n1" in h.cache.nodes and h.cache.pods)
+        meta = pod["metadata"]
+        args = {"PodName": "p", "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n1"}
+        assert h.post("bind", args) == (200, {"Error": ""})
+        first = h.fake.pod("default", "p")
+        assert first is not None
+        # The scheduler did not see the answer and binds again: same devices, and the 409 is success.
+        assert h.post("bind", args) == (200, {"Error": ""})
+        again = h.fake.pod("default", "p")
+        assert again is not None
+        assert again["metadata"]["annotations"] == first["metadata"]["annotations"]
+        other = dict(args, Node="n2")
+        code, out = h.post("bind", other)
+        assert code == 200 and "already holds devices on n1" in out["Error"]
