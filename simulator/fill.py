@@ -45,8 +45,23 @@ class FracCluster:
             self._pos[i] = len(members)
             members.append(i)
         self.capacity_milli = sum(s.gpu_total for s in self.states)
+        self.hidden: set[int] = set()
 
-    def _move(self, i: int, new: NodeState) -> None:
+    def hide(self, i: int) -> None:
+        """Take node ``i`` out of scoring (it is down); its state is kept."""
+        if i in self.hidden:
+            return
+        self._leave(i)
+        self.hidden.add(i)
+
+    def show(self, i: int) -> None:
+        """Put a hidden node back."""
+        if i not in self.hidden:
+            return
+        self.hidden.discard(i)
+        self._join(i, self._keys[i])
+
+    def _leave(self, i: int) -> None:
         old_key = self._keys[i]
         members = self.groups[old_key]
         p = self._pos[i]
@@ -56,11 +71,20 @@ class FracCluster:
             self._pos[last] = p
         if not members:
             del self.groups[old_key]
-        key = new.key()
+
+    def _join(self, i: int, key: StateKey) -> None:
         target = self.groups.setdefault(key, [])
         self._pos[i] = len(target)
         target.append(i)
         self._keys[i] = key
+
+    def _move(self, i: int, new: NodeState) -> None:
+        if i in self.hidden:
+            self._keys[i] = new.key()
+            self.states[i] = new
+            return
+        self._leave(i)
+        self._join(i, new.key())
         self.states[i] = new
 
     def allocate(self, i: int, task: TaskRequest, take: Sequence[int]) -> tuple[int, ...]:

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from simulator.jobs import Job
 from topology.gpushare import GpuNodeSpec, TaskRequest
 
-__all__ = ["OpenbPod", "TraceError", "read_nodes", "read_pods"]
+__all__ = ["OpenbPod", "TraceError", "jobs_from_pods", "read_nodes", "read_pods"]
 
 
 class TraceError(ValueError):
@@ -112,3 +113,31 @@ def read_pods(path: str | Path) -> list[OpenbPod]:
     if not pods:
         raise TraceError(f"{p}: no pods")
     return pods
+
+
+def jobs_from_pods(pods: Sequence[OpenbPod], *, queue_by_qos: bool = True) -> list[Job]:
+    """Time-mode jobs from pods with ``creation_time`` and ``deletion_time``.
+
+    Submit is the creation time, duration the lifetime (at least 1 s); the
+    queue is the pod's QoS class (``LS``, ``BE``, ...) when ``queue_by_qos``.
+    Raises ``TraceError`` naming the first pod without times.
+    """
+    jobs: list[Job] = []
+    for pod in pods:
+        if pod.creation_time is None or pod.deletion_time is None:
+            raise TraceError(f"pod {pod.name!r}: time mode needs creation_time and deletion_time")
+        t = pod.task
+        jobs.append(
+            Job(
+                id=pod.name,
+                submit=float(pod.creation_time),
+                duration=float(max(1, pod.deletion_time - pod.creation_time)),
+                count=t.num_gpu,
+                queue=(pod.qos or "default") if queue_by_qos else "default",
+                cpu_milli=t.cpu_milli,
+                memory_mib=t.memory_mib,
+                gpu_milli=t.gpu_milli if t.num_gpu else 1000,
+                gpu_spec=t.gpu_spec,
+            )
+        )
+    return sorted(jobs, key=lambda j: (j.submit, j.id))

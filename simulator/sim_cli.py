@@ -36,8 +36,12 @@ examples:
   icl sim --mode time --cluster cluster.yaml --trace jobs.csv --failures device=0.001,node=0.0005
   icl sim --mode time --jobs 3000 --weights research=2,prod=1,batch=1
 
+  icl sim --mode time --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv
+                                              replay openb pods by creation/deletion time
+
 policies: fill mode: random, spread (stock LeastAllocated), bestfit, fgd, icl;
-          time mode: kubelet (stock), icl, icl-binpack.
+          time mode on topology nodes: kubelet (stock), icl, icl-binpack;
+          time mode on fractional devices: share:random, share:spread, share:bestfit, share:fgd, share:icl.
 outputs (in --out): fill_summary.csv, fill_runs.csv, time_summary.csv, time_jobs.csv,
           metrics.json, *.png and report.html (self-contained).
 """
@@ -149,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     report = Report(out)
     mode = args.mode
-    fill_inputs = bool(args.nodes or args.pods)
+    fill_inputs = bool(args.nodes or args.pods) and args.mode != "time"
     time_inputs = bool(args.trace or args.cluster)
     if mode is None:
         mode = "fill" if fill_inputs and not time_inputs else "time" if time_inputs and not fill_inputs else "both"
@@ -238,35 +242,47 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
 
 
 def _run_time(args: argparse.Namespace, report: Report) -> None:
-    from simulator.clusterspec import builtin_cluster, load_cluster
+    from simulator.clusterspec import ClusterSpec, builtin_cluster, load_cluster
     from simulator.jobs import read_jobs, synthetic_jobs
     from simulator.report import Progress
     from simulator.timesim import TimePolicy, run_time, summarise
 
-    spec = load_cluster(args.cluster) if args.cluster else builtin_cluster()
-    if args.trace:
-        jobs = read_jobs(args.trace)
-        what = Path(args.trace).name
+    cluster: ClusterSpec | list[GpuNodeSpec]
+    if args.pods:
+        from simulator.openb import jobs_from_pods, read_nodes, read_pods
+
+        if not args.nodes:
+            raise ValueError("--pods in time mode needs --nodes (the openb node list)")
+        cluster = read_nodes(args.nodes)
+        jobs = jobs_from_pods(read_pods(args.pods))
+        what = f"{Path(args.pods).name} (creation/deletion times; queues by QoS)"
+        where = f"{Path(args.nodes).name} ({len(cluster)} nodes, {sum(n.gpus for n in cluster)} devices)"
+        default = ["share:random", "share:bestfit", "share:fgd", "share:icl"]
     else:
-        jobs = synthetic_jobs(args.jobs, args.seed, mean_interarrival=args.interarrival)
-        what = f"{len(jobs)} synthetic jobs (ring, mesh, any; gangs of 2 and 4)"
-    builtin = not args.cluster and not args.trace
+        cluster = load_cluster(args.cluster) if args.cluster else builtin_cluster()
+        where = cluster.describe()
+        default = [p.value for p in TimePolicy]
+        if args.trace:
+            jobs = read_jobs(args.trace)
+            what = Path(args.trace).name
+        else:
+            jobs = synthetic_jobs(args.jobs, args.seed, mean_interarrival=args.interarrival)
+            what = f"{len(jobs)} synthetic jobs (ring, mesh, any; gangs of 2 and 4)"
+    builtin = not args.cluster and not args.trace and not args.pods
     failures = _failures(args.failures, args.repair, builtin)
     weights = _pairs("--weights", args.weights) if args.weights else None
     names = (
-        [s.strip() for s in args.policies.split(",") if s.strip()]
-        if args.policies and args.mode == "time"
-        else [p.value for p in TimePolicy]
+        [s.strip() for s in args.policies.split(",") if s.strip()] if args.policies and args.mode == "time" else default
     )
     report.notes.append(
-        f"Time: {spec.describe()}; workload {what}; failures/h per item: device {failures.device_per_hour}, "
+        f"Time: {where}; workload {what}; failures/h per item: device {failures.device_per_hour}, "
         f"link {failures.link_per_hour}, node {failures.node_per_hour}, repair {failures.repair_s:.0f}s; "
         f"invalid-shape slowdown x{args.invalid_slowdown}."
     )
     for name in names:
         bar = Progress(f"time {name}", enabled=not args.no_progress)
         res = run_time(
-            spec,
+            cluster,
             jobs,
             name,
             seed=args.seed,

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 import networkx as nx
 
@@ -53,6 +54,7 @@ from topology import (
     parse_shape,
     place_gang,
 )
+from topology.gpushare import GpuNodeSpec
 
 __all__ = ["FailureRates", "JobRecord", "TimePolicy", "TimeResult", "run_time"]
 
@@ -118,11 +120,38 @@ class _Alloc:
     members: list[tuple[str, tuple[str, ...]]]
 
 
-class _TopoCluster:
-    """Free devices per node, with health; placement through ``topology``."""
+class _Backend(Protocol):
+    """What the event loop needs from a cluster model (topology nodes or fractional devices)."""
 
-    def __init__(self, spec: ClusterSpec) -> None:
+    total: int
+
+    def busy(self) -> float: ...
+
+    def healthy_devices(self) -> int: ...
+
+    def precheck(self, job: Job) -> str: ...
+
+    def place(self, job: Job) -> tuple[_Alloc, bool] | None: ...
+
+    def take(self, alloc: _Alloc, job: Job) -> None: ...
+
+    def give(self, alloc: _Alloc, job: Job) -> None: ...
+
+    def failure_items(self, rates: FailureRates) -> list[tuple[str, str, str, float]]: ...
+
+    def hits(self, item: tuple[str, str, str], alloc: _Alloc) -> bool: ...
+
+    def fail(self, item: tuple[str, str, str]) -> None: ...
+
+    def repair(self, item: tuple[str, str, str]) -> None: ...
+
+
+class _TopoCluster:
+    """Whole devices on topology nodes: free devices per node, with health; placement through ``topology``."""
+
+    def __init__(self, spec: ClusterSpec, policy: TimePolicy = TimePolicy.ICL) -> None:
         self.spec = spec
+        self.policy = policy
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in spec.nodes}
         self.order = [n.name for n in spec.nodes]
         self.base: dict[str, NodeTopology] = {n.name: n.topology for n in spec.nodes}
@@ -134,6 +163,33 @@ class _TopoCluster:
         self.bad_links: dict[str, set[tuple[str, str]]] = {n: set() for n in self.order}
         self.down: set[str] = set()
         self.total = sum(len(t.devices) for t in self.base.values())
+        self._shapes: dict[tuple[str, int], Shape] = {}
+        self._distinct = list({t.fingerprint: t for t in self.base.values()}.values())
+
+    def shape(self, job: Job) -> Shape:
+        key = (job.shape, job.count)
+        found = self._shapes.get(key)
+        if found is None:
+            try:
+                found = parse_shape(job.shape, count=job.count)
+            except (ShapeError, TopologyError) as exc:
+                raise ValueError(f"job {job.id!r}: {exc}") from None
+            self._shapes[key] = found
+        return found
+
+    def precheck(self, job: Job) -> str:
+        max_dev = max(len(t.devices) for t in self._distinct)
+        if job.gpu_milli < 1000:
+            return "asks a fractional device share; use a fractional policy (random, bestfit, fgd, icl-share...)"
+        if job.count > max_dev:
+            return f"asks {job.count} devices per member; the largest node has {max_dev}"
+        if not any(n.cpu_milli >= job.cpu_milli and n.memory_mib >= job.memory_mib for n in self.spec.nodes):
+            return "asks more CPU or memory per member than any node has"
+        if job.count and self.policy is not TimePolicy.KUBELET:
+            shape = self.shape(job)
+            if not any(Placer.for_topology(t).fits(shape, t.ids) for t in self._distinct):
+                return f"no node's devices can form {job.shape} of {job.count}"
+        return ""
 
     def _retopo(self, node: str) -> None:
         base = self.base[node]
@@ -150,21 +206,86 @@ class _TopoCluster:
     def healthy_devices(self) -> int:
         return sum(len(self.base[n].devices) - len(self.bad_devices[n]) for n in self.order if n not in self.down)
 
-    def busy(self) -> int:
-        return self.total - sum(len(f) for f in self.free.values())
+    def busy(self) -> float:
+        return float(self.total - sum(len(f) for f in self.free.values()))
 
-    def take(self, node: str, devices: Sequence[str], job: Job) -> None:
+    def take_devices(self, node: str, devices: Sequence[str], job: Job) -> None:
         self.free[node] -= set(devices)
         self.cpu[node] -= job.cpu_milli
         self.mem[node] -= job.memory_mib
 
-    def give(self, node: str, devices: Sequence[str], job: Job) -> None:
+    def give_devices(self, node: str, devices: Sequence[str], job: Job) -> None:
         self.free[node] |= set(devices)
         self.cpu[node] += job.cpu_milli
         self.mem[node] += job.memory_mib
 
+    def take(self, alloc: _Alloc, job: Job) -> None:
+        for node, devs in alloc.members:
+            self.take_devices(node, devs, job)
+
+    def give(self, alloc: _Alloc, job: Job) -> None:
+        for node, devs in alloc.members:
+            self.give_devices(node, devs, job)
+
     def room(self, node: str, job: Job) -> bool:
         return node not in self.down and self.cpu[node] >= job.cpu_milli and self.mem[node] >= job.memory_mib
+
+    def place(self, job: Job) -> tuple[_Alloc, bool] | None:
+        if job.count == 0:
+            node = next((n for n in self.order if self.room(n, job)), None)
+            return None if node is None else (_Alloc([(node, ())] * job.gang), True)
+        if self.policy is TimePolicy.KUBELET:
+            return _place_kubelet(self, job, self.shape(job))
+        pol = Policy.BINPACK if self.policy is TimePolicy.ICL_BINPACK else Policy.FRAGMENTATION
+        return _place_icl(self, job, self.shape(job), pol)
+
+    def failure_items(self, rates: FailureRates) -> list[tuple[str, str, str, float]]:
+        items: list[tuple[str, str, str, float]] = []
+        for n in self.order:
+            if rates.node_per_hour > 0:
+                items.append(("node", n, "", rates.node_per_hour))
+            if rates.device_per_hour > 0:
+                items.extend(("device", n, d, rates.device_per_hour) for d in self.base[n].ids)
+            if rates.link_per_hour > 0:
+                items.extend(("link", n, f"{lk.key[0]}|{lk.key[1]}", rates.link_per_hour) for lk in self.base[n].links)
+        return items
+
+    def hits(self, item: tuple[str, str, str], alloc: _Alloc) -> bool:
+        kind, node, what = item
+        for n, devs in alloc.members:
+            if n != node:
+                continue
+            if kind == "node" or (kind == "device" and what in devs):
+                return True
+            if kind == "link":
+                a, b = what.split("|")
+                if a in devs and b in devs:
+                    return True
+        return False
+
+    def fail(self, item: tuple[str, str, str]) -> None:
+        kind, node, what = item
+        if kind == "node":
+            self.down.add(node)
+        elif kind == "device":
+            self.bad_devices[node].add(what)
+            self._retopo(node)
+        else:
+            a, b = what.split("|")
+            self.bad_links[node].add((a, b))
+            self._retopo(node)
+
+    def repair(self, item: tuple[str, str, str]) -> None:
+        kind, node, what = item
+        if kind == "node":
+            self.down.discard(node)
+        elif kind == "device":
+            self.bad_devices[node].discard(what)
+            self._retopo(node)
+        else:
+            a, b = what.split("|")
+            self.bad_links[node].discard((a, b))
+            self._retopo(node)
 
 
 def _gang_valid(view: ClusterView, nodes: Sequence[str]) -> bool:
@@ -184,7 +305,7 @@ def _place_kubelet(c: _TopoCluster, job: Job, shape: Shape) -> tuple[_Alloc, boo
     """Stock scheduler + kubelet: count devices, spread, lowest free ids; members one by one."""
     members: list[tuple[str, tuple[str, ...]]] = []
     valid = True
-    taken: list[tuple[str, tuple[str, ...]]] = []
+    ok = True
     for _ in range(job.gang):
         best: str | None = None
         best_free = -1
@@ -192,28 +313,28 @@ def _place_kubelet(c: _TopoCluster, job: Job, shape: Shape) -> tuple[_Alloc, boo
             free = c.usable_free(node)
             if len(free) >= job.count and c.room(node, job) and len(free) > best_free:
                 best, best_free = node, len(free)
-        if best is None:
-            for node, devs in taken:
-                c.give(node, devs, job)
-            return None
-        p = Placer.for_topology(c.topo[best]).place(shape, c.usable_free(best), Policy.KUBELET)
-        if p is None:
-            for node, devs in taken:
-                c.give(node, devs, job)
-            return None
+        p = (
+            None
+            if best is None
+            else Placer.for_topology(c.topo[best]).place(shape, c.usable_free(best), Policy.KUBELET)
+        )
+        if best is None or p is None:
+            ok = False
+            break
         valid = valid and p.valid
-        c.take(best, p.devices, job)
-        taken.append((best, p.devices))
+        c.take_devices(best, p.devices, job)
         members.append((best, p.devices))
-    for node, devs in taken:
-        c.give(node, devs, job)
+    for node, devs in members:
+        c.give_devices(node, devs, job)
+    if not ok:
+        return None
     if job.gang > 1:
         valid = valid and _gang_valid(c.spec.view, [n for n, _ in members])
     return _Alloc(members), valid
 
 
 def _place_icl(c: _TopoCluster, job: Job, shape: Shape, policy: Policy) -> tuple[_Alloc, bool] | None:
-    """kube-icl: exact shapes only; gangs on one node or adjacent nodes of one link domain."""
+    """kube-icl: exact shapes only, fullest fitting node first; gangs on one node or adjacent nodes of one domain."""
     if job.gang == 1:
         best: tuple[int, float, int, str, Placement] | None = None
         for pos, node in enumerate(c.order):
@@ -253,9 +374,9 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def run_time(
-    spec: ClusterSpec,
+    spec: ClusterSpec | Sequence[GpuNodeSpec],
     jobs: Sequence[Job],
-    policy: TimePolicy | str,
+    policy: str,
     *,
     seed: int = 0,
     failures: FailureRates = FailureRates(),
@@ -264,8 +385,12 @@ def run_time(
     invalid_slowdown: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
 ) -> TimeResult:
-    """Replay ``jobs`` on ``spec`` under ``policy``; deterministic for a seed.
+    """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
+    ``policy`` is a topology policy (``kubelet``, ``icl``, ``icl-binpack``: whole
+    devices on topology nodes, ``spec`` a ``ClusterSpec``) or a fractional-device
+    policy (``random``, ``spread``, ``bestfit``, ``fgd``, ``icl``-share written
+    ``share:NAME``, e.g. ``share:fgd``; ``spec`` a ``ClusterSpec`` or node list).
     Each scheduling pass tries up to ``backfill`` jobs from the head of the
     chosen queue (1 = strict FIFO per queue), the same for every policy.
     A job placed on devices that do not form its shape runs
@@ -275,57 +400,51 @@ def run_time(
         raise ValueError(f"invalid_slowdown: must be >= 1, got {invalid_slowdown}")
     if backfill < 1:
         raise ValueError(f"backfill: must be >= 1, got {backfill}")
-    pol = TimePolicy(policy)
-    c = _TopoCluster(spec)
     rng = random.Random(seed)
+    c: _Backend
+    if policy.startswith("share:"):
+        from simulator.fractime import FracBackend
+
+        nodes = list(spec.nodes) if isinstance(spec, ClusterSpec) else list(spec)
+        gpu_nodes = [n.gpu_spec() if isinstance(n, NodeSpec) else n for n in nodes]
+        c = FracBackend(gpu_nodes, policy.removeprefix("share:"), jobs, random.Random(seed + 1))
+        label = policy
+    else:
+        if not isinstance(spec, ClusterSpec):
+            raise ValueError(f"policy {policy!r}: needs a cluster spec with node topologies")
+        try:
+            pol = TimePolicy(policy)
+        except ValueError:
+            allowed = ", ".join([p.value for p in TimePolicy] + ["share:random|spread|bestfit|fgd|icl"])
+            raise ValueError(f"policy: unknown time-mode policy {policy!r}; allowed: {allowed}") from None
+        c = _TopoCluster(spec, pol)
+        label = pol.value
     records = {j.id: JobRecord(j) for j in jobs}
     if len(records) != len(jobs):
         raise ValueError("jobs: ids must be unique")
-    shapes: dict[str, Shape] = {}
-    max_dev = max(len(t.devices) for t in c.base.values())
-    distinct = list({t.fingerprint: t for t in c.base.values()}.values())
     for j in jobs:
-        try:
-            shapes[j.id] = parse_shape(j.shape, count=j.count) if j.count else parse_shape("any", count=1)
-        except (ShapeError, TopologyError) as exc:
-            raise ValueError(f"job {j.id!r}: {exc}") from None
-        if j.count > max_dev:
-            records[j.id].rejected = f"asks {j.count} devices per member; the largest node has {max_dev}"
-        elif not any(n.cpu_milli >= j.cpu_milli and n.memory_mib >= j.memory_mib for n in spec.nodes):
-            records[j.id].rejected = "asks more CPU or memory per member than any node has"
-        elif pol is not TimePolicy.KUBELET and not any(
-            Placer.for_topology(t).fits(shapes[j.id], t.ids) for t in distinct
-        ):
-            records[j.id].rejected = f"no node's devices can form {j.shape} of {j.count}"
+        records[j.id].rejected = c.precheck(j)
     qweights = dict(weights or {})
     for j in jobs:
         qweights.setdefault(j.queue, 1.0)
+    bad = {q: w for q, w in qweights.items() if not w > 0}
+    if bad:
+        raise ValueError(f"weights: must be > 0, got {bad}")
     queues: dict[str, deque[str]] = {q: deque() for q in sorted(qweights)}
     in_use: dict[str, int] = dict.fromkeys(queues, 0)
     busy_s: dict[str, float] = dict.fromkeys(queues, 0.0)
     running: dict[str, _Alloc] = {}
     epoch: dict[str, int] = {}
-    result = TimeResult(pol.value, c.total, list(records.values()), weights=dict(qweights))
+    result = TimeResult(label, c.total, list(records.values()), weights=dict(qweights))
     seq = itertools.count()
     events: list[tuple[float, int, str, str, int]] = []  # time, seq, kind, arg, epoch
     for j in jobs:
         if not records[j.id].rejected:
             heapq.heappush(events, (j.submit, next(seq), "arrive", j.id, 0))
     last_submit = max((j.submit for j in jobs), default=0.0)
-    items: list[tuple[str, str, str]] = []  # (kind, node, what)
-    if failures.any:
-        for n in c.order:
-            items.append(("node", n, ""))
-            for d in c.base[n].ids:
-                items.append(("device", n, d))
-            for lk in c.base[n].links:
-                items.append(("link", n, f"{lk.key[0]}|{lk.key[1]}"))
-        rate = {"node": failures.node_per_hour, "device": failures.device_per_hour, "link": failures.link_per_hour}
-        for idx, (kind, _, _) in enumerate(items):
-            if rate[kind] > 0:
-                heapq.heappush(events, (rng.expovariate(rate[kind] / 3600.0), next(seq), "fail", str(idx), 0))
-    else:
-        rate = {}
+    items = c.failure_items(failures) if failures.any else []
+    for idx, (_, _, _, rate) in enumerate(items):
+        heapq.heappush(events, (rng.expovariate(rate / 3600.0), next(seq), "fail", str(idx), 0))
     result.failures = {"node": 0, "device": 0, "link": 0}
     start = time.perf_counter()
     now = 0.0
@@ -341,25 +460,17 @@ def run_time(
                 busy_s[q] += used * dt
         last_t = t
 
-    def stop_job(jid: str, t: float, failed: bool) -> None:
+    def stop_job(jid: str, failed: bool) -> None:
         alloc = running.pop(jid)
         job = records[jid].job
-        for node, devs in alloc.members:
-            c.give(node, devs, job)
-        in_use[job.queue] -= job.devices
+        c.give(alloc, job)
+        in_use[job.queue] -= job.device_milli
         epoch[jid] = epoch.get(jid, 0) + 1
         if failed:
             records[jid].requeues += 1
             if job.gang > 1:
                 result.gang_failures += 1
             queues[job.queue].appendleft(jid)
-
-    def try_place(jid: str) -> tuple[_Alloc, bool] | None:
-        job = records[jid].job
-        shape = shapes[jid]
-        if pol is TimePolicy.KUBELET:
-            return _place_kubelet(c, job, shape)
-        return _place_icl(c, job, shape, Policy.BINPACK if pol is TimePolicy.ICL_BINPACK else Policy.FRAGMENTATION)
 
     def schedule(t: float) -> None:
         blocked: set[str] = set()
@@ -374,7 +485,7 @@ def run_time(
             placed = None
             jid = ""
             for jid in itertools.islice(queues[q], backfill):
-                placed = try_place(jid)
+                placed = c.place(records[jid].job)
                 if placed is not None:
                     break
             if placed is None:
@@ -383,10 +494,9 @@ def run_time(
             job = records[jid].job
             alloc, valid = placed
             queues[q].remove(jid)
-            for node, devs in alloc.members:
-                c.take(node, devs, job)
+            c.take(alloc, job)
             running[jid] = alloc
-            in_use[q] += job.devices
+            in_use[q] += job.device_milli
             rec = records[jid]
             rec.starts.append(t)
             rec.valid = valid
@@ -394,45 +504,14 @@ def run_time(
             heapq.heappush(events, (t + run_for, next(seq), "finish", jid, epoch.get(jid, 0)))
 
     def fail(idx: int, t: float) -> None:
-        kind, node, what = items[idx]
+        kind, node, what, _ = items[idx]
+        item = (kind, node, what)
         result.failures[kind] += 1
-        hit: list[str] = []
-        for jid, alloc in running.items():
-            for n, devs in alloc.members:
-                if n != node:
-                    continue
-                if kind == "node" or (kind == "device" and what in devs):
-                    hit.append(jid)
-                    break
-                if kind == "link":
-                    a, b = what.split("|")
-                    if a in devs and b in devs:
-                        hit.append(jid)
-                        break
-        if kind == "node":
-            c.down.add(node)
-        elif kind == "device":
-            c.bad_devices[node].add(what)
-            c._retopo(node)
-        else:
-            a, b = what.split("|")
-            c.bad_links[node].add((a, b))
-            c._retopo(node)
-        for jid in sorted(set(hit)):
-            stop_job(jid, t, failed=True)
+        hit = sorted(jid for jid, alloc in running.items() if c.hits(item, alloc))
+        for jid in hit:
+            stop_job(jid, failed=True)
+        c.fail(item)
         heapq.heappush(events, (t + failures.repair_s, next(seq), "repair", str(idx), 0))
-
-    def repair(idx: int) -> None:
-        kind, node, what = items[idx]
-        if kind == "node":
-            c.down.discard(node)
-        elif kind == "device":
-            c.bad_devices[node].discard(what)
-            c._retopo(node)
-        else:
-            a, b = what.split("|")
-            c.bad_links[node].discard((a, b))
-            c._retopo(node)
 
     while events:
         t = events[0][0]
@@ -446,7 +525,7 @@ def run_time(
                 queues[records[arg].job.queue].append(arg)
             elif kind == "finish":
                 if arg in running and ep == epoch.get(arg, 0):
-                    stop_job(arg, t, failed=False)
+                    stop_job(arg, failed=False)
                     records[arg].end = t
                     done += 1
                     if progress is not None and done % 200 == 0:
@@ -455,18 +534,18 @@ def run_time(
                 idx = int(arg)
                 fail(idx, t)
                 if t < last_submit or running:
-                    k = items[idx][0]
-                    heapq.heappush(events, (t + rng.expovariate(rate[k] / 3600.0), next(seq), "fail", arg, 0))
+                    heapq.heappush(events, (t + rng.expovariate(items[idx][3] / 3600.0), next(seq), "fail", arg, 0))
             else:
-                repair(int(arg))
+                kind_, node, what, _ = items[int(arg)]
+                c.repair((kind_, node, what))
         schedule(t)
         healthy = c.healthy_devices()
         util = (c.busy() / healthy) if healthy else 0.0
-        share = {q: in_use[q] / c.total for q in queues}
+        share = {q: in_use[q] / (1000.0 * c.total) for q in queues}
         result.samples.append((t, min(1.0, util), sum(len(v) for v in queues.values()), share))
     result.horizon = now
     result.seconds = time.perf_counter() - start
-    result.busy_device_seconds = busy_s
+    result.busy_device_seconds = {q: v / 1000.0 for q, v in busy_s.items()}
     if progress is not None:
         progress(total_jobs, total_jobs)
     return result

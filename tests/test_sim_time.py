@@ -11,6 +11,7 @@ from simulator.clusterspec import SpecError, builtin_cluster, cluster_from_mappi
 from simulator.jobs import Job, JobFormatError, read_jobs, synthetic_jobs, write_jobs_csv
 from simulator.timesim import FailureRates, jain_index, run_time, summarise
 from topology import Placer, parse_shape
+from topology.gpushare import GpuNodeSpec
 
 SPEC = builtin_cluster()
 
@@ -151,3 +152,75 @@ def test_jobs_no_node_can_shape_are_rejected_not_queued_forever() -> None:
     kube = run_time(spec, jobs, "kubelet")
     assert all(r.end is not None for r in kube.records)  # the stock stack places it, on an invalid shape
     assert {r.job.id: r.valid for r in kube.records} == {"r4": False, "r8": True}
+
+
+# ---- fractional devices in time mode (share: policies) -------------------------------------------
+
+FRAC_NODES = [GpuNodeSpec(f"n{i}", 32000, 131072, 4, "A") for i in range(4)]
+
+
+def _frac_jobs(n: int, seed: int) -> list[Job]:
+    import random
+
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(n):
+        kind = rng.random()
+        count, milli = (1, rng.choice([250, 500, 700])) if kind < 0.5 else (rng.choice([1, 2, 4]), 1000)
+        jobs.append(
+            Job(
+                f"f{i}",
+                float(i * 30),
+                float(rng.randint(60, 3000)),
+                count,
+                gpu_milli=milli,
+                cpu_milli=2000,
+                gang=2 if rng.random() < 0.1 else 1,
+                queue=rng.choice(["a", "b"]),
+            )
+        )
+    return jobs
+
+
+@settings(max_examples=6)
+@given(st.integers(0, 1000), st.sampled_from(["share:random", "share:bestfit", "share:fgd", "share:icl"]))
+def test_share_policies_finish_every_job_and_fail_whole_gangs(seed: int, policy: str) -> None:
+    jobs = _frac_jobs(80, seed)
+    res = run_time(FRAC_NODES, jobs, policy, seed=seed, failures=FailureRates(0.01, 0.0, 0.005, 300.0))
+    s = summarise(res)
+    assert s.completed == len(jobs)
+    for rec in res.records:
+        assert len(rec.starts) == rec.requeues + 1
+    assert all(0.0 <= u <= 1.0 for _, u, _, _ in res.samples)
+
+
+def test_share_backend_never_overcommits_while_running() -> None:
+    from simulator.fractime import FracBackend
+
+    jobs = _frac_jobs(60, 1)
+    backend = FracBackend(FRAC_NODES, "fgd", jobs, __import__("random").Random(1))
+    running = []
+    for job in jobs:
+        placed = backend.place(job)
+        if placed is None:
+            continue
+        backend.take(placed[0], job)
+        running.append((placed[0], job))
+        assert all(0 <= f <= 1000 for s in backend.cluster.states for f in s.gpu_free)
+    for alloc, job in running:
+        backend.give(alloc, job)
+    assert backend.cluster.allocated_milli == 0
+
+
+def test_openb_pods_become_jobs() -> None:
+    from simulator.openb import OpenbPod, TraceError, jobs_from_pods
+    from topology.gpushare import TaskRequest
+
+    pods = [OpenbPod("p1", TaskRequest(1000, 0, 1, 500), 10, 70, "LS"), OpenbPod("p0", TaskRequest(1000), 5, 5, "BE")]
+    jobs = jobs_from_pods(pods)
+    assert [(j.id, j.submit, j.duration, j.queue, j.count, j.gpu_milli) for j in jobs] == [
+        ("p0", 5.0, 1.0, "BE", 0, 1000),
+        ("p1", 10.0, 60.0, "LS", 1, 500),
+    ]
+    with pytest.raises(TraceError, match="creation_time"):
+        jobs_from_pods([OpenbPod("x", TaskRequest(0))])

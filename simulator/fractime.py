@@ -1,0 +1,123 @@
+"""The fractional-device cluster as a time-mode backend (``share:`` policies of ``run_time``).
+
+Jobs ask CPU, memory and devices or device shares; placement is a
+``topology.policies`` policy driven by the same engine as fill mode
+(``simulator.fill.Scorer``). Nodes and devices fail (there are no links in
+this model): a failed device is held by a placeholder until repaired, a
+failed node leaves scoring.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from simulator.fill import FracCluster, Scorer
+from simulator.jobs import Job
+from simulator.timesim import FailureRates, _Alloc
+from topology.gpushare import MILLI, GpuNodeSpec, TargetWorkload, TaskRequest, fits
+from topology.policies import make_policy
+
+__all__ = ["FracBackend", "task_of"]
+
+_BROKEN = TaskRequest(0, 0, 1, MILLI)
+
+
+def task_of(job: Job) -> TaskRequest:
+    """One gang member of ``job`` as a fractional-model task."""
+    return TaskRequest(job.cpu_milli, job.memory_mib, job.count, job.gpu_milli if job.count else 0, job.gpu_spec)
+
+
+class FracBackend:
+    def __init__(self, nodes: Sequence[GpuNodeSpec], policy: str, jobs: Sequence[Job], rng: random.Random) -> None:
+        self.specs = list(nodes)
+        self.index = {n.name: i for i, n in enumerate(self.specs)}
+        tasks = [task_of(j) for j in jobs] or [TaskRequest(0)]
+        self.policy = make_policy(policy, self.specs, TargetWorkload.from_tasks(tasks))
+        self.cluster = FracCluster(self.specs)
+        self.scorer = Scorer(self.policy)
+        self.rng = rng
+        self.total = sum(n.gpus for n in self.specs)
+        self.down: set[int] = set()
+        self.broken: set[tuple[int, int]] = set()
+
+    def busy(self) -> float:
+        used = self.cluster.allocated_milli - MILLI * len(self.broken)
+        return used / MILLI
+
+    def healthy_devices(self) -> int:
+        down = sum(self.specs[i].gpus for i in self.down)
+        return self.total - down - sum(1 for i, _ in self.broken if i not in self.down)
+
+    def precheck(self, job: Job) -> str:
+        task = task_of(job)
+        if not any(fits(s, task) for s in self.cluster.states):
+            return "fits on no node of the cluster even when it is empty"
+        return ""
+
+    def place(self, job: Job) -> tuple[_Alloc, bool] | None:
+        task = task_of(job)
+        taken: list[tuple[int, tuple[int, ...]]] = []
+        ok = True
+        for _ in range(job.gang):
+            picked = self.scorer.choose(self.cluster, task, self.rng)
+            if picked is None:
+                ok = False
+                break
+            node, (_, take) = picked
+            if self.policy.uniform_devices and task.num_gpu:
+                free = self.cluster.states[node].gpu_free
+                fitting = [d for d, f in enumerate(free) if f >= task.gpu_milli]
+                devices = tuple(sorted(self.rng.sample(fitting, task.num_gpu)))
+                self.cluster.allocate_devices(node, task, devices)
+            else:
+                devices = self.cluster.allocate(node, task, take)
+            taken.append((node, devices))
+        for node, devices in reversed(taken):
+            self.cluster.release(node, task, devices)
+        if not ok:
+            return None
+        return _Alloc([(self.specs[n].name, tuple(str(d) for d in devs)) for n, devs in taken]), True
+
+    def take(self, alloc: _Alloc, job: Job) -> None:
+        task = task_of(job)
+        for name, devs in alloc.members:
+            self.cluster.allocate_devices(self.index[name], task, [int(d) for d in devs])
+
+    def give(self, alloc: _Alloc, job: Job) -> None:
+        task = task_of(job)
+        for name, devs in alloc.members:
+            self.cluster.release(self.index[name], task, [int(d) for d in devs])
+
+    def failure_items(self, rates: FailureRates) -> list[tuple[str, str, str, float]]:
+        items: list[tuple[str, str, str, float]] = []
+        for n in self.specs:
+            if rates.node_per_hour > 0:
+                items.append(("node", n.name, "", rates.node_per_hour))
+            if rates.device_per_hour > 0:
+                items.extend(("device", n.name, str(d), rates.device_per_hour) for d in range(n.gpus))
+        return items
+
+    def hits(self, item: tuple[str, str, str], alloc: _Alloc) -> bool:
+        kind, node, what = item
+        return any(n == node and (kind == "node" or what in devs) for n, devs in alloc.members)
+
+    def fail(self, item: tuple[str, str, str]) -> None:
+        kind, node, what = item
+        i = self.index[node]
+        if kind == "node":
+            self.down.add(i)
+            self.cluster.hide(i)
+        elif kind == "device" and (i, int(what)) not in self.broken:
+            self.broken.add((i, int(what)))
+            self.cluster.allocate_devices(i, _BROKEN, [int(what)])
+
+    def repair(self, item: tuple[str, str, str]) -> None:
+        kind, node, what = item
+        i = self.index[node]
+        if kind == "node":
+            self.down.discard(i)
+            self.cluster.show(i)
+        elif kind == "device" and (i, int(what)) in self.broken:
+            self.broken.discard((i, int(what)))
+            self.cluster.release(i, _BROKEN, [int(what)])
