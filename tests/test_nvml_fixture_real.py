@@ -201,6 +201,10 @@ def test_allreduce_used_the_allocated_rank_order() -> None:
     assert sorted(tuple(r["indices"]) for r in others) == [(0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
     assert all(r["correct"] and r["exit_codes"] == [0] * len(r["uuids"]) for r in runs)
     assert {r["relation"] for r in runs if len(r["uuids"]) == 2} == {"NV18"}  # every pair the same: NVSwitch
+    # NCCL took the NVLink peer path, except where it was told not to (the host-path comparison run)
+    host = by_label["allocated pair, NCCL_P2P_DISABLE=1 (host path)"]
+    assert host["uuids"] == pair and "via SHM" in host["nccl_transport"][0]
+    assert all("via P2P" in r["nccl_transport"][0] for r in runs if r is not host)
 
 
 @pytest.mark.xfail(
