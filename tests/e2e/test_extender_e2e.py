@@ -13,7 +13,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -125,11 +125,16 @@ class PodWatch:
         self._stop.set()
 
 
+def _create(control_plane: ControlPlane, namespace: str, body: dict[str, Any]) -> None:
+    control_plane.core.create_namespaced_pod(namespace, cast(Any, body))
+
+
 def _devices(control_plane: ControlPlane, namespace: str, name: str) -> tuple[str, tuple[str, ...]]:
-    pod = control_plane.wait_pod(namespace, name, lambda p: bool(p.spec.node_name), what="bound", timeout=60)
+    pod = control_plane.wait_pod(namespace, name, lambda p: bool(p.spec and p.spec.node_name), what="bound", timeout=60)
+    assert pod.spec is not None and pod.metadata is not None
     annotations = pod.metadata.annotations or {}
     assert "kube-icl.io/devices" in annotations, f"{name} was bound without a device list"
-    return pod.spec.node_name, parse_devices(annotations["kube-icl.io/devices"])
+    return str(pod.spec.node_name), parse_devices(annotations["kube-icl.io/devices"])
 
 
 CASES = [
@@ -147,7 +152,7 @@ def test_real_scheduler_places_shapes_with_the_extender(
 ) -> None:
     watch = PodWatch(extender.api, namespace)
     for name, count, shape in CASES:
-        control_plane.core.create_namespaced_pod(namespace, _pod(name, count, shape, extender.label))
+        _create(control_plane, namespace, _pod(name, count, shape, extender.label))
     placed: dict[str, tuple[str, tuple[str, ...]]] = {}
     for name, count, shape in CASES:
         node, devices = _devices(control_plane, namespace, name)
@@ -175,7 +180,7 @@ def test_real_scheduler_places_shapes_with_the_extender(
 def test_default_scheduler_profile_uses_the_extender_too(
     control_plane: ControlPlane, extender: Running, namespace: str
 ) -> None:
-    control_plane.core.create_namespaced_pod(namespace, _pod("dflt", 4, "mesh:2x2", extender.label, scheduler=None))
+    _create(control_plane, namespace, _pod("dflt", 4, "mesh:2x2", extender.label, scheduler=None))
     node, devices = _devices(control_plane, namespace, "dflt")
     topo = build_preset(extender.nodes[node])
     assert Placer.for_topology(topo).is_valid(parse_shape("mesh:2x2"), devices)
@@ -184,7 +189,7 @@ def test_default_scheduler_profile_uses_the_extender_too(
 def test_a_shape_that_fits_nowhere_stays_pending_with_a_reason(
     control_plane: ControlPlane, extender: Running, namespace: str
 ) -> None:
-    control_plane.core.create_namespaced_pod(namespace, _pod("huge", 32, "ring", extender.label))
+    _create(control_plane, namespace, _pod("huge", 32, "ring", extender.label))
 
     def reason() -> str | None:
         events = control_plane.core.list_namespaced_event(namespace, field_selector="involvedObject.name=huge")
@@ -195,4 +200,5 @@ def test_a_shape_that_fits_nowhere_stays_pending_with_a_reason(
 
     assert wait_for(reason, timeout_s=60, what="a FailedPlacement event")
     pod = control_plane.core.read_namespaced_pod("huge", namespace)
+    assert pod.spec is not None and pod.status is not None
     assert not pod.spec.node_name and pod.status.phase == "Pending"
