@@ -189,16 +189,19 @@ def test_default_scheduler_profile_uses_the_extender_too(
 def test_a_shape_that_fits_nowhere_stays_pending_with_a_reason(
     control_plane: ControlPlane, extender: Running, namespace: str
 ) -> None:
-    _create(control_plane, namespace, _pod("huge", 32, "ring", extender.label))
+    # Seven devices are free everywhere (so kube-scheduler's own count check passes), but every
+    # node's graph is bipartite: no 7-cycle exists anywhere.
+    _create(control_plane, namespace, _pod("odd", 7, "ring", extender.label))
 
     def reason() -> str | None:
-        events = control_plane.core.list_namespaced_event(namespace, field_selector="involvedObject.name=huge")
+        events = control_plane.core.list_namespaced_event(namespace, field_selector="involvedObject.name=odd")
         for e in events.items:
-            if e.reason == "FailedPlacement" and "ring of 32 needs 32 devices" in (e.message or ""):
+            if e.reason == "FailedPlacement" and "ring of 7 needs 7 adjacent free devices" in (e.message or ""):
                 return str(e.message)
         return None
 
-    assert wait_for(reason, timeout_s=60, what="a FailedPlacement event")
-    pod = control_plane.core.read_namespaced_pod("huge", namespace)
+    message = wait_for(reason, timeout_s=60, what="a FailedPlacement event")
+    assert message.startswith("0/") and "nodes fit ring:7" in message
+    pod = control_plane.core.read_namespaced_pod("odd", namespace)
     assert pod.spec is not None and pod.status is not None
     assert not pod.spec.node_name and pod.status.phase == "Pending"
