@@ -26,26 +26,44 @@ from topology.policies import Choice, FracPolicy
 __all__ = ["FillResult", "FracCluster", "inflate", "run_fill"]
 
 _EPS = 1e-9
-_NO_FIT: Choice = (float("inf"), ())
+_INF = float("inf")
+_NO_FIT: Choice = (_INF, ())
 
 
 class FracCluster:
-    """Nodes and their states, grouped by canonical state for fast scoring."""
+    """Nodes and their states, grouped by canonical state for fast scoring.
+
+    Each distinct state key gets a small integer id on first sight (ids are
+    never reused), so the engine hashes ints, not state tuples.
+    """
 
     def __init__(self, specs: Sequence[GpuNodeSpec]) -> None:
         if not specs:
             raise ValueError("cluster: no nodes")
         self.specs = tuple(specs)
         self.states: list[NodeState] = [NodeState.of(s) for s in specs]
-        self.groups: dict[StateKey, list[int]] = {}
+        self.groups: dict[int, list[int]] = {}
+        """State id -> nodes in that state (only non-empty groups, visible nodes)."""
+        self.key_of: list[StateKey] = []
+        self.cpu_of: list[int] = []
+        self.mem_of: list[int] = []
+        self._ids: dict[StateKey, int] = {}
         self._pos: list[int] = [0] * len(specs)
-        self._keys: list[StateKey] = [s.key() for s in self.states]
-        for i, key in enumerate(self._keys):
-            members = self.groups.setdefault(key, [])
-            self._pos[i] = len(members)
-            members.append(i)
-        self.capacity_milli = sum(s.gpu_total for s in self.states)
+        self._gid: list[int] = [0] * len(specs)
         self.hidden: set[int] = set()
+        for i, state in enumerate(self.states):
+            self._join(i, self._id(state.key()))
+        self.capacity_milli = sum(s.gpu_total for s in self.states)
+
+    def _id(self, key: StateKey) -> int:
+        gid = self._ids.get(key)
+        if gid is None:
+            gid = len(self.key_of)
+            self._ids[key] = gid
+            self.key_of.append(key)
+            self.cpu_of.append(key[3])
+            self.mem_of.append(key[4])
+        return gid
 
     def hide(self, i: int) -> None:
         """Take node ``i`` out of scoring (it is down); its state is kept."""
@@ -59,33 +77,33 @@ class FracCluster:
         if i not in self.hidden:
             return
         self.hidden.discard(i)
-        self._join(i, self._keys[i])
+        self._join(i, self._gid[i])
 
     def _leave(self, i: int) -> None:
-        old_key = self._keys[i]
-        members = self.groups[old_key]
+        gid = self._gid[i]
+        members = self.groups[gid]
         p = self._pos[i]
         last = members.pop()
         if last != i:
             members[p] = last
             self._pos[last] = p
         if not members:
-            del self.groups[old_key]
+            del self.groups[gid]
 
-    def _join(self, i: int, key: StateKey) -> None:
-        target = self.groups.setdefault(key, [])
+    def _join(self, i: int, gid: int) -> None:
+        target = self.groups.setdefault(gid, [])
         self._pos[i] = len(target)
         target.append(i)
-        self._keys[i] = key
+        self._gid[i] = gid
 
     def _move(self, i: int, new: NodeState) -> None:
+        gid = self._id(new.key())
+        self.states[i] = new
         if i in self.hidden:
-            self._keys[i] = new.key()
-            self.states[i] = new
+            self._gid[i] = gid
             return
         self._leave(i)
-        self._join(i, new.key())
-        self.states[i] = new
+        self._join(i, gid)
 
     def allocate(self, i: int, task: TaskRequest, take: Sequence[int]) -> tuple[int, ...]:
         """Place ``task`` on node ``i`` on devices with free values ``take``; returns device indices."""
@@ -105,40 +123,54 @@ class FracCluster:
     def allocated_milli(self) -> int:
         return self.capacity_milli - sum(s.gpu_free_total for s in self.states)
 
+    @property
+    def distinct_states(self) -> int:
+        """State keys met so far (ids handed out)."""
+        return len(self.key_of)
+
     def fragmentation(self, frag: FragmentationModel) -> float:
         """Cluster fragmentation ``sum_n F_n(M)`` in device milli-units."""
-        return sum(frag.of_key(k) * len(m) for k, m in self.groups.items())
+        return sum(frag.of_key(self.key_of[g]) * len(m) for g, m in self.groups.items())
 
 
 class Scorer:
-    """Memoised policy scores per (state, task type) and the cluster-wide argmin."""
+    """Memoised policy scores per (state, task type) and the cluster-wide argmin.
+
+    Scores are pure functions of (state, task), so each pair is scored once;
+    one ``Scorer`` serves one cluster (state ids are the cluster's).
+    """
 
     def __init__(self, policy: FracPolicy) -> None:
         self.policy = policy
-        self._memo: dict[tuple[StateKey, tuple[int, int, int, int, tuple[str, ...]]], Choice] = {}
+        self._memo: dict[tuple[int, int, int, int, tuple[str, ...]], dict[int, Choice]] = {}
+        self._cluster: int | None = None
         self.evaluations = 0
 
     def choose(self, cluster: FracCluster, task: TaskRequest, rng: random.Random) -> tuple[int, Choice] | None:
         """Best node (exact ties uniformly at random) and its choice, or ``None``."""
-        tk = task.key
-        memo = self._memo
-        best = float("inf")
+        if self._cluster != id(cluster):
+            self._memo.clear()
+            self._cluster = id(cluster)
+        memo = self._memo.get(task.key)
+        if memo is None:
+            memo = self._memo[task.key] = {}
+        best = _INF
         tied: list[tuple[list[int], Choice]] = []
         cpu, mem = task.cpu_milli, task.memory_mib
-        for key, members in cluster.groups.items():
-            if key[3] < cpu or key[4] < mem:
+        cpu_of, mem_of = cluster.cpu_of, cluster.mem_of
+        for gid, members in cluster.groups.items():
+            if cpu_of[gid] < cpu or mem_of[gid] < mem:
                 continue
-            mk = (key, tk)
-            choice = memo.get(mk)
+            choice = memo.get(gid)
             if choice is None:
                 self.evaluations += 1
-                choice = self.policy.score(NodeState.from_key(key), task) or _NO_FIT
-                memo[mk] = choice
+                choice = self.policy.score(NodeState.from_key(cluster.key_of[gid]), task) or _NO_FIT
+                memo[gid] = choice
             s = choice[0]
             if s < best - _EPS:
                 best = s
                 tied = [(members, choice)]
-            elif s <= best + _EPS and s != float("inf"):
+            elif s <= best + _EPS and s != _INF:
                 tied.append((members, choice))
         if not tied:
             return None

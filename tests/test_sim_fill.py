@@ -56,8 +56,8 @@ def test_drops_only_tasks_that_fit_nowhere_and_books_exactly(name: str) -> None:
         assert all(0 <= f <= 1000 for s in cluster.states for f in s.gpu_free)
         assert all(s.cpu_free >= 0 and s.mem_free >= 0 for s in cluster.states)
         assert sum(len(m) for m in cluster.groups.values()) == len(NODES)
-        for key, members in cluster.groups.items():
-            assert all(cluster.states[i].key() == key for i in members)
+        for gid, members in cluster.groups.items():
+            assert all(cluster.states[i].key() == cluster.key_of[gid] for i in members)
 
 
 def test_result_metrics_are_consistent() -> None:
