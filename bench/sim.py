@@ -23,6 +23,8 @@ import argparse
 import random
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,9 +38,10 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb-
 
 
 def naive_seconds(
-    specs: list[GpuNodeSpec], tasks: list[TaskRequest], policy: FracPolicy, n: int, seed: int
+    specs: list[GpuNodeSpec], tasks: list[TaskRequest], make: Callable[[], FracPolicy], n: int, seed: int
 ) -> tuple[float, float]:
-    """(naive, engine) seconds for the first ``n`` decisions of the same fill order."""
+    """(naive, engine) seconds for the first ``n`` decisions of the same fill order (fresh policies)."""
+    policy = make()
     order = inflate(tasks, sum(s.gpus for s in specs) * 1000, 1.3, seed)[:n]
     # naive: score every node, first best wins
     cluster = FracCluster(specs)
@@ -53,7 +56,7 @@ def naive_seconds(
             cluster.allocate(best[1], task, best[2])
     naive = time.perf_counter() - t0
     cluster = FracCluster(specs)
-    scorer = Scorer(policy)
+    scorer = Scorer(make())
     rng = random.Random(seed)
     t0 = time.perf_counter()
     for task in order:
@@ -95,7 +98,9 @@ def main() -> int:
             )
         print(f"\n2. engine vs naive per-node loop, first {args.naive_tasks} decisions (openb, same order)")
         for name in names:
-            naive, engine = naive_seconds(nodes, tasks, make_policy(name, nodes, wl), args.naive_tasks, args.seed)
+            naive, engine = naive_seconds(
+                nodes, tasks, partial(make_policy, name, nodes, wl), args.naive_tasks, args.seed
+            )
             print(f"{name:<8} naive {naive:7.2f}s  engine {engine:6.3f}s  speed-up x{naive / engine:,.0f}")
     else:
         print(f"(openb data not found under {data}; skipping 1 and 2)")
