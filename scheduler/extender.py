@@ -556,7 +556,14 @@ class Extender:
                     where = self.cache.allocated.get(u)
                     if where is not None and where[0] == node:
                         held[u] = where[1]
-                queues = {u: self.cache.pods[u].queue if u in self.cache.pods else "" for u in held}
+                # kube-scheduler proposes victims by count (its dry run does not ask extenders), so a
+                # contiguous shape may need other pods of the node: any of lower priority may go too.
+                extra: dict[str, tuple[str, ...]] = {}
+                for u, devs in rec.owners.items():
+                    p = self.cache.pods.get(u)
+                    if u not in held and p is not None and p.priority < info.priority and not p.deleting:
+                        extra[u] = devs
+                queues = {u: self.cache.pods[u].queue if u in self.cache.pods else "" for u in (*held, *extra)}
                 unattributed_victims = sum(rec.unattributed.get(u, 0) for u in uids)
             others = tuple(u for u in uids if u not in held)
             pool = view.topology.fingerprint
@@ -571,14 +578,14 @@ class Extender:
                 out[node] = MetaVictims(tuple(MetaPod(u) for u in others), pdb)
                 continue
             candidates = []
-            for u, devs in sorted(held.items()):
+            for u, devs in [*sorted(held.items()), *sorted(extra.items())]:
                 q = queues[u]
                 if q and not fairshare.victim_allowed(
                     info.queue, {pool: shape.size}, q, {pool: len(devs)}, used, capacity, self.cfg
                 ):
                     continue
                 candidates.append(u)
-            chosen = self._fewest_victims(candidates, held, fits)
+            chosen = self._fewest_victims(candidates, {**held, **extra}, fits, set(extra))
             if chosen is None:
                 continue
             out[node] = MetaVictims(tuple(MetaPod(u) for u in (*others, *chosen)), pdb)
@@ -586,21 +593,30 @@ class Extender:
 
     @staticmethod
     def _fewest_victims(
-        candidates: list[str], held: Mapping[str, tuple[str, ...]], fits: Callable[[frozenset[str]], bool]
+        candidates: list[str],
+        held: Mapping[str, tuple[str, ...]],
+        fits: Callable[[frozenset[str]], bool],
+        unproposed: set[str] | frozenset[str] = frozenset(),
     ) -> tuple[str, ...] | None:
-        """The smallest set of victims whose devices make the shape fit; ties: fewest devices freed."""
+        """The smallest set of victims whose devices make the shape fit.
+
+        Ties: fewest devices freed, then fewest victims the scheduler did not propose.
+        """
         tried = 0
         for k in range(1, len(candidates) + 1):
-            best: tuple[int, tuple[str, ...]] | None = None
+            best: tuple[int, int, tuple[str, ...]] | None = None
             for combo in itertools.combinations(candidates, k):
                 tried += 1
                 if tried > _MAX_VICTIM_SETS:
-                    return best[1] if best else None
+                    return best[2] if best else None
                 freed = frozenset(d for u in combo for d in held[u])
-                if fits(freed) and (best is None or len(freed) < best[0]):
-                    best = (len(freed), combo)
+                if not fits(freed):
+                    continue
+                cost = (len(freed), sum(1 for u in combo if u in unproposed), combo)
+                if best is None or cost[:2] < best[:2]:
+                    best = cost
             if best is not None:
-                return best[1]
+                return best[2]
         return None
 
     # ------------------------------------------------------------------ gangs, events

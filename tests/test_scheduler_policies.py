@@ -305,13 +305,27 @@ def test_preemption_picks_the_fewest_victims_that_free_a_whole_shape() -> None:
 
 def test_preemption_drops_nodes_where_no_victim_set_helps() -> None:
     c = Cluster({"a": "ring:8", "b": "ring:8"}, ExtenderConfig(fair_share=False))
-    pa = c.add(pod_obj("pa", 2, "ring", node="a", annotations={"kube-icl.io/devices": "0,1"}))
+    c.add(pod_obj("pa", 2, "ring", node="a", annotations={"kube-icl.io/devices": "0,1"}, priority=500))
     pb = c.add(pod_obj("pb", 8, "ring", node="b", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}))
     pod = c.add(pod_obj("hi", 8, "ring", priority=100))
     out = _preempt(c, pod, {"a": [], "b": [pb["metadata"]["uid"]]})
-    assert out == {"b": [pb["metadata"]["uid"]]}, "a needs pa gone but the scheduler did not offer it"
-    out = _preempt(c, pod, {"a": [pa["metadata"]["uid"]]})
-    assert out == {"a": [pa["metadata"]["uid"]]}
+    assert out == {"b": [pb["metadata"]["uid"]]}, "on a only pa is in the way, and it outranks the preemptor"
+
+
+def test_preemption_may_take_lower_priority_pods_the_scheduler_did_not_propose() -> None:
+    """kube-scheduler proposes victims by count; a contiguous shape may need different ones."""
+    # mesh 2x4: row 0 = 0 1 2 3, row 1 = 4 5 6 7
+    c = Cluster({"a": "mesh:2x4"}, ExtenderConfig(fair_share=False))
+    held = {"p1": "0,4", "p2": "1,5", "p3": "2,3", "p4": "6,7"}
+    pods = {n: c.add(pod_obj(n, 2, "any", node="a", annotations={"kube-icl.io/devices": d})) for n, d in held.items()}
+    uid = {n: p["metadata"]["uid"] for n, p in pods.items()}
+    pod = c.add(pod_obj("hi", 4, "mesh:2x2", priority=100))
+    # Proposed: p3 alone. Freeing 2,3 gives no 2x2; p3+p4 or p1+p2 do. Fewest victims, then the
+    # fewest the scheduler did not propose: p3+p4.
+    assert _preempt(c, pod, {"a": [uid["p3"]]}) == {"a": [uid["p3"], uid["p4"]]}
+    # If p4 outranks the preemptor, only p1+p2 free a 2x2 block, though neither was proposed.
+    c.add({**pods["p4"], "spec": {**pods["p4"]["spec"], "priority": 1000}})
+    assert sorted(_preempt(c, pod, {"a": [uid["p3"]]})["a"]) == sorted([uid["p1"], uid["p2"]])
 
 
 def test_preemption_never_takes_from_a_queue_below_the_preemptor() -> None:
