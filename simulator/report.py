@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import itertools
 import json
 import math
 import statistics
@@ -23,7 +24,7 @@ from typing import Any, TextIO
 from simulator.fill import FillResult
 from simulator.timesim import TimeResult, TimeSummary
 
-__all__ = ["FillSummary", "Progress", "Report", "format_table", "summarise_fill"]
+__all__ = ["FillSummary", "Progress", "Report", "format_table", "summarise_fill", "time_average"]
 
 
 class Progress:
@@ -150,11 +151,11 @@ TIME_COLUMNS: tuple[tuple[str, str], ...] = (
     ("valid_pct", "valid shape%"),
     ("utilisation_pct", "util%"),
     ("wait_mean", "wait mean s"),
-    ("wait_p50", "p50"),
-    ("wait_p95", "p95"),
+    ("wait_p50", "wait p50"),
+    ("wait_p95", "wait p95"),
     ("jct_mean", "JCT mean s"),
-    ("jct_p50", "p50"),
-    ("jct_p95", "p95"),
+    ("jct_p50", "JCT p50"),
+    ("jct_p95", "JCT p95"),
     ("jain", "Jain"),
     ("share_error", "share err%"),
     ("gang_failures", "gang fails"),
@@ -194,7 +195,43 @@ class Report:
         if self.time_summaries:
             parts.append("Time mode: jobs, queues, gangs, failures")
             parts.append(format_table(self.time_rows(), TIME_COLUMNS))
+        lines = self.highlights()
+        if lines:
+            parts.append("Highlights\n" + "\n".join(f"  * {line}" for line in lines))
         return "\n\n".join(parts)
+
+    def highlights(self) -> list[str]:
+        """One-line comparisons of kube-icl against the baselines, where both ran."""
+        out: list[str] = []
+        if self.fill:
+            rows = {str(r["policy"]): r for r in self.fill_rows()}
+            if "icl" in rows:
+                icl = float(str(rows["icl"]["unallocated_pct_mean"]))
+                others = sorted(
+                    (float(str(r["unallocated_pct_mean"])), name) for name, r in rows.items() if name != "icl"
+                )
+                if others:
+                    best, name = others[0]
+                    verdict = "fewer" if icl < best else "more"
+                    out.append(
+                        f"fill: icl leaves {icl:.2f}% of devices unallocated at 100% demand, "
+                        f"{verdict} than the best baseline ({name}, {best:.2f}%)"
+                    )
+            for name, r in rows.items():
+                pub = r.get("published")
+                if isinstance(pub, float) and not math.isnan(pub):
+                    mean = float(str(r["unallocated_pct_mean"]))
+                    out.append(f"fidelity: {name} {mean:.2f}% vs published {pub:.2f}% ({mean - pub:+.2f} points)")
+        if self.time_summaries:
+            k = self.time_summaries.get("kubelet")
+            i = self.time_summaries.get("icl")
+            if k is not None and i is not None:
+                out.append(
+                    f"time: icl puts {i.valid_pct:.1f}% of jobs on valid shapes (kubelet {k.valid_pct:.1f}%), "
+                    f"utilisation {i.utilisation_pct:.1f}% (kubelet {k.utilisation_pct:.1f}%), "
+                    f"mean wait {i.wait_mean:,.0f}s (kubelet {k.wait_mean:,.0f}s)"
+                )
+        return out
 
     # ---- files -------------------------------------------------------------------------------
 
@@ -339,9 +376,13 @@ class Report:
         if self.time_results:
             fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
             for i, (name, res) in enumerate(self.time_results.items()):
-                t = [s[0] / 3600.0 for s in res.samples]
-                ax1.plot(t, [100 * s[1] for s in res.samples], label=name, color=colours(i), lw=0.9, alpha=0.85)
-                ax2.plot(t, [s[2] for s in res.samples], label=name, color=colours(i), lw=0.9, alpha=0.85)
+                steps_u = [(s[0], 100.0 * s[1]) for s in res.samples]
+                steps_q = [(s[0], float(s[2])) for s in res.samples]
+                t, u = time_average(steps_u, 200)
+                _, queued = time_average(steps_q, 200)
+                hours = [x / 3600.0 for x in t]
+                ax1.plot(hours, u, label=name, color=colours(i), lw=1.2)
+                ax2.plot(hours, queued, label=name, color=colours(i), lw=1.2)
             ax1.set_ylabel("device utilisation, %")
             ax1.set_title("Utilisation and queue length over time")
             ax1.legend(fontsize=8)
@@ -405,6 +446,9 @@ class Report:
         if self.time_summaries:
             parts.append("<h2>Time mode</h2>")
             parts.append(_html_table(self.time_rows(), TIME_COLUMNS))
+        lines = self.highlights()
+        if lines:
+            parts.append("<h2>Highlights</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>")
         parts.append("<h2>Plots</h2>")
         for name, caption in self.images:
             data = base64.b64encode((self.out / name).read_bytes()).decode("ascii")
@@ -416,6 +460,32 @@ class Report:
         path = self.out / "report.html"
         path.write_text("\n".join(parts))
         return path
+
+
+def time_average(steps: Sequence[tuple[float, float]], bins: int) -> tuple[list[float], list[float]]:
+    """Time-weighted means of a step function over ``bins`` equal windows: (window midpoints, means).
+
+    ``steps[i] = (t_i, v_i)`` holds ``v_i`` from ``t_i`` until ``t_{i+1}``.
+
+    >>> time_average([(0.0, 0.0), (5.0, 10.0), (10.0, 10.0)], 2)
+    ([2.5, 7.5], [0.0, 10.0])
+    """
+    if len(steps) < 2 or bins < 1:
+        return [t for t, _ in steps], [v for _, v in steps]
+    t0, t1 = steps[0][0], steps[-1][0]
+    if t1 <= t0:
+        return [t0], [steps[-1][1]]
+    width = (t1 - t0) / bins
+    sums = [0.0] * bins
+    for (a, v), (b, _) in itertools.pairwise(steps):
+        while a < b:
+            k = min(bins - 1, int((a - t0) / width))
+            end = min(b, t0 + (k + 1) * width)
+            if end <= a:  # float edge: step into the next window
+                end = b if k == bins - 1 else t0 + (k + 1) * width + 1e-9 * width
+            sums[k] += v * (end - a)
+            a = end
+    return [t0 + (k + 0.5) * width for k in range(bins)], [x / width for x in sums]
 
 
 def _html_table(rows: Sequence[Mapping[str, object]], columns: Sequence[tuple[str, str]]) -> str:
