@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         description=(
             "Replay a workload on a cluster under several placement policies, using the same "
             "topology/ scoring code as the scheduler extender. Fill mode is the FGD paper's experiment "
-            "(seeded order, no departures, demand inflated to 130%%, unallocated devices at 100%% demand); "
+            "(seeded order, no departures, demand inflated to 130%, unallocated devices at 100% demand); "
             "time mode is a discrete-event run with queues, fair share, gangs and failures."
         ),
         epilog=EPILOG,
@@ -63,8 +63,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     )
     p.add_argument("--mode", choices=["fill", "time", "both"], help="default: both with no inputs, else by inputs")
     p.add_argument("--cluster", metavar="YAML", help="cluster spec: node pools, topologies, link domains")
-    p.add_argument("--nodes", metavar="CSV", help="openb node list (fill mode), e.g. openb_node_list_gpu_node.csv")
-    p.add_argument("--pods", metavar="CSV", help="openb pod list (fill mode), e.g. openb_pod_list_default.csv")
+    p.add_argument("--nodes", metavar="CSV", help="openb node list, e.g. openb_node_list_gpu_node.csv")
+    p.add_argument(
+        "--pods",
+        metavar="CSV",
+        help="openb pod list, e.g. openb_pod_list_default.csv (time mode: replayed by creation/deletion time)",
+    )
     p.add_argument("--trace", metavar="FILE", help="generic job file, CSV or JSON (see docs/simulator.md)")
     p.add_argument("--jobs", type=int, default=1500, metavar="N", help="synthetic jobs in time mode (default 1500)")
     p.add_argument("--tasks", type=int, default=2000, metavar="N", help="synthetic tasks in fill mode (default 2000)")
