@@ -205,3 +205,61 @@ def test_a_shape_that_fits_nowhere_stays_pending_with_a_reason(
     pod = control_plane.core.read_namespaced_pod("odd", namespace)
     assert pod.spec is not None and pod.status is not None
     assert not pod.spec.node_name and pod.status.phase == "Pending"
+
+
+def _gang_pod(name: str, gang: str, size: int, count: int, shape: str, label: str) -> dict[str, Any]:
+    pod = _pod(name, count, shape, label)
+    pod["metadata"]["annotations"].update({"kube-icl.io/gang": gang, "kube-icl.io/gang-size": str(size)})
+    return pod
+
+
+def test_gang_members_land_on_their_reserved_node(
+    control_plane: ControlPlane, extender: Running, namespace: str
+) -> None:
+    for i in range(2):
+        _create(control_plane, namespace, _gang_pod(f"w{i}", "job", 2, 8, "ring", extender.label))
+    placed = [_devices(control_plane, namespace, f"w{i}") for i in range(2)]
+    nodes = {node for node, _ in placed}
+    assert len(nodes) == 1, f"one node holds both rings of 8: {placed}"
+    node = nodes.pop()
+    assert extender.nodes[node] in ("torus:4x4", "mesh:4x4")
+    assert not set(placed[0][1]) & set(placed[1][1])
+    placer = Placer.for_topology(build_preset(extender.nodes[node]))
+    assert all(placer.is_valid(parse_shape("ring", count=8), devs) for _, devs in placed)
+
+
+def test_preemption_frees_a_whole_shape(control_plane: ControlPlane, extender: Running, namespace: str) -> None:
+    from kubernetes import client as k8s
+
+    scheduling = k8s.SchedulingV1Api(control_plane.api_client)
+    for name, value in (("icl-e2e-low", 10), ("icl-e2e-high", 1000)):
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        try:
+            scheduling.create_priority_class(cast(Any, body))
+        except k8s.ApiException as error:
+            if error.status != 409:
+                raise
+    torus = next(n for n, preset in extender.nodes.items() if preset == "torus:4x4")
+
+    def pinned(name: str, count: int, shape: str, priority: str) -> dict[str, Any]:
+        pod = _pod(name, count, shape, extender.label)
+        pod["spec"]["nodeSelector"]["kubernetes.io/hostname"] = torus
+        pod["spec"]["priorityClassName"] = priority
+        return pod
+
+    for i in range(8):
+        _create(control_plane, namespace, pinned(f"low{i}", 2, "ring", "icl-e2e-low"))
+    for i in range(8):
+        _devices(control_plane, namespace, f"low{i}")
+    assert extender.cache.nodes[torus].free == frozenset()
+    _create(control_plane, namespace, pinned("high", 4, "mesh:2x2", "icl-e2e-high"))
+    node, devices = _devices(control_plane, namespace, "high")
+    assert node == torus
+    assert Placer.for_topology(build_preset("torus:4x4")).is_valid(parse_shape("mesh:2x2"), devices)
+    left = {str(p.metadata.name) for p in control_plane.core.list_namespaced_pod(namespace).items if p.metadata}
+    assert len(left - {"high"}) == 6, f"the fewest victims (two rings of 2 that form a 2x2 block): {sorted(left)}"
