@@ -496,6 +496,7 @@ class ControlPlane:
         self._kwok_kubeconfig = workdir / "kwok.kubeconfig"
         self._api_client: k8s.ApiClient | None = None
         self._scheduler_starts = 0
+        self._scheduler_source: Mapping[str, Any] | Path | str | None = None
 
     # ----------------------------------------------------------- lifecycle
 
@@ -669,6 +670,7 @@ class ControlPlane:
         """
         assert self.pki is not None
         self.stop_scheduler()
+        self._scheduler_source = config
         document = _load_scheduler_config(config)
         document.setdefault("clientConnection", {})["kubeconfig"] = str(self._scheduler_kubeconfig)
         document["leaderElection"] = {"leaderElect": False}
@@ -729,11 +731,12 @@ class ControlPlane:
 
     @contextlib.contextmanager
     def use_scheduler(self, config: Mapping[str, Any] | Path | str | None) -> Iterator[Component]:
-        """Run kube-scheduler with ``config`` inside the block, the plain one after it."""
+        """Run kube-scheduler with ``config`` inside the block, and the previous config after it."""
+        previous = self._scheduler_source
         try:
             yield self.start_scheduler(config)
         finally:
-            self.start_scheduler(None)
+            self.start_scheduler(previous)
 
     # ----------------------------------------------------------- API
 
