@@ -319,6 +319,7 @@ class NvmlBackend:
         n = api.device_count()
         uuids = [api.uuid(i) for i in range(n)]
         buses = [_norm_bus(api.pci_bus_id(i)) for i in range(n)]
+        self._buses = buses
         self._minors = [api.minor_number(i) for i in range(n)]
         devices = tuple(
             Device(
@@ -378,7 +379,7 @@ class NvmlBackend:
 
     def _probe_sync(self) -> tuple[dict[str, bool], dict[tuple[str, str], bool]]:
         api = self._api
-        buses = [_norm_bus(str(d.attrs[1][1])) for d in self._base.devices]
+        buses = self._buses
         failed, self._xid_failed = self._xid_failed, set()  # swap: XIDs noted meanwhile count next time
         devices: dict[str, bool] = {}
         for d in self._base.devices:
