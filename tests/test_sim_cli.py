@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import csv
 import json
 from pathlib import Path
@@ -72,3 +73,28 @@ def test_sim_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureF
     bad.write_text("pools: []\n")
     assert main(["sim", "--mode", "time", "--cluster", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "pools: must be a non-empty list" in capsys.readouterr().err
+
+
+def test_time_average_keeps_the_integral() -> None:
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from simulator.report import time_average
+
+    @given(
+        st.lists(st.tuples(st.floats(0.01, 100.0), st.floats(0.0, 100.0)), min_size=2, max_size=30),
+        st.integers(1, 40),
+    )
+    def check(raw: list[tuple[float, float]], bins: int) -> None:
+        t = 0.0
+        steps = []
+        for dt, v in raw:
+            steps.append((t, v))
+            t += dt
+        exact = sum(a[1] * (b[0] - a[0]) for a, b in itertools.pairwise(steps))
+        mids, means = time_average(steps, bins)
+        width = (steps[-1][0] - steps[0][0]) / bins
+        assert len(mids) == len(means) == bins
+        assert abs(sum(m * width for m in means) - exact) <= 1e-6 * max(1.0, exact)
+
+    check()

@@ -35,7 +35,7 @@ def test_icl_places_every_job_on_a_valid_shape(seed: int) -> None:
 
 
 def test_kubelet_is_not_always_valid_and_icl_is() -> None:
-    jobs = synthetic_jobs(300, 4, mean_interarrival=60.0)
+    jobs = synthetic_jobs(150, 4, mean_interarrival=60.0)
     k = summarise(run_time(SPEC, jobs, "kubelet"))
     i = summarise(run_time(SPEC, jobs, "icl"))
     assert k.valid_pct < 100.0
