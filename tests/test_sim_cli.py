@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
-import itertools
 import csv
+import itertools
 import json
 from pathlib import Path
 
