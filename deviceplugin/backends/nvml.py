@@ -139,8 +139,11 @@ class PynvmlApi:
 
     def p2p_ok(self, i: int, j: int) -> bool:
         n = self._n
+        index = n.NVML_P2P_CAPS_INDEX_READ
+        if isinstance(index, tuple):  # nvidia-ml-py 13.x defines it as `0,` (a 1-tuple); ctypes wants the int
+            (index,) = index
         try:
-            status = n.nvmlDeviceGetP2PStatus(self._h(i), self._h(j), n.NVML_P2P_CAPS_INDEX_READ)
+            status = n.nvmlDeviceGetP2PStatus(self._h(i), self._h(j), index)
         except n.NVMLError:
             return False
         return bool(status == n.NVML_P2P_STATUS_OK)
