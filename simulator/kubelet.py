@@ -8,9 +8,13 @@ It does what ``pkg/kubelet/cm/devicemanager`` does, over the same gRPC API:
   devices marked unhealthy, as the kubelet does);
 - admits a container asking for N devices: available = healthy - in use; too few is
   an admission error; if the plugin offers ``GetPreferredAllocation`` it is asked
-  first and its answer taken (ids still available), the rest filled from the
-  available set; then ``Allocate`` with the ids in the kubelet's own order (not rank
-  order), and ``PreStartContainer`` when the plugin asked for it;
+  (available, no must-include, N) and its answer taken (ids still available), the
+  rest filled from the available set; then ``Allocate`` with the ids in the
+  kubelet's own order (an unsorted set there; ``allocate_order`` here, not rank
+  order), and ``PreStartContainer`` when the plugin asked for it. This is the
+  device manager's path when the Topology Manager gives no NUMA hint (policy
+  ``none``); NUMA alignment, which narrows ``available`` to one NUMA node first,
+  is not emulated;
 - keeps a checkpoint (``kubelet_internal_checkpoint``) of what it allocated, and on
   :meth:`KubeletEmulator.restart` wipes the directory's sockets like a starting
   kubelet, reloads the checkpoint and waits for plugins to register again.
