@@ -263,3 +263,90 @@ def test_preemption_frees_a_whole_shape(control_plane: ControlPlane, extender: R
     assert Placer.for_topology(build_preset("torus:4x4")).is_valid(parse_shape("mesh:2x2"), devices)
     left = {str(p.metadata.name) for p in control_plane.core.list_namespaced_pod(namespace).items if p.metadata}
     assert len(left - {"high"}) == 6, f"the fewest victims (two rings of 2 that form a 2x2 block): {sorted(left)}"
+
+
+def _tls_pair(directory: Path) -> tuple[Path, Path]:
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-icl-extender")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+def test_https_and_a_gang_across_a_link_domain(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:
+    """The scheduler reaches the extender over HTTPS; a 3-member gang spans adjacent nodes of a domain."""
+    import base64
+
+    cert, key = _tls_pair(tmp_path)
+    api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
+    cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False, tls_cert=str(cert), tls_key=str(key))
+    cache = ClusterCache(cfg.resource_name)
+    ext = Extender(cfg, cache, api)
+    informer = Informer(api, cache, watch_timeout_s=60)
+    server = ExtenderServer(ext, cfg)
+    ext.start()
+    informer.start()
+    server.start()
+    try:
+        wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
+        label = f"dom-{uuid.uuid4().hex[:6]}"
+        topo = build_preset("ring:8")
+        names = [f"{label}-{i}" for i in range(4)]
+        for i, name in enumerate(names):
+            control_plane.create_node(
+                name,
+                labels={
+                    "kube-icl.io/e2e": label,
+                    "kube-icl.io/link-domain": label,
+                    "kube-icl.io/link-domain-kind": "mesh",  # a line of 4 nodes, no wrap-around
+                    "kube-icl.io/link-coords": str(i),
+                },
+                annotations={"kube-icl.io/topology": encode_annotation(topo)},
+                allocatable={RESOURCE: "8"},
+            )
+        wait_for(lambda: all(n in cache.views for n in names), timeout_s=30, what="domain nodes in the cache")
+        config = yaml.safe_load(CONFIG.read_text())
+        stanza = config["extenders"][0]
+        stanza["urlPrefix"] = server.url
+        stanza["enableHTTPS"] = True
+        stanza["tlsConfig"] = {"caData": base64.b64encode(cert.read_bytes()).decode()}
+        assert server.url.startswith("https://127.0.0.1:")
+        with control_plane.use_scheduler(config):
+            # Node 0 is partly busy, so the three members must take nodes 1-3, which are adjacent.
+            busy = _pod("busy", 2, "ring", label)
+            busy["spec"]["nodeSelector"]["kubernetes.io/hostname"] = names[0]
+            _create(control_plane, namespace, busy)
+            assert _devices(control_plane, namespace, "busy")[0] == names[0]
+            for i in range(3):
+                _create(control_plane, namespace, _gang_pod(f"m{i}", "span", 3, 8, "ring", label))
+            placed = sorted(_devices(control_plane, namespace, f"m{i}")[0] for i in range(3))
+            assert placed == names[1:], placed
+    finally:
+        informer.halt()
+        server.stop()
+        informer.stop()
+        ext.stop()
