@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +208,3 @@ def load_config(path: str | Path | None, **overrides: Any) -> PluginConfig:
         raise ConfigError(f"{path}: {e}" if path else str(e)) from None
     except TypeError as e:  # an override of the wrong name: a programming error worth a clear message
         raise ConfigError(f"internal error: {e}") from None
-
-
-def with_overrides(config: PluginConfig, **overrides: Any) -> PluginConfig:
-    return replace(config, **{k: v for k, v in overrides.items() if v is not None})

@@ -11,7 +11,7 @@ import functools
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -65,7 +65,6 @@ class Harness:
     kubelet: KubeletEmulator
     stop: asyncio.Event
     task: asyncio.Task[None]
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def devices(self) -> dict[str, str]:
