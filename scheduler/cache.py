@@ -29,6 +29,7 @@ from scheduler.podspec import (
     PodSpecError,
     parse_quantity,
     pod_info,
+    requested_count,
 )
 from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopology, TopologyError, decode_annotation
 
@@ -320,8 +321,6 @@ class ClusterCache:
         phase = str((obj.get("status") or {}).get("phase") or "Pending")
         log.warning("pod %s/%s: %s", meta.get("namespace"), meta.get("name"), reason)
         try:
-            from scheduler.podspec import requested_count
-
             count = requested_count(obj, self.resource)
         except PodSpecError:
             count = 0
