@@ -207,12 +207,6 @@ def test_allreduce_used_the_allocated_rank_order() -> None:
     assert all("via P2P" in r["nccl_transport"][0] for r in runs if r is not host)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nvidia-ml-py 13.x defines NVML_P2P_CAPS_INDEX_READ = 0, (a 1-tuple); PynvmlApi.p2p_ok passes it "
-    "to ctypes, which refuses it (seen on the H200 machine, recorded in real-h200x4.json extra). "
-    "Remove this marker with the fix in deviceplugin/backends/nvml.py.",
-)
 def test_p2p_ok_survives_nvidia_ml_py_tuple_constant(monkeypatch: pytest.MonkeyPatch, data: dict[str, Any]) -> None:
     assert data["extra"]["nvidia_ml_py_read_index_repr"] == "(0,)"
 

@@ -47,6 +47,7 @@ DEFAULT_MIX: tuple[tuple[str, float], ...] = (
 )
 TABLE_LIMIT = 20_000  # candidates kept per (topology, shape)
 TABLE_BUDGET = 600_000  # search steps spent building one table
+ANY_TABLE_BUDGET = 100_000  # connected sets explode fastest; past this, ``any`` grows sets per query instead
 SEARCH_BUDGET = 3_000_000  # search steps for a fallback query (exhaustive far below this at <= 64 devices)
 MAX_OPTIONS = 256  # fitting placements scored per decision
 QUERY_CACHE = 4096  # remembered decisions per topology
@@ -94,16 +95,18 @@ class _Table:
         self.complete = result.complete
         by_device = [0] * len(adj)
         nbrs: list[int] = []
+        with_orders = len(self.orders) == len(self.masks)
         for i, mask in enumerate(self.masks):
             bit = 1 << i
             around = 0
             for v in bits(mask):
                 by_device[v] |= bit
                 around |= adj[v]
-            nbrs.append(around & ~mask)
+            if with_orders:
+                nbrs.append(around & ~mask)
         self.by_device = by_device
         self.nbrs = nbrs  # per candidate: the devices linked to it from outside
-        self.hops = [hop_cost(dist, o) for o in self.orders] if dist is not None else [0] * len(self.masks)
+        self.hops = [hop_cost(dist, o) for o in self.orders] if dist is not None else [0] * len(self.orders)
         self.all = (1 << len(self.masks)) - 1
 
     def fitting(self, busy: int) -> int:
@@ -179,7 +182,8 @@ class Placer:
         with self._lock:
             table = self._tables.get(shape)
             if table is None:
-                result = self._search(shape, self.healthy, TABLE_LIMIT, TABLE_BUDGET)
+                budget = ANY_TABLE_BUDGET if shape.kind is ShapeKind.ANY else TABLE_BUDGET
+                result = self._search(shape, self.healthy, TABLE_LIMIT, budget)
                 table = _Table(result, self.adj, self._dist if shape.kind is ShapeKind.ANY else None)
                 self._tables[shape] = table
             return table
@@ -269,6 +273,9 @@ class Placer:
         if free_mask.bit_count() < shape.size:
             return []
         table = self.table(shape)
+        if shape.kind is ShapeKind.ANY and not table.complete:
+            # A prefix of the connected sets is biased towards low ids: grow sets from every free seed instead.
+            return [self._option(m, o, shape) for m, o in self._grow_any(shape.size, free_mask, must)]
         fit = table.fitting(self.healthy & ~free_mask)
         for v in bits(must):
             fit &= table.by_device[v]
@@ -279,11 +286,9 @@ class Placer:
                 break
         if options or table.complete:
             return options
-        if shape.kind is ShapeKind.ANY:
-            found = self._grow_any(shape.size, free_mask, must)
-        else:  # the table is a prefix: search the free set itself (exact), keeping those with ``must``
-            result = self._search(shape, free_mask, MAX_OPTIONS * 4, SEARCH_BUDGET)
-            found = [(m, o) for m, o in zip(result.masks, result.placements, strict=True) if m & must == must]
+        # The table is a prefix: search the free set itself (exact), keeping those with ``must``.
+        result = self._search(shape, free_mask, MAX_OPTIONS * 4, SEARCH_BUDGET)
+        found = [(m, o) for m, o in zip(result.masks, result.placements, strict=True) if m & must == must]
         return [self._option(m, o, shape) for m, o in found[:MAX_OPTIONS]]
 
     def _option(self, mask: int, order: tuple[int, ...], shape: Shape) -> _Option:
@@ -321,19 +326,24 @@ class Placer:
         seeds = must if must else free_mask
         out: dict[int, tuple[int, ...]] = {}
         for seed in bits(seeds):
-            chosen = [seed]
+            chosen = [seed, *(v for v in bits(must) if v != seed)]
             mask = (1 << seed) | must
-            chosen += [v for v in bits(must) if v != seed]
+            acc = [0] * self.n  # acc[u]: hops from u to every chosen device
+            around = 0
+            for c in chosen:
+                row = dist[c]
+                acc = [a + r for a, r in zip(acc, row, strict=True)]
+                around |= self.adj[c]
             while len(chosen) < k:
-                frontier = 0
-                for v in chosen:
-                    frontier |= self.adj[v]
-                frontier &= free_mask & ~mask
+                frontier = around & free_mask & ~mask
                 if not frontier:
                     break
-                best = min(bits(frontier), key=lambda u: (sum(dist[u][c] for c in chosen), u))
+                best = min(bits(frontier), key=lambda u: (acc[u], u))
                 chosen.append(best)
                 mask |= 1 << best
+                around |= self.adj[best]
+                row = dist[best]
+                acc = [a + r for a, r in zip(acc, row, strict=True)]
             if len(chosen) == k and component_of(self.adj, seed, mask) == mask:
                 out.setdefault(mask, bfs_order(self.adj, mask))
             if len(out) >= MAX_OPTIONS:

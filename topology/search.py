@@ -156,7 +156,8 @@ def embeddings(adj: Sequence[int], pattern: Pattern, domain: int, limit: int, bu
 def connected_sets(adj: Sequence[int], k: int, domain: int, limit: int, budget: int) -> SearchResult:
     """Up to ``limit`` connected ``k``-subsets of ``domain``, each exactly once (ESU enumeration).
 
-    Each result's order is a breadth-first order from its lowest vertex.
+    Each result's order is a breadth-first order from its lowest vertex; an incomplete
+    enumeration returns its masks without orders (callers use it only to test existence).
     """
     out: list[tuple[int, ...]] = []
     masks: list[int] = []
@@ -172,9 +173,8 @@ def connected_sets(adj: Sequence[int], k: int, domain: int, limit: int, budget: 
             exhausted = True
             return False
         if size == k:
-            out.append(bfs_order(adj, sub))
             masks.append(sub)
-            return len(out) < limit
+            return len(masks) < limit
         while ext:
             low = ext & -ext
             ext ^= low
@@ -188,8 +188,9 @@ def connected_sets(adj: Sequence[int], k: int, domain: int, limit: int, budget: 
         above = (domain >> (v + 1)) << (v + 1)
         low = 1 << v
         if not extend(low, adj[v] & above, adj[v] | low, above, 1):
-            return SearchResult(out, masks, not exhausted and len(out) < limit)
-    return SearchResult(out, masks, True)
+            complete = not exhausted and len(masks) < limit
+            return SearchResult([bfs_order(adj, m) for m in masks] if complete else out, masks, complete)
+    return SearchResult([bfs_order(adj, m) for m in masks], masks, True)
 
 
 def bfs_order(adj: Sequence[int], mask: int) -> tuple[int, ...]:
