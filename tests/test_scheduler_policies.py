@@ -425,3 +425,49 @@ def test_a_stale_device_list_on_a_pending_pod_is_ignored() -> None:
     assert c.filter(pod).node_names == ["a"]
     assert c.bind(pod, "a") == ""
     assert c.api.pods[("default", "p")]["metadata"]["annotations"]["kube-icl.io/devices"] != "0,0,not valid"
+
+
+@given(
+    seed=st.integers(0, 10_000),
+    preset=st.sampled_from(["mesh:2x4", "ring:8", "torus:2x2x2"]),
+    ask=st.sampled_from([(2, "ring"), (4, "any"), (4, "mesh:2x2"), (4, "ring"), (8, "any")]),
+)
+def test_preemption_victims_are_a_smallest_set_that_frees_the_shape(
+    seed: int, preset: str, ask: tuple[int, str]
+) -> None:
+    """Against brute force over every subset of the node's pods."""
+    import itertools
+    import random
+
+    from topology import build_preset
+
+    rng = random.Random(seed)
+    topo = build_preset(preset)
+    placer = Placer.for_topology(topo)
+    c = Cluster({"a": preset}, ExtenderConfig(fair_share=False))
+    free = set(topo.ids)
+    held: dict[str, tuple[str, ...]] = {}
+    for i in range(8):
+        p = placer.place(parse_shape("any", count=rng.choice([1, 2, 2, 3])), free)
+        if p is None:
+            continue
+        free -= set(p.devices)
+        pod = c.add(
+            pod_obj(f"v{i}", len(p.devices), "any", node="a", annotations={"kube-icl.io/devices": ",".join(p.devices)})
+        )
+        held[pod["metadata"]["uid"]] = p.devices
+    count, shape_text = ask
+    shape = parse_shape(shape_text, count=count)
+    pod = c.add(pod_obj("hi", count, shape_text, priority=100))
+    out = _preempt(c, pod, {"a": list(held)})
+
+    def fits(victims: tuple[str, ...]) -> bool:
+        return placer.fits(shape, free | {d for u in victims for d in held[u]})
+
+    smallest = next((k for k in range(len(held) + 1) for combo in itertools.combinations(held, k) if fits(combo)), None)
+    if smallest is None:
+        assert out == {}
+        return
+    assert "a" in out
+    chosen = tuple(out["a"])
+    assert fits(chosen) and len(chosen) == smallest
