@@ -294,32 +294,25 @@ class Extender:
         if ask.shape is None:
             return self._result(args, names, {}, {}), "ignored"
         shape = ask.shape
-        allowed: set[str] | None = None
+        reserved = False
         if info.gang is not None:
             with self.cache.lock:
                 reserved = info.gang.key in self.gangs.reservations
-            if not reserved:
-                verdict = self._fair_share(info)
-                if verdict is not None:
-                    self._event(info, "QueueHeldBack", verdict.reason)
-                    return self._result(args, [], {}, dict.fromkeys(names, verdict.reason)), "held"
+        if not reserved:  # a gang with a reservation was admitted as a whole
+            verdict = self._fair_share(info)
+            if verdict is not None:
+                self._event(info, "QueueHeldBack", verdict.reason)
+                return self._result(args, [], {}, dict.fromkeys(names, verdict.reason)), "held"
+        if info.gang is not None:
             allowed, reason = self.gangs.plan(info, shape, names)
             if reason:
                 self._event(info, "GangNotPlaced", reason)
                 return self._result(args, [], dict.fromkeys(names, reason), {}), "unschedulable"
-        if allowed is not None:
-            where = ", ".join(sorted(allowed))
-            msg = f"gang {info.gang.name if info.gang else ''!r} has its reserved devices on {where}"
-            elsewhere = {n: msg for n in names if n not in allowed}
-            return self._result(args, [n for n in names if n in allowed], elsewhere, {}), "gang"
-        if info.gang is None:
-            verdict = self._fair_share(info)
-            if verdict is not None:
-                self._event(info, "QueueHeldBack", verdict.reason)
-                bucket = dict.fromkeys(names, verdict.reason)
-                if verdict.unresolvable:
-                    return self._result(args, [], {}, bucket), "held"
-                return self._result(args, [], bucket, {}), "held"
+            if allowed is not None:
+                where = ", ".join(sorted(allowed))
+                msg = f"gang {info.gang.name!r} has its reserved devices on {where}"
+                elsewhere = {n: msg for n in names if n not in allowed}
+                return self._result(args, [n for n in names if n in allowed], {}, elsewhere), "gang"
 
         passed: list[str] = []
         failed: dict[str, str] = {}
