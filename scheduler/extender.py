@@ -545,10 +545,15 @@ class Extender:
                     continue
                 view = rec.view
                 held: dict[str, tuple[str, ...]] = {}
+                gone: set[str] = set()
                 for u in uids:
                     where = self.cache.allocated.get(u)
                     if where is not None and where[0] == node:
-                        held[u] = where[1]
+                        p = self.cache.pods.get(u)
+                        if p is not None and p.deleting:
+                            gone.add(u)  # already terminating: counted as leaving below
+                        else:
+                            held[u] = where[1]
                 # kube-scheduler proposes victims by count (its dry run does not ask extenders), so a
                 # contiguous shape may need other pods of the node: any of lower priority may go too.
                 extra: dict[str, tuple[str, ...]] = {}
@@ -558,13 +563,27 @@ class Extender:
                         extra[u] = devs
                 queues = {u: self.cache.pods[u].queue if u in self.cache.pods else "" for u in (*held, *extra)}
                 unattributed_victims = sum(rec.unattributed.get(u, 0) for u in uids)
-            others = tuple(u for u in uids if u not in held)
+                # Pods already terminating (an earlier preemption's victims) free their devices soon:
+                # count them as free, so a retry does not pick a second round of victims.
+                leaving = frozenset(
+                    d
+                    for u, devs in rec.owners.items()
+                    if (p := self.cache.pods.get(u)) is not None and p.deleting
+                    for d in devs
+                )
+            others = tuple(u for u in uids if u not in held and u not in gone)
             pool = view.topology.fingerprint
             placer = Placer.for_topology(view.topology)
             spare = view.unattributed - unattributed_victims
 
-            def fits(extra: frozenset[str], spare: int = spare, view: NodeView = view, placer: Placer = placer) -> bool:
-                free = view.free | extra
+            def fits(
+                extra: frozenset[str],
+                spare: int = spare,
+                view: NodeView = view,
+                placer: Placer = placer,
+                leaving: frozenset[str] = leaving,
+            ) -> bool:
+                free = view.free | leaving | extra
                 return len(free) - spare >= shape.size and placer.fits(shape, free)
 
             if fits(frozenset()):

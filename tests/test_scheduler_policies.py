@@ -471,3 +471,15 @@ def test_preemption_victims_are_a_smallest_set_that_frees_the_shape(
     assert "a" in out
     chosen = tuple(out["a"])
     assert fits(chosen) and len(chosen) == smallest
+
+
+def test_preemption_counts_terminating_victims_as_leaving() -> None:
+    """A retry after victims were deleted but not yet gone must not pick a second round."""
+    c = Cluster({"a": "mesh:2x4"}, ExtenderConfig(fair_share=False))
+    held = {"p1": "0,4", "p2": "1,5", "p3": "2,6", "p4": "3,7"}
+    pods = {n: c.add(pod_obj(n, 2, "any", node="a", annotations={"kube-icl.io/devices": d})) for n, d in held.items()}
+    for name in ("p1", "p2"):
+        c.add({**pods[name], "metadata": {**pods[name]["metadata"], "deletionTimestamp": "2026-11-26T01:00:00Z"}})
+    pod = c.add(pod_obj("hi", 4, "mesh:2x2", priority=100))
+    uids = [p["metadata"]["uid"] for p in pods.values()]
+    assert _preempt(c, pod, {"a": uids}) == {"a": []}, "p1 and p2 are leaving: 0,1,4,5 form the 2x2 block"
