@@ -16,6 +16,7 @@ code, assumes the devices, and only then does I/O, without the lock.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import queue
@@ -33,7 +34,15 @@ from scheduler.events import EventRecorder, summarize_failures
 from scheduler.gang import GangManager, Slot
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
-from scheduler.podspec import ANN_DEVICES, ANN_SHAPE, PodInfo, PodSpecError, format_devices, pod_info
+from scheduler.podspec import (
+    ANN_DEVICES,
+    ANN_GANG_SIZE,
+    ANN_SHAPE,
+    PodInfo,
+    PodSpecError,
+    format_devices,
+    pod_info,
+)
 from scheduler.wire import (
     MAX_PRIORITY,
     ExtenderArgs,
@@ -109,6 +118,7 @@ class Extender:
         self._seen: OrderedDict[str, PodInfo] = OrderedDict()
         self._seen_lock = threading.Lock()
         self._last_fit: dict[str, bool] = {}  # pod uid -> whether our latest filter passed any node
+        self._group_sizes: dict[tuple[str, str, str, str], tuple[int | None, float]] = {}
         self._evictions: queue.Queue[tuple[PodInfo, str] | None] = queue.Queue()
         self._evict_thread: threading.Thread | None = None
         self.metrics.attach_state(self._share_metrics, self._free_shape_metrics)
@@ -303,6 +313,11 @@ class Extender:
             if verdict is not None:
                 self._event(info, "QueueHeldBack", verdict.reason)
                 return self._result(args, [], {}, dict.fromkeys(names, verdict.reason)), "held"
+        if info.gang is not None and not reserved and info.gang.size == 0:
+            info, why = self._resolve_gang_size(info)
+            if why:
+                self._event(info, "GangNotPlaced", why)
+                return self._result(args, [], {}, dict.fromkeys(names, why)), "invalid"
         if info.gang is not None:
             allowed, reason = self.gangs.plan(info, shape, names)
             if reason:
@@ -345,6 +360,31 @@ class Extender:
             self._event(info, "FailedPlacement", summarize_failures({**failed, **unresolvable}, len(names), str(shape)))
             return self._result(args, passed, failed, unresolvable), "unschedulable"
         return self._result(args, passed, failed, unresolvable), "fit"
+
+    def _resolve_gang_size(self, info: PodInfo) -> tuple[PodInfo, str]:
+        """Fill in the member count from the native group object (PodGroup, Workload); cached 30 s."""
+        gang = info.gang
+        assert gang is not None
+        group = gang.group
+        if group is None or self.api is None:
+            return info, f"gang {gang.name!r} (from {gang.source}) has no size: set annotation {ANN_GANG_SIZE}"
+        key = (group.kind, gang.namespace, group.name, group.pod_group)
+        now = time.monotonic()
+        hit = self._group_sizes.get(key)
+        if hit is None or now - hit[1] > 30.0:
+            try:
+                size = self.api.group_size(group.kind, gang.namespace, group.name, group.pod_group)
+            except KubeError as exc:
+                return info, f"gang {gang.name!r}: cannot read its {group.kind} object: {exc.message}"
+            hit = (size, now)
+            self._group_sizes[key] = hit
+        if hit[0] is None:
+            where = f"{group.kind} {gang.namespace}/{group.name}" + (f" ({group.pod_group})" if group.pod_group else "")
+            return info, (
+                f"gang {gang.name!r} (from {gang.source}): {where} is missing or sets no gang size; "
+                f"create it or set annotation {ANN_GANG_SIZE}"
+            )
+        return dataclasses.replace(info, gang=dataclasses.replace(gang, size=hit[0])), ""
 
     # ------------------------------------------------------------------ prioritize
 

@@ -14,6 +14,8 @@ Paths used (all core/v1 or policy/v1):
 - ``POST /api/v1/namespaces/NS/pods/NAME/binding``
 - ``POST /api/v1/namespaces/NS/pods/NAME/eviction``
 - ``POST /api/v1/namespaces/NS/events``
+- ``GET  /apis/scheduling.x-k8s.io/...podgroups/NAME`` and the upstream ``scheduling.k8s.io``
+  PodGroup / Workload (only for gangs named by those objects without ``kube-icl.io/gang-size``)
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from scheduler.podspec import group_min_count
+
 __all__ = [
+    "GROUP_PATHS",
     "KubeAPI",
     "KubeError",
     "Resource",
@@ -78,6 +83,27 @@ class KubeAPI(Protocol):
     def evict_pod(self, namespace: str, name: str, uid: str) -> None: ...
 
     def create_event(self, namespace: str, event: JsonObj) -> None: ...
+
+    def group_size(self, kind: str, namespace: str, name: str, pod_group: str = "") -> int | None:
+        """The member count of a native gang object (see :class:`scheduler.podspec.GroupRef`); None if absent."""
+        ...
+
+
+# Where each kind of native group object lives, newest API first.
+GROUP_PATHS: dict[str, tuple[str, ...]] = {
+    "scheduler-plugins": (
+        "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
+        "/apis/scheduling.sigs.k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
+    ),
+    "podgroup": (
+        "/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{name}",
+        "/apis/scheduling.k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
+    ),
+    "workload": (
+        "/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/workloads/{name}",
+        "/apis/scheduling.k8s.io/v1alpha1/namespaces/{ns}/workloads/{name}",
+    ),
+}
 
 
 # --------------------------------------------------------------------- request bodies (pure)
@@ -364,6 +390,18 @@ class RestKubeAPI:
 
     def create_event(self, namespace: str, event: JsonObj) -> None:
         self._request("POST", f"/api/v1/namespaces/{_q(namespace)}/events", event)
+
+    def group_size(self, kind: str, namespace: str, name: str, pod_group: str = "") -> int | None:
+        for template in GROUP_PATHS.get(kind, ()):
+            try:
+                obj = self._request("GET", template.format(ns=_q(namespace), name=_q(name)))
+            except KubeError as exc:
+                if exc.status == 404:
+                    continue  # not this API version (or not this object): try the next
+                raise
+            if isinstance(obj, dict):
+                return group_min_count(kind, obj, pod_group)
+        return None
 
 
 def _status_message(data: bytes) -> str:

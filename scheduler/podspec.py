@@ -21,9 +21,11 @@ __all__ = [
     "LABEL_LINK_COORDS",
     "LABEL_LINK_DOMAIN",
     "GangRef",
+    "GroupRef",
     "PodInfo",
     "PodSpecError",
     "format_devices",
+    "group_min_count",
     "parse_devices",
     "pod_info",
 ]
@@ -38,9 +40,10 @@ LABEL_LINK_DOMAIN = "kube-icl.io/link-domain"
 LABEL_LINK_COORDS = "kube-icl.io/link-coords"
 
 # Native group names honoured as the gang identity when kube-icl.io/gang is absent.
-LABEL_SCHED_PLUGINS_GROUP = "scheduling.x-k8s.io/pod-group"
-LABEL_SCHED_PLUGINS_GROUP_OLD = "pod-group.scheduling.sigs.k8s.io"
-ANN_SCHED_PLUGINS_MIN = "scheduling.x-k8s.io/min-available"
+LABEL_SCHED_PLUGINS_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins coscheduling (PodGroup CRD)
+LABEL_SCHED_PLUGINS_GROUP_OLD = "pod-group.scheduling.sigs.k8s.io"  # its earlier label (PodGroup CRD)
+LABEL_LIGHT_GROUP = "pod-group.scheduling.sigs.k8s.io/name"  # lightweight coscheduling: labels only
+LABEL_LIGHT_MIN = "pod-group.scheduling.sigs.k8s.io/min-available"
 
 _MAX_GANG = 4096
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -51,11 +54,26 @@ class PodSpecError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class GroupRef:
+    """A native group object that carries the gang's size (read by the extender, see ``KubeAPI.group_size``).
+
+    ``kind``: ``scheduler-plugins`` (PodGroup ``spec.minMember``), ``podgroup`` (scheduling.k8s.io
+    PodGroup ``spec.schedulingPolicy.gang.minCount``) or ``workload`` (scheduling.k8s.io Workload,
+    the ``pod_group`` entry's ``policy.gang.minCount``).
+    """
+
+    kind: str
+    name: str
+    pod_group: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class GangRef:
     namespace: str
     name: str
-    size: int
+    size: int  # 0: not on the pod; read from ``group``
     source: str  # which field named the gang: annotation, pod-group label, schedulingGroup, workloadRef
+    group: GroupRef | None = None
 
     @property
     def key(self) -> str:
@@ -146,34 +164,79 @@ def format_devices(devices: tuple[str, ...] | list[str]) -> str:
     return ",".join(devices)
 
 
+def _size(raw: Any, where: str) -> int:
+    try:
+        size = int(str(raw).strip())
+    except ValueError:
+        raise PodSpecError(f"{where}: {raw!r} is not a whole number") from None
+    if not 1 <= size <= _MAX_GANG:
+        raise PodSpecError(f"{where}: {size} is outside 1..{_MAX_GANG}")
+    return size
+
+
+def group_min_count(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> int | None:
+    """The member count a native group object asks for; None when it sets none (not a gang).
+
+    - scheduler-plugins ``PodGroup``: ``spec.minMember``;
+    - scheduling.k8s.io ``PodGroup``: ``spec.schedulingPolicy.gang.minCount`` (``basic``: 1);
+    - scheduling.k8s.io ``Workload``: the entry named ``pod_group`` of ``spec.podGroups`` (v1alpha1,
+      ``policy``) or ``spec.podGroupTemplates`` (later, ``schedulingPolicy``), its ``gang.minCount``.
+    """
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    raw: Any = None
+    if kind == "scheduler-plugins":
+        raw = spec.get("minMember")
+    elif kind == "podgroup":
+        policy = spec.get("schedulingPolicy") or {}
+        if isinstance(policy, Mapping):
+            gang = policy.get("gang")
+            raw = gang.get("minCount") if isinstance(gang, Mapping) else (1 if "basic" in policy else None)
+    elif kind == "workload":
+        for entry in [*(spec.get("podGroups") or []), *(spec.get("podGroupTemplates") or [])]:
+            if isinstance(entry, Mapping) and entry.get("name") == pod_group:
+                policy = entry.get("policy") or entry.get("schedulingPolicy") or {}
+                gang = policy.get("gang") if isinstance(policy, Mapping) else None
+                raw = gang.get("minCount") if isinstance(gang, Mapping) else 1
+    if raw is None or isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= _MAX_GANG:
+        return None
+    return raw
+
+
 def _gang(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> GangRef | None:
+    """The gang this pod belongs to: kube-icl's annotation first, then the cluster's native grouping."""
     ann = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
-    name: str | None = None
-    source = ""
+    explicit = ann.get(ANN_GANG_SIZE)
+    size = _size(explicit, f"annotation {ANN_GANG_SIZE}") if explicit is not None else 0
     if ann.get(ANN_GANG):
-        name, source = str(ann[ANN_GANG]), "annotation"
-    elif labels.get(LABEL_SCHED_PLUGINS_GROUP) or labels.get(LABEL_SCHED_PLUGINS_GROUP_OLD):
-        name = str(labels.get(LABEL_SCHED_PLUGINS_GROUP) or labels.get(LABEL_SCHED_PLUGINS_GROUP_OLD))
-        source = "pod-group label"
-    elif isinstance(spec.get("schedulingGroup"), Mapping) and spec["schedulingGroup"].get("podGroupName"):
-        name, source = "podgroup:" + str(spec["schedulingGroup"]["podGroupName"]), "spec.schedulingGroup"
-    elif isinstance(spec.get("workloadRef"), Mapping) and spec["workloadRef"].get("name"):
-        ref = spec["workloadRef"]
-        parts = [str(ref.get("name")), str(ref.get("podGroup") or ""), str(ref.get("podGroupReplicaKey") or "")]
-        name, source = "workload:" + "/".join(p for p in parts if p), "spec.workloadRef"
-    if name is None:
-        return None
-    raw_size = ann.get(ANN_GANG_SIZE, ann.get(ANN_SCHED_PLUGINS_MIN))
-    if raw_size is None:
-        raise PodSpecError(f"gang {name!r} (from {source}) needs annotation {ANN_GANG_SIZE} with the member count")
-    try:
-        size = int(str(raw_size).strip())
-    except ValueError:
-        raise PodSpecError(f"annotation {ANN_GANG_SIZE}: {raw_size!r} is not a whole number") from None
-    if not 1 <= size <= _MAX_GANG:
-        raise PodSpecError(f"annotation {ANN_GANG_SIZE}: {size} is outside 1..{_MAX_GANG}")
-    return GangRef(namespace, name, size, source)
+        if not size:
+            raise PodSpecError(f"gang {ann[ANN_GANG]!r} needs annotation {ANN_GANG_SIZE} with the member count")
+        return GangRef(namespace, str(ann[ANN_GANG]), size, "annotation")
+    for label in (LABEL_SCHED_PLUGINS_GROUP, LABEL_SCHED_PLUGINS_GROUP_OLD):
+        if labels.get(label):
+            group = str(labels[label])
+            ref = GroupRef("scheduler-plugins", group)
+            return GangRef(namespace, f"podgroup:{group}", size, f"label {label}", ref)
+    if labels.get(LABEL_LIGHT_GROUP):
+        group = str(labels[LABEL_LIGHT_GROUP])
+        if not size:
+            if labels.get(LABEL_LIGHT_MIN) is None:
+                raise PodSpecError(f"gang {group!r} (label {LABEL_LIGHT_GROUP}) needs label {LABEL_LIGHT_MIN}")
+            size = _size(labels[LABEL_LIGHT_MIN], f"label {LABEL_LIGHT_MIN}")
+        return GangRef(namespace, f"podgroup:{group}", size, f"label {LABEL_LIGHT_GROUP}")
+    sched_group = spec.get("schedulingGroup")
+    if isinstance(sched_group, Mapping) and sched_group.get("podGroupName"):
+        group = str(sched_group["podGroupName"])
+        return GangRef(namespace, f"podgroup:{group}", size, "spec.schedulingGroup", GroupRef("podgroup", group))
+    wref = spec.get("workloadRef")
+    if isinstance(wref, Mapping) and wref.get("name"):
+        workload, pod_group = str(wref["name"]), str(wref.get("podGroup") or "")
+        parts = [workload, pod_group, str(wref.get("podGroupReplicaKey") or "")]
+        key = "workload:" + "/".join(p for p in parts if p)
+        return GangRef(namespace, key, size, "spec.workloadRef", GroupRef("workload", workload, pod_group))
+    return None
 
 
 def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:

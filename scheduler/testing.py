@@ -89,6 +89,7 @@ class FakeAPIServer:
         self.fail: dict[tuple[str, str], list[int]] = {}  # (method, path suffix) -> status codes to answer
         self.before_bind: Callable[[str, str], None] | None = None
         self.hang_up = 0  # close this many connections silently after their response
+        self.objects: dict[str, JsonObj] = {}  # other GET paths (PodGroups, Workloads) -> object
         self._closed = False
         self._epoch = 0
         fake = self
@@ -245,6 +246,11 @@ class FakeAPIServer:
             if pm:
                 ns, name, sub = pm.group(1), pm.group(2), pm.group(3)
                 self._reply(h, *self._pod_op(method, ns, name, sub, body, h.headers.get("Content-Type") or ""))
+                return
+            if method == "GET" and url.path in self.objects:
+                with self.lock:
+                    obj = copy.deepcopy(self.objects[url.path])
+                self._reply(h, 200, obj)
                 return
             if _EVENTS.match(url.path) and method == "POST":
                 if not isinstance(body, dict) or body.get("kind") != "Event":
@@ -602,6 +608,7 @@ class MemoryKubeAPI:
         self.calls: list[tuple[str, str, str]] = []
         self.events: list[JsonObj] = []
         self.before: dict[str, Callable[[], None]] = {}
+        self.groups: dict[tuple[str, str, str], JsonObj] = {}  # (kind, namespace, name) -> group object
 
     def _maybe_fail(self, call: str, ns: str, name: str) -> None:
         self.calls.append((call, ns, name))
@@ -656,3 +663,11 @@ class MemoryKubeAPI:
         with self.lock:
             self._maybe_fail("event", namespace, event["metadata"]["name"])
             self.events.append(event)
+
+    def group_size(self, kind: str, namespace: str, name: str, pod_group: str = "") -> int | None:
+        from scheduler.podspec import group_min_count
+
+        with self.lock:
+            self._maybe_fail("group", namespace, name)
+            obj = self.groups.get((kind, namespace, name))
+            return None if obj is None else group_min_count(kind, obj, pod_group)

@@ -329,3 +329,29 @@ def test_recorded_event_matches_what_the_recorder_builds() -> None:
     )
     for key in ("involvedObject", "reason", "message", "type", "source", "reportingComponent", "count"):
         assert real[key] == ours[key], key
+
+
+def test_group_size_reads_native_group_objects(fake: FakeAPIServer, api: RestKubeAPI) -> None:
+    fake.objects["/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups/pg"] = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "pg", "namespace": "ml"},
+        "spec": {"minMember": 3},
+    }
+    fake.objects["/apis/scheduling.k8s.io/v1alpha1/namespaces/ml/workloads/train"] = {
+        "apiVersion": "scheduling.k8s.io/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"podGroups": [{"name": "workers", "policy": {"gang": {"minCount": 4}}}]},
+    }
+    assert api.group_size("scheduler-plugins", "ml", "pg") == 3
+    assert api.group_size("workload", "ml", "train", "workers") == 4
+    assert api.group_size("podgroup", "ml", "absent") is None
+    paths = [r.path for r in fake.requests]
+    assert paths == [
+        "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups/pg",
+        "/apis/scheduling.k8s.io/v1alpha2/namespaces/ml/workloads/train",
+        "/apis/scheduling.k8s.io/v1alpha1/namespaces/ml/workloads/train",
+        "/apis/scheduling.k8s.io/v1alpha2/namespaces/ml/podgroups/absent",
+        "/apis/scheduling.k8s.io/v1alpha1/namespaces/ml/podgroups/absent",
+    ], "newest API version first, the next on 404"

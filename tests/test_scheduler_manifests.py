@@ -87,9 +87,19 @@ def test_extender_config_is_valid_and_matches_service_and_scheduler() -> None:
 
 def test_extender_rbac_is_least_privilege() -> None:
     role = find("ClusterRole", "kube-icl-extender")
-    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
-    assert all(rule["apiGroups"] == [""] for rule in role["rules"])
-    assert granted == {
+    granted = {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+    native = {
+        ("scheduling.x-k8s.io", "podgroups", "get"),
+        ("scheduling.sigs.k8s.io", "podgroups", "get"),
+        ("scheduling.k8s.io", "podgroups", "get"),
+        ("scheduling.k8s.io", "workloads", "get"),
+    }
+    assert native <= granted, "the member count of natively grouped gangs"
+    core = {(r, v) for g, r, v in granted - native if g == ""}
+    assert granted - native == {("", r, v) for r, v in core}, "nothing else outside the core group"
+    assert core == {
         ("nodes", "get"),
         ("nodes", "list"),
         ("nodes", "watch"),
@@ -106,3 +116,16 @@ def test_extender_rbac_is_least_privilege() -> None:
     assert (
         find("Deployment", "kube-icl-extender")["spec"]["template"]["spec"]["serviceAccountName"] == "kube-icl-extender"
     )
+
+
+def test_rbac_covers_every_native_group_path_the_client_reads() -> None:
+    from scheduler.kube import GROUP_PATHS
+
+    role = find("ClusterRole", "kube-icl-extender")
+    granted = {
+        (g, r) for rule in role["rules"] if "get" in rule["verbs"] for g in rule["apiGroups"] for r in rule["resources"]
+    }
+    for paths in GROUP_PATHS.values():
+        for path in paths:
+            parts = path.split("/")  # /apis/GROUP/VERSION/namespaces/{ns}/RESOURCE/{name}
+            assert (parts[2], parts[6]) in granted, path

@@ -179,15 +179,16 @@ def test_node_death_fails_its_gangs() -> None:
     c.ext.stop()
 
 
-def test_native_pod_group_label_names_the_gang() -> None:
+def test_native_pod_group_label_names_the_gang_and_gang_size_overrides() -> None:
     c = Cluster({"a": "torus:4x4"})
-    ann = {"scheduling.x-k8s.io/min-available": "2"}
+    ann = {"kube-icl.io/gang-size": "2"}  # no PodGroup object needed when the pod says its size
     members = [
         c.add(pod_obj(f"w{i}", 8, "ring", labels={"scheduling.x-k8s.io/pod-group": "pg"}, annotations=ann))
         for i in range(2)
     ]
     c.filter(members[0])
-    assert "default/pg" in c.ext.gangs.reservations
+    assert len(c.ext.gangs.reservations["default/podgroup:pg"].slots) == 2
+    assert not [call for call in c.api.calls if call[0] == "group"]
 
 
 def test_gang_without_size_is_a_clear_per_node_failure() -> None:
@@ -483,3 +484,75 @@ def test_preemption_counts_terminating_victims_as_leaving() -> None:
     pod = c.add(pod_obj("hi", 4, "mesh:2x2", priority=100))
     uids = [p["metadata"]["uid"] for p in pods.values()]
     assert _preempt(c, pod, {"a": uids}) == {"a": []}, "p1 and p2 are leaving: 0,1,4,5 form the 2x2 block"
+
+
+# ---------------------------------------------------------------------- native gang grouping
+
+
+@pytest.mark.parametrize(
+    ("kind", "obj", "pod_group", "expected"),
+    [
+        ("scheduler-plugins", {"spec": {"minMember": 4}}, "", 4),
+        ("scheduler-plugins", {"spec": {}}, "", None),
+        ("podgroup", {"spec": {"schedulingPolicy": {"gang": {"minCount": 2}}}}, "", 2),
+        ("podgroup", {"spec": {"schedulingPolicy": {"basic": {}}}}, "", 1),
+        ("workload", {"spec": {"podGroups": [{"name": "w", "policy": {"gang": {"minCount": 8}}}]}}, "w", 8),
+        (
+            "workload",
+            {"spec": {"podGroupTemplates": [{"name": "w", "schedulingPolicy": {"gang": {"minCount": 5}}}]}},
+            "w",
+            5,
+        ),
+        ("workload", {"spec": {"podGroups": [{"name": "other"}]}}, "w", None),
+        ("scheduler-plugins", {"spec": {"minMember": True}}, "", None),
+    ],
+    ids=["sp", "sp-none", "pg-gang", "pg-basic", "wl-v1alpha1", "wl-templates", "wl-missing", "sp-bool"],
+)
+def test_group_min_count(kind: str, obj: dict[str, Any], pod_group: str, expected: int | None) -> None:
+    from scheduler.podspec import group_min_count
+
+    assert group_min_count(kind, obj, pod_group) == expected
+
+
+def test_gang_named_by_a_scheduler_plugins_pod_group_takes_its_size_from_the_pod_group() -> None:
+    c = Cluster({"a": "torus:4x4"})
+    c.api.groups[("scheduler-plugins", "default", "pg")] = {"spec": {"minMember": 3}}
+    labels = {"scheduling.x-k8s.io/pod-group": "pg"}
+    members = [c.add(pod_obj(f"w{i}", 4, "ring", labels=labels)) for i in range(3)]
+    assert c.filter(members[0]).node_names == ["a"]
+    res = c.ext.gangs.reservations["default/podgroup:pg"]
+    assert len(res.slots) == 3
+    for m in members:
+        assert c.schedule(m) == "a"
+
+
+def test_gang_named_by_a_workload_reference() -> None:
+    c = Cluster({"a": "torus:4x4"})
+    c.api.groups[("workload", "default", "train")] = {
+        "spec": {"podGroups": [{"name": "workers", "policy": {"gang": {"minCount": 2}}}]}
+    }
+    pods = []
+    for i in range(2):
+        pod = pod_obj(f"w{i}", 8, "ring")
+        pod["spec"]["workloadRef"] = {"name": "train", "podGroup": "workers"}
+        pods.append(c.add(pod))
+    assert c.filter(pods[0]).node_names == ["a"]
+    assert len(c.ext.gangs.reservations["default/workload:train/workers"].slots) == 2
+
+
+def test_gang_whose_group_object_is_missing_fails_every_node_with_the_reason() -> None:
+    c = Cluster({"a": "torus:4x4"})
+    pod = c.add(pod_obj("w", 4, "ring", labels={"scheduling.x-k8s.io/pod-group": "nope"}))
+    result = c.filter(pod)
+    assert result.node_names == []
+    reason = result.failed_and_unresolvable_nodes["a"]
+    assert "scheduler-plugins default/nope is missing" in reason and "kube-icl.io/gang-size" in reason
+    assert not c.ext.gangs.reservations
+
+
+def test_lightweight_coscheduling_labels_carry_the_size() -> None:
+    c = Cluster({"a": "torus:4x4"})
+    labels = {"pod-group.scheduling.sigs.k8s.io/name": "lw", "pod-group.scheduling.sigs.k8s.io/min-available": "2"}
+    pod = c.add(pod_obj("w", 8, "ring", labels=labels))
+    assert c.filter(pod).node_names == ["a"]
+    assert len(c.ext.gangs.reservations["default/podgroup:lw"].slots) == 2
