@@ -38,8 +38,10 @@ RESOURCE = "kube-icl.io/accelerator"
 
 
 class Running:
-    def __init__(self, api: RestKubeAPI, cache: ClusterCache, server: ExtenderServer, label: str) -> None:
-        self.api, self.cache, self.server, self.label = api, cache, server, label
+    def __init__(
+        self, api: RestKubeAPI, cache: ClusterCache, ext: Extender, server: ExtenderServer, label: str
+    ) -> None:
+        self.api, self.cache, self.ext, self.server, self.label = api, cache, ext, server, label
         self.nodes: dict[str, str] = {}
 
 
@@ -59,7 +61,7 @@ def extender(control_plane: ControlPlane) -> Iterator[Running]:
     config = yaml.safe_load(CONFIG.read_text())
     config["extenders"][0]["urlPrefix"] = server.url
     label = f"e2e-{uuid.uuid4().hex[:6]}"
-    running = Running(api, cache, server, label)
+    running = Running(api, cache, ext, server, label)
     presets = {"torus": "torus:4x4", "mesh": "mesh:4x4", "ring": "ring:8"}
     for short, preset in presets.items():
         name = f"{label}-{short}"
@@ -350,3 +352,62 @@ def test_https_and_a_gang_across_a_link_domain(control_plane: ControlPlane, name
         server.stop()
         informer.stop()
         ext.stop()
+
+
+PODGROUP_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: podgroups.scheduling.x-k8s.io
+spec:
+  group: scheduling.x-k8s.io
+  scope: Namespaced
+  names: {plural: podgroups, singular: podgroup, kind: PodGroup, shortNames: [pg]}
+  versions:
+    - name: v1alpha1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+"""
+
+
+def test_gang_size_comes_from_a_scheduler_plugins_pod_group(
+    control_plane: ControlPlane, extender: Running, namespace: str, tmp_path: Path
+) -> None:
+    """No kube-icl annotation at all: the gang is the PodGroup's, and its minMember is read from the API."""
+    from kubernetes import client as k8s
+
+    crd = tmp_path / "podgroup-crd.yaml"
+    crd.write_text(PODGROUP_CRD)
+    control_plane.kubectl("apply", "-f", str(crd))
+    control_plane.kubectl("wait", "--for=condition=Established", "crd/podgroups.scheduling.x-k8s.io", "--timeout=60s")
+    custom = k8s.CustomObjectsApi(control_plane.api_client)
+    body = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "trainer"},
+        "spec": {"minMember": 2},
+    }
+
+    def create() -> bool:
+        try:
+            custom.create_namespaced_custom_object("scheduling.x-k8s.io", "v1alpha1", namespace, "podgroups", body)
+        except k8s.ApiException as error:
+            if error.status == 404:
+                return False  # the new API is not served yet
+            raise
+        return True
+
+    wait_for(create, timeout_s=30, what="PodGroup created")
+    for i in range(2):
+        pod = _pod(f"pg{i}", 8, "ring", extender.label)
+        pod["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "trainer"}
+        _create(control_plane, namespace, pod)
+    placed = [_devices(control_plane, namespace, f"pg{i}") for i in range(2)]
+    assert placed[0][0] == placed[1][0], f"both members on the node reserved for the PodGroup: {placed}"
+    assert not set(placed[0][1]) & set(placed[1][1])
+    size, _when = extender.ext._group_sizes[("scheduler-plugins", namespace, "trainer", "")]
+    assert size == 2, "the gang size was read from the PodGroup object"
