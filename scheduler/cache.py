@@ -86,15 +86,6 @@ class NodeRecord:
     def unattributed_total(self) -> int:
         return sum(self.unattributed.values())
 
-    def holder(self, device: str) -> str | None:
-        for owner, devs in self.owners.items():
-            if device in devs:
-                return owner
-        for owner, devs in self.reserved.items():
-            if device in devs:
-                return owner
-        return None
-
 
 @dataclass(frozen=True, slots=True)
 class PodChange:
@@ -459,10 +450,6 @@ class ClusterCache:
                 self.pods[uid] = info
             self._refresh(rec)
             self.generation += 1
-
-    def confirm(self, uid: str) -> None:
-        with self.lock:
-            self.assumed.pop(uid, None)
 
     def forget(self, uid: str) -> None:
         """Undo :meth:`assume`; safe to call twice."""

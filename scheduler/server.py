@@ -233,9 +233,6 @@ class ExtenderServer:
         )
         self._thread.start()
 
-    def serve_forever(self) -> None:
-        self._httpd.serve_forever()
-
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
