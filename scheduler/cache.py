@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 
 JsonObj = dict[str, Any]
 
-# (fingerprint, free mask, devices held by pods whose exact devices are unknown)
-StateKey = tuple[str, int, int]
+# (fingerprint, free mask, devices held by pods whose exact devices are unknown,
+#  devices the kubelet's allocatable still admits, or -1 when the node reports none)
+StateKey = tuple[str, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class NodeView:
     free: frozenset[str]
     key: StateKey
     unattributed: int
+    admits: int = -1  # allocatable minus devices held by pods on the node; -1: allocatable not reported
     # Per-view answers, keyed by shape text; filled by the extender, dropped with the view.
     memo: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -235,10 +237,13 @@ class ClusterCache:
         for dev in free:
             mask |= 1 << rec.index[dev]
         held = rec.unattributed_total
-        key = (rec.topology.fingerprint, mask, held)
+        admits = -1
+        if rec.allocatable is not None:
+            admits = max(0, rec.allocatable - held - sum(len(d) for d in rec.owners.values()))
+        key = (rec.topology.fingerprint, mask, held, admits)
         view = rec.view
         if view is None or view.key != key or view.topology is not rec.topology:
-            view = NodeView(rec.topology, free, key, held)
+            view = NodeView(rec.topology, free, key, held, admits)
             rec.view = view
         if rec.ready:
             self.views[rec.name] = view

@@ -207,6 +207,13 @@ class Extender:
         healthy = len(topo.healthy_ids)
         if shape.size > healthy:
             return NodeEval(False, placer.explain(shape, view.free), 0, unresolvable=True)
+        if 0 <= view.admits < shape.size:
+            return NodeEval(
+                False,
+                f"{shape.describe()} needs {shape.size} devices; the node's allocatable "
+                f"{self.cfg.resource_name} admits {view.admits} more",
+                0,
+            )
         usable = len(view.free) - view.unattributed
         if usable < shape.size:
             held = f" ({view.unattributed} more held by pods without a device list)" if view.unattributed else ""

@@ -556,3 +556,17 @@ def test_lightweight_coscheduling_labels_carry_the_size() -> None:
     pod = c.add(pod_obj("w", 8, "ring", labels=labels))
     assert c.filter(pod).node_names == ["a"]
     assert len(c.ext.gangs.reservations["default/podgroup:lw"].slots) == 2
+
+
+def test_the_kubelets_allocatable_caps_what_a_node_admits() -> None:
+    """The device plugin reports fewer devices than the topology (e.g. some failed to open)."""
+    c = Cluster({"a": "mesh:4x4"})
+    node = c.api.nodes["a"]
+    node["status"]["allocatable"]["kube-icl.io/accelerator"] = "6"
+    c.cache.upsert_node(node)
+    c.add(pod_obj("p1", 4, "mesh:2x2", node="a", annotations={"kube-icl.io/devices": "0,1,4,5"}))
+    assert c.filter(c.add(pod_obj("two", 2, "ring"))).node_names == ["a"]
+    result = c.filter(c.add(pod_obj("four", 4, "mesh:2x2")))
+    assert result.failed_nodes == {
+        "a": "2x2 mesh needs 4 devices; the node's allocatable kube-icl.io/accelerator admits 2 more"
+    }
