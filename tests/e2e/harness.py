@@ -20,6 +20,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -510,16 +511,29 @@ class ControlPlane:
         return {c.name: c.pid for c in self.components if c.pid is not None}
 
     def start(self, *, scheduler: Mapping[str, Any] | Path | str | None = None) -> ControlPlane:
-        """Start everything and wait until each part is ready; on failure stop what started."""
-        try:
-            self.pki = Pki.generate(self.workdir / "pki")
-            self._start_etcd()
-            self._start_apiserver()
-            self._start_kwok()
-            self.start_scheduler(scheduler)
-        except BaseException:
-            self.stop()
-            raise
+        """Start everything and wait until each part is ready; on failure stop what started.
+
+        Ports are picked free just before use; if another process takes one
+        meanwhile ("address already in use"), the whole start is retried once.
+        """
+        for attempt in range(2):
+            try:
+                self.pki = Pki.generate(self.workdir / "pki")
+                self._start_etcd()
+                self._start_apiserver()
+                self._start_kwok()
+                self.start_scheduler(scheduler)
+            except ComponentError as error:
+                self.stop()
+                self.etcd = self.apiserver = self.kwok = self.scheduler = None
+                if attempt == 0 and "address already in use" in str(error):
+                    shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
+                    continue
+                raise
+            except BaseException:
+                self.stop()
+                raise
+            break
         return self
 
     def stop(self) -> list[str]:
