@@ -1,4 +1,9 @@
-"""``icl demo``: the main job on built-in defaults (what ``make demo`` runs)."""
+"""``icl demo``: the main job on built-in defaults (what ``make demo`` runs).
+
+First a short tour of the placement core (topologies drawn, jobs placed next to a stock
+kubelet), then the placement simulator on its built-in cluster and workloads, which
+writes tables, CSV/JSON, PNG plots and an HTML report.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +17,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         "demo",
         parents=[common],
         help="run the built-in demonstration (no files needed)",
-        description="Draws built-in topologies and places ring, mesh and torus jobs on them, side by side with "
-        "a topology-unaware stock kubelet.",
+        description="Draws built-in topologies and places ring, mesh and torus jobs on them next to a "
+        "topology-unaware stock kubelet, then replays the simulator's built-in cluster and workloads under "
+        "every policy and writes a report.",
     )
+    demo.add_argument("--out", default="out/demo", help="where the simulator writes its report (default: out/demo)")
+    demo.add_argument("--no-tour", action="store_true", help="skip the topology tour, run only the simulator")
     demo.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from simulator.cli import main
     from simulator.topo_cli import tour
 
-    return tour()
+    if not args.no_tour:
+        print("Part 1: the placement core on built-in topologies (icl topo tour)\n")
+        code = tour(compact=True)
+        if code:
+            return code
+        print("\nPart 2: the placement simulator on its built-in cluster and workloads (icl sim)\n")
+    return main(["sim", "--out", args.out])

@@ -147,8 +147,11 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def tour() -> int:
-    """Built-in topologies drawn, a stream of jobs (with departures) placed on each, next to a stock kubelet."""
+def tour(compact: bool = False) -> int:
+    """Built-in topologies drawn, a stream of jobs (with departures) placed on each, next to a stock kubelet.
+
+    ``compact`` draws only the scenes where the two policies differ.
+    """
     from topology import Placer, Policy, build_preset, parse_shape, render
 
     # "-X" means job X leaves; every other entry is a job that arrives, lettered in order.
@@ -163,7 +166,8 @@ def tour() -> int:
     for preset, jobs in scenes:
         topo = build_preset(preset)
         placer = Placer.for_topology(topo)
-        print("=" * 78)
+        drawings: list[str] = []
+        outcome: list[int] = []
         for policy in (Policy.FRAGMENTATION, Policy.KUBELET):
             free = set(topo.ids)
             held: dict[str, tuple[str, ...]] = {}
@@ -190,11 +194,15 @@ def tour() -> int:
                 ok = "ok" if p.valid else "NOT the asked shape"
                 lines.append(f"  {letter}: {shape.describe():<22} {','.join(p.devices):<28} {ok}")
             marks = {d: letter for letter, devices in held.items() for d in devices}
-            print(f"[{preset}] policy {policy.value}: {valid} of {arrived} jobs placed on a valid shape")
-            print(render(topo, marks))
-            print("\n".join(lines))
-            print()
+            drawings.append(
+                f"[{preset}] policy {policy.value}: {valid} of {arrived} jobs placed on a valid shape\n"
+                f"{render(topo, marks)}\n" + "\n".join(lines) + "\n"
+            )
+            outcome.append(valid)
             summary.append(f"  {preset:<12} {policy.value:<14} {valid}/{arrived} on a valid shape")
+        if not compact or outcome[0] != outcome[1]:
+            print("=" * 78)
+            print("\n".join(drawings))
     print("=" * 78)
     print("summary (fragmentation = kube-icl's default policy, kubelet = lowest free ids, link-unaware)")
     print("\n".join(summary))

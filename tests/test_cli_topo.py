@@ -91,3 +91,13 @@ def test_demo_tour_places_and_draws(capsys: pytest.CaptureFixture[str]) -> None:
     assert tour() == 0
     out = capsys.readouterr().out
     assert "[torus:4x4] policy fragmentation" in out and "policy kubelet" in out
+
+
+def test_compact_tour_draws_only_scenes_where_policies_differ(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator.topo_cli import tour
+
+    assert tour(compact=True) == 0
+    out = capsys.readouterr().out
+    assert "[mesh:4x4] policy kubelet" in out, "the kubelet misses shapes on a mesh"
+    assert "[hcm:8] policy" not in out, "both policies agree on hcm:8, so it is only summarised"
+    assert "  hcm:8        kubelet        4/4 on a valid shape" in out
