@@ -127,3 +127,24 @@ def test_unknown_policy_lists_allowed() -> None:
         make_policy("nope", [GpuNodeSpec("a", 1, 1, 1)])
     with pytest.raises(ValueError, match="target workload"):
         make_policy("fgd", [GpuNodeSpec("a", 1, 1, 1)])
+
+
+@given(clusters())
+def test_icl_orders_like_fgd_and_only_refines_ties(setup: tuple[list[GpuNodeSpec], list[TaskRequest]]) -> None:
+    """icl never overrides FGD's integer score; for device-less tasks it keeps FGD's ties."""
+    specs, history = setup
+    workload = TargetWorkload.from_tasks(TASK_MIX)
+    fgd, icl = make_policy("fgd", specs, workload), make_policy("icl", specs, workload)
+    cluster = FracCluster(specs)
+    scorer = Scorer(fgd)
+    rng = random.Random(0)
+    for past in history:
+        picked = scorer.choose(cluster, past, rng)
+        if picked is not None:
+            cluster.allocate(picked[0], past, picked[1][1])
+    for task in TASK_MIX:
+        by_fgd = brute_force_best(cluster.states, task, fgd)
+        by_icl = brute_force_best(cluster.states, task, icl)
+        assert {i for i, _ in by_icl} <= {i for i, _ in by_fgd}
+        if task.num_gpu == 0:
+            assert by_icl == by_fgd

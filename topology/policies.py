@@ -26,11 +26,12 @@ Policies:
   equal integer scores tie and the framework picks among them at random.
   ``levels=0`` keeps the exact real-valued gradient instead.
 - ``icl``: kube-icl's packing policy. It keeps FGD's integer gradient score and
-  resolves its ties by best fit instead of a coin toss: among placements whose
-  fragmentation growth is the same to the score's resolution, the one that
-  leaves its node with the least free CPU and devices wins, which keeps empty
-  and near-empty nodes whole for the large (4- and 8-device) tasks that a
-  random spread would starve.
+  resolves its ties by best fit instead of a coin toss: among placements of a
+  device-asking task whose fragmentation growth is the same to the score's
+  resolution, the one that leaves its node with the least free CPU and devices
+  wins, which keeps empty and near-empty nodes whole for whole-device and
+  multi-device tasks that a random spread would starve. Tasks that ask no
+  device keep FGD's uniform tie-break.
 """
 
 from __future__ import annotations
@@ -203,7 +204,9 @@ class IclPack:
 
     ``score = gradient_score(dF) + pack_weight * remaining_after``; the packing
     term is below one score level (``remaining`` is in 0..2), so it only orders
-    placements that FGD scores equal.
+    placements that FGD scores equal. Tasks that ask no device get no packing
+    term: they have no device share to pack, and piling their CPU onto the
+    fullest nodes strands those nodes' last devices; their ties stay uniform.
     """
 
     frag: FragmentationModel
@@ -220,10 +223,11 @@ class IclPack:
             return None
         before = self.frag(state)
         best: Choice | None = None
+        pack = self.pack_weight if task.num_gpu else 0.0
         for take in opts:
             after = state.apply(task, take)
             value = gradient_score(self.frag(after) - before, self.levels, self.scale)
-            value += self.pack_weight * self.capacity.remaining(after)
+            value += pack * self.capacity.remaining(after)
             if best is None or value < best[0] - 1e-12:
                 best = (value, take)
         return best
