@@ -14,7 +14,8 @@ It prints, side by side in one run:
    ratio of their per-decision cost;
 3. fill runs on synthetic clusters of 100 to 10,000 nodes (workload scaled
    with the cluster): per-decision cost and its growth relative to 100 nodes,
-   with the number of (node state, task type) pairs the engine scored.
+   with the distinct node states present at the end (what one decision
+   scans) and the (node state, task type) pairs the engine scored.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def main() -> int:
     ap.add_argument("--sizes", default="100,300,1000,3000,10000", help="synthetic cluster sizes (nodes)")
     ap.add_argument("--policies", default="bestfit,fgd,icl", help="policies to time")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument(
+        "--budget", type=float, default=60.0, help="stop growing a policy's cluster after a run this long, s"
+    )
     ap.add_argument("--naive-tasks", type=int, default=300, help="decisions timed against the naive loop")
     args = ap.parse_args()
     names = [p for p in args.policies.split(",") if p]
@@ -107,7 +111,8 @@ def main() -> int:
 
     print("\n3. scaling on synthetic clusters (3 tasks per node, inflated to 130% of devices)")
     print(
-        f"{'policy':<8} {'nodes':>6} {'decisions':>9} {'seconds':>8} {'us/decision':>12} {'x vs 100':>9} {'scored':>8}"
+        f"{'policy':<8} {'nodes':>6} {'decisions':>9} {'seconds':>8} {'us/decision':>12} {'x vs first':>10} "
+        f"{'states at end':>13} {'pairs scored':>12}"
     )
     for name in names:
         base: float | None = None
@@ -120,8 +125,11 @@ def main() -> int:
             base = per if base is None else base
             print(
                 f"{name:<8} {size:>6} {r.tasks:>9} {r.seconds:>8.2f} {per:>12.1f} "
-                f"{per / base:>9.2f} {r.evaluations:>8,}"
+                f"{per / base:>10.2f} {r.final_groups:>13,} {r.evaluations:>12,}"
             )
+            if r.seconds > args.budget:
+                print(f"{name:<8} (stopping: the last run took over {args.budget:.0f}s)")
+                break
     return 0
 
 

@@ -219,6 +219,10 @@ class FillResult:
     """(task index, cluster fragmentation in milli-units) every ``sample_every`` tasks."""
     seconds: float = 0.0
     evaluations: int = 0
+    distinct_states: int = 0
+    """Node states met during the run (each scored at most once per task type)."""
+    final_groups: int = 0
+    """Distinct node states present at the end: what one decision scans."""
 
     @property
     def tasks(self) -> int:
@@ -300,6 +304,8 @@ def run_fill(
         progress(n, n)
     result.seconds = time.perf_counter() - start
     result.evaluations = scorer.evaluations
+    result.distinct_states = cluster.distinct_states
+    result.final_groups = len(cluster.groups)
     if allocated != cluster.allocated_milli:
         raise AssertionError("internal error: allocation bookkeeping drifted")
     return result
