@@ -1,0 +1,406 @@
+"""Helpers of the issue-5 e2e scenarios and of ``bench/e2e_throughput.py``.
+
+On top of :mod:`harness` (a real control plane): kwok nodes whose
+``kube-icl.io/topology`` annotation and link labels are published by the device
+plugin's own :class:`~deviceplugin.publisher.NodePublisher` from a sim backend;
+the extender as a real subprocess (``icl extender --config FILE``) that can be
+SIGKILLed and restarted; kube-scheduler configured from the shipped
+``manifests/scheduler/kube-scheduler-config.yaml``; pod builders; and a check
+that what the API server holds is consistent (no device twice, every device
+list of its pod's size and shape on its node's topology).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+from kubernetes import client as k8s
+
+from deviceplugin.backends.sim import SimBackend
+from deviceplugin.publisher import KubernetesNodePatcher, NodePublisher
+from topology import NodeTopology, Placer, build_preset, decode_annotation, parse_shape
+
+from .harness import KWOK_TOLERATIONS, Component, ControlPlane, free_port, wait_for
+
+__all__ = [
+    "DEVICES_ANNOTATION",
+    "RESOURCE",
+    "SCHEDULER_CONFIG",
+    "TOPOLOGY_ANNOTATION",
+    "Bound",
+    "ExtenderProcess",
+    "NodeSpec",
+    "bound_pods",
+    "consistency_problems",
+    "create_pods",
+    "delete_nodes",
+    "node_topologies",
+    "pod_body",
+    "publish_nodes",
+    "shipped_scheduler_config",
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEDULER_CONFIG = ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
+RESOURCE = "kube-icl.io/accelerator"
+TOPOLOGY_ANNOTATION = "kube-icl.io/topology"
+DEVICES_ANNOTATION = "kube-icl.io/devices"
+SHAPE_ANNOTATION = "kube-icl.io/shape"
+E2E_LABEL = "kube-icl.io/e2e"
+
+
+# --------------------------------------------------------------------------- nodes
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A kwok node and what its device plugin publishes for it."""
+
+    name: str
+    preset: str
+    link_domain: str = ""
+    link_coords: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def publish_nodes(
+    plane: ControlPlane, specs: Sequence[NodeSpec], *, workers: int = 8, progress: Callable[[str], None] | None = None
+) -> dict[str, NodeTopology]:
+    """Create kwok nodes, publish each one's topology with the plugin's publisher, wait until all are Ready.
+
+    The publisher patches what a running device plugin would: the versioned
+    topology annotation of its sim backend's snapshot and the link labels. The
+    node's allocatable count of the resource is the number of devices.
+    Returns the published topology per node.
+    """
+    topologies = {s.name: SimBackend(build_preset(s.preset)).snapshot() for s in specs}
+
+    def create(spec: NodeSpec) -> None:
+        plane.create_node(
+            spec.name,
+            labels=dict(spec.labels),
+            allocatable={RESOURCE: str(len(topologies[spec.name].ids))},
+            wait_ready=False,
+        )
+
+    with ThreadPoolExecutor(workers) as pool:
+        for i, _ in enumerate(pool.map(create, specs), 1):
+            if progress is not None and (i % 200 == 0 or i == len(specs)):
+                progress(f"created {i}/{len(specs)} nodes")
+    patcher = KubernetesNodePatcher(plane.api_client)
+
+    async def publish_all() -> list[bool]:
+        publishers = [
+            NodePublisher(patcher, s.name, link_domain=s.link_domain, link_coords=s.link_coords, attempts=3)
+            for s in specs
+        ]
+        sem = asyncio.Semaphore(workers)
+
+        async def one(publisher: NodePublisher) -> bool:
+            async with sem:
+                return await publisher.publish(topologies[publisher.node_name])
+
+        return await asyncio.gather(*(one(p) for p in publishers))
+
+    published = asyncio.run(publish_all())
+    failed = [s.name for s, ok in zip(specs, published, strict=True) if not ok]
+    if failed:
+        raise RuntimeError(f"the publisher could not annotate {len(failed)} nodes, e.g. {failed[:3]}")
+    if progress is not None:
+        progress(f"published the topology of {len(specs)} nodes")
+    wanted = {s.name for s in specs}
+
+    def all_ready() -> bool:
+        ready: set[str] = set()
+        for node in plane.core.list_node().items:
+            conditions = (node.status and node.status.conditions) or []
+            if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                ready.add(node.metadata.name)
+        return wanted <= ready
+
+    wait_for(all_ready, what=f"{len(specs)} nodes Ready", timeout=120 + len(specs) / 10, interval=0.5)
+    return topologies
+
+
+def node_topologies(plane: ControlPlane, names: Iterable[str]) -> dict[str, NodeTopology]:
+    """The topology each node's annotation holds now, decoded."""
+    out: dict[str, NodeTopology] = {}
+    for name in names:
+        node: Any = plane.core.read_node(name)
+        out[name] = decode_annotation(node.metadata.annotations[TOPOLOGY_ANNOTATION])
+    return out
+
+
+def delete_nodes(plane: ControlPlane, names: Iterable[str]) -> None:
+    for name in names:
+        try:
+            plane.core.delete_node(name)
+        except k8s.ApiException as error:
+            if error.status != 404:
+                raise
+
+
+# --------------------------------------------------------------------------- the extender, a real process
+
+
+def _icl_command() -> list[str]:
+    script = Path(sys.executable).with_name("icl")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("icl")
+    return [found] if found else [sys.executable, "-m", "simulator.cli"]
+
+
+class ExtenderProcess:
+    """``icl extender --config FILE`` as a subprocess on a fixed loopback port.
+
+    :meth:`kill` sends SIGKILL (no shutdown code runs); :meth:`start` again
+    brings it back on the same port, so kube-scheduler's configuration stays
+    valid across the restart.
+    """
+
+    def __init__(self, plane: ControlPlane, workdir: Path, settings: Mapping[str, Any] | None = None) -> None:
+        self.plane = plane
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = workdir / f"extender-{self.port}.yaml"
+        self.log_path = workdir / f"extender-{self.port}.log"
+        config: dict[str, Any] = {
+            "listen": {"host": "127.0.0.1", "port": self.port},
+            "kube": {"kubeconfig": str(plane.kubeconfig)},
+            **(settings or {}),
+        }
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.component: Component | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 60.0) -> ExtenderProcess:
+        """Start the process and wait until ``/readyz`` (its cache has listed nodes and pods)."""
+        argv = [*_icl_command(), "extender", "--config", str(self.config_path)]
+        self.starts += 1
+        self.component = Component(f"icl-extender-{self.starts}", argv, self.log_path).start()
+        component = self.component
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                return bool(response.status == 200)
+
+        wait_for(ready, what="icl extender /readyz", timeout=timeout, watch=[component])
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the extender's process group and reap it."""
+        component = self.component
+        if component is None or component.process is None:
+            return
+        os.killpg(component.process.pid, signal.SIGKILL)
+        component.process.wait()
+        component.stop()
+
+    def stop(self) -> None:
+        if self.component is not None:
+            self.component.stop()
+
+    @property
+    def running(self) -> bool:
+        return self.component is not None and self.component.running
+
+    def debug_state(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/debug/state", timeout=10) as response:
+            state: dict[str, Any] = json.load(response)
+            return state
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.component.log_tail(lines) if self.component is not None else ""
+
+
+def shipped_scheduler_config(extender_url: str | None) -> dict[str, Any]:
+    """The shipped ``kube-scheduler-config.yaml`` with its extender pointed at ``extender_url``.
+
+    None drops the extender: the same profiles, with kube-scheduler's own
+    counting of the extended resource only (what a cluster without kube-icl does).
+    """
+    config: dict[str, Any] = yaml.safe_load(SCHEDULER_CONFIG.read_text())
+    if extender_url is None:
+        config.pop("extenders", None)
+    else:
+        config["extenders"][0]["urlPrefix"] = extender_url
+    return config
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def pod_body(
+    name: str,
+    count: int,
+    shape: str | None,
+    *,
+    selector: Mapping[str, str],
+    scheduler: str = "kube-icl",
+    annotations: Mapping[str, str] | None = None,
+    gates: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A pod asking for ``count`` devices of ``shape``, for kwok nodes matching ``selector``."""
+    meta_annotations = {SHAPE_ANNOTATION: shape} if shape else {}
+    meta_annotations.update(annotations or {})
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.invalid/kube-icl/e2e:none",
+                "resources": {"limits": {RESOURCE: str(count)}, "requests": {RESOURCE: str(count)}},
+            }
+        ],
+        "tolerations": KWOK_TOLERATIONS,
+        "nodeSelector": dict(selector),
+        "terminationGracePeriodSeconds": 0,
+    }
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": meta_annotations},
+        "spec": spec,
+    }
+
+
+def create_pods(plane: ControlPlane, namespace: str, bodies: Sequence[Mapping[str, Any]], *, workers: int = 8) -> None:
+    """Create pods, several at a time, in the given order of submission."""
+    core = plane.core
+
+    def create(body: Mapping[str, Any]) -> None:
+        core.create_namespaced_pod(namespace, cast(Any, body))
+
+    if workers <= 1:
+        for body in bodies:
+            create(body)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(create, bodies))
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """A pod as the API server holds it: where it is bound and the devices written on it."""
+
+    name: str
+    node: str
+    count: int
+    shape: str
+    devices: tuple[str, ...] | None
+    annotations: Mapping[str, str]
+
+
+def _count(pod: Any) -> int:
+    total = 0
+    for container in pod.spec.containers or []:
+        limits = (container.resources and container.resources.limits) or {}
+        total += int(limits.get(RESOURCE, 0))
+    return total
+
+
+def list_pods(plane: ControlPlane, namespace: str) -> list[Any]:
+    pods: list[Any] = plane.core.list_namespaced_pod(namespace).items
+    return pods
+
+
+def bound_pods(plane: ControlPlane, namespace: str, pods: Sequence[Any] | None = None) -> dict[str, Bound]:
+    """Every pod of the namespace with a node, and the devices its annotation names."""
+    out: dict[str, Bound] = {}
+    for pod in list_pods(plane, namespace) if pods is None else pods:
+        if not pod.spec.node_name:
+            continue
+        annotations = dict(pod.metadata.annotations or {})
+        text = annotations.get(DEVICES_ANNOTATION)
+        devices = tuple(d.strip() for d in text.split(",") if d.strip()) if text is not None else None
+        out[pod.metadata.name] = Bound(
+            pod.metadata.name,
+            pod.spec.node_name,
+            _count(pod),
+            annotations.get(SHAPE_ANNOTATION, "any"),
+            devices,
+            annotations,
+        )
+    return out
+
+
+def consistency_problems(bound: Mapping[str, Bound], topologies: Mapping[str, NodeTopology]) -> list[str]:
+    """What is wrong with the bound pods' device lists; empty when all is well.
+
+    Every bound pod names exactly its requested number of distinct devices of
+    its node, they form the shape it asked for on that node's topology, and no
+    device of a node is named by two pods.
+    """
+    problems: list[str] = []
+    holder: dict[tuple[str, str], str] = {}
+    for name, pod in sorted(bound.items()):
+        if pod.devices is None:
+            problems.append(f"{name}: bound to {pod.node} without {DEVICES_ANNOTATION}")
+            continue
+        topo = topologies.get(pod.node)
+        if topo is None:
+            problems.append(f"{name}: bound to {pod.node}, a node of no known topology")
+            continue
+        if len(pod.devices) != pod.count or len(set(pod.devices)) != pod.count:
+            problems.append(f"{name}: asks {pod.count} devices, annotated {pod.devices}")
+        unknown = [d for d in pod.devices if d not in topo.ids]
+        if unknown:
+            problems.append(f"{name}: devices {unknown} are not on {pod.node}")
+        elif not Placer.for_topology(topo).is_valid(parse_shape(pod.shape, count=pod.count), pod.devices):
+            problems.append(f"{name}: {pod.devices} on {pod.node} do not form {pod.shape} of {pod.count}")
+        for device in pod.devices:
+            other = holder.setdefault((pod.node, device), name)
+            if other != name:
+                problems.append(f"{pod.node}/{device} is held by {other} and {name}")
+    return problems
+
+
+def wait_bound(
+    plane: ControlPlane,
+    namespace: str,
+    names: Iterable[str],
+    *,
+    timeout: float = 120.0,
+    watch: Sequence[Component] = (),
+) -> dict[str, Bound]:
+    """Wait until every named pod is bound; returns all bound pods of the namespace."""
+    wanted = set(names)
+
+    def done() -> dict[str, Bound] | None:
+        bound = bound_pods(plane, namespace)
+        return bound if wanted <= set(bound) else None
+
+    return wait_for(done, what=f"{len(wanted)} pods bound in {namespace}", timeout=timeout, watch=watch)
+
+
+def kwok_selector(label: str) -> dict[str, str]:
+    return {E2E_LABEL: label}
+
+
+def node_labels(label: str) -> dict[str, str]:
+    return {E2E_LABEL: label}
+
+
+def unbound_names(plane: ControlPlane, namespace: str) -> list[str]:
+    return sorted(p.metadata.name for p in list_pods(plane, namespace) if not p.spec.node_name)
+
+
+def rejected(pod: Any) -> bool:
+    """kube-scheduler has tried the pod and found no node (condition PodScheduled=False, Unschedulable)."""
+    conditions = (pod.status and pod.status.conditions) or []
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in conditions)
