@@ -26,12 +26,11 @@ Policies:
   equal integer scores tie and the framework picks among them at random.
   ``levels=0`` keeps the exact real-valued gradient instead.
 - ``icl``: kube-icl's packing policy. It keeps FGD's integer gradient score and
-  resolves its ties by best fit instead of a coin toss: among placements of a
-  device-asking task whose fragmentation growth is the same to the score's
-  resolution, the one that leaves its node with the least free CPU and devices
-  wins, which keeps empty and near-empty nodes whole for whole-device and
-  multi-device tasks that a random spread would starve. Tasks that ask no
-  device keep FGD's uniform tie-break.
+  resolves its ties by best fit instead of a coin toss: among placements whose
+  fragmentation growth is the same to the score's resolution, the one that
+  leaves its node with the least free CPU and devices wins, which keeps empty
+  and near-empty nodes whole for whole-device and multi-device tasks that a
+  random spread would starve.
 """
 
 from __future__ import annotations
@@ -204,9 +203,7 @@ class IclPack:
 
     ``score = gradient_score(dF) + pack_weight * remaining_after``; the packing
     term is below one score level (``remaining`` is in 0..2), so it only orders
-    placements that FGD scores equal. Tasks that ask no device get no packing
-    term: they have no device share to pack, and piling their CPU onto the
-    fullest nodes strands those nodes' last devices; their ties stay uniform.
+    placements that FGD scores equal.
     """
 
     frag: FragmentationModel
@@ -223,11 +220,10 @@ class IclPack:
             return None
         before = self.frag(state)
         best: Choice | None = None
-        pack = self.pack_weight if task.num_gpu else 0.0
         for take in opts:
             after = state.apply(task, take)
             value = gradient_score(self.frag(after) - before, self.levels, self.scale)
-            value += pack * self.capacity.remaining(after)
+            value += self.pack_weight * self.capacity.remaining(after)
             if best is None or value < best[0] - 1e-12:
                 best = (value, take)
         return best
