@@ -222,6 +222,8 @@ class FillResult:
     distinct_states: int = 0
     """Node states met during the run (each scored at most once per task type)."""
     final_groups: int = 0
+    planned: int = 0
+    """Tasks in the inflated workload (more than ``tasks`` when stopped early)."""
     """Distinct node states present at the end: what one decision scans."""
 
     @property
@@ -267,11 +269,14 @@ def run_fill(
     frag: FragmentationModel | None = None,
     sample_every: int = 100,
     progress: Callable[[int, int], None] | None = None,
+    max_seconds: float | None = None,
 ) -> FillResult:
     """Run one fill experiment; deterministic for a given seed.
 
     ``frag`` (when given) samples the cluster fragmentation every
     ``sample_every`` tasks; ``progress(done, total)`` is called now and then.
+    ``max_seconds`` stops the run early (for benchmarks); ``planned`` then
+    exceeds ``tasks``.
     """
     cluster = FracCluster(specs)
     workload = inflate(tasks, cluster.capacity_milli, inflation, seed)
@@ -300,10 +305,13 @@ def run_fill(
             result.frag_samples.append((idx, cluster.fragmentation(frag)))
         if progress is not None and idx % 500 == 0:
             progress(idx, n)
+        if max_seconds is not None and idx % 64 == 0 and time.perf_counter() - start > max_seconds:
+            break
     if progress is not None:
         progress(n, n)
     result.seconds = time.perf_counter() - start
     result.evaluations = scorer.evaluations
+    result.planned = n
     result.distinct_states = cluster.distinct_states
     result.final_groups = len(cluster.groups)
     if allocated != cluster.allocated_milli:
