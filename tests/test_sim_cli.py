@@ -98,3 +98,22 @@ def test_time_average_keeps_the_integral() -> None:
         assert abs(sum(m * width for m in means) - exact) <= 1e-6 * max(1.0, exact)
 
     check()
+
+
+def test_sim_fill_reads_a_generic_trace_and_cluster(tmp_path: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(
+        "pools:\n  - {name: a, count: 6, topology: full:4, cpu_milli: 32000, memory_mib: 65536, model: X}\n"
+    )
+    jobs = [Job(f"s{i}", 0.0, 1.0, 1, gpu_milli=250 + 50 * (i % 5), cpu_milli=1000) for i in range(30)]
+    jobs += [Job("w", 0.0, 1.0, 2, gang=2, cpu_milli=2000), Job("only-y", 0.0, 1.0, 1, gpu_spec=frozenset({"Y"}))]
+    trace = tmp_path / "t.csv"
+    write_jobs_csv(jobs, trace)
+    out = tmp_path / "o"
+    args = ["sim", "--mode", "fill", "--cluster", str(cluster), "--trace", str(trace), "--seeds", "3", "--no-plots"]
+    assert main([*args, "--out", str(out), "--policies", "bestfit,icl"]) == 0
+    runs = list(csv.DictReader((out / "fill_runs.csv").open()))
+    assert {r["policy"] for r in runs} == {"bestfit", "icl"}
+    for r in runs:
+        assert int(r["placed"]) <= int(r["tasks"])
+        assert 0.0 <= float(r["unallocated_pct_at_100"]) <= 100.0
