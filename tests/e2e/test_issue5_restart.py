@@ -1,0 +1,103 @@
+"""Issue 5, item 5: the extender SIGKILLed in the middle of a burst of binds, then restarted.
+
+``icl extender --config FILE`` runs as a real subprocess. While kube-scheduler is
+binding a burst of shaped pods through it, its process group gets SIGKILL (no
+shutdown code runs: a bind may be cut between the devices annotation and the
+Binding). kube-scheduler's calls fail meanwhile and the pods are retried; the
+extender comes back on the same port, rebuilds its state from the API server and
+the burst completes. Afterwards no device is held twice, every bound pod's
+annotation forms its shape on its node's published topology, and the restarted
+extender's own holdings equal what the API server says.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from topology import NodeTopology
+
+from .harness import ControlPlane, wait_for
+from .scenario import (
+    ExtenderProcess,
+    NodeSpec,
+    bound_pods,
+    consistency_problems,
+    create_pods,
+    delete_nodes,
+    node_labels,
+    pod_body,
+    publish_nodes,
+    shipped_scheduler_config,
+    wait_bound,
+)
+
+pytestmark = pytest.mark.e2e
+
+# 4 hcm:8 + 4 ring:8 nodes = 64 devices; the burst asks for 48 of them.
+BURST = [("one", 1, "any")] * 12 + [("pair", 2, "ring")] * 10 + [("quad", 4, "ring")] * 4 + [("tri", 3, "any")] * 2
+
+
+@dataclass
+class Cluster:
+    label: str
+    names: list[str]
+    topologies: dict[str, NodeTopology]
+    extender: ExtenderProcess
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    label = f"kill-{uuid.uuid4().hex[:6]}"
+    specs = [NodeSpec(f"{label}-{i}", "hcm:8" if i < 4 else "ring:8", labels=node_labels(label)) for i in range(8)]
+    topologies = publish_nodes(control_plane, specs)
+    extender = ExtenderProcess(control_plane, tmp_path_factory.mktemp("kill-extender"), {"fairShare": False}).start()
+    try:
+        with control_plane.use_scheduler(shipped_scheduler_config(extender.url)):
+            yield Cluster(label, [s.name for s in specs], topologies, extender)
+    finally:
+        extender.stop()
+        delete_nodes(control_plane, [s.name for s in specs])
+
+
+def test_extender_killed_mid_burst_and_restarted_holds_no_device_twice(
+    control_plane: ControlPlane, cluster: Cluster, namespace: str
+) -> None:
+    names = [f"{kind}-{i}" for i, (kind, _, _) in enumerate(BURST)]
+    bodies = [
+        pod_body(name, count, shape, selector=node_labels(cluster.label))
+        for name, (_, count, shape) in zip(names, BURST, strict=True)
+    ]
+    create_pods(control_plane, namespace, bodies)
+    # Kill as soon as the binds have started.
+    wait_for(lambda: len(bound_pods(control_plane, namespace)) >= 2, what="the first binds", interval=0.02)
+    cluster.extender.kill()
+    at_kill = bound_pods(control_plane, namespace)
+    assert len(at_kill) < len(names), "the kill came after the burst; nothing was cut"
+    assert not cluster.extender.running
+    # While it is down, every pod that was not bound stays unbound.
+    assert set(bound_pods(control_plane, namespace)) >= set(at_kill)
+
+    cluster.extender.start()
+    bound = wait_bound(control_plane, namespace, names, timeout=180)
+    assert consistency_problems(bound, cluster.topologies) == []
+    for name, pod in at_kill.items():
+        assert bound[name].node == pod.node and bound[name].devices == pod.devices, f"{name} moved after the restart"
+
+    # The restarted extender rebuilt exactly these holdings from the API server.
+    def holdings_match() -> bool:
+        state = cluster.extender.debug_state()
+        held: dict[str, tuple[str, tuple[str, ...]]] = {}
+        for node in cluster.names:
+            for owner, devices in state["nodes"][node]["allocations"].items():
+                held[owner] = (node, tuple(devices))
+        ours = {k.split("/", 1)[1]: v for k, v in held.items() if k.startswith(f"{namespace}/")}
+        expected = {name: (pod.node, tuple(pod.devices or ())) for name, pod in bound.items()}
+        return {n: (node, sorted(d)) for n, (node, d) in ours.items()} == {
+            n: (node, sorted(d)) for n, (node, d) in expected.items()
+        }
+
+    wait_for(holdings_match, what="the restarted extender's holdings equal the API server's", timeout=30)
