@@ -124,7 +124,8 @@ def publish_nodes(
 
     def all_ready() -> bool:
         ready: set[str] = set()
-        for node in plane.core.list_node().items:
+        nodes: list[Any] = plane.core.list_node().items
+        for node in nodes:
             conditions = (node.status and node.status.conditions) or []
             if any(c.type == "Ready" and c.status == "True" for c in conditions):
                 ready.add(node.metadata.name)
@@ -404,3 +405,281 @@ def rejected(pod: Any) -> bool:
     """kube-scheduler has tried the pod and found no node (condition PodScheduled=False, Unschedulable)."""
     conditions = (pod.status and pod.status.conditions) or []
     return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in conditions)
+
+
+# --------------------------------------------------------------------------- throughput (bench/e2e_throughput.py)
+
+# (shape, device count, weight in the mix). Every shape fits both node kinds except the
+# 4-device ring and the meshes, which only hcm:8 (two linked quads) holds.
+SHAPE_MIX: tuple[tuple[str, int, float], ...] = (
+    ("any", 1, 0.70),
+    ("ring", 2, 0.17),
+    ("ring", 4, 0.04),
+    ("mesh:2x2", 4, 0.03),
+    ("any", 3, 0.03),
+    ("ring", 8, 0.02),
+    ("mesh:2x4", 8, 0.01),
+)
+NODE_PRESETS = ("ring:8", "hcm:8")
+
+
+def shipped_extender_settings() -> dict[str, Any]:
+    """The extender config of ``manifests/scheduler/deploy/extender-config.yaml`` (without ``listen``)."""
+    document = yaml.safe_load((ROOT / "manifests" / "scheduler" / "deploy" / "extender-config.yaml").read_text())
+    settings: dict[str, Any] = yaml.safe_load(document["data"]["extender.yaml"])
+    settings.pop("listen", None)
+    return settings
+
+
+def mixed_pods(count: int, seed: int) -> list[tuple[str, int]]:
+    """``count`` (shape, devices) requests drawn from :data:`SHAPE_MIX`, seeded."""
+    import random
+
+    rng = random.Random(seed)
+    shapes = [(shape, devices) for shape, devices, _ in SHAPE_MIX]
+    weights = [w for _, _, w in SHAPE_MIX]
+    return [shapes[i] for i in rng.choices(range(len(shapes)), weights=weights, k=count)]
+
+
+def mixed_nodes(prefix: str, count: int, label: str) -> list[NodeSpec]:
+    """``count`` nodes, ring:8 and hcm:8 alternating."""
+    return [NodeSpec(f"{prefix}-{i:04d}", NODE_PRESETS[i % 2], labels=node_labels(label)) for i in range(count)]
+
+
+@dataclass
+class CaseResult:
+    """One side of the comparison."""
+
+    name: str
+    pods: int
+    bound: int
+    window_s: float  # first bind to last bind
+    valid: int  # bound pods whose devices form the asked shape
+    per_shape: dict[str, tuple[int, int, int]]  # "shape/devices" -> (pods, bound, valid)
+
+    @property
+    def rate(self) -> float:
+        return (self.bound - 1) / self.window_s if self.window_s > 0 and self.bound > 1 else float("nan")
+
+    @property
+    def valid_fraction(self) -> float:
+        return self.valid / self.bound if self.bound else float("nan")
+
+
+class BindWatch:
+    """Watches a namespace's pods and records when each is first seen bound (monotonic seconds)."""
+
+    def __init__(self, plane: ControlPlane, namespace: str) -> None:
+        import threading
+
+        from kubernetes import watch as k8s_watch
+
+        self.plane, self.namespace = plane, namespace
+        self.bound_at: dict[str, float] = {}
+        self.nodes: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._watch = k8s_watch.Watch()  # type: ignore[no-untyped-call]
+        listed: Any = plane.core.list_namespaced_pod(namespace, limit=1)
+        self._rv = listed.metadata.resource_version
+        self._thread = threading.Thread(target=self._run, name=f"bind-watch-{namespace}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import time
+
+        rv = self._rv
+        while not self._stop.is_set():
+            try:
+                stream = self._watch.stream(  # type: ignore[no-untyped-call]
+                    self.plane.core.list_namespaced_pod,
+                    self.namespace,
+                    resource_version=rv,
+                    timeout_seconds=30,
+                    allow_watch_bookmarks=True,
+                )
+                for event in stream:
+                    obj = event["object"]
+                    rv = obj.metadata.resource_version or rv
+                    if event["type"] in ("ADDED", "MODIFIED") and obj.spec is not None and obj.spec.node_name:
+                        self.bound_at.setdefault(obj.metadata.name, time.monotonic())
+                        self.nodes.setdefault(obj.metadata.name, obj.spec.node_name)
+                    if self._stop.is_set():
+                        break
+            except Exception:
+                if self._stop.is_set():
+                    return
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watch.stop()  # type: ignore[no-untyped-call]
+
+
+def kubelet_devices(
+    bound: Mapping[str, Bound], order: Mapping[str, float], topologies: Mapping[str, NodeTopology]
+) -> dict[str, tuple[str, ...]]:
+    """What a stock kubelet gives each pod without kube-icl: the lowest free device indices, in bind order."""
+    used: dict[str, set[str]] = {}
+    out: dict[str, tuple[str, ...]] = {}
+    for name in sorted(bound, key=lambda n: (order.get(n, float("inf")), n)):
+        pod = bound[name]
+        topo = topologies[pod.node]
+        taken = used.setdefault(pod.node, set())
+        free = [d for d in topo.ids if d not in taken]
+        chosen = tuple(free[: pod.count])
+        taken.update(chosen)
+        out[name] = chosen
+    return out
+
+
+def run_case(
+    plane: ControlPlane,
+    name: str,
+    requests: Sequence[tuple[str, int]],
+    selector: Mapping[str, str],
+    topologies: Mapping[str, NodeTopology],
+    scheduler_config: Mapping[str, Any],
+    *,
+    uses_extender: bool,
+    progress: Callable[[str], None] = lambda _: None,
+    stall_s: float = 10.0,
+    workers: int = 8,
+) -> CaseResult:
+    """Create the pods with no scheduler running, start kube-scheduler, wait until every pod is bound or
+    kube-scheduler has given up on the rest; measure binds per second from the first bind to the last.
+    """
+    import time
+    import uuid
+
+    namespace = f"tp-{name}-{uuid.uuid4().hex[:6]}"
+    plane.ensure_namespace(namespace)
+    plane.stop_scheduler()
+    bodies = [pod_body(f"p{i:05d}", devices, shape, selector=selector) for i, (shape, devices) in enumerate(requests)]
+    started = time.monotonic()
+    create_pods(plane, namespace, bodies, workers=workers)
+    progress(f"[{name}] created {len(bodies)} pods in {time.monotonic() - started:.1f}s; starting kube-scheduler")
+    watch = BindWatch(plane, namespace)
+    try:
+        plane.start_scheduler(dict(scheduler_config))
+        last_count, last_change, last_report = -1, time.monotonic(), 0.0
+        while True:
+            count = len(watch.bound_at)
+            now = time.monotonic()
+            if count != last_count:
+                last_count, last_change = count, now
+            if now - last_report >= 5.0:
+                progress(f"[{name}] bound {count}/{len(bodies)}")
+                last_report = now
+            if count >= len(bodies):
+                break
+            if now - last_change >= stall_s:
+                pods = list_pods(plane, namespace)
+                waiting = [p for p in pods if not p.spec.node_name]
+                if all(rejected(p) for p in waiting):
+                    progress(f"[{name}] {len(waiting)} pods left that kube-scheduler cannot place; stopping")
+                    break
+                last_change = now  # still being tried
+            if plane.scheduler is None or not plane.scheduler.running:
+                raise RuntimeError(f"kube-scheduler exited during case {name}")
+            time.sleep(0.2)
+    finally:
+        watch.stop()
+    times = sorted(watch.bound_at.values())
+    window = times[-1] - times[0] if len(times) > 1 else 0.0
+    bound = bound_pods(plane, namespace)
+    if uses_extender:
+        devices = {n: p.devices for n, p in bound.items()}
+    else:
+        devices = dict(kubelet_devices(bound, watch.bound_at, topologies).items())
+    per_shape: dict[str, list[int]] = {}
+    for shape, count in requests:
+        per_shape.setdefault(f"{shape}/{count}", [0, 0, 0])[0] += 1
+    valid = 0
+    for pod_name, pod in bound.items():
+        key = f"{pod.shape}/{pod.count}"
+        per_shape[key][1] += 1
+        chosen = devices.get(pod_name)
+        topo = topologies.get(pod.node)
+        ok = (
+            chosen is not None
+            and topo is not None
+            and len(chosen) == pod.count
+            and all(d in topo.ids for d in chosen)
+            and Placer.for_topology(topo).is_valid(parse_shape(pod.shape, count=pod.count), chosen)
+        )
+        if ok:
+            valid += 1
+            per_shape[key][2] += 1
+    if uses_extender:
+        problems = consistency_problems(bound, topologies)
+        if problems:
+            progress(f"[{name}] {len(problems)} consistency problems, e.g. {problems[:3]}")
+    result = CaseResult(
+        name, len(bodies), len(bound), window, valid, {k: (v[0], v[1], v[2]) for k, v in per_shape.items()}
+    )
+    progress(
+        f"[{name}] done: {result.bound}/{result.pods} bound in {window:.1f}s ({result.rate:.1f} pods/s), "
+        f"{result.valid}/{result.bound} on a valid shape"
+    )
+    plane.stop_scheduler()
+    plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    wait_for(
+        lambda: not plane.core.list_namespaced_pod(namespace, limit=1).items,
+        what=f"pods of {namespace} deleted",
+        timeout=300,
+        interval=0.5,
+    )
+    return result
+
+
+def compare_throughput(
+    plane: ControlPlane,
+    workdir: Path,
+    *,
+    nodes: int,
+    pods: int,
+    seed: int = 1,
+    progress: Callable[[str], None] = lambda _: None,
+) -> tuple[CaseResult, CaseResult]:
+    """Both sides on the same nodes and the same pods: kube-scheduler alone, then with ``icl extender``."""
+    import time
+    import uuid
+
+    label = f"tp-{uuid.uuid4().hex[:6]}"
+    specs = mixed_nodes(label, nodes, label)
+    started = time.monotonic()
+    topologies = publish_nodes(plane, specs, progress=progress)
+    progress(f"{nodes} kwok nodes Ready with published topologies in {time.monotonic() - started:.1f}s")
+    requests = mixed_pods(pods, seed)
+    demand = sum(d for _, d in requests)
+    progress(f"{pods} pods asking for {demand} of {nodes * 8} devices ({demand / (nodes * 8):.0%})")
+    try:
+        without = run_case(
+            plane,
+            "without",
+            requests,
+            node_labels(label),
+            topologies,
+            shipped_scheduler_config(None),
+            uses_extender=False,
+            progress=progress,
+        )
+        extender = ExtenderProcess(plane, workdir, shipped_extender_settings()).start(timeout=120)
+        try:
+            progress(f"icl extender ready at {extender.url}")
+            with_ext = run_case(
+                plane,
+                "with",
+                requests,
+                node_labels(label),
+                topologies,
+                shipped_scheduler_config(extender.url),
+                uses_extender=True,
+                progress=progress,
+            )
+        finally:
+            extender.stop()
+    finally:
+        plane.start_scheduler(None)  # the session's plain scheduler
+        delete_nodes(plane, [s.name for s in specs])
+    return without, with_ext

@@ -1,0 +1,95 @@
+"""Pods scheduled per second by the real kube-scheduler with the kube-icl extender, against without it.
+
+Starts its own control plane (etcd, kube-apiserver, kwok, kube-scheduler v1.37.2,
+built by ``make e2e-bins``), creates kwok nodes of 8 devices (ring:8 and hcm:8
+alternating) whose ``kube-icl.io/topology`` annotations are published by the device
+plugin's publisher from a sim backend, and submits the same seeded mix of shaped
+pods twice, side by side in one run:
+
+- ``without``: kube-scheduler from the shipped ``kube-scheduler-config.yaml`` minus
+  its extender: plain extended-resource counting. A pod's "devices" are what a
+  stock kubelet would give it: the lowest free ids of its node, in bind order.
+- ``with``: the same config calling ``icl extender`` (a subprocess, configured as
+  ``manifests/scheduler/deploy/extender-config.yaml``), which writes the devices.
+
+The pods are created while no scheduler runs; kube-scheduler is then started and
+the rate is binds per second from the first bind to the last (watched on the API
+server). For each side it prints the fraction of bound pods whose devices form the
+asked shape (``topology.Placer.is_valid``) and, at the end, the ratio of the rates.
+
+Run: ``.venv/bin/python bench/e2e_throughput.py [--nodes 1000] [--pods 4000] [--seed 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.e2e.harness import ControlPlane, find_binaries  # noqa: E402
+from tests.e2e.scenario import CaseResult, compare_throughput  # noqa: E402
+
+
+def _say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _table(without: CaseResult, with_ext: CaseResult) -> str:
+    lines = [
+        "| | without extender | with extender |",
+        "| --- | ---: | ---: |",
+        f"| pods bound | {without.bound}/{without.pods} | {with_ext.bound}/{with_ext.pods} |",
+        f"| first to last bind (s) | {without.window_s:.1f} | {with_ext.window_s:.1f} |",
+        f"| pods scheduled per second | {without.rate:.1f} | {with_ext.rate:.1f} |",
+        f"| bound pods on a valid shape | {without.valid_fraction:.1%} | {with_ext.valid_fraction:.1%} |",
+    ]
+    lines += ["", "| shape | pods | valid without (of bound) | valid with (of bound) |", "| --- | ---: | ---: | ---: |"]
+    for key in sorted(without.per_shape, key=lambda k: (int(k.rsplit("/", 1)[1]), k)):
+        n, b0, v0 = without.per_shape[key]
+        _, b1, v1 = with_ext.per_shape.get(key, (n, 0, 0))
+        lines.append(f"| {key} | {n} | {v0}/{b0} | {v1}/{b1} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000, help="kwok nodes of 8 devices (default 1000)")
+    parser.add_argument("--pods", type=int, default=4000, help="pods of mixed shapes (default 4000)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the pod mix")
+    args = parser.parse_args(argv)
+    binaries, reason = find_binaries()
+    if binaries is None:
+        print(f"e2e_throughput: {reason}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="icl-e2e-throughput-") as tmp:
+        workdir = Path(tmp)
+        _say(f"starting the control plane in {workdir}")
+        plane = ControlPlane(workdir / "control-plane", binaries)
+        plane.start()
+        try:
+            without, with_ext = compare_throughput(
+                plane, workdir, nodes=args.nodes, pods=args.pods, seed=args.seed, progress=_say
+            )
+        finally:
+            survivors = plane.stop()
+            if survivors:
+                _say(f"processes survived the control plane's stop: {survivors}")
+    print()
+    print(f"{args.nodes} nodes, {args.pods} pods (seed {args.seed})")
+    print(_table(without, with_ext))
+    ratio = with_ext.rate / without.rate if without.rate and not math.isnan(without.rate) else float("nan")
+    print()
+    print(f"throughput with / without extender: {ratio:.2f} (goal >= 0.70)")
+    print(f"valid shapes with extender: {with_ext.valid_fraction:.1%} (goal 100%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
