@@ -147,3 +147,30 @@ def test_icl_orders_like_fgd_and_only_refines_ties(setup: tuple[list[GpuNodeSpec
         by_icl = brute_force_best(cluster.states, task, icl)
         assert bool(by_icl) == bool(by_fgd)
         assert {i for i, _ in by_icl} <= {i for i, _ in by_fgd}
+
+
+def test_icl_keeps_unconstrained_tasks_off_models_in_demand() -> None:
+    """Best fit alone would take the small T4 node; model pressure sends the task to the G2 node."""
+    t4_only = TaskRequest(1000, 0, 1, MILLI, frozenset({"T4"}))
+    anywhere = TaskRequest(1000, 0, 1, MILLI)
+    specs = [GpuNodeSpec("t4", 16000, 0, 2, "T4"), GpuNodeSpec("g2", 96000, 0, 8, "G2")]
+    states = [NodeState.of(s) for s in specs]
+    plain = make_policy("icl", specs, TargetWorkload.from_tasks([anywhere]))
+    mixed = make_policy("icl", specs, TargetWorkload.from_tasks([anywhere, t4_only]))
+    assert [i for i, _ in brute_force_best(states, anywhere, plain)] == [0]
+    assert [i for i, _ in brute_force_best(states, anywhere, mixed)] == [1]
+    assert [i for i, _ in brute_force_best(states, t4_only, mixed)] == [0]
+
+
+@given(st.lists(st.sampled_from(TASK_MIX), min_size=1, max_size=10))
+def test_model_pressure_is_zero_without_constraints_and_never_negative(mix: list[TaskRequest]) -> None:
+    from topology.policies import model_pressure
+
+    specs = [GpuNodeSpec("a", 8000, 0, 2, "A"), GpuNodeSpec("b", 8000, 0, 4, "B")]
+    pressure = model_pressure(specs, TargetWorkload.from_tasks(mix))
+    assert set(pressure) == {"A", "B"}
+    assert all(v >= 0 for v in pressure.values())
+    if not any(t.gpu_spec and t.num_gpu for t in mix):
+        assert all(v == 0 for v in pressure.values())
+    else:
+        assert pressure["B"] > 0  # every constrained type in the mix allows B

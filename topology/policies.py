@@ -30,14 +30,16 @@ Policies:
   fragmentation growth is the same to the score's resolution, the one that
   leaves its node with the least free CPU and devices wins, which keeps empty
   and near-empty nodes whole for whole-device and multi-device tasks that a
-  random spread would starve.
+  random spread would starve. When some task types may only use some device
+  models, tasks without that constraint also keep off the models in demand
+  (``model_pressure``), so packing does not fill the nodes they need.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -61,6 +63,7 @@ __all__ = [
     "Spread",
     "brute_force_best",
     "make_policy",
+    "model_pressure",
 ]
 
 Choice = tuple[float, tuple[int, ...]]
@@ -197,20 +200,55 @@ class Fgd:
         return best
 
 
+def model_pressure(specs: Sequence[GpuNodeSpec], workload: TargetWorkload) -> dict[str, float]:
+    """How much of each device model the model-constrained tasks want, per device of that model.
+
+    For each model: the device demand of task types whose ``gpu_spec`` allows
+    it (split evenly over the allowed models present), scaled to a workload
+    whose total device demand equals the cluster's capacity, divided by the
+    model's devices. 0 for every model when no task type is constrained.
+
+    >>> nodes = [GpuNodeSpec("a", 1000, 0, 2, "T4"), GpuNodeSpec("b", 1000, 0, 2, "G2")]
+    >>> w = TargetWorkload(((TaskRequest(0, 0, 1, 1000, frozenset({"T4"})), 0.5), (TaskRequest(0, 0, 1, 1000), 0.5)))
+    >>> model_pressure(nodes, w)
+    {'T4': 1.0, 'G2': 0.0}
+    """
+    supply: dict[str, int] = {}
+    for n in specs:
+        supply[n.model] = supply.get(n.model, 0) + n.gpus
+    total = sum(p * t.gpu_demand for t, p in workload.types)
+    capacity = 1000 * sum(supply.values())
+    wanted: dict[str, float] = dict.fromkeys(supply, 0.0)
+    if total <= 0 or capacity <= 0:
+        return wanted
+    for task, p in workload.types:
+        if not task.num_gpu or not task.gpu_spec:
+            continue
+        allowed = [m for m in sorted(task.gpu_spec) if supply.get(m)]
+        for m in allowed:
+            wanted[m] += p * task.gpu_demand / len(allowed)
+    scale = capacity / total
+    return {m: wanted[m] * scale / (1000 * supply[m]) if supply[m] else 0.0 for m in supply}
+
+
 @dataclass(frozen=True, slots=True)
 class IclPack:
-    """kube-icl: FGD's integer gradient score, ties resolved by best fit.
+    """kube-icl: FGD's integer gradient score, ties resolved by best fit and model pressure.
 
-    ``score = gradient_score(dF) + pack_weight * remaining_after``; the packing
-    term is below one score level (``remaining`` is in 0..2), so it only orders
-    placements that FGD scores equal.
+    ``score = gradient_score(dF) + pack_weight * (remaining_after + pressure_term)``
+    where ``pressure_term = pressure_weight * pressure[model]`` for a device
+    task without model constraint (0 otherwise): unconstrained tasks keep off
+    the models that constrained tasks need. The whole tie term stays below one
+    score level, so it only orders placements that FGD scores equal.
     """
 
     frag: FragmentationModel
     capacity: Capacity
+    pressure: Mapping[str, float] = field(default_factory=dict)
     levels: int = 100
     scale: float = 1000.0
     pack_weight: float = 1e-3
+    pressure_weight: float = 10.0
     name: str = FracPolicyName.ICL.value
     uniform_devices: bool = False
 
@@ -219,11 +257,14 @@ class IclPack:
         if not opts:
             return None
         before = self.frag(state)
+        avoid = 0.0
+        if task.num_gpu and not task.gpu_spec:
+            avoid = self.pressure_weight * self.pressure.get(state.model, 0.0)
         best: Choice | None = None
         for take in opts:
             after = state.apply(task, take)
             value = gradient_score(self.frag(after) - before, self.levels, self.scale)
-            value += self.pack_weight * self.capacity.remaining(after)
+            value += self.pack_weight * (self.capacity.remaining(after) + avoid)
             if best is None or value < best[0] - 1e-12:
                 best = (value, take)
         return best
@@ -251,7 +292,7 @@ def make_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkloa
     frag = FragmentationModel(workload)
     if which is FracPolicyName.FGD:
         return Fgd(frag)
-    return IclPack(frag, capacity)
+    return IclPack(frag, capacity, model_pressure(specs, workload))
 
 
 def brute_force_best(
