@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000, help="kwok nodes of 8 devices (default 1000)")
     parser.add_argument("--pods", type=int, default=4000, help="pods of mixed shapes (default 4000)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the pod mix")
+    parser.add_argument(
+        "--with-first", action="store_true", help="run the side with the extender first (default: without first)"
+    )
     args = parser.parse_args(argv)
     binaries, reason = find_binaries()
     if binaries is None:
@@ -75,14 +78,21 @@ def main(argv: list[str] | None = None) -> int:
         plane.start()
         try:
             without, with_ext = compare_throughput(
-                plane, workdir, nodes=args.nodes, pods=args.pods, seed=args.seed, progress=_say
+                plane,
+                workdir,
+                nodes=args.nodes,
+                pods=args.pods,
+                seed=args.seed,
+                order=("with", "without") if args.with_first else ("without", "with"),
+                progress=_say,
             )
         finally:
             survivors = plane.stop()
             if survivors:
                 _say(f"processes survived the control plane's stop: {survivors}")
     print()
-    print(f"{args.nodes} nodes, {args.pods} pods (seed {args.seed})")
+    first = "with" if args.with_first else "without"
+    print(f"{args.nodes} nodes, {args.pods} pods (seed {args.seed}; the side {first} the extender ran first)")
     print(_table(without, with_ext))
     ratio = with_ext.rate / without.rate if without.rate and not math.isnan(without.rate) else float("nan")
     print()

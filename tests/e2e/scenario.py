@@ -15,10 +15,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import sys
+import threading
+import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ from typing import Any, cast
 
 import yaml
 from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
 
 from deviceplugin.backends.sim import SimBackend
 from deviceplugin.publisher import KubernetesNodePatcher, NodePublisher
@@ -433,8 +438,6 @@ def shipped_extender_settings() -> dict[str, Any]:
 
 def mixed_pods(count: int, seed: int) -> list[tuple[str, int]]:
     """``count`` (shape, devices) requests drawn from :data:`SHAPE_MIX`, seeded."""
-    import random
-
     rng = random.Random(seed)
     shapes = [(shape, devices) for shape, devices, _ in SHAPE_MIX]
     weights = [w for _, _, w in SHAPE_MIX]
@@ -470,13 +473,10 @@ class BindWatch:
     """Watches a namespace's pods and records when each is first seen bound (monotonic seconds)."""
 
     def __init__(self, plane: ControlPlane, namespace: str) -> None:
-        import threading
-
-        from kubernetes import watch as k8s_watch
-
         self.plane, self.namespace = plane, namespace
         self.bound_at: dict[str, float] = {}
         self.nodes: dict[str, str] = {}
+        self.annotated_when_bound: dict[str, bool] = {}  # the devices annotation was there at the first bound event
         self._stop = threading.Event()
         self._watch = k8s_watch.Watch()  # type: ignore[no-untyped-call]
         listed: Any = plane.core.list_namespaced_pod(namespace, limit=1)
@@ -485,8 +485,6 @@ class BindWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        import time
-
         rv = self._rv
         while not self._stop.is_set():
             try:
@@ -503,6 +501,8 @@ class BindWatch:
                     if event["type"] in ("ADDED", "MODIFIED") and obj.spec is not None and obj.spec.node_name:
                         self.bound_at.setdefault(obj.metadata.name, time.monotonic())
                         self.nodes.setdefault(obj.metadata.name, obj.spec.node_name)
+                        annotated = DEVICES_ANNOTATION in (obj.metadata.annotations or {})
+                        self.annotated_when_bound.setdefault(obj.metadata.name, annotated)
                     if self._stop.is_set():
                         break
             except Exception:
@@ -548,9 +548,6 @@ def run_case(
     """Create the pods with no scheduler running, start kube-scheduler, wait until every pod is bound or
     kube-scheduler has given up on the rest; measure binds per second from the first bind to the last.
     """
-    import time
-    import uuid
-
     namespace = f"tp-{name}-{uuid.uuid4().hex[:6]}"
     plane.ensure_namespace(namespace)
     plane.stop_scheduler()
@@ -639,12 +636,14 @@ def compare_throughput(
     nodes: int,
     pods: int,
     seed: int = 1,
+    order: Sequence[str] = ("without", "with"),
     progress: Callable[[str], None] = lambda _: None,
 ) -> tuple[CaseResult, CaseResult]:
-    """Both sides on the same nodes and the same pods: kube-scheduler alone, then with ``icl extender``."""
-    import time
-    import uuid
-
+    """Both sides on the same nodes and the same pods, in ``order``: kube-scheduler alone ("without"),
+    and with ``icl extender`` ("with"). Returns (without, with).
+    """
+    if sorted(order) != ["with", "without"]:
+        raise ValueError(f"order: expected 'without' and 'with' once each, got {list(order)}")
     label = f"tp-{uuid.uuid4().hex[:6]}"
     specs = mixed_nodes(label, nodes, label)
     started = time.monotonic()
@@ -653,33 +652,37 @@ def compare_throughput(
     requests = mixed_pods(pods, seed)
     demand = sum(d for _, d in requests)
     progress(f"{pods} pods asking for {demand} of {nodes * 8} devices ({demand / (nodes * 8):.0%})")
+    results: dict[str, CaseResult] = {}
     try:
-        without = run_case(
-            plane,
-            "without",
-            requests,
-            node_labels(label),
-            topologies,
-            shipped_scheduler_config(None),
-            uses_extender=False,
-            progress=progress,
-        )
-        extender = ExtenderProcess(plane, workdir, shipped_extender_settings()).start(timeout=120)
-        try:
-            progress(f"icl extender ready at {extender.url}")
-            with_ext = run_case(
-                plane,
-                "with",
-                requests,
-                node_labels(label),
-                topologies,
-                shipped_scheduler_config(extender.url),
-                uses_extender=True,
-                progress=progress,
-            )
-        finally:
-            extender.stop()
+        for side in order:
+            if side == "without":
+                results[side] = run_case(
+                    plane,
+                    side,
+                    requests,
+                    node_labels(label),
+                    topologies,
+                    shipped_scheduler_config(None),
+                    uses_extender=False,
+                    progress=progress,
+                )
+                continue
+            extender = ExtenderProcess(plane, workdir, shipped_extender_settings()).start(timeout=120)
+            try:
+                progress(f"icl extender ready at {extender.url}")
+                results[side] = run_case(
+                    plane,
+                    side,
+                    requests,
+                    node_labels(label),
+                    topologies,
+                    shipped_scheduler_config(extender.url),
+                    uses_extender=True,
+                    progress=progress,
+                )
+            finally:
+                extender.stop()
     finally:
         plane.start_scheduler(None)  # the session's plain scheduler
         delete_nodes(plane, [s.name for s in specs])
-    return without, with_ext
+    return results["without"], results["with"]

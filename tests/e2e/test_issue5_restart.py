@@ -1,4 +1,5 @@
-"""Issue 5, item 5: the extender SIGKILLed in the middle of a burst of binds, then restarted.
+"""Issue 5, item 5: the extender SIGKILLed in the middle of a burst of binds, then restarted (and item 2 again,
+on nodes annotated by the plugin's publisher, through ``icl extender`` as a process).
 
 ``icl extender --config FILE`` runs as a real subprocess. While kube-scheduler is
 binding a burst of shaped pods through it, its process group gets SIGKILL (no
@@ -22,6 +23,7 @@ from topology import NodeTopology
 
 from .harness import ControlPlane, wait_for
 from .scenario import (
+    BindWatch,
     ExtenderProcess,
     NodeSpec,
     bound_pods,
@@ -101,3 +103,27 @@ def test_extender_killed_mid_burst_and_restarted_holds_no_device_twice(
         }
 
     wait_for(holdings_match, what="the restarted extender's holdings equal the API server's", timeout=30)
+
+
+SHAPES = [("ring4", 4, "ring"), ("ring8", 8, "ring"), ("mesh2x2", 4, "mesh:2x2"), ("mesh2x4", 8, "mesh:2x4")]
+SHAPES += [("any3", 3, "any")]
+
+
+def test_shapes_on_published_nodes_through_icl_extender(
+    control_plane: ControlPlane, cluster: Cluster, namespace: str
+) -> None:
+    """Item 2 on what ``test_extender_e2e.py`` does not use: published annotations, ``icl extender`` as a process.
+
+    Every pod lands on devices forming its shape, and the devices annotation is on the
+    pod in the very first watch event that shows it bound (written before the Binding).
+    """
+    watch = BindWatch(control_plane, namespace)
+    try:
+        bodies = [pod_body(n, c, s, selector=node_labels(cluster.label)) for n, c, s in SHAPES]
+        create_pods(control_plane, namespace, bodies, workers=1)
+        bound = wait_bound(control_plane, namespace, [n for n, _, _ in SHAPES])
+        wait_for(lambda: len(watch.annotated_when_bound) == len(SHAPES), what="every bind seen by the watch")
+    finally:
+        watch.stop()
+    assert consistency_problems(bound, cluster.topologies) == []
+    assert watch.annotated_when_bound == {n: True for n, _, _ in SHAPES}
