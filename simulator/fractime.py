@@ -55,7 +55,7 @@ class FracBackend:
             return "fits on no node of the cluster even when it is empty"
         return ""
 
-    def place(self, job: Job) -> tuple[_Alloc, bool] | None:
+    def place(self, job: Job) -> tuple[_Alloc, bool | None] | None:
         task = task_of(job)
         taken: list[tuple[int, tuple[int, ...]]] = []
         ok = True
@@ -77,7 +77,7 @@ class FracBackend:
             self.cluster.release(node, task, devices)
         if not ok:
             return None
-        return _Alloc([(self.specs[n].name, tuple(str(d) for d in devs)) for n, devs in taken]), True
+        return _Alloc([(self.specs[n].name, tuple(str(d) for d in devs)) for n, devs in taken]), None
 
     def take(self, alloc: _Alloc, job: Job) -> None:
         task = task_of(job)

@@ -410,9 +410,12 @@ class Report:
             ax.grid(alpha=0.3, axis="y")
             save(fig, "time_queue_share.png", "Each queue's share of the device-time it received.")
 
+            judged = [p for p in policies if not math.isnan(self.time_summaries[p].valid_pct)]
+            if not judged:
+                return written
             fig, ax = plt.subplots(figsize=(7.5, 3.5))
-            vals = [self.time_summaries[p].valid_pct for p in policies]
-            ax.bar(policies, vals, color=[colours(i) for i in range(len(policies))])
+            vals = [self.time_summaries[p].valid_pct for p in judged]
+            ax.bar(judged, vals, color=[colours(policies.index(p)) for p in judged])
             for i, v in enumerate(vals):
                 ax.text(i, v + 1, f"{v:.1f}%", ha="center", fontsize=9)
             ax.set_ylim(0, 110)

@@ -85,7 +85,8 @@ class JobRecord:
     starts: list[float] = field(default_factory=list)
     end: float | None = None
     valid: bool | None = None
-    """Whether the (last) placement formed the asked shape, gang members on one node or adjacent nodes."""
+    """Whether the (last) placement formed the asked shape, gang members on one node or adjacent nodes;
+    None where the cluster model has no topology (``share:`` policies) or the job has not run."""
     requeues: int = 0
     rejected: str = ""
 
@@ -131,7 +132,7 @@ class _Backend(Protocol):
 
     def precheck(self, job: Job) -> str: ...
 
-    def place(self, job: Job) -> tuple[_Alloc, bool] | None: ...
+    def place(self, job: Job) -> tuple[_Alloc, bool | None] | None: ...
 
     def take(self, alloc: _Alloc, job: Job) -> None: ...
 
@@ -230,7 +231,7 @@ class _TopoCluster:
     def room(self, node: str, job: Job) -> bool:
         return node not in self.down and self.cpu[node] >= job.cpu_milli and self.mem[node] >= job.memory_mib
 
-    def place(self, job: Job) -> tuple[_Alloc, bool] | None:
+    def place(self, job: Job) -> tuple[_Alloc, bool | None] | None:
         if job.count == 0:
             node = next((n for n in self.order if self.room(n, job)), None)
             return None if node is None else (_Alloc([(node, ())] * job.gang), True)
@@ -500,7 +501,7 @@ def run_time(
             rec = records[jid]
             rec.starts.append(t)
             rec.valid = valid
-            run_for = job.duration if valid else job.duration * invalid_slowdown
+            run_for = job.duration * invalid_slowdown if valid is False else job.duration
             heapq.heappush(events, (t + run_for, next(seq), "finish", jid, epoch.get(jid, 0)))
 
     def fail(idx: int, t: float) -> None:
@@ -596,7 +597,8 @@ def summarise(result: TimeResult) -> TimeSummary:
     started = [r for r in recs if r.starts]
     waits = [w for r in started if (w := r.wait) is not None]
     jcts = [x for r in recs if (x := r.jct) is not None]
-    valid = sum(1 for r in started if r.valid)
+    judged = [r for r in started if r.valid is not None]
+    valid = sum(1 for r in judged if r.valid)
     # utilisation: time-weighted busy devices over the run
     area = 0.0
     for (t0, u0, _, _), (t1, _, _, _) in itertools.pairwise(result.samples):
@@ -618,7 +620,7 @@ def summarise(result: TimeResult) -> TimeSummary:
         jobs=len(result.records),
         completed=len(jcts),
         placed=len(started),
-        valid_pct=100.0 * valid / len(started) if started else math.nan,
+        valid_pct=100.0 * valid / len(judged) if judged else math.nan,
         wait_mean=sum(waits) / len(waits) if waits else math.nan,
         wait_p50=_percentile(waits, 0.5),
         wait_p95=_percentile(waits, 0.95),
