@@ -170,6 +170,7 @@ def _devicemanager_binary() -> Path:
         pytest.skip(str(error))
 
 
+@pytest.mark.timeout(1500)  # the first run builds icl-devicemanager (minutes on a cold Go build cache)
 @async_test
 async def test_kubelet_device_manager_gets_exactly_the_extenders_devices(
     control_plane: ControlPlane, chain: Chain, namespace: str
