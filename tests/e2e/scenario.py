@@ -472,8 +472,10 @@ class CaseResult:
 class BindWatch:
     """Watches a namespace's pods and records when each is first seen bound (monotonic seconds)."""
 
-    def __init__(self, plane: ControlPlane, namespace: str) -> None:
+    def __init__(self, plane: ControlPlane, namespace: str, on_bind: Callable[[str], None] | None = None) -> None:
+        """``on_bind(pod name)`` runs in the watch thread at the first event that shows a pod bound."""
         self.plane, self.namespace = plane, namespace
+        self.on_bind = on_bind
         self.bound_at: dict[str, float] = {}
         self.nodes: dict[str, str] = {}
         self.annotated_when_bound: dict[str, bool] = {}  # the devices annotation was there at the first bound event
@@ -499,10 +501,13 @@ class BindWatch:
                     obj = event["object"]
                     rv = obj.metadata.resource_version or rv
                     if event["type"] in ("ADDED", "MODIFIED") and obj.spec is not None and obj.spec.node_name:
+                        first = obj.metadata.name not in self.bound_at
                         self.bound_at.setdefault(obj.metadata.name, time.monotonic())
                         self.nodes.setdefault(obj.metadata.name, obj.spec.node_name)
                         annotated = DEVICES_ANNOTATION in (obj.metadata.annotations or {})
                         self.annotated_when_bound.setdefault(obj.metadata.name, annotated)
+                        if first and self.on_bind is not None:
+                            self.on_bind(obj.metadata.name)
                     if self._stop.is_set():
                         break
             except Exception:
