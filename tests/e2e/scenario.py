@@ -43,18 +43,29 @@ __all__ = [
     "DEVICES_ANNOTATION",
     "RESOURCE",
     "SCHEDULER_CONFIG",
+    "SHAPE_MIX",
     "TOPOLOGY_ANNOTATION",
+    "BindWatch",
     "Bound",
+    "CaseResult",
     "ExtenderProcess",
     "NodeSpec",
     "bound_pods",
+    "compare_throughput",
     "consistency_problems",
     "create_pods",
     "delete_nodes",
+    "kubelet_devices",
+    "list_pods",
+    "node_labels",
     "node_topologies",
     "pod_body",
     "publish_nodes",
+    "rejected",
+    "run_case",
+    "shipped_extender_settings",
     "shipped_scheduler_config",
+    "wait_bound",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -394,16 +405,9 @@ def wait_bound(
     return wait_for(done, what=f"{len(wanted)} pods bound in {namespace}", timeout=timeout, watch=watch)
 
 
-def kwok_selector(label: str) -> dict[str, str]:
-    return {E2E_LABEL: label}
-
-
 def node_labels(label: str) -> dict[str, str]:
+    """The label that ties a test's pods (as a node selector) to its nodes."""
     return {E2E_LABEL: label}
-
-
-def unbound_names(plane: ControlPlane, namespace: str) -> list[str]:
-    return sorted(p.metadata.name for p in list_pods(plane, namespace) if not p.spec.node_name)
 
 
 def rejected(pod: Any) -> bool:
