@@ -66,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--with-first", action="store_true", help="run the side with the extender first (default: without first)"
     )
+    parser.add_argument(
+        "--scheduler-qps",
+        type=float,
+        default=None,
+        help="kube-scheduler clientConnection.qps on both sides (burst 2x); default: the shipped config's (50)",
+    )
     args = parser.parse_args(argv)
     binaries, reason = find_binaries()
     if binaries is None:
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 pods=args.pods,
                 seed=args.seed,
                 order=("with", "without") if args.with_first else ("without", "with"),
+                scheduler_qps=args.scheduler_qps,
                 progress=_say,
             )
         finally:
@@ -92,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                 _say(f"processes survived the control plane's stop: {survivors}")
     print()
     first = "with" if args.with_first else "without"
-    print(f"{args.nodes} nodes, {args.pods} pods (seed {args.seed}; the side {first} the extender ran first)")
+    qps = "shipped (50)" if args.scheduler_qps is None else f"{args.scheduler_qps:g}"
+    print(
+        f"{args.nodes} nodes, {args.pods} pods (seed {args.seed}; the side {first} the extender ran first; "
+        f"kube-scheduler client QPS {qps})"
+    )
     print(_table(without, with_ext))
     ratio = with_ext.rate / without.rate if without.rate and not math.isnan(without.rate) else float("nan")
     print()

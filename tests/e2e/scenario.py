@@ -638,6 +638,12 @@ def run_case(
     return result
 
 
+def _with_qps(config: dict[str, Any], qps: float | None) -> dict[str, Any]:
+    if qps is not None:
+        config.setdefault("clientConnection", {}).update({"qps": qps, "burst": int(qps * 2)})
+    return config
+
+
 def compare_throughput(
     plane: ControlPlane,
     workdir: Path,
@@ -646,10 +652,16 @@ def compare_throughput(
     pods: int,
     seed: int = 1,
     order: Sequence[str] = ("without", "with"),
+    scheduler_qps: float | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> tuple[CaseResult, CaseResult]:
     """Both sides on the same nodes and the same pods, in ``order``: kube-scheduler alone ("without"),
     and with ``icl extender`` ("with"). Returns (without, with).
+
+    ``scheduler_qps`` sets kube-scheduler's ``clientConnection.qps`` (burst twice
+    that) on both sides; None keeps the shipped config's (kube-scheduler's default,
+    50 QPS), which caps the side without the extender, where kube-scheduler posts
+    every Binding itself.
     """
     if sorted(order) != ["with", "without"]:
         raise ValueError(f"order: expected 'without' and 'with' once each, got {list(order)}")
@@ -671,7 +683,7 @@ def compare_throughput(
                     requests,
                     node_labels(label),
                     topologies,
-                    shipped_scheduler_config(None),
+                    _with_qps(shipped_scheduler_config(None), scheduler_qps),
                     uses_extender=False,
                     progress=progress,
                 )
@@ -685,7 +697,7 @@ def compare_throughput(
                     requests,
                     node_labels(label),
                     topologies,
-                    shipped_scheduler_config(extender.url),
+                    _with_qps(shipped_scheduler_config(extender.url), scheduler_qps),
                     uses_extender=True,
                     progress=progress,
                 )
