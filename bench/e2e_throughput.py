@@ -55,6 +55,15 @@ def _table(without: CaseResult, with_ext: CaseResult) -> str:
         n, b0, v0 = without.per_shape[key]
         _, b1, v1 = with_ext.per_shape.get(key, (n, 0, 0))
         lines.append(f"| {key} | {n} | {v0}/{b0} | {v1}/{b1} |")
+    if with_ext.extender_latency:
+        lines += ["", "| extender verb | requests | mean ms (its own histogram) |", "| --- | ---: | ---: |"]
+        for verb, (n, mean) in sorted(with_ext.extender_latency.items()):
+            lines.append(f"| {verb} | {n} | {mean * 1000:.2f} |")
+        per_pod = with_ext.extender_cpu_s / with_ext.pods * 1000
+        lines += [
+            "",
+            f"extender process CPU during the case: {with_ext.extender_cpu_s:.1f} s ({per_pod:.1f} ms per pod)",
+        ]
     return "\n".join(lines)
 
 

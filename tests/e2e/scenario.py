@@ -242,6 +242,37 @@ class ExtenderProcess:
     def log_tail(self, lines: int = 40) -> str:
         return self.component.log_tail(lines) if self.component is not None else ""
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the running extender process so far (Linux ``/proc``), else NaN."""
+        component = self.component
+        if component is None or component.process is None:
+            return float("nan")
+        try:
+            fields = Path(f"/proc/{component.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def verb_latency(self) -> dict[str, tuple[int, float]]:
+        """Per verb, (requests, mean seconds) from the extender's own histogram on ``/metrics``."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        sums: dict[str, float] = {}
+        counts: dict[str, float] = {}
+        prefix = "kube_icl_extender_request_duration_seconds_"
+        for line in text.splitlines():
+            if not line.startswith(prefix) or 'verb="' not in line:
+                continue
+            kind = line[len(prefix) :].split("{", 1)[0]
+            verb = line.split('verb="', 1)[1].split('"', 1)[0]
+            value = float(line.rsplit(" ", 1)[1])
+            if kind == "sum":
+                sums[verb] = value
+            elif kind == "count":
+                counts[verb] = value
+        return {v: (int(c), sums.get(v, 0.0) / c) for v, c in counts.items() if c}
+
 
 def shipped_scheduler_config(extender_url: str | None) -> dict[str, Any]:
     """The shipped ``kube-scheduler-config.yaml`` with its extender pointed at ``extender_url``.
@@ -463,6 +494,8 @@ class CaseResult:
     window_s: float  # first bind to last bind
     valid: int  # bound pods whose devices form the asked shape
     per_shape: dict[str, tuple[int, int, int]]  # "shape/devices" -> (pods, bound, valid)
+    extender_latency: dict[str, tuple[int, float]] = field(default_factory=dict)  # verb -> (requests, mean s)
+    extender_cpu_s: float = float("nan")  # CPU time of the extender process during the case
 
     @property
     def rate(self) -> float:
@@ -691,6 +724,7 @@ def compare_throughput(
             extender = ExtenderProcess(plane, workdir, shipped_extender_settings()).start(timeout=120)
             try:
                 progress(f"icl extender ready at {extender.url}")
+                cpu_before = extender.cpu_seconds()
                 results[side] = run_case(
                     plane,
                     side,
@@ -700,6 +734,13 @@ def compare_throughput(
                     _with_qps(shipped_scheduler_config(extender.url), scheduler_qps),
                     uses_extender=True,
                     progress=progress,
+                )
+                latency = extender.verb_latency()
+                results[side].extender_latency = latency
+                results[side].extender_cpu_s = extender.cpu_seconds() - cpu_before
+                progress(
+                    "extender time per request: "
+                    + ", ".join(f"{verb} {n} x {mean * 1000:.1f} ms" for verb, (n, mean) in sorted(latency.items()))
                 )
             finally:
                 extender.stop()
