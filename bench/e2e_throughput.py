@@ -41,6 +41,15 @@ def _say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def _cpu_per_pod(result: CaseResult) -> str:
+    """Whole-machine busy CPU from kube-scheduler's start to the end of the side, per bound pod."""
+    return f"{result.machine_busy_s / result.bound * 1000:.1f}" if result.bound else "-"
+
+
+def _cores(result: CaseResult) -> str:
+    return f"{result.machine_busy_s / result.machine_wall_s:.2f}" if result.machine_wall_s > 0 else "-"
+
+
 def _table(without: CaseResult, with_ext: CaseResult) -> str:
     lines = [
         "| | without extender | with extender |",
@@ -49,6 +58,8 @@ def _table(without: CaseResult, with_ext: CaseResult) -> str:
         f"| first to last bind (s) | {without.window_s:.1f} | {with_ext.window_s:.1f} |",
         f"| pods scheduled per second | {without.rate:.1f} | {with_ext.rate:.1f} |",
         f"| bound pods on a valid shape | {without.valid_fraction:.1%} | {with_ext.valid_fraction:.1%} |",
+        f"| machine CPU busy per bound pod (ms) | {_cpu_per_pod(without)} | {_cpu_per_pod(with_ext)} |",
+        f"| machine cores busy on average | {_cores(without)} | {_cores(with_ext)} |",
     ]
     lines += ["", "| shape | pods | valid without (of bound) | valid with (of bound) |", "| --- | ---: | ---: | ---: |"]
     for key in sorted(without.per_shape, key=lambda k: (int(k.rsplit("/", 1)[1]), k)):

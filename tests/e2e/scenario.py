@@ -496,6 +496,8 @@ class CaseResult:
     per_shape: dict[str, tuple[int, int, int]]  # "shape/devices" -> (pods, bound, valid)
     extender_latency: dict[str, tuple[int, float]] = field(default_factory=dict)  # verb -> (requests, mean s)
     extender_cpu_s: float = float("nan")  # CPU time of the extender process during the case
+    machine_busy_s: float = float("nan")  # CPU seconds the whole machine was busy from scheduler start to the end
+    machine_wall_s: float = float("nan")  # wall seconds of that span
 
     @property
     def rate(self) -> float:
@@ -504,6 +506,18 @@ class CaseResult:
     @property
     def valid_fraction(self) -> float:
         return self.valid / self.bound if self.bound else float("nan")
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from ``/proc/stat`` (NaN elsewhere)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return float("nan"), float("nan")
+    ticks = [int(f) for f in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
 
 
 class BindWatch:
@@ -598,6 +612,8 @@ def run_case(
     create_pods(plane, namespace, bodies, workers=workers)
     progress(f"[{name}] created {len(bodies)} pods in {time.monotonic() - started:.1f}s; starting kube-scheduler")
     watch = BindWatch(plane, namespace)
+    busy0, _ = machine_cpu()
+    wall0 = time.monotonic()
     try:
         plane.start_scheduler(dict(scheduler_config))
         last_count, last_change, last_report = -1, time.monotonic(), 0.0
@@ -623,6 +639,8 @@ def run_case(
             time.sleep(0.2)
     finally:
         watch.stop()
+    busy1, _ = machine_cpu()
+    wall1 = time.monotonic()
     times = sorted(watch.bound_at.values())
     window = times[-1] - times[0] if len(times) > 1 else 0.0
     bound = bound_pods(plane, namespace)
@@ -656,6 +674,7 @@ def run_case(
     result = CaseResult(
         name, len(bodies), len(bound), window, valid, {k: (v[0], v[1], v[2]) for k, v in per_shape.items()}
     )
+    result.machine_busy_s, result.machine_wall_s = busy1 - busy0, wall1 - wall0
     progress(
         f"[{name}] done: {result.bound}/{result.pods} bound in {window:.1f}s ({result.rate:.1f} pods/s), "
         f"{result.valid}/{result.bound} on a valid shape"
