@@ -92,17 +92,8 @@ class NodeAllocator:
         with self._lock:
             return dict(self._holds)
 
-    def owned_by(self, owner: str) -> frozenset[str]:
-        with self._lock:
-            return frozenset(d for d, h in self._holds.items() if h.owner == owner)
-
     def free_ids(self, healthy_only: bool = True) -> frozenset[str]:
         """Devices nobody holds (and, by default, that are healthy)."""
         with self._lock:
             pool = self.topo.healthy_ids if healthy_only else frozenset(self.topo.ids)
             return frozenset(d for d in pool if d not in self._holds)
-
-    def set_topology(self, topo: NodeTopology) -> None:
-        """Swap in a new topology of the same node (health changed); holds on vanished devices stay visible."""
-        with self._lock:
-            self.topo = topo

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from topology.search import bits
 
-__all__ = ["Policy", "binpack_node_score", "boundary", "fragmentation_loss", "hop_cost"]
+__all__ = ["Policy", "binpack_node_score", "fragmentation_loss", "hop_cost"]
 
 
 class Policy(StrEnum):
@@ -25,14 +25,6 @@ class Policy(StrEnum):
     FRAGMENTATION = "fragmentation"
     BINPACK = "binpack"
     KUBELET = "kubelet"
-
-
-def boundary(adj: Sequence[int], placement: int, free: int) -> int:
-    """Free devices outside ``placement`` that are linked to it: what the placement cuts into."""
-    around = 0
-    for v in bits(placement):
-        around |= adj[v]
-    return (around & free & ~placement).bit_count()
 
 
 def hop_cost(dist: Sequence[Sequence[int]], order: Sequence[int]) -> int:
