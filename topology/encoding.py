@@ -67,21 +67,11 @@ def encode_annotation(topo: NodeTopology) -> str:
         doc["x"] = broken
     if topo.layout.kind is not LayoutKind.GRAPH:
         layout: list[Any] = [topo.layout.kind.value, list(topo.layout.dims)]
-        derived = _derived_coords(topo.layout.kind, topo.layout.dims, n)
-        if list(topo.layout.coords) != derived:
+        derived = Layout.default_coords(topo.layout.kind, topo.layout.dims, n)
+        if topo.layout.coords != derived:
             layout.append([list(c) for c in topo.layout.coords])
         doc["y"] = layout
     return json.dumps(doc, separators=(",", ":"))
-
-
-def _derived_coords(kind: LayoutKind, dims: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
-    import itertools
-
-    if kind is LayoutKind.RING:
-        return [(i,) for i in range(n)]
-    if kind is LayoutKind.GRID and dims:
-        return list(itertools.product(*(range(d) for d in dims)))[:n]
-    return []
 
 
 def decode_annotation(text: str) -> NodeTopology:
@@ -139,7 +129,7 @@ def decode_annotation(text: str) -> NodeTopology:
             y = doc["y"]
             lkind, dims = LayoutKind(y[0]), tuple(int(d) for d in y[1])
             coords = (
-                tuple(tuple(int(x) for x in c) for c in y[2]) if len(y) > 2 else tuple(_derived_coords(lkind, dims, n))
+                tuple(tuple(int(x) for x in c) for c in y[2]) if len(y) > 2 else Layout.default_coords(lkind, dims, n)
             )
             layout = Layout(lkind, dims, coords)
         return NodeTopology(devices, tuple(links), str(doc.get("n", "")), layout)

@@ -145,14 +145,7 @@ def _parse_layout(raw: object, n: int) -> Layout:
     dims = tuple(_number(d, "layout.dims", int) for d in dims_raw)
     coords_raw = raw.get("coords")
     if coords_raw is None:
-        if kind is LayoutKind.RING:
-            coords: tuple[tuple[int, ...], ...] = tuple((i,) for i in range(n))
-        elif kind is LayoutKind.GRID and dims:
-            import itertools
-
-            coords = tuple(itertools.product(*(range(d) for d in dims)))[:n]
-        else:
-            coords = ()
+        coords = Layout.default_coords(kind, dims, n)
     else:
         if not isinstance(coords_raw, list):
             raise TopologyError(f"layout.coords: expected a list, got {coords_raw!r}")

@@ -8,6 +8,7 @@ links between known devices, no self-loops, no duplicate links.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,12 @@ import networkx as nx
 
 from topology.errors import TopologyError
 
-__all__ = ["Device", "Health", "Layout", "LayoutKind", "Link", "LinkKind", "NodeTopology"]
+__all__ = ["Device", "Health", "Layout", "LayoutKind", "Link", "LinkKind", "NodeTopology", "grid_coords"]
+
+
+def grid_coords(dims: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Row-major coordinates of a grid of ``dims`` (the last axis varies fastest)."""
+    return tuple(itertools.product(*(range(d) for d in dims)))
 
 
 class Health(StrEnum):
@@ -89,6 +95,15 @@ class Layout:
     kind: LayoutKind = LayoutKind.GRAPH
     dims: tuple[int, ...] = ()
     coords: tuple[tuple[int, ...], ...] = ()
+
+    @staticmethod
+    def default_coords(kind: LayoutKind, dims: tuple[int, ...], n: int) -> tuple[tuple[int, ...], ...]:
+        """The coordinates a layout has when none are given: ring ranks, or the grid row-major."""
+        if kind is LayoutKind.RING:
+            return tuple((i,) for i in range(n))
+        if kind is LayoutKind.GRID and dims:
+            return grid_coords(dims)[:n]
+        return ()
 
 
 @dataclass(frozen=True)

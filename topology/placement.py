@@ -29,7 +29,16 @@ from typing import ClassVar
 from topology.errors import ShapeError, TopologyError
 from topology.model import NodeTopology
 from topology.scoring import Policy, fragmentation_loss, hop_cost
-from topology.search import Pattern, SearchResult, bfs_order, bits, component_of, connected_sets, embeddings
+from topology.search import (
+    Pattern,
+    SearchResult,
+    bfs_order,
+    bits,
+    component_of,
+    connected_sets,
+    embeddings,
+    is_bipartite,
+)
 from topology.shapes import Shape, ShapeKind, parse_shape
 
 __all__ = ["DEFAULT_MIX", "Placement", "Placer", "TableStats"]
@@ -174,8 +183,6 @@ class Placer:
 
     @cached_property
     def _bipartite(self) -> bool:
-        from topology.search import is_bipartite
-
         return is_bipartite(self.adj, self.healthy)
 
     def table(self, shape: Shape) -> _Table:

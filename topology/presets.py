@@ -13,7 +13,7 @@ import itertools
 import re
 
 from topology.errors import TopologyError
-from topology.model import Device, Layout, LayoutKind, Link, LinkKind, NodeTopology
+from topology.model import Device, Layout, LayoutKind, Link, LinkKind, NodeTopology, grid_coords
 
 __all__ = ["PRESET_KINDS", "build_preset", "grid_edges", "is_preset", "parse_dims"]
 
@@ -94,8 +94,7 @@ def _grid(dims: tuple[int, ...], wrap: bool, name: str) -> NodeTopology:
     n = 1
     for d in dims:
         n *= d
-    coords = tuple(itertools.product(*(range(d) for d in dims)))
-    layout = Layout(LayoutKind.GRID, dims, coords)
+    layout = Layout(LayoutKind.GRID, dims, grid_coords(dims))
     return NodeTopology(_devices(n), _links(grid_edges(dims, wrap), LinkKind.ICL), name, layout)
 
 

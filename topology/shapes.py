@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from topology.errors import ShapeError
+from topology.model import grid_coords
 from topology.presets import grid_edges
 
 __all__ = ["Shape", "ShapeKind", "parse_shape"]
@@ -76,9 +77,7 @@ class Shape:
         """Row-major coordinates of the pattern's vertices (ring/any: the rank)."""
         if self.kind in (ShapeKind.ANY, ShapeKind.RING):
             return tuple((i,) for i in range(self.size))
-        import itertools
-
-        return tuple(itertools.product(*(range(d) for d in self.dims)))
+        return grid_coords(self.dims)
 
 
 def parse_shape(text: str, count: int | None = None) -> Shape:
