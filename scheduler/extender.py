@@ -501,9 +501,9 @@ class Extender:
                 self._event(info, "FailedBinding", err)
                 return ExtenderBindingResult(err)
         try:
-            if devices:
-                self.api.patch_pod_annotations(info.namespace, info.name, uid, {ANN_DEVICES: format_devices(devices)})
-            self._post_binding(info, uid, node)
+            # One write: the API server copies the Binding's annotations onto the pod together with
+            # spec.nodeName, so no unbound pod ever carries a devices annotation, and no bound one lacks it.
+            self._post_binding(info, uid, node, {ANN_DEVICES: format_devices(devices)} if devices else {})
         except KubeError as exc:
             if slot is not None:
                 self.gangs.unclaim(info, slot)
@@ -517,17 +517,24 @@ class Extender:
             self._event(info, "DevicesAssigned", f"{shape.describe()} on {node}: {format_devices(devices)}", "Normal")
         return ExtenderBindingResult()
 
-    def _post_binding(self, info: PodInfo, uid: str, node: str) -> None:
-        """POST the Binding; a 409 because the pod is already on ``node`` (a retried request) is success."""
+    def _post_binding(self, info: PodInfo, uid: str, node: str, annotations: dict[str, str]) -> None:
+        """POST the Binding carrying ``annotations``.
+
+        A 409 is success only when the pod is already on ``node`` with these very annotations (a retried
+        request whose first answer was lost): the Binding writes both at once, so that is our bind.
+        """
         assert self.api is not None
         try:
-            self.api.bind_pod(info.namespace, info.name, uid, node)
+            self.api.bind_pod(info.namespace, info.name, uid, node, annotations or None)
         except KubeError as exc:
             if exc.status != 409:
                 raise
             pod = self.api.get_pod(info.namespace, info.name)
             meta = (pod or {}).get("metadata") or {}
             if pod is None or (pod.get("spec") or {}).get("nodeName") != node or (uid and meta.get("uid") != uid):
+                raise
+            have = meta.get("annotations") or {}
+            if any(have.get(k) != v for k, v in annotations.items()):
                 raise
 
     def _choose(

@@ -10,8 +10,8 @@ Paths used (all core/v1 or policy/v1):
 - ``GET  /api/v1/nodes``, ``GET /api/v1/pods`` (list, paged with ``limit``/``continue``)
 - ``GET  /api/v1/{nodes,pods}?watch=1&resourceVersion=RV&allowWatchBookmarks=true``
 - ``GET  /api/v1/namespaces/NS/pods/NAME``
-- ``PATCH /api/v1/namespaces/NS/pods/NAME`` (``application/merge-patch+json``)
-- ``POST /api/v1/namespaces/NS/pods/NAME/binding``
+- ``POST /api/v1/namespaces/NS/pods/NAME/binding`` (carrying the ``kube-icl.io/devices`` annotation,
+  which the API server copies onto the pod in the same write that sets ``spec.nodeName``)
 - ``POST /api/v1/namespaces/NS/pods/NAME/eviction``
 - ``POST /api/v1/namespaces/NS/events``
 - ``GET  /apis/scheduling.x-k8s.io/...podgroups/NAME`` and the upstream ``scheduling.k8s.io``
@@ -43,7 +43,6 @@ __all__ = [
     "RestKubeAPI",
     "binding_body",
     "eviction_body",
-    "patch_body",
 ]
 
 Resource = Literal["nodes", "pods"]
@@ -74,11 +73,11 @@ class KubeAPI(Protocol):
 
     def get_pod(self, namespace: str, name: str) -> JsonObj | None: ...
 
-    def patch_pod_annotations(
-        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
-    ) -> JsonObj: ...
-
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        """POST the Binding; ``annotations`` land on the pod in the same write as ``spec.nodeName``."""
+        ...
 
     def evict_pod(self, namespace: str, name: str, uid: str) -> None: ...
 
@@ -109,18 +108,20 @@ GROUP_PATHS: dict[str, tuple[str, ...]] = {
 # --------------------------------------------------------------------- request bodies (pure)
 
 
-def patch_body(uid: str, annotations: Mapping[str, str | None]) -> JsonObj:
-    """A merge patch of annotations; ``metadata.uid`` makes it fail on a recreated pod."""
-    meta: JsonObj = {"annotations": dict(annotations)}
-    if uid:
-        meta["uid"] = uid
-    return {"metadata": meta}
+def binding_body(
+    namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+) -> JsonObj:
+    """A core/v1 Binding. ``metadata.uid`` is a precondition: it fails (409) on a recreated pod.
 
-
-def binding_body(namespace: str, name: str, uid: str, node: str) -> JsonObj:
+    kube-apiserver's pod binding storage (``BindingREST`` in ``pkg/registry/core/pod/storage``)
+    copies ``metadata.annotations`` onto the pod in the one guarded update that sets
+    ``spec.nodeName`` and the ``PodScheduled`` condition, so they land together or not at all.
+    """
     meta: JsonObj = {"name": name, "namespace": namespace}
     if uid:
         meta["uid"] = uid
+    if annotations:
+        meta["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Binding",
@@ -363,22 +364,13 @@ class RestKubeAPI:
             raise
         return pod
 
-    def patch_pod_annotations(
-        self, namespace: str, name: str, uid: str, annotations: Mapping[str, str | None]
-    ) -> JsonObj:
-        pod: JsonObj = self._request(
-            "PATCH",
-            f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}",
-            patch_body(uid, annotations),
-            "application/merge-patch+json",
-        )
-        return pod
-
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         self._request(
             "POST",
             f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/binding",
-            binding_body(namespace, name, uid, node),
+            binding_body(namespace, name, uid, node, annotations),
         )
 
     def evict_pod(self, namespace: str, name: str, uid: str) -> None:

@@ -2,8 +2,10 @@
 
 For tests and benchmarks only. It keeps Nodes and Pods as upstream JSON, hands
 out increasing resourceVersions, streams watch events with chunked encoding
-(as the real server does), applies JSON merge patches (RFC 7386), turns a
-Binding into ``spec.nodeName``, an Eviction into a delete, and stores Events.
+(as the real server does), applies JSON merge patches (RFC 7386), applies a
+Binding as kube-apiserver does (:func:`apply_binding`: ``spec.nodeName``, the
+Binding's annotations and labels, the ``PodScheduled`` condition, in one write),
+turns an Eviction into a delete, and stores Events.
 It answers errors as ``v1.Status`` objects with the real HTTP codes
 (404, 409, 410, 415, 422). Every request is recorded for field-by-field checks.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["FakeAPIServer", "RecordedRequest", "merge_patch"]
+__all__ = ["BindingRejected", "FakeAPIServer", "RecordedRequest", "apply_binding", "merge_patch"]
 
 JsonObj = dict[str, Any]
 
@@ -37,6 +39,97 @@ def merge_patch(target: Any, patch: Any) -> Any:
             out.pop(key, None)
         else:
             out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+class BindingRejected(Exception):
+    """A Binding the API server refuses: ``code``, ``reason`` and ``message`` as its ``v1.Status`` says."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def apply_binding(pod: JsonObj, body: Any, namespace: str, name: str) -> JsonObj:
+    """The pod after ``POST .../pods/NAME/binding`` with ``body``, as kube-apiserver v1.37 writes it.
+
+    Field by field after ``BindingREST.Create`` and ``setPodNodeAndMetadata``
+    (``pkg/registry/core/pod/storage/storage.go``), all in one guarded update:
+
+    - the body must be a Binding (400) whose name and namespace, when given, match the URL (400);
+      ``target.name`` is required and ``target.kind`` is empty or ``Node`` (``ValidatePodBinding``; 422 here);
+    - ``metadata.uid`` and ``metadata.resourceVersion``, when given, are preconditions (409 on ``pods``);
+    - a pod being deleted, already on a node, or with ``spec.schedulingGates`` is refused (409 on
+      ``pods/binding``), and nothing is written;
+    - ``spec.nodeName`` = ``target.name``; ``status.nominatedNodeName`` is cleared
+      (``ClearingNominatedNodeNameAfterBinding``);
+    - every key of the Binding's ``metadata.annotations`` is set on the pod's annotations
+      (overwriting, other keys kept); so are its ``metadata.labels`` (``PodTopologyLabelsAdmission``);
+    - the ``PodScheduled`` condition becomes ``True`` (``UpdatePodCondition``: type and status only,
+      ``lastTransitionTime`` now unless it was already ``True``).
+
+    ``pod`` is not changed; a rejected Binding raises :class:`BindingRejected`.
+    """
+    if not isinstance(body, dict) or body.get("kind") != "Binding":
+        raise BindingRejected(400, "BadRequest", f"not a Binding object: {body!r:.100}")
+    meta = body.get("metadata") or {}
+    if meta.get("name") and meta["name"] != name:
+        raise BindingRejected(400, "BadRequest", "name in URL does not match name in Binding object")
+    if meta.get("namespace") and meta["namespace"] != namespace:
+        raise BindingRejected(
+            400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request"
+        )
+    target = body.get("target") or {}
+    if not target.get("name"):
+        raise BindingRejected(422, "Invalid", "Binding.target.name: Required value")
+    if target.get("kind") not in (None, "", "Node"):
+        raise BindingRejected(422, "Invalid", f'Binding.target.kind: Unsupported value: "{target["kind"]}"')
+    have = pod.get("metadata") or {}
+    for field, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+        want = meta.get(field)
+        if want and want != have.get(field):
+            raise BindingRejected(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods "{name}": Precondition failed: '
+                f"{label} in precondition: {want}, {label} in object meta: {have.get(field, '')}",
+            )
+    spec = pod.get("spec") or {}
+
+    def refuse(why: str) -> BindingRejected:
+        return BindingRejected(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": {why}')
+
+    if have.get("deletionTimestamp"):
+        raise refuse(f"pod {name} is being deleted, cannot be assigned to a host")
+    if spec.get("nodeName"):
+        raise refuse(f'pod {name} is already assigned to node "{spec["nodeName"]}"')
+    if spec.get("schedulingGates"):
+        raise refuse(f"pod {name} has non-empty .spec.schedulingGates")
+    out = copy.deepcopy(pod)
+    out.setdefault("spec", {})["nodeName"] = target["name"]
+    status = out.setdefault("status", {})
+    status.pop("nominatedNodeName", None)
+    out_meta = out.setdefault("metadata", {})
+    for key in ("annotations", "labels"):
+        extra = meta.get(key) or {}
+        if extra or key == "annotations":
+            merged = dict(out_meta.get(key) or {})
+            merged.update({str(k): str(v) for k, v in extra.items()})
+            out_meta[key] = merged
+    conditions = status.setdefault("conditions", [])
+    new = {"type": "PodScheduled", "status": "True", "lastProbeTime": None, "lastTransitionTime": _now()}
+    for i, cond in enumerate(conditions):
+        if cond.get("type") == "PodScheduled":
+            if cond.get("status") == "True":
+                new["lastTransitionTime"] = cond.get("lastTransitionTime")
+            conditions[i] = new
+            break
+    else:
+        conditions.append(new)
     return out
 
 
@@ -367,25 +460,15 @@ class FakeAPIServer:
                 self.pods[(ns, name)] = patched
                 return 200, copy.deepcopy(self._bump("pods", "MODIFIED", patched))
             if method == "POST" and sub == "binding":
-                if not isinstance(body, dict) or body.get("kind") != "Binding":
-                    raise _ApiError(400, "BadRequest", "expected a Binding")
-                target = (body.get("target") or {}).get("name")
-                if not target:
-                    raise _ApiError(422, "Invalid", "Binding.target.name: Required value")
-                uid = (body.get("metadata") or {}).get("uid")
-                if uid and uid != pod["metadata"]["uid"]:
-                    raise _ApiError(
-                        409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": uid mismatch'
-                    )
-                if pod.get("spec", {}).get("nodeName"):
-                    raise _ApiError(
-                        409, "Conflict", f'pod {name} is already assigned to node "{pod["spec"]["nodeName"]}"'
-                    )
+                try:
+                    bound = apply_binding(pod, body, ns, name)
+                except BindingRejected as exc:
+                    raise _ApiError(exc.code, exc.reason, exc.message) from None
                 if self.before_bind is not None:
                     self.before_bind(ns, name)
-                pod.setdefault("spec", {})["nodeName"] = target
+                self.pods[(ns, name)] = bound
                 self.bindings.append(copy.deepcopy(body))
-                self._bump("pods", "MODIFIED", pod)
+                self._bump("pods", "MODIFIED", bound)
                 return 201, _status(201, "", "") | {"status": "Success"}
             if method == "POST" and sub == "eviction":
                 if not isinstance(body, dict) or body.get("kind") != "Eviction":
@@ -593,7 +676,7 @@ class ExtenderHarness:
 class MemoryKubeAPI:
     """:class:`scheduler.kube.KubeAPI` in memory, for fast property tests (the HTTP path is tested elsewhere).
 
-    ``fail`` maps a call name (``patch``, ``bind``, ``evict``, ``event``) to how many of the next such
+    ``fail`` maps a call name (``bind``, ``evict``, ``event``, ``group``) to how many of the next such
     calls fail with a 500. Pods are stored like the API server stores them.
     """
 
@@ -632,27 +715,20 @@ class MemoryKubeAPI:
             pod = self.pods.get((namespace, name))
             return copy.deepcopy(pod) if pod else None
 
-    def patch_pod_annotations(self, namespace: str, name: str, uid: str, annotations: Any) -> JsonObj:
-        with self.lock:
-            self._maybe_fail("patch", namespace, name)
-            pod = self.pods.get((namespace, name))
-            if pod is None:
-                raise self._error(404, f'pods "{name}" not found')
-            if uid and pod["metadata"]["uid"] != uid:
-                raise self._error(422, "uid mismatch")
-            pod = merge_patch(pod, {"metadata": {"annotations": dict(annotations)}})
-            self.pods[(namespace, name)] = pod
-            return copy.deepcopy(pod)
+    def bind_pod(self, namespace: str, name: str, uid: str, node: str, annotations: Any = None) -> None:
+        from scheduler.kube import binding_body
 
-    def bind_pod(self, namespace: str, name: str, uid: str, node: str) -> None:
         with self.lock:
             self._maybe_fail("bind", namespace, name)
             pod = self.pods.get((namespace, name))
             if pod is None:
                 raise self._error(404, f'pods "{name}" not found')
-            if pod["spec"].get("nodeName"):
-                raise self._error(409, f"pod {name} is already assigned to node {pod['spec']['nodeName']!r}")
-            pod["spec"]["nodeName"] = node
+            try:
+                self.pods[(namespace, name)] = apply_binding(
+                    pod, binding_body(namespace, name, uid, node, annotations), namespace, name
+                )
+            except BindingRejected as exc:
+                raise self._error(exc.code, exc.message) from None
 
     def evict_pod(self, namespace: str, name: str, uid: str) -> None:
         with self.lock:

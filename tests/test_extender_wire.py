@@ -105,7 +105,7 @@ def test_prioritize_is_a_bare_array(cluster: ExtenderHarness) -> None:
     check_golden("prioritize.response.json", response)
 
 
-def test_bind_writes_devices_then_posts_binding(cluster: ExtenderHarness) -> None:
+def test_bind_posts_one_binding_that_carries_the_devices(cluster: ExtenderHarness) -> None:
     pod = fixture("pod-pending.json")
     request = {"PodName": "train-0", "PodNamespace": "research", "PodUID": pod["metadata"]["uid"], "Node": "node-b"}
     assert set(request) == BINDING_ARGS
@@ -117,17 +117,19 @@ def test_bind_writes_devices_then_posts_binding(cluster: ExtenderHarness) -> Non
     calls = [
         {"method": r.method, "path": r.path, "contentType": r.headers.get("Content-Type"), "body": r.body}
         for r in cluster.fake.requests
-        if r.method in ("PATCH", "POST") and "/events" not in r.path
+        if r.method in ("PATCH", "POST", "PUT") and "/events" not in r.path
     ]
     check_golden("bind.api-calls.json", calls)
-    assert [c["method"] for c in calls] == ["PATCH", "POST"], "devices annotation first, then the Binding"
+    assert [c["method"] for c in calls] == ["POST"], "one write: the Binding carries the devices annotation"
+    devices = calls[0]["body"]["metadata"]["annotations"]["kube-icl.io/devices"]
     binding = fixture("binding.json")
     binding["target"]["name"] = "node-b"
-    assert calls[1]["body"] == binding
+    binding["metadata"]["annotations"] = {"kube-icl.io/devices": devices}
+    assert calls[0]["body"] == binding
     stored = cluster.fake.pod("research", "train-0")
     assert stored is not None and stored["spec"]["nodeName"] == "node-b"
-    devices = stored["metadata"]["annotations"]["kube-icl.io/devices"].split(",")
-    assert len(devices) == 4
+    assert stored["metadata"]["annotations"]["kube-icl.io/devices"] == devices
+    assert len(devices.split(",")) == 4
 
 
 def test_preempt_returns_meta_victims_keyed_by_uid(cluster: ExtenderHarness) -> None:

@@ -6,6 +6,7 @@ client makes is checked field by field: method, path, query, content type, body.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Iterator
@@ -16,8 +17,16 @@ import pytest
 
 from scheduler.cache import ClusterCache
 from scheduler.informer import Informer
-from scheduler.kube import KubeError, RestKubeAPI
-from scheduler.testing import ExtenderHarness, FakeAPIServer, node_obj, pod_obj, wait_for
+from scheduler.kube import KubeError, RestKubeAPI, binding_body
+from scheduler.testing import (
+    BindingRejected,
+    ExtenderHarness,
+    FakeAPIServer,
+    apply_binding,
+    node_obj,
+    pod_obj,
+    wait_for,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 
@@ -63,26 +72,27 @@ def test_watch_streams_events_from_a_resource_version(fake: FakeAPIServer, api: 
     assert watch.query == {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "true", "timeoutSeconds": "1"}
 
 
-def test_patch_binding_eviction_and_event_bodies(fake: FakeAPIServer, api: RestKubeAPI) -> None:
+def test_binding_eviction_and_event_bodies(fake: FakeAPIServer, api: RestKubeAPI) -> None:
     pod = fake.put_pod(fixture("pod-pending.json"))
     uid = pod["metadata"]["uid"]
-    patched = api.patch_pod_annotations("research", "train-0", uid, {"kube-icl.io/devices": "0,1,2,3"})
-    assert patched["metadata"]["annotations"]["kube-icl.io/devices"] == "0,1,2,3"
-    assert patched["metadata"]["annotations"]["kube-icl.io/shape"] == "ring", "a merge patch keeps other keys"
-    api.bind_pod("research", "train-0", uid, "node-a")
+    api.bind_pod("research", "train-0", uid, "node-a", {"kube-icl.io/devices": "0,1,2,3"})
+    bound = fake.pod("research", "train-0")
+    assert bound is not None and bound["spec"]["nodeName"] == "node-a"
+    assert bound["metadata"]["annotations"]["kube-icl.io/devices"] == "0,1,2,3"
+    assert bound["metadata"]["annotations"]["kube-icl.io/shape"] == "ring", "the Binding's keys are added, not replaced"
     api.create_event("research", {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e1"}})
     api.evict_pod("research", "train-0", uid)
     calls = [r for r in fake.requests if r.method != "GET"]
     assert [(r.method, r.path) for r in calls] == [
-        ("PATCH", "/api/v1/namespaces/research/pods/train-0"),
         ("POST", "/api/v1/namespaces/research/pods/train-0/binding"),
         ("POST", "/api/v1/namespaces/research/events"),
         ("POST", "/api/v1/namespaces/research/pods/train-0/eviction"),
     ]
-    assert calls[0].headers["Content-Type"] == "application/merge-patch+json"
-    assert calls[0].body == {"metadata": {"annotations": {"kube-icl.io/devices": "0,1,2,3"}, "uid": uid}}
-    assert calls[1].body == fixture("binding.json")
-    assert calls[3].body == {
+    assert calls[0].headers["Content-Type"] == "application/json"
+    binding = fixture("binding.json")
+    binding["metadata"]["annotations"] = {"kube-icl.io/devices": "0,1,2,3"}
+    assert calls[0].body == binding
+    assert calls[2].body == {
         "apiVersion": "policy/v1",
         "kind": "Eviction",
         "metadata": {"name": "train-0", "namespace": "research"},
@@ -91,16 +101,25 @@ def test_patch_binding_eviction_and_event_bodies(fake: FakeAPIServer, api: RestK
     assert fake.pod("research", "train-0") is None
 
 
+def test_a_binding_without_annotations_sends_none(fake: FakeAPIServer, api: RestKubeAPI) -> None:
+    pod = fake.put_pod(fixture("pod-pending.json"))
+    api.bind_pod("research", "train-0", pod["metadata"]["uid"], "node-a")
+    assert fake.requests[-1].body == fixture("binding.json")
+
+
 def test_errors_carry_the_status_code_and_message(fake: FakeAPIServer, api: RestKubeAPI) -> None:
     assert api.get_pod("nowhere", "nothing") is None
     fake.put_pod(fixture("pod-bound.json"))
     with pytest.raises(KubeError) as err:
-        api.bind_pod("research", "train-1", "", "node-b")
+        api.bind_pod("research", "train-1", "", "node-b", {"kube-icl.io/devices": "0"})
     assert err.value.status == 409
     assert "already assigned" in err.value.message
+    pending = fake.put_pod(fixture("pod-pending.json"))
     with pytest.raises(KubeError) as err:
-        api.patch_pod_annotations("research", "train-1", "some-other-uid", {"a": "b"})
-    assert err.value.status == 422, "the uid in the patch makes it fail on a recreated pod"
+        api.bind_pod("research", "train-0", "some-other-uid", "node-b", {"kube-icl.io/devices": "0"})
+    assert err.value.status == 409, "the uid in the Binding is a precondition: it fails on a recreated pod"
+    assert "Precondition failed: UID in precondition: some-other-uid" in err.value.message
+    assert fake.pod("research", "train-0") == pending, "a refused Binding writes nothing, annotations included"
 
 
 def test_kubeconfig_with_token(fake: FakeAPIServer, tmp_path: Path) -> None:
@@ -180,7 +199,7 @@ def test_cache_rebuilt_from_recorded_objects() -> None:
 
 
 def test_a_watch_event_for_a_pod_being_bound_keeps_the_assumed_devices() -> None:
-    """The devices annotation lands before spec.nodeName; the intermediate event must not drop the hold."""
+    """An annotated pod not yet bound (written in two steps, as extenders before 0.x did) keeps the hold."""
     cache = ClusterCache("kube-icl.io/accelerator")
     cache.replace_nodes([node_obj("n1", "ring:8")])
     pod = pod_obj("p", 2, "ring")
@@ -227,12 +246,13 @@ def test_a_silently_closed_keep_alive_connection_is_retried(fake: FakeAPIServer,
     api.get_pod("research", "train-0")  # opens the kept-alive connection
     fake.hang_up = 1
     api.get_pod("research", "train-0")  # answered, then the server closes the connection silently
-    api.patch_pod_annotations("research", "train-0", uid, {"kube-icl.io/devices": "0,1,2,3"})
+    api.get_pod("research", "train-0")
     fake.hang_up = 1
     api.get_pod("research", "train-0")
-    api.bind_pod("research", "train-0", uid, "node-a")
+    api.bind_pod("research", "train-0", uid, "node-a", {"kube-icl.io/devices": "0,1,2,3"})
     stored = fake.pod("research", "train-0")
     assert stored is not None and stored["spec"]["nodeName"] == "node-a"
+    assert stored["metadata"]["annotations"]["kube-icl.io/devices"] == "0,1,2,3"
 
 
 def test_a_retried_bind_that_already_landed_is_success() -> None:
@@ -253,6 +273,23 @@ def test_a_retried_bind_that_already_landed_is_success() -> None:
         other = dict(args, Node="n2")
         code, out = h.post("bind", other)
         assert code == 200 and "already holds devices on n1" in out["Error"]
+
+
+def test_a_conflict_on_a_pod_bound_without_our_devices_fails_and_forgets() -> None:
+    """A 409 is a retried success only if the pod is on the node with our devices: the Binding writes both."""
+    with ExtenderHarness() as h:
+        h.fake.put_node(node_obj("n1", "ring:8"))
+        pod = h.fake.put_pod(pod_obj("p", 2, "ring"))
+        h.seen(lambda: "n1" in h.cache.nodes and h.cache.pods)
+        meta = pod["metadata"]
+
+        h.fake.put_pod({**pod, "spec": {**pod["spec"], "nodeName": "n1"}})  # bound by another scheduler
+        args = {"PodName": "p", "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n1"}
+        code, out = h.post("bind", args)
+        assert code == 200 and "already assigned" in out["Error"]
+        assert meta["uid"] not in h.cache.assumed
+        stored = h.fake.pod("default", "p")
+        assert stored is not None and "kube-icl.io/devices" not in stored["metadata"]["annotations"]
 
 
 # ---------------------------------------------------------------------- objects recorded from a real API server
@@ -282,22 +319,76 @@ def test_recorded_watch_stream_applies_in_order() -> None:
     cache.replace_nodes([recorded("node.json")])
     lines = (RECORDED / "watch-pods.jsonl").read_text().splitlines()
     events = [json.loads(line) for line in lines]
-    assert [e["type"] for e in events] == ["ADDED", "MODIFIED", "MODIFIED"]
+    assert [e["type"] for e in events] == ["ADDED", "MODIFIED"], "one write binds and annotates"
     states = []
     for event in events:
         cache.upsert_pod(event["object"])
         states.append(dict(cache.allocated))
     uid = events[0]["object"]["metadata"]["uid"]
-    assert states[0] == {} and states[1] == {}, "annotated but unbound: nothing held yet"
-    assert states[2] == {uid: ("node-a", ("2", "3", "4", "5"))}
-    patched = events[1]["object"]
-    assert patched["metadata"]["annotations"]["kube-icl.io/devices"] == "2,3,4,5"
-    assert not patched["spec"].get("nodeName"), "the real API server saw the annotation before the Binding"
+    assert states == [{}, {uid: ("node-a", ("2", "3", "4", "5"))}]
+    pending, bound = events[0]["object"], events[1]["object"]
+    assert "kube-icl.io/devices" not in pending["metadata"]["annotations"] and not pending["spec"].get("nodeName")
+    assert bound["metadata"]["annotations"]["kube-icl.io/devices"] == "2,3,4,5"
+    assert bound["spec"]["nodeName"] == "node-a", "the real API server wrote the annotation with spec.nodeName"
 
 
 def strip(obj: dict[str, Any]) -> dict[str, Any]:
     """Without resourceVersion, which every server assigns itself."""
     return {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "resourceVersion"}}
+
+
+def _scheduled_at(obj: dict[str, Any]) -> dict[str, Any]:
+    """Without the PodScheduled condition's lastTransitionTime (the clock of the write)."""
+    out = copy.deepcopy(strip(obj))
+    for cond in out.get("status", {}).get("conditions", []):
+        cond.pop("lastTransitionTime", None)
+    return out
+
+
+def test_the_loopback_binding_writes_what_the_real_api_server_wrote(fake: FakeAPIServer, api: RestKubeAPI) -> None:
+    """Field by field: the recorded watch shows the pod before and after the Binding of ``record.py``."""
+    lines = (RECORDED / "watch-pods.jsonl").read_text().splitlines()
+    before, after = (json.loads(line)["object"] for line in lines)
+    fake.put_pod(before)
+    mark = len(fake.log)
+    api.bind_pod("research", "train-0", before["metadata"]["uid"], "node-a", {"kube-icl.io/devices": "2,3,4,5"})
+    ours = fake.pod("research", "train-0")
+    assert ours is not None
+    assert _scheduled_at(ours) == _scheduled_at(after)
+    assert [(kind, obj["spec"].get("nodeName")) for _, _, kind, obj in fake.log[mark:]] == [("MODIFIED", "node-a")]
+
+
+def test_apply_binding_follows_the_upstream_rules() -> None:
+    pod = pod_obj("p", 2, "ring")
+    pod["metadata"]["labels"] = {"app": "x"}
+    pod["status"]["nominatedNodeName"] = "n9"
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no", "lastProbeTime": None}
+    ]
+    body = binding_body("default", "p", pod["metadata"]["uid"], "n1", {"kube-icl.io/devices": "0,1", "app": "y"})
+    body["metadata"]["labels"] = {"topology.kubernetes.io/zone": "z1"}
+    out = apply_binding(pod, body, "default", "p")
+    assert out["spec"]["nodeName"] == "n1" and "nominatedNodeName" not in out["status"]
+    assert out["metadata"]["annotations"]["kube-icl.io/devices"] == "0,1"
+    assert out["metadata"]["annotations"]["app"] == "y", "the Binding's annotations overwrite"
+    assert out["metadata"]["labels"] == {"app": "x", "topology.kubernetes.io/zone": "z1"}
+    [cond] = out["status"]["conditions"]
+    assert set(cond) == {"type", "status", "lastProbeTime", "lastTransitionTime"} and cond["status"] == "True"
+    assert "kube-icl.io/devices" not in pod["metadata"]["annotations"], "the input is not changed"
+    refused = [
+        ({**pod, "spec": {**pod["spec"], "nodeName": "n2"}}, body, 409, 'already assigned to node "n2"'),
+        ({**pod, "spec": {**pod["spec"], "schedulingGates": [{"name": "g"}]}}, body, 409, "schedulingGates"),
+        ({**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "t"}}, body, 409, "being deleted"),
+        (pod, {**body, "metadata": {**body["metadata"], "uid": "u2"}}, 409, "UID in precondition: u2"),
+        (pod, {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}, 409, "ResourceVersion"),
+        (pod, {**body, "metadata": {**body["metadata"], "name": "q"}}, 400, "name in URL"),
+        (pod, {**body, "target": {"kind": "Node"}}, 422, "target.name"),
+        (pod, {**body, "kind": "Pod"}, 400, "not a Binding"),
+    ]
+    for target, bad, code, why in refused:
+        with pytest.raises(BindingRejected) as err:
+            apply_binding(target, bad, "default", "p")
+        assert err.value.code == code and why in err.value.message, (code, why, err.value.message)
 
 
 def test_recorded_objects_through_the_loopback_server(fake: FakeAPIServer, api: RestKubeAPI) -> None:
@@ -311,13 +402,12 @@ def test_recorded_objects_through_the_loopback_server(fake: FakeAPIServer, api: 
     items, _ = api.list("nodes")
     assert [strip(n) for n in items] == [strip(node)]
     uid = pod["metadata"]["uid"]
-    patched = api.patch_pod_annotations("research", "train-0", uid, {"kube-icl.io/devices": "2,3,4,5"})
-    real = recorded("pod-patched.json")
-    assert patched["metadata"]["annotations"] == real["metadata"]["annotations"]
     fake.put_pod({**pod, "spec": {**pod["spec"], "nodeName": "node-a"}})
     with pytest.raises(KubeError) as err:
-        api.bind_pod("research", "train-0", uid, "node-b")
-    assert err.value.status == recorded("status-conflict.json")["code"] == 409
+        api.bind_pod("research", "train-0", uid, "node-b", {"kube-icl.io/devices": "2,3,4,5"})
+    real = recorded("status-conflict.json")
+    assert err.value.status == real["code"] == 409
+    assert err.value.message.endswith(real["message"]), "the same v1.Status message"
 
 
 def test_recorded_event_matches_what_the_recorder_builds() -> None:

@@ -92,7 +92,7 @@ class BindMachine(RuleBasedStateMachine):
     @rule(
         pick=st.integers(0, 1000),
         node_pick=st.integers(0, 10),
-        fail=st.sampled_from(["", "", "", "", "patch", "bind"]),
+        fail=st.sampled_from(["", "", "", "", "bind"]),
     )
     def schedule(self, pick: int, node_pick: int, fail: str) -> None:
         pod = self.pending[pick % len(self.pending)]
@@ -113,8 +113,8 @@ class BindMachine(RuleBasedStateMachine):
         stored = self.api.pods[("default", meta["name"])]
         event(f"bind: {'failed' if out.error else 'bound'}{' (injected ' + fail + ' failure)' if fail else ''}")
         if out.error:
-            # A failed Binding may leave a stale devices annotation on the pending pod; that is fine.
             assert meta["uid"] not in self.cache.allocated, "a failed bind must forget its devices"
+            assert "kube-icl.io/devices" not in stored["metadata"].get("annotations", {}), "one write: all or nothing"
             return
         assert stored["spec"]["nodeName"] == node
         self.pending.remove(pod)
@@ -167,6 +167,13 @@ class BindMachine(RuleBasedStateMachine):
             for d in devs:
                 per_node[(node, d)] += 1
         assert not [k for k, n in per_node.items() if n > 1], "the API says a device is held twice"
+
+    @invariant()
+    def devices_annotation_only_on_bound_pods(self) -> None:
+        """The annotation travels in the Binding: no unbound pod ever carries one."""
+        for pod in self.api.pods.values():
+            if "kube-icl.io/devices" in (pod["metadata"].get("annotations") or {}):
+                assert pod["spec"].get("nodeName"), pod["metadata"]["name"]
 
     @invariant()
     def holdings_have_their_shape(self) -> None:

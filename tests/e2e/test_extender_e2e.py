@@ -168,13 +168,16 @@ def test_real_scheduler_places_shapes_with_the_extender(
         for d in devices:
             assert (node, d) not in used, f"{node}/{d} given to {used.get((node, d))} and {name}"
             used[(node, d)] = name
-    # The devices annotation reached the API server before the Binding did.
+    # The devices annotation reached the API server in the Binding itself: one write, seen as one watch event.
     wait_for(lambda: len({o["metadata"]["name"] for k, o in watch.events if o["spec"].get("nodeName")}) >= len(CASES))
     watch.stop()
     first_bound: dict[str, dict[str, Any]] = {}
     for _kind, obj in watch.events:
+        annotated = "kube-icl.io/devices" in (obj["metadata"].get("annotations") or {})
         if obj["spec"].get("nodeName"):
             first_bound.setdefault(obj["metadata"]["name"], obj)
+        else:
+            assert not annotated, f"{obj['metadata']['name']} annotated before it was bound"
     for name, obj in first_bound.items():
         assert "kube-icl.io/devices" in (obj["metadata"].get("annotations") or {}), f"{name} bound before annotated"
 

@@ -134,7 +134,7 @@ def test_shapes_on_published_nodes_through_icl_extender(
     """Item 2 on what ``test_extender_e2e.py`` does not use: published annotations, ``icl extender`` as a process.
 
     Every pod lands on devices forming its shape, and the devices annotation is on the
-    pod in the very first watch event that shows it bound (written before the Binding).
+    pod in the very first watch event that shows it bound (written with the Binding, in one write).
     """
     watch = BindWatch(control_plane, namespace)
     try:
