@@ -106,7 +106,6 @@ def test_extender_rbac_is_least_privilege() -> None:
         ("pods", "get"),
         ("pods", "list"),
         ("pods", "watch"),
-        ("pods", "patch"),
         ("pods/binding", "create"),
         ("pods/eviction", "create"),
         ("events", "create"),
