@@ -162,6 +162,30 @@ def test_icl_keeps_unconstrained_tasks_off_models_in_demand() -> None:
     assert [i for i, _ in brute_force_best(states, t4_only, mixed)] == [0]
 
 
+def test_icl_keeps_cpu_off_nodes_whose_devices_it_would_strand() -> None:
+    """FGD ties; best fit would take node 1 (least left), whose free device the task's CPU would starve."""
+    gpu_task = TaskRequest(2000, 0, 1, MILLI)
+    cpu_task = TaskRequest(4000, 0, 0, 0)
+    workload = TargetWorkload.from_tasks([gpu_task, cpu_task])
+    specs = [GpuNodeSpec("a", 16000, 0, 4, "A"), GpuNodeSpec("b", 16000, 0, 4, "A")]
+    full = NodeState("A", 16000, 0, 12000, 0, (0, 0, 0, 0))
+    one_free = NodeState("A", 16000, 0, 7000, 0, (1000, 0, 0, 0))
+    fgd, icl = make_policy("fgd", specs, workload), make_policy("icl", specs, workload)
+    bestfit = make_policy("bestfit", specs, workload)
+    assert {i for i, _ in brute_force_best([full, one_free], cpu_task, fgd)} == {0, 1}
+    assert [i for i, _ in brute_force_best([full, one_free], cpu_task, bestfit)] == [1]
+    assert [i for i, _ in brute_force_best([full, one_free], cpu_task, icl)] == [0]
+
+
+@given(st.lists(st.sampled_from(TASK_MIX), min_size=1, max_size=10), st.integers(0, 64000), st.integers(0, 4000))
+def test_balance_strands_at_most_the_free_units(mix: list[TaskRequest], cpu_free: int, gpu_free: int) -> None:
+    from topology.policies import Balance
+
+    balance = Balance.of(TargetWorkload.from_tasks(mix))
+    state = NodeState("A", 64000, 0, cpu_free, 0, (min(gpu_free, MILLI), max(0, gpu_free - MILLI) % (MILLI + 1)))
+    assert 0 <= balance.stranded(state) <= state.gpu_free_total
+
+
 @given(st.lists(st.sampled_from(TASK_MIX), min_size=1, max_size=10))
 def test_model_pressure_is_zero_without_constraints_and_never_negative(mix: list[TaskRequest]) -> None:
     from topology.policies import model_pressure

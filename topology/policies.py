@@ -30,7 +30,10 @@ Policies:
   fragmentation growth is the same to the score's resolution, the one that
   leaves its node with the least free CPU and devices wins, which keeps empty
   and near-empty nodes whole for whole-device and multi-device tasks that a
-  random spread would starve. When some task types may only use some device
+  random spread would starve. Before best fit, it avoids stranding devices:
+  of FGD's ties, the placement that least grows the node's free device units
+  its free CPU and memory could no longer feed at the target workload's demand
+  ratios (``Balance``) wins. When some task types may only use some device
   models, tasks without that constraint also keep off the models in demand
   (``model_pressure``), so packing does not fill the nodes they need.
 """
@@ -53,6 +56,7 @@ from topology.gpushare import (
 )
 
 __all__ = [
+    "Balance",
     "BestFit",
     "Choice",
     "Fgd",
@@ -232,23 +236,66 @@ def model_pressure(specs: Sequence[GpuNodeSpec], workload: TargetWorkload) -> di
 
 
 @dataclass(frozen=True, slots=True)
-class IclPack:
-    """kube-icl: FGD's integer gradient score, ties resolved by best fit and model pressure.
+class Balance:
+    """The target workload's CPU and memory per device milli-unit (its demand ratios).
 
-    ``score = gradient_score(dF) + pack_weight * (remaining_after + pressure_term)``
-    where ``pressure_term = pressure_weight * pressure[model]`` for a device
-    task without model constraint (0 otherwise): unconstrained tasks keep off
-    the models that constrained tasks need. The whole tie term stays below one
-    score level, so it only orders placements that FGD scores equal.
+    ``stranded(state)`` is the node's free device units that its free CPU and
+    memory could not feed if the workload's tasks came in their usual mix: free
+    units beyond ``min(cpu_free / cpu_per_milli, mem_free / mem_per_milli)``.
+    A dimension the workload does not ask for never strands anything.
+
+    >>> b = Balance(cpu_per_milli=4.0, mem_per_milli=0.0)
+    >>> b.stranded(NodeState("A", 8000, 0, 2000, 0, (1000, 0)))
+    500.0
+    """
+
+    cpu_per_milli: float
+    mem_per_milli: float
+
+    @classmethod
+    def of(cls, workload: TargetWorkload) -> Balance:
+        gpu = sum(p * t.gpu_demand for t, p in workload.types)
+        if gpu <= 0:
+            return cls(0.0, 0.0)
+        cpu = sum(p * t.cpu_milli for t, p in workload.types)
+        mem = sum(p * t.memory_mib for t, p in workload.types)
+        return cls(cpu / gpu, mem / gpu)
+
+    def stranded(self, state: NodeState) -> float:
+        free = float(state.gpu_free_total)
+        fed = free
+        if self.cpu_per_milli > 0:
+            fed = min(fed, state.cpu_free / self.cpu_per_milli)
+        if self.mem_per_milli > 0:
+            fed = min(fed, state.mem_free / self.mem_per_milli)
+        return free - fed
+
+
+@dataclass(frozen=True, slots=True)
+class IclPack:
+    """kube-icl: FGD's integer gradient score, ties resolved by stranding, best fit and model pressure.
+
+    ``score = gradient_score(dF) + pack_weight * (strand_term + remaining_after + pressure_term)``
+    where ``strand_term = strand_weight * (stranded_after - stranded_before) / capacity.gpu_milli``
+    (``Balance.stranded``: free device units the node's free CPU and memory
+    could no longer feed at the workload's demand ratios), and
+    ``pressure_term = pressure_weight * pressure[model]`` for a device task
+    without model constraint (0 otherwise): unconstrained tasks keep off the
+    models that constrained tasks need. The strand term lies within
+    ``+-strand_weight`` (a node strands at most its free units), so the whole
+    tie term stays well inside one score level and only orders placements that
+    FGD scores equal.
     """
 
     frag: FragmentationModel
     capacity: Capacity
     pressure: Mapping[str, float] = field(default_factory=dict)
+    balance: Balance = field(default_factory=lambda: Balance(0.0, 0.0))
     levels: int = 100
     scale: float = 1000.0
     pack_weight: float = 1e-3
     pressure_weight: float = 10.0
+    strand_weight: float = 100.0
     name: str = FracPolicyName.ICL.value
     uniform_devices: bool = False
 
@@ -260,11 +307,13 @@ class IclPack:
         avoid = 0.0
         if task.num_gpu and not task.gpu_spec:
             avoid = self.pressure_weight * self.pressure.get(state.model, 0.0)
+        stranded = self.balance.stranded(state)
         best: Choice | None = None
         for take in opts:
             after = state.apply(task, take)
             value = gradient_score(self.frag(after) - before, self.levels, self.scale)
-            value += self.pack_weight * (self.capacity.remaining(after) + avoid)
+            strand = self.strand_weight * (self.balance.stranded(after) - stranded) / self.capacity.gpu_milli
+            value += self.pack_weight * (strand + self.capacity.remaining(after) + avoid)
             if best is None or value < best[0] - 1e-12:
                 best = (value, take)
         return best
@@ -292,7 +341,7 @@ def make_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkloa
     frag = FragmentationModel(workload)
     if which is FracPolicyName.FGD:
         return Fgd(frag)
-    return IclPack(frag, capacity, model_pressure(specs, workload))
+    return IclPack(frag, capacity, model_pressure(specs, workload), Balance.of(workload))
 
 
 def brute_force_best(
