@@ -8,14 +8,24 @@ anything changes. The plugin never asks the backend how it knows.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Hashable, Iterable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from topology import NodeTopology
 from topology.model import Health
 
-__all__ = ["Backend", "DeviceSpecInfo", "HealthTracker", "SnapshotFeed"]
+__all__ = ["Backend", "DeviceSpecInfo", "HealthTracker", "SnapshotFeed", "probe_forever"]
+
+
+async def probe_forever(probe: Callable[[], Awaitable[object]], wake: asyncio.Event, interval: float) -> None:
+    """Probe every ``interval`` seconds, or at once when ``wake`` is set, until cancelled."""
+    while True:
+        wake.clear()  # before probing: an event during the probe wakes the next one
+        await probe()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), interval)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ clean probes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
@@ -30,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
-from deviceplugin.backends.base import DeviceSpecInfo, HealthTracker, SnapshotFeed
+from deviceplugin.backends.base import DeviceSpecInfo, HealthTracker, SnapshotFeed, probe_forever
 from topology import NodeTopology
 from topology.model import Device, Link, LinkKind
 
@@ -446,11 +445,7 @@ class NvmlBackend:
         thread = threading.Thread(target=xid_thread, name="nvml-xid", daemon=True)
         thread.start()
         try:
-            while True:
-                wake.clear()  # before probing: an event during the probe wakes the next one
-                await self.probe()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self._probe_interval)
+            await probe_forever(self.probe, wake, self._probe_interval)
         finally:
             self._stop.set()
             await asyncio.to_thread(thread.join, 2.0)

@@ -15,14 +15,13 @@ usable for shapes that do not need that link.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.backends.base import DeviceSpecInfo, HealthTracker, SnapshotFeed
+from deviceplugin.backends.base import DeviceSpecInfo, HealthTracker, SnapshotFeed, probe_forever
 from topology import NodeTopology
 from topology.model import Health
 
@@ -110,11 +109,7 @@ class SimBackend:
         return [DeviceSpecInfo(path, path, "rw")] if path else []
 
     async def run(self) -> None:
-        while True:
-            self._wake.clear()  # before probing: an event during the probe wakes the next one
-            await self.probe()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._probe_interval)
+        await probe_forever(self.probe, self._wake, self._probe_interval)
 
     async def close(self) -> None:
         return None

@@ -19,7 +19,6 @@ clean probes once it reappears.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import json
 import logging
@@ -31,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from deviceplugin.backends.base import DeviceSpecInfo, HealthTracker, SnapshotFeed
+from deviceplugin.backends.base import DeviceSpecInfo, HealthTracker, SnapshotFeed, probe_forever
 from topology import NodeTopology, TopologyError
 from topology.model import Device, Link, LinkKind
 
@@ -352,11 +351,7 @@ class UdevBackend:
 
             loop.add_reader(fd, on_event)
         try:
-            while True:
-                wake.clear()  # before probing: an event during the probe wakes the next one
-                await self.probe()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), self._probe_interval)
+            await probe_forever(self.probe, wake, self._probe_interval)
         finally:
             if fd is not None:
                 loop.remove_reader(fd)
