@@ -6,7 +6,6 @@ Bad input gets a 4xx (or a per-node failure) with a readable message, never a
 
 from __future__ import annotations
 
-import datetime as dt
 import http.client
 import json
 import socket
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tls_pair import self_signed_pair
 
 from scheduler.config import ExtenderConfig
 from scheduler.testing import ExtenderHarness, node_obj, pod_obj, wait_for
@@ -252,37 +252,9 @@ def test_fuzzed_pod_annotations_are_per_node_failures(
 # ---------------------------------------------------------------------- TLS
 
 
-def _self_signed(tmp: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-icl-extender")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp / "tls.crt", tmp / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return cert_path, key_path
-
-
 def test_https_with_a_given_certificate(tmp_path: Path) -> None:
     pytest.importorskip("cryptography")
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed_pair(tmp_path)
     cfg = ExtenderConfig(tls_cert=str(cert), tls_key=str(key))
     with ExtenderHarness(cfg) as h:
         h.fake.put_node(node_obj("a", "ring:8"))

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import pytest
 import yaml
+from tls_pair import self_signed_pair
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
@@ -270,43 +271,11 @@ def test_preemption_frees_a_whole_shape(control_plane: ControlPlane, extender: R
     assert len(left - {"high"}) == 6, f"the fewest victims (two rings of 2 that form a 2x2 block): {sorted(left)}"
 
 
-def _tls_pair(directory: Path) -> tuple[Path, Path]:
-    import datetime as dt
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-icl-extender")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "tls.crt", directory / "tls.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return cert_path, key_path
-
-
 def test_https_and_a_gang_across_a_link_domain(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:
     """The scheduler reaches the extender over HTTPS; a 3-member gang spans adjacent nodes of a domain."""
     import base64
 
-    cert, key = _tls_pair(tmp_path)
+    cert, key = self_signed_pair(tmp_path)
     api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
     cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False, tls_cert=str(cert), tls_key=str(key))
     cache = ClusterCache(cfg.resource_name)
