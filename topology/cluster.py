@@ -18,8 +18,9 @@ from functools import cached_property
 import networkx as nx
 
 from topology.errors import TopologyError
-from topology.model import NodeTopology
+from topology.model import NodeTopology, grid_coords
 from topology.placement import Placement, Placer
+from topology.presets import grid_edges
 from topology.scoring import Policy
 from topology.shapes import Shape
 
@@ -64,24 +65,16 @@ class LinkDomain:
 
     @cached_property
     def graph(self) -> nx.Graph:
-        """Nodes as vertices, adjacent nodes linked (wrap-around on rings and tori)."""
+        """Nodes as vertices, adjacent nodes linked (wrap-around on rings and tori, as in node presets)."""
         g = nx.Graph()
-        at = {c: n for n, c in self.nodes.items()}
         g.add_nodes_from(sorted(self.nodes))
-        dims = self.dims
+        at = {c: n for n, c in self.nodes.items()}
+        coords = grid_coords(self.dims)
         wrap = self.kind in (DomainKind.RING, DomainKind.TORUS)
-        for node, c in self.nodes.items():
-            for axis, size in enumerate(dims):
-                nxt = list(c)
-                if c[axis] + 1 < size:
-                    nxt[axis] = c[axis] + 1
-                elif wrap and size > 2:
-                    nxt[axis] = 0
-                else:
-                    continue
-                other = at.get(tuple(nxt))
-                if other is not None and other != node:
-                    g.add_edge(node, other)
+        for a, b in grid_edges(self.dims, wrap):
+            ends = at.get(coords[a]), at.get(coords[b])
+            if ends[0] is not None and ends[1] is not None:
+                g.add_edge(*ends)
         return g
 
 
