@@ -217,12 +217,21 @@ def _endpoint(
 
 
 class RestKubeAPI:
-    """:class:`KubeAPI` over HTTP(S) with keep-alive connections, one per thread."""
+    """:class:`KubeAPI` over HTTP(S) with a shared pool of keep-alive connections.
 
-    def __init__(self, endpoint: _Endpoint, timeout_s: float = 10.0) -> None:
+    A request takes an idle connection from the pool (or opens one) and gives it back
+    when its answer is read, so the short-lived threads that serve the extender's
+    verbs reuse a few warm TLS sessions instead of paying a handshake per bind.
+    At most ``max_idle`` connections are kept idle; a connection is used by one
+    request at a time.
+    """
+
+    def __init__(self, endpoint: _Endpoint, timeout_s: float = 10.0, *, max_idle: int = 16) -> None:
         self._ep = endpoint
         self._timeout = timeout_s
-        self._local = threading.local()
+        self._idle: list[http.client.HTTPConnection] = []
+        self._idle_lock = threading.Lock()
+        self._max_idle = max_idle
         self._token_cache: tuple[float, str | None] = (0.0, endpoint.token)
 
     # ---- construction
@@ -263,6 +272,28 @@ class RestKubeAPI:
             return http.client.HTTPSConnection(self._ep.host, self._ep.port, timeout=timeout, context=self._ep.context)
         return http.client.HTTPConnection(self._ep.host, self._ep.port, timeout=timeout)
 
+    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle pooled connection (reused=True) or a new one."""
+        with self._idle_lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return self._connect(self._timeout), False
+
+    def _give(self, conn: http.client.HTTPConnection) -> None:
+        """Back to the pool after a complete answer; closed when the pool is full."""
+        with self._idle_lock:
+            if len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections (requests in flight close theirs when done)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
     def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "kube-icl-extender"}
         if content_type:
@@ -278,18 +309,13 @@ class RestKubeAPI:
         payload = None if body is None else json.dumps(body).encode()
         headers = self._headers(content_type if payload is not None else None)
         for attempt in (0, 1):
-            conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-            reused = conn is not None
-            if conn is None:
-                conn = self._connect(self._timeout)
-                self._local.conn = conn
+            conn, reused = self._take()
             try:
                 conn.request(method, self._ep.base_path + path, body=payload, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
-                self._local.conn = None
                 # A kept-alive connection the server closed while idle fails before any answer:
                 # send again once on a fresh one (GETs may always be retried). Callers of POSTs
                 # handle the rare duplicate (bind treats "already bound to that node" as done).
@@ -299,6 +325,7 @@ class RestKubeAPI:
                 if attempt == 0 and (method == "GET" or stale):
                     continue
                 raise KubeError(0, f"{method} {path}: {exc}") from None
+            self._give(conn)
             if resp.status >= 300:
                 raise KubeError(resp.status, f"{method} {path}: {_status_message(data)}")
             if not data:

@@ -182,6 +182,7 @@ class FakeAPIServer:
         self.fail: dict[tuple[str, str], list[int]] = {}  # (method, path suffix) -> status codes to answer
         self.before_bind: Callable[[str, str], None] | None = None
         self.hang_up = 0  # close this many connections silently after their response
+        self.connections = 0  # TCP connections accepted so far
         self.objects: dict[str, JsonObj] = {}  # other GET paths (PodGroups, Workloads) -> object
         self._closed = False
         self._epoch = 0
@@ -193,6 +194,11 @@ class FakeAPIServer:
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
+
+            def setup(self) -> None:
+                super().setup()
+                with fake.lock:
+                    fake.connections += 1
 
             def _dispatch(self, method: str) -> None:
                 fake._handle(self, method)

@@ -255,6 +255,61 @@ def test_a_silently_closed_keep_alive_connection_is_retried(fake: FakeAPIServer,
     assert stored["metadata"]["annotations"]["kube-icl.io/devices"] == "0,1,2,3"
 
 
+def test_short_lived_threads_share_pooled_connections(fake: FakeAPIServer, api: RestKubeAPI) -> None:
+    """The extender serves each scheduler connection on its own short-lived thread: those threads
+    must reuse the client's kept-alive connections, not open (and TLS-handshake) one per request."""
+    fake.put_pod(fixture("pod-pending.json"))
+
+    def one() -> None:
+        assert api.get_pod("research", "train-0") is not None
+
+    for _ in range(20):  # one after another, each on a fresh thread
+        t = threading.Thread(target=one)
+        t.start()
+        t.join()
+    assert fake.connections == 1
+    gate = threading.Barrier(6)
+
+    def together() -> None:
+        gate.wait()
+        one()
+
+    threads = [threading.Thread(target=together) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 1 <= fake.connections <= 6  # in flight at once: at most one connection each
+    before = fake.connections
+    for _ in range(10):
+        one()
+    assert fake.connections == before  # and all of them went back to the pool
+    api.close()
+    one()
+    assert fake.connections == before + 1  # close() dropped the idle ones
+
+
+def test_a_full_pool_closes_the_extra_connections(fake: FakeAPIServer) -> None:
+    fake.put_pod(fixture("pod-pending.json"))
+    api = RestKubeAPI(RestKubeAPI.from_url(fake.url)._ep, max_idle=1)
+    gate = threading.Barrier(4)
+
+    def together() -> None:
+        gate.wait()
+        assert api.get_pod("research", "train-0") is not None
+
+    threads = [threading.Thread(target=together) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    opened = fake.connections
+    assert len(api._idle) == 1
+    for _ in range(5):
+        api.get_pod("research", "train-0")
+    assert fake.connections == opened
+
+
 def test_a_retried_bind_that_already_landed_is_success() -> None:
     with ExtenderHarness() as h:
         h.fake.put_node(node_obj("n1", "ring:8"))
