@@ -32,9 +32,15 @@ Policies:
   and near-empty nodes whole for whole-device and multi-device tasks that a
   random spread would starve. Before best fit, it avoids stranding devices:
   of FGD's ties, the placement that least grows the node's free device units
-  its free CPU and memory could no longer feed at the target workload's demand
-  ratios (``Balance``) wins. When some task types may only use some device
-  models, tasks without that constraint also keep off the models in demand
+  its free CPU and memory could no longer feed at the CPU and memory per
+  device unit of the target workload's device tasks (``Balance``) wins. A
+  task that asks no device has no devices to pack; it goes, after stranding,
+  where the most CPU and memory is left beyond what the node's free devices
+  need (``Balance.headroom``, worst fit on the surplus), so it eats the spare
+  CPU of CPU-rich nodes and keeps a margin on every node for the CPU-heavy
+  device tasks to come, instead of emptying the one node whose margin is
+  smallest. When some task types may only use some device models, tasks
+  without that constraint also keep off the models in demand
   (``model_pressure``), so packing does not fill the nodes they need.
 """
 
@@ -237,12 +243,16 @@ def model_pressure(specs: Sequence[GpuNodeSpec], workload: TargetWorkload) -> di
 
 @dataclass(frozen=True, slots=True)
 class Balance:
-    """The target workload's CPU and memory per device milli-unit (its demand ratios).
+    """The CPU and memory the target workload's device tasks ask per device milli-unit.
 
     ``stranded(state)`` is the node's free device units that its free CPU and
-    memory could not feed if the workload's tasks came in their usual mix: free
-    units beyond ``min(cpu_free / cpu_per_milli, mem_free / mem_per_milli)``.
-    A dimension the workload does not ask for never strands anything.
+    memory could not feed if the workload's device tasks came in their usual
+    mix: free units beyond ``min(cpu_free / cpu_per_milli, mem_free / mem_per_milli)``.
+    Only tasks that ask for devices set the ratios: what feeds a device is the
+    CPU and memory of the tasks that run on it, and CPU-only tasks never do
+    (counting them would call a node short of CPU that its device tasks find
+    ample, most of all when CPU-only tasks are many). A dimension the device
+    tasks do not ask for never strands anything.
 
     >>> b = Balance(cpu_per_milli=4.0, mem_per_milli=0.0)
     >>> b.stranded(NodeState("A", 8000, 0, 2000, 0, (1000, 0)))
@@ -257,28 +267,46 @@ class Balance:
         gpu = sum(p * t.gpu_demand for t, p in workload.types)
         if gpu <= 0:
             return cls(0.0, 0.0)
-        cpu = sum(p * t.cpu_milli for t, p in workload.types)
-        mem = sum(p * t.memory_mib for t, p in workload.types)
+        cpu = sum(p * t.cpu_milli for t, p in workload.types if t.num_gpu)
+        mem = sum(p * t.memory_mib for t, p in workload.types if t.num_gpu)
         return cls(cpu / gpu, mem / gpu)
 
     def stranded(self, state: NodeState) -> float:
-        free = float(state.gpu_free_total)
-        fed = free
+        return max(0.0, -self.headroom(state))
+
+    def headroom(self, state: NodeState) -> float:
+        """Device units the node's free CPU and memory could feed beyond its free units.
+
+        ``min(cpu_free / cpu_per_milli, mem_free / mem_per_milli) - gpu_free``
+        over the dimensions the device tasks ask for; negative when the node
+        strands units, 0 when the device tasks ask neither CPU nor memory.
+
+        >>> b = Balance(cpu_per_milli=4.0, mem_per_milli=0.0)
+        >>> b.headroom(NodeState("A", 8000, 0, 8000, 0, (0, 500)))
+        1500.0
+        >>> b.headroom(NodeState("A", 8000, 0, 2000, 0, (1000, 0)))
+        -500.0
+        """
+        fed = math.inf
         if self.cpu_per_milli > 0:
-            fed = min(fed, state.cpu_free / self.cpu_per_milli)
+            fed = state.cpu_free / self.cpu_per_milli
         if self.mem_per_milli > 0:
             fed = min(fed, state.mem_free / self.mem_per_milli)
-        return free - fed
+        return 0.0 if fed == math.inf else fed - state.gpu_free_total
 
 
 @dataclass(frozen=True, slots=True)
 class IclPack:
     """kube-icl: FGD's integer gradient score, ties resolved by stranding, best fit and model pressure.
 
-    ``score = gradient_score(dF) + pack_weight * (strand_term + remaining_after + pressure_term)``
+    ``score = gradient_score(dF) + pack_weight * (strand_term + fit_term + pressure_term)``
     where ``strand_term = strand_weight * (stranded_after - stranded_before) / capacity.gpu_milli``
     (``Balance.stranded``: free device units the node's free CPU and memory
-    could no longer feed at the workload's demand ratios), and
+    could no longer feed at the workload device tasks' ratios);
+    ``fit_term`` is ``remaining_after`` (best fit) for a device task and
+    ``-headroom_after / capacity.gpu_milli``, clipped to ``+-2``, for a task
+    without devices (worst fit on the CPU and memory beyond what the node's
+    free devices need, ``Balance.headroom``); and
     ``pressure_term = pressure_weight * pressure[model]`` for a device task
     without model constraint (0 otherwise): unconstrained tasks keep off the
     models that constrained tasks need. The strand term lies within
@@ -313,7 +341,11 @@ class IclPack:
             after = state.apply(task, take)
             value = gradient_score(self.frag(after) - before, self.levels, self.scale)
             strand = self.strand_weight * (self.balance.stranded(after) - stranded) / self.capacity.gpu_milli
-            value += self.pack_weight * (strand + self.capacity.remaining(after) + avoid)
+            if task.num_gpu:
+                fit = self.capacity.remaining(after)
+            else:
+                fit = -min(2.0, max(-2.0, self.balance.headroom(after) / self.capacity.gpu_milli))
+            value += self.pack_weight * (strand + fit + avoid)
             if best is None or value < best[0] - 1e-12:
                 best = (value, take)
         return best
