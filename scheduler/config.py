@@ -11,6 +11,8 @@ Example::
     policy: fragmentation
     weights: {fragmentation: 2, binpack: 1}
     gangTimeoutSeconds: 120
+    keepBestNodes: 64
+    events: {enabled: true, onBind: false}
     queues:
       research: {weight: 2}
       batch: {weight: 1, quota: 64}
@@ -71,6 +73,8 @@ class ExtenderConfig:
     default_queue_weight: float = 1.0
     events: bool = True
     event_component: str = "kube-icl-extender"
+    events_on_bind: bool = False  # a Normal DevicesAssigned event per bound pod (the annotation says the same)
+    keep_best_nodes: int = 0  # filter passes only this many best-scoring nodes; 0: every node that fits
     kube: KubeConfig = field(default_factory=KubeConfig)
 
     def queue(self, name: str) -> QueueConfig:
@@ -90,6 +94,7 @@ _TOP_KEYS = {
     "queues",
     "defaultQueueWeight",
     "events",
+    "keepBestNodes",
     "kube",
 }
 
@@ -204,9 +209,13 @@ def parse_config(raw: Any) -> ExtenderConfig:
         )
     kw["queues"] = queues
     events = _map(top.get("events"), "events")
-    _check_keys(events, {"enabled", "component"}, "events")
+    _check_keys(events, {"enabled", "component", "onBind"}, "events")
     if "enabled" in events:
         kw["events"] = _bool(events["enabled"], "events.enabled")
+    if "onBind" in events:
+        kw["events_on_bind"] = _bool(events["onBind"], "events.onBind")
+    if "keepBestNodes" in top:
+        kw["keep_best_nodes"] = _int(top["keepBestNodes"], "keepBestNodes")
     if "component" in events:
         kw["event_component"] = _str(events["component"], "events.component")
     kube = _map(top.get("kube"), "kube")

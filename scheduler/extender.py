@@ -97,6 +97,24 @@ class _Ask:
     error: str  # the pod's annotations cannot be read: every node fails with this
 
 
+def keep_best(names: list[str], scores: list[int], keep: int) -> list[str]:
+    """The ``keep`` names with the highest scores, in their given order (ties: the earlier name);
+    all of them when ``keep`` is 0 or not smaller than their number.
+
+    >>> keep_best(["a", "b", "c", "d"], [3, 9, 3, 5], 2)
+    ['b', 'd']
+    >>> keep_best(["a", "b", "c"], [1, 1, 1], 2)
+    ['a', 'b']
+    >>> keep_best(["a", "b"], [1, 2], 0)
+    ['a', 'b']
+    """
+    if keep <= 0 or len(names) <= keep:
+        return names
+    chosen = sorted(range(len(names)), key=lambda i: (-scores[i], i))[:keep]
+    chosen.sort()
+    return [names[i] for i in chosen]
+
+
 class Extender:
     def __init__(
         self,
@@ -337,6 +355,7 @@ class Extender:
                 return self._result(args, [n for n in names if n in allowed], {}, elsewhere), "gang"
 
         passed: list[str] = []
+        scores: list[int] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         views_get = self.cache.views.get
@@ -348,6 +367,7 @@ class Extender:
                 ev = view.memo.get(skey) or evaluate(view, shape, skey)
                 if ev.ok:
                     passed.append(name)
+                    scores.append(ev.score)
                 elif ev.unresolvable:
                     unresolvable[name] = ev.reason
                 else:
@@ -366,7 +386,7 @@ class Extender:
         if not passed and names:
             self._event(info, "FailedPlacement", summarize_failures({**failed, **unresolvable}, len(names), str(shape)))
             return self._result(args, passed, failed, unresolvable), "unschedulable"
-        return self._result(args, passed, failed, unresolvable), "fit"
+        return self._result(args, keep_best(passed, scores, self.cfg.keep_best_nodes), failed, unresolvable), "fit"
 
     def _resolve_gang_size(self, info: PodInfo) -> tuple[PodInfo, str]:
         """Fill in the member count from the native group object (PodGroup, Workload); cached 30 s."""
@@ -513,7 +533,7 @@ class Extender:
             log.warning("%s", msg)
             self._event(info, "FailedBinding", msg)
             return ExtenderBindingResult(msg)
-        if devices and shape is not None:
+        if devices and shape is not None and self.cfg.events_on_bind:
             self._event(info, "DevicesAssigned", f"{shape.describe()} on {node}: {format_devices(devices)}", "Normal")
         return ExtenderBindingResult()
 

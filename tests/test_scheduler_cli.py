@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.config import ConfigError, load_config, parse_config
+from scheduler.config import ConfigError, ExtenderConfig, load_config, parse_config
 from scheduler.testing import FakeAPIServer, node_obj, pod_obj, wait_for
 from simulator.cli import build_parser
 
@@ -91,6 +91,9 @@ def test_bad_config_exits_2_with_the_key(tmp_path: Path) -> None:
         ({"tls": {"cert": "c"}}, "tls"),
         ({"colour": "blue"}, "unknown key 'colour'"),
         ({"kube": {"insecure": "yes"}}, "kube.insecure"),
+        ({"keepBestNodes": -1}, "keepBestNodes"),
+        ({"keepBestNodes": 2.5}, "keepBestNodes"),
+        ({"events": {"onBind": 1}}, "events.onBind"),
     ],
 )
 def test_config_errors_name_the_key(raw: object, message: str) -> None:
@@ -105,8 +108,12 @@ def test_config_round_trip(tmp_path: Path) -> None:
         "weights: {fragmentation: 3, binpack: 1}\n"
         "queues: {research: {weight: 2}, batch: {quota: 64}}\n"
         "gangTimeoutSeconds: 30\n"
+        "keepBestNodes: 16\n"
+        "events: {onBind: true}\n"
     )
     cfg = load_config(path)
+    assert (cfg.keep_best_nodes, cfg.events_on_bind, cfg.events) == (16, True, True)
+    assert (ExtenderConfig().keep_best_nodes, ExtenderConfig().events_on_bind) == (0, False)
     assert (cfg.host, cfg.port, cfg.path_prefix) == ("127.0.0.1", 9000, "/icl")
     assert (cfg.fragmentation_weight, cfg.binpack_weight, cfg.gang_timeout_s) == (3.0, 1.0, 30.0)
     assert cfg.queue("research").weight == 2.0 and cfg.queue("batch").quota == 64

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from scheduler import fairshare
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
-from scheduler.extender import Extender
+from scheduler.events import EventRecorder
+from scheduler.extender import Extender, keep_best
 from scheduler.informer import Informer
 from scheduler.testing import MemoryKubeAPI, node_obj, pod_obj
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
@@ -570,3 +571,65 @@ def test_the_kubelets_allocatable_caps_what_a_node_admits() -> None:
     assert result.failed_nodes == {
         "a": "2x2 mesh needs 4 devices; the node's allocatable kube-icl.io/accelerator admits 2 more"
     }
+
+
+# ---------------------------------------------------------------------- keepBestNodes, events on bind
+
+
+@given(st.lists(st.integers(0, 10), max_size=12), st.integers(0, 14))
+def test_keep_best_is_the_top_scores_in_request_order(scores: list[int], keep: int) -> None:
+    names = [f"n{i}" for i in range(len(scores))]
+    kept = keep_best(names, scores, keep)
+    if keep == 0 or keep >= len(names):
+        assert kept == names
+        return
+    assert len(kept) == keep and kept == [n for n in names if n in kept], "a subset, in request order"
+    # Brute force: no node left out scores higher than a kept one, and among equal scores the earlier wins.
+    index = {n: i for i, n in enumerate(names)}
+    for out in set(names) - set(kept):
+        for k in kept:
+            assert (scores[index[k]], -index[k]) > (scores[index[out]], -index[out])
+
+
+def test_filter_passes_only_the_best_nodes_and_fails_none_for_it() -> None:
+    nodes = {f"n{i}": "ring:8" for i in range(6)}
+    every = Cluster(nodes)
+    best = Cluster(nodes, ExtenderConfig(keep_best_nodes=2))
+    for c in (every, best):  # uneven occupancy: different scores per node
+        for i, held in enumerate(["0", "0,1", "0,1,2,3", "", "0,1,2,3,4,5", "0,1,2"]):
+            if held:
+                c.add(
+                    pod_obj(
+                        f"busy{i}", len(held.split(",")), "any", node=f"n{i}", annotations={"kube-icl.io/devices": held}
+                    )
+                )
+    pod = pod_obj("p", 2, "ring")
+    for c in (every, best):
+        c.add(pod)
+    full = every.filter(pod)
+    assert full.node_names == list(nodes)
+    scores = {h.host: h.score for h in every.ext.prioritize(ExtenderArgs(pod=pod, node_names=list(nodes)))}
+    kept = best.filter(pod)
+    assert kept.node_names is not None and len(kept.node_names) == 2
+    assert min(scores[n] for n in kept.node_names) >= max(scores[n] for n in nodes if n not in kept.node_names)
+    assert not kept.failed_nodes and not kept.failed_and_unresolvable_nodes, "left out is not failed"
+    # A pod that fits nowhere still gets every node's reason, whatever keepBestNodes says.
+    odd = best.add(pod_obj("odd", 7, "ring"))  # an 8-ring holds no 7-cycle
+    none = best.filter(odd)
+    assert none.node_names == []
+    assert set(none.failed_nodes) | set(none.failed_and_unresolvable_nodes) == set(nodes)
+
+
+@pytest.mark.parametrize("on_bind", [False, True])
+def test_devices_assigned_event_only_when_asked(on_bind: bool) -> None:
+    c = Cluster({"a": "ring:8"}, ExtenderConfig(events_on_bind=on_bind))
+    events = EventRecorder(c.api, "kube-icl-extender", dedupe_s=0)
+    c.ext.events = events
+    events.start()
+    try:
+        pod = c.add(pod_obj("p", 8, "ring"))
+        assert c.schedule(pod) == "a"
+        events.flush()
+    finally:
+        events.stop()
+    assert [e["reason"] for e in c.api.events] == (["DevicesAssigned"] if on_bind else [])
