@@ -32,15 +32,14 @@ Policies:
   and near-empty nodes whole for whole-device and multi-device tasks that a
   random spread would starve. Before best fit, it avoids stranding devices:
   of FGD's ties, the placement that least grows the node's free device units
-  its free CPU and memory could no longer feed at the CPU and memory per
-  device unit of the target workload's device tasks (``Balance``) wins. A
-  task that asks no device has no devices to pack; it goes, after stranding,
-  where the most CPU and memory is left beyond what the node's free devices
-  need (``Balance.headroom``, worst fit on the surplus), so it eats the spare
-  CPU of CPU-rich nodes and keeps a margin on every node for the CPU-heavy
-  device tasks to come, instead of emptying the one node whose margin is
-  smallest. When some task types may only use some device models, tasks
-  without that constraint also keep off the models in demand
+  its free CPU and memory could no longer feed at the target workload's demand
+  ratios (``Balance``) wins. Best fit is for device tasks only: a task that
+  asks no device keeps no node whole by packing, so after stranding its ties
+  stay FGD's coin toss; packing CPU-only tasks into the CPU left on the
+  fullest nodes only lets more of them in where CPU runs short for the
+  device tasks (on CPU-heavy workloads, e.g. openb ``cpu300``, it cost 0.4
+  points of devices against FGD). When some task types may only use some device
+  models, tasks without that constraint also keep off the models in demand
   (``model_pressure``), so packing does not fill the nodes they need.
 """
 
@@ -243,16 +242,12 @@ def model_pressure(specs: Sequence[GpuNodeSpec], workload: TargetWorkload) -> di
 
 @dataclass(frozen=True, slots=True)
 class Balance:
-    """The CPU and memory the target workload's device tasks ask per device milli-unit.
+    """The target workload's CPU and memory per device milli-unit (its demand ratios).
 
     ``stranded(state)`` is the node's free device units that its free CPU and
-    memory could not feed if the workload's device tasks came in their usual
-    mix: free units beyond ``min(cpu_free / cpu_per_milli, mem_free / mem_per_milli)``.
-    Only tasks that ask for devices set the ratios: what feeds a device is the
-    CPU and memory of the tasks that run on it, and CPU-only tasks never do
-    (counting them would call a node short of CPU that its device tasks find
-    ample, most of all when CPU-only tasks are many). A dimension the device
-    tasks do not ask for never strands anything.
+    memory could not feed if the workload's tasks came in their usual mix: free
+    units beyond ``min(cpu_free / cpu_per_milli, mem_free / mem_per_milli)``.
+    A dimension the workload does not ask for never strands anything.
 
     >>> b = Balance(cpu_per_milli=4.0, mem_per_milli=0.0)
     >>> b.stranded(NodeState("A", 8000, 0, 2000, 0, (1000, 0)))
@@ -267,32 +262,18 @@ class Balance:
         gpu = sum(p * t.gpu_demand for t, p in workload.types)
         if gpu <= 0:
             return cls(0.0, 0.0)
-        cpu = sum(p * t.cpu_milli for t, p in workload.types if t.num_gpu)
-        mem = sum(p * t.memory_mib for t, p in workload.types if t.num_gpu)
+        cpu = sum(p * t.cpu_milli for t, p in workload.types)
+        mem = sum(p * t.memory_mib for t, p in workload.types)
         return cls(cpu / gpu, mem / gpu)
 
     def stranded(self, state: NodeState) -> float:
-        return max(0.0, -self.headroom(state))
-
-    def headroom(self, state: NodeState) -> float:
-        """Device units the node's free CPU and memory could feed beyond its free units.
-
-        ``min(cpu_free / cpu_per_milli, mem_free / mem_per_milli) - gpu_free``
-        over the dimensions the device tasks ask for; negative when the node
-        strands units, 0 when the device tasks ask neither CPU nor memory.
-
-        >>> b = Balance(cpu_per_milli=4.0, mem_per_milli=0.0)
-        >>> b.headroom(NodeState("A", 8000, 0, 8000, 0, (0, 500)))
-        1500.0
-        >>> b.headroom(NodeState("A", 8000, 0, 2000, 0, (1000, 0)))
-        -500.0
-        """
-        fed = math.inf
+        free = float(state.gpu_free_total)
+        fed = free
         if self.cpu_per_milli > 0:
-            fed = state.cpu_free / self.cpu_per_milli
+            fed = min(fed, state.cpu_free / self.cpu_per_milli)
         if self.mem_per_milli > 0:
             fed = min(fed, state.mem_free / self.mem_per_milli)
-        return 0.0 if fed == math.inf else fed - state.gpu_free_total
+        return free - fed
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,11 +283,9 @@ class IclPack:
     ``score = gradient_score(dF) + pack_weight * (strand_term + fit_term + pressure_term)``
     where ``strand_term = strand_weight * (stranded_after - stranded_before) / capacity.gpu_milli``
     (``Balance.stranded``: free device units the node's free CPU and memory
-    could no longer feed at the workload device tasks' ratios);
-    ``fit_term`` is ``remaining_after`` (best fit) for a device task and
-    ``-headroom_after / capacity.gpu_milli``, clipped to ``+-2``, for a task
-    without devices (worst fit on the CPU and memory beyond what the node's
-    free devices need, ``Balance.headroom``); and
+    could no longer feed at the workload's demand ratios), ``fit_term`` is
+    ``remaining_after`` (best fit) for a device task and 0 for a task without
+    devices (its remaining ties go to the caller's coin toss), and
     ``pressure_term = pressure_weight * pressure[model]`` for a device task
     without model constraint (0 otherwise): unconstrained tasks keep off the
     models that constrained tasks need. The strand term lies within
@@ -341,10 +320,7 @@ class IclPack:
             after = state.apply(task, take)
             value = gradient_score(self.frag(after) - before, self.levels, self.scale)
             strand = self.strand_weight * (self.balance.stranded(after) - stranded) / self.capacity.gpu_milli
-            if task.num_gpu:
-                fit = self.capacity.remaining(after)
-            else:
-                fit = -min(2.0, max(-2.0, self.balance.headroom(after) / self.capacity.gpu_milli))
+            fit = self.capacity.remaining(after) if task.num_gpu else 0.0
             value += self.pack_weight * (strand + fit + avoid)
             if best is None or value < best[0] - 1e-12:
                 best = (value, take)
