@@ -28,6 +28,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -92,7 +95,24 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="kube-scheduler clientConnection.qps on both sides (burst 2x); default: the shipped config's (50)",
     )
+    parser.add_argument(
+        "--extender-set",
+        action="append",
+        default=[],
+        metavar="KEY=YAML",
+        help="override a top-level key of the shipped extender config, e.g. keepBestNodes=0 or "
+        "'events={onBind: true}' (repeatable)",
+    )
     args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {}
+    for item in args.extender_set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            parser.error(f"--extender-set {item!r}: expected KEY=YAML")
+        try:
+            overrides[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            parser.error(f"--extender-set {item!r}: {exc}")
     binaries, reason = find_binaries()
     if binaries is None:
         print(f"e2e_throughput: {reason}", file=sys.stderr)
@@ -111,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed,
                 order=("with", "without") if args.with_first else ("without", "with"),
                 scheduler_qps=args.scheduler_qps,
+                extender_settings=overrides,
                 progress=_say,
             )
         finally:
@@ -124,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.nodes} nodes, {args.pods} pods (seed {args.seed}; the side {first} the extender ran first; "
         f"kube-scheduler client QPS {qps})"
     )
+    if overrides:
+        print(f"extender config overrides: {overrides}")
     print(_table(without, with_ext))
     ratio = with_ext.rate / without.rate if without.rate and not math.isnan(without.rate) else float("nan")
     print()

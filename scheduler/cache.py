@@ -43,6 +43,8 @@ JsonObj = dict[str, Any]
 #  devices the kubelet's allocatable still admits, or -1 when the node reports none)
 StateKey = tuple[str, int, int, int]
 
+_VIEW_LOG_LIMIT = 100_000  # view changes kept; a reader further behind rebuilds from ``views``
+
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
@@ -128,9 +130,13 @@ class ClusterCache:
         self._charged: dict[str, tuple[str, str, int]] = {}  # uid -> (queue, pool, devices)
         self._usage: dict[str, dict[str, int]] = {}  # queue -> pool -> devices
         self._pending: dict[str, PodInfo] = {}
+        self._pending_per_queue: dict[str, int] = {}
         self._node_cap: dict[str, tuple[str, int]] = {}  # node -> (pool, healthy devices)
         self._capacity: dict[str, int] = {}
         self._listeners: list[Callable[[PodChange], None]] = []
+        # Names whose entry in ``views`` may have changed, in order; ``views_changed_since`` reads it.
+        self._view_log: list[str] = []
+        self._view_log_base = 0  # entries before this position were dropped
         self._node_listeners: list[Callable[[str, NodeRecord | None], None]] = []
 
     # ------------------------------------------------------------------ listeners
@@ -222,8 +228,31 @@ class ClusterCache:
             except (AllocationError, TopologyError):
                 del rec.reserved[owner]
 
+    def _view_touched(self, name: str) -> None:
+        log = self._view_log
+        log.append(name)
+        if len(log) > _VIEW_LOG_LIMIT:
+            drop = len(log) // 2
+            del log[:drop]
+            self._view_log_base += drop
+
+    @property
+    def views_version(self) -> int:
+        """Position in the log of view changes (see :meth:`views_changed_since`)."""
+        return self._view_log_base + len(self._view_log)
+
+    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
+        """(current version, names whose view may have changed since ``version``); ``None`` instead of
+        the names when ``version`` is older than the kept log (the caller starts over from ``views``)."""
+        with self.lock:
+            now = self.views_version
+            if version < self._view_log_base or version > now:
+                return now, None
+            return now, set(self._view_log[version - self._view_log_base :])
+
     def _refresh(self, rec: NodeRecord) -> None:
         rec.version += 1
+        self._view_touched(rec.name)
         self._dirty.update(rec.owners)
         self._dirty.update(rec.unattributed)
         cap = (rec.topology.fingerprint, len(rec.healthy)) if rec.topology is not None else None
@@ -270,6 +299,7 @@ class ClusterCache:
         with self.lock:
             rec = self.nodes.pop(name, None)
             self.views.pop(name, None)
+            self._view_touched(name)
             if rec is not None:
                 self._dirty.update(rec.owners)
                 self._dirty.update(rec.unattributed)
@@ -502,7 +532,13 @@ class ClusterCache:
                 if not pools:
                     del self._usage[q]
             info = self.pods.get(uid)
-            self._pending.pop(uid, None)
+            was = self._pending.pop(uid, None)
+            if was is not None:
+                left = self._pending_per_queue[was.queue] - 1
+                if left:
+                    self._pending_per_queue[was.queue] = left
+                else:
+                    del self._pending_per_queue[was.queue]
             if info is None:
                 continue
             rec: NodeRecord | None = None
@@ -515,6 +551,7 @@ class ClusterCache:
                 n = rec.unattributed.get(uid, 0) if rec is not None else 0
             elif info.count > 0 and not info.deleting:
                 self._pending[uid] = info
+                self._pending_per_queue[info.queue] = self._pending_per_queue.get(info.queue, 0) + 1
             if rec is not None and rec.topology is not None and n > 0:
                 pool = rec.topology.fingerprint
                 self._charged[uid] = (info.queue, pool, n)
@@ -533,11 +570,15 @@ class ClusterCache:
             self._settle()
             return {q: dict(pools) for q, pools in self._usage.items()}
 
-    def pending(self) -> list[PodInfo]:
-        """Pods that ask for devices and have no node yet."""
+    def pending(self, other_than: str | None = None) -> list[PodInfo]:
+        """Pods that ask for devices and have no node yet; with ``other_than``, only those of other queues."""
         with self.lock:
             self._settle()
-            return list(self._pending.values())
+            if other_than is None:
+                return list(self._pending.values())
+            if not any(q != other_than for q in self._pending_per_queue):
+                return []  # the common case of one busy queue: no walk over its pending pods
+            return [p for p in self._pending.values() if p.queue != other_than]
 
     def find_pod(self, namespace: str, name: str, uid: str = "") -> PodInfo | None:
         with self.lock:
@@ -602,6 +643,11 @@ class ClusterCache:
                     pools[pool] = pools.get(pool, 0) + n
             if usage != self._usage:
                 raise AssertionError(f"queue usage drifted: kept {self._usage}, recomputed {usage}")
+            waiting: dict[str, int] = {}
+            for info in self._pending.values():
+                waiting[info.queue] = waiting.get(info.queue, 0) + 1
+            if waiting != self._pending_per_queue:
+                raise AssertionError(f"pending per queue drifted: kept {self._pending_per_queue}, recomputed {waiting}")
             cap: dict[str, int] = {}
             for rec in self.nodes.values():
                 if rec.topology is not None:

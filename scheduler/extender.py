@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 
 _MIX_TOTAL = sum(w for _, w in DEFAULT_MIX) or 1.0
 _MEMO_LIMIT = 200_000
+_FIT_INDEX_LIMIT = 256  # shapes whose fitting nodes are indexed (oldest dropped first)
 _MAX_VICTIM_SETS = 4096
 
 
@@ -101,6 +102,8 @@ def keep_best(names: list[str], scores: list[int], keep: int) -> list[str]:
     """The ``keep`` names with the highest scores, in their given order (ties: the earlier name);
     all of them when ``keep`` is 0 or not smaller than their number.
 
+    Scores are small integers (0..MAX_PRIORITY): one count per score finds the cut, one pass keeps.
+
     >>> keep_best(["a", "b", "c", "d"], [3, 9, 3, 5], 2)
     ['b', 'd']
     >>> keep_best(["a", "b", "c"], [1, 1, 1], 2)
@@ -110,9 +113,23 @@ def keep_best(names: list[str], scores: list[int], keep: int) -> list[str]:
     """
     if keep <= 0 or len(names) <= keep:
         return names
-    chosen = sorted(range(len(names)), key=lambda i: (-scores[i], i))[:keep]
-    chosen.sort()
-    return [names[i] for i in chosen]
+    counts = Counter(scores)
+    above = 0
+    cut = 0
+    for score in sorted(counts, reverse=True):
+        if above + counts[score] >= keep:
+            cut = score
+            break
+        above += counts[score]
+    room = keep - above  # names at exactly the cut score that still fit, earliest first
+    out: list[str] = []
+    for name, score in zip(names, scores, strict=True):
+        if score > cut:
+            out.append(name)
+        elif score == cut and room > 0:
+            out.append(name)
+            room -= 1
+    return out
 
 
 class Extender:
@@ -136,6 +153,8 @@ class Extender:
         self._seen: OrderedDict[str, PodInfo] = OrderedDict()
         self._seen_lock = threading.Lock()
         self._last_fit: dict[str, bool] = {}  # pod uid -> whether our latest filter passed any node
+        self._fit_index: dict[str, tuple[int, dict[str, int]]] = {}  # shape -> (views version, node -> score)
+        self._fit_lock = threading.Lock()
         self._group_sizes: dict[tuple[str, str, str, str], tuple[int | None, float]] = {}
         self._evictions: queue.Queue[tuple[PodInfo, str] | None] = queue.Queue()
         self._evict_thread: threading.Thread | None = None
@@ -266,8 +285,8 @@ class Extender:
     ) -> dict[str, str]:
         """Other queues below ``mine`` that have a pending pod which fits some node now."""
         lower: dict[str, list[PodInfo]] = {}
-        for p in self.cache.pending():
-            if p.queue == info.queue or p.uid == info.uid or p.unschedulable:
+        for p in self.cache.pending(other_than=info.queue):
+            if p.uid == info.uid or p.unschedulable:
                 continue  # a pod kube-scheduler could not place holds nobody back
             if self._last_fit.get(p.uid) is False:
                 continue  # our last filter for it found no node either
@@ -354,12 +373,20 @@ class Extender:
                 elsewhere = {n: msg for n in names if n not in allowed}
                 return self._result(args, [n for n in names if n in allowed], {}, elsewhere), "gang"
 
-        passed: list[str] = []
-        scores: list[int] = []
+        keep = self.cfg.keep_best_nodes
+        skey = str(shape)
+        if keep > 0:
+            # Only the best pass and no reasons are sent when some node passes: the fit index answers
+            # with one dict lookup per name. When none fits, the full loop below gives every reason.
+            passed, scores = self._fitting(names, skey, shape)
+            if passed:
+                self._note_fit(info.uid, True)
+                return self._result(args, keep_best(passed, scores, keep), {}, {}), "fit"
+        passed = []
+        scores = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         views_get = self.cache.views.get
-        skey = str(shape)
         evaluate = self.evaluate
         for name in names:
             view = views_get(name)
@@ -380,13 +407,48 @@ class Extender:
                 unresolvable[name] = rec.error or "node has no usable topology"
             else:
                 failed[name] = "node is not ready"
-        if len(self._last_fit) > 100_000:
-            self._last_fit.clear()
-        self._last_fit[info.uid] = bool(passed)
+        self._note_fit(info.uid, bool(passed))
         if not passed and names:
             self._event(info, "FailedPlacement", summarize_failures({**failed, **unresolvable}, len(names), str(shape)))
             return self._result(args, passed, failed, unresolvable), "unschedulable"
-        return self._result(args, keep_best(passed, scores, self.cfg.keep_best_nodes), failed, unresolvable), "fit"
+        return self._result(args, passed, failed, unresolvable), "fit"
+
+    def _note_fit(self, uid: str, fit: bool) -> None:
+        if len(self._last_fit) > 100_000:
+            self._last_fit.clear()
+        self._last_fit[uid] = fit
+
+    def _fitting(self, names: list[str], skey: str, shape: Shape) -> tuple[list[str], list[int]]:
+        """Those of ``names`` where ``shape`` fits now, and their scores.
+
+        Answered from an index per shape of every ready node where it fits (node -> score), kept up
+        to date from the cache's log of view changes: a bind changes one node, so one evaluation
+        instead of one per node of the cluster, and one dict lookup per name.
+        """
+        with self._fit_lock:
+            hit = self._fit_index.get(skey)
+            version, changed = self.cache.views_changed_since(hit[0] if hit is not None else -1)
+            views = self.cache.views
+            if hit is None or changed is None:
+                fits: dict[str, int] = {}
+                for name, view in list(views.items()):
+                    ev = self.evaluate(view, shape, skey)
+                    if ev.ok:
+                        fits[name] = ev.score
+                if len(self._fit_index) >= _FIT_INDEX_LIMIT:
+                    self._fit_index.pop(next(iter(self._fit_index)))
+            else:
+                fits = hit[1]
+                for name in changed:
+                    now = views.get(name)
+                    after = self.evaluate(now, shape, skey) if now is not None else None
+                    if after is not None and after.ok:
+                        fits[name] = after.score
+                    else:
+                        fits.pop(name, None)
+            self._fit_index[skey] = (version, fits)
+            passed = [n for n in names if n in fits]
+            return passed, [fits[n] for n in passed]
 
     def _resolve_gang_size(self, info: PodInfo) -> tuple[PodInfo, str]:
         """Fill in the member count from the native group object (PodGroup, Workload); cached 30 s."""

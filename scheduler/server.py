@@ -18,6 +18,7 @@ import json
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -78,6 +79,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
+
+    _date: tuple[int, str] = (0, "")  # the Date header of the current second, shared by the handlers
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        second = int(time.time())
+        cached = _Handler._date
+        if cached[0] != second:
+            cached = (second, super().date_time_string(second))
+            _Handler._date = cached
+        return cached[1]
 
     # ---- responses
 

@@ -6,11 +6,13 @@ Bad input gets a 4xx (or a per-node failure) with a readable message, never a
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,6 +168,18 @@ def test_keep_alive_serves_many_requests_on_one_connection(h: ExtenderHarness) -
         sockets.add(id(conn.sock))
     conn.close()
     assert len(sockets) == 1
+
+
+def test_every_answer_carries_the_current_date(h: ExtenderHarness) -> None:
+    conn = http.client.HTTPConnection(*h.server.address, timeout=10)
+    for path in ("/healthz", "/metrics", "/healthz"):
+        before = time.time()
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        sent = email.utils.parsedate_to_datetime(resp.headers["Date"]).timestamp()
+        assert int(before) <= sent <= time.time() + 1, resp.headers["Date"]
+    conn.close()
 
 
 def test_concurrent_requests(h: ExtenderHarness) -> None:

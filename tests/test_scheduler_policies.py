@@ -613,6 +613,8 @@ def test_filter_passes_only_the_best_nodes_and_fails_none_for_it() -> None:
     assert kept.node_names is not None and len(kept.node_names) == 2
     assert min(scores[n] for n in kept.node_names) >= max(scores[n] for n in nodes if n not in kept.node_names)
     assert not kept.failed_nodes and not kept.failed_and_unresolvable_nodes, "left out is not failed"
+    tight = best.add(pod_obj("tight", 4, "any"))  # fits only n0, n1, n3, n5: the others' reasons are not sent
+    assert every.filter(tight).failed_nodes and not best.filter(tight).failed_nodes
     # A pod that fits nowhere still gets every node's reason, whatever keepBestNodes says.
     odd = best.add(pod_obj("odd", 7, "ring"))  # an 8-ring holds no 7-cycle
     none = best.filter(odd)

@@ -80,10 +80,10 @@ class BindMachine(RuleBasedStateMachine):
         self.clock.now += seconds
         self.ext.sweep()
 
-    @rule(ask=st.sampled_from(ASKS))
-    def create_pod(self, ask: tuple[int, str]) -> None:
+    @rule(ask=st.sampled_from(ASKS), queue=st.sampled_from(["", "research", "batch"]))
+    def create_pod(self, ask: tuple[int, str], queue: str) -> None:
         self.serial += 1
-        pod = pod_obj(f"p{self.serial}", ask[0], ask[1])
+        pod = pod_obj(f"p{self.serial}", ask[0], ask[1], annotations={"kube-icl.io/queue": queue} if queue else None)
         self.api.pods[("default", pod["metadata"]["name"])] = pod
         self.cache.upsert_pod(pod)
         self.pending.append(pod)
@@ -167,6 +167,25 @@ class BindMachine(RuleBasedStateMachine):
             for d in devs:
                 per_node[(node, d)] += 1
         assert not [k for k, n in per_node.items() if n > 1], "the API says a device is held twice"
+
+    @invariant()
+    def fit_index_matches_a_fresh_evaluation(self) -> None:
+        """The incrementally kept index (keepBestNodes' fast path) agrees with evaluating every node anew."""
+        for count, text in ASKS:
+            shape = parse_shape(text, count=count)
+            names, scores = self.ext._fitting(list(NODES), str(shape), shape)
+            fresh = {}
+            for name in NODES:
+                view = self.cache.views.get(name)
+                if view is not None and (ev := self.ext._evaluate(view, shape)).ok:
+                    fresh[name] = ev.score
+            assert dict(zip(names, scores, strict=True)) == fresh, (text, count)
+
+    @invariant()
+    def pending_of_other_queues_is_a_filter_of_pending(self) -> None:
+        everyone = self.cache.pending()
+        for queue in ("", "research", "batch", "elsewhere"):
+            assert self.cache.pending(other_than=queue) == [p for p in everyone if p.queue != queue]
 
     @invariant()
     def devices_annotation_only_on_bound_pods(self) -> None:

@@ -705,6 +705,7 @@ def compare_throughput(
     seed: int = 1,
     order: Sequence[str] = ("without", "with"),
     scheduler_qps: float | None = None,
+    extender_settings: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> tuple[CaseResult, CaseResult]:
     """Both sides on the same nodes and the same pods, in ``order``: kube-scheduler alone ("without"),
@@ -713,7 +714,8 @@ def compare_throughput(
     ``scheduler_qps`` sets kube-scheduler's ``clientConnection.qps`` (burst twice
     that) on both sides; None keeps the shipped config's (kube-scheduler's default,
     50 QPS), which caps the side without the extender, where kube-scheduler posts
-    every Binding itself.
+    every Binding itself. ``extender_settings`` overrides top-level keys of the
+    shipped extender config (e.g. ``{"keepBestNodes": 0}``).
     """
     if sorted(order) != ["with", "without"]:
         raise ValueError(f"order: expected 'without' and 'with' once each, got {list(order)}")
@@ -740,7 +742,8 @@ def compare_throughput(
                     progress=progress,
                 )
                 continue
-            extender = ExtenderProcess(plane, workdir, shipped_extender_settings()).start(timeout=120)
+            settings = {**shipped_extender_settings(), **(extender_settings or {})}
+            extender = ExtenderProcess(plane, workdir, settings).start(timeout=120)
             try:
                 progress(f"icl extender ready at {extender.url}")
                 cpu_before = extender.cpu_seconds()
