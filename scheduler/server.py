@@ -14,6 +14,7 @@ Routes (``PREFIX`` is ``listen.pathPrefix``, empty by default):
 
 from __future__ import annotations
 
+import email.message
 import json
 import logging
 import ssl
@@ -32,6 +33,8 @@ __all__ = ["ExtenderServer", "make_ssl_context"]
 log = logging.getLogger(__name__)
 
 MAX_HANDLER_THREADS = 64
+_MAX_HEADERS = 100
+_MAX_HEADER_LINE = 65536
 
 
 def make_ssl_context(cert: str, key: str) -> ssl.SSLContext:
@@ -70,6 +73,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
+    raw_requestline: bytes  # set by handle_one_request
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # header and body leave at once: no delayed-ACK stalls on keep-alive
     wbufsize = 64 * 1024  # one write per response; handle_one_request flushes
@@ -79,6 +83,50 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
+
+    def parse_request(self) -> bool:
+        """Request line and headers, read directly (the stdlib hands headers to the email package's
+        parser, a tenth of the extender's CPU per request at scheduling rates). HTTP/1.0 and 1.1 only;
+        errors answer 400, 431 or 505 and close the connection."""
+        self.command = ""
+        self.request_version = "HTTP/1.1"  # errors below answer with a status line (no HTTP/0.9)
+        self.close_connection = True
+        line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        self.requestline = line
+        words = line.split()
+        if not words:
+            return False
+        if len(words) != 3 or not words[2].startswith("HTTP/"):
+            self.send_error(400, f"Bad request line {line[:100]!r}")
+            return False
+        if words[2] not in ("HTTP/1.0", "HTTP/1.1"):
+            self.send_error(505, f"HTTP version {words[2][:20]!r} not supported")
+            return False
+        self.command, self.path, self.request_version = words
+        headers = email.message.Message()
+        for _ in range(_MAX_HEADERS + 1):
+            raw = self.rfile.readline(_MAX_HEADER_LINE + 1)
+            if len(raw) > _MAX_HEADER_LINE:
+                self.send_error(431, "Header line too long")
+                return False
+            if raw in (b"\r\n", b"\n", b""):
+                break
+            name, colon, value = raw.decode("iso-8859-1").partition(":")
+            if not colon or not name or name != name.strip():
+                self.send_error(400, f"Bad header line {raw[:100]!r}")
+                return False
+            headers[name] = value.strip()
+        else:
+            self.send_error(431, f"More than {_MAX_HEADERS} headers")
+            return False
+        self.headers = headers
+        connection = headers.get("Connection", "").lower()
+        self.close_connection = connection == "close" or (
+            self.request_version == "HTTP/1.0" and connection != "keep-alive"
+        )
+        if headers.get("Expect", "").lower() == "100-continue" and self.request_version == "HTTP/1.1":
+            return self.handle_expect_100()
+        return True
 
     _date: tuple[int, str] = (0, "")  # the Date header of the current second, shared by the handlers
 

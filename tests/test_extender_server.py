@@ -148,6 +148,37 @@ def test_length_required_and_chunked_refused(h: ExtenderHarness) -> None:
     assert out.startswith(b"HTTP/1.1 411")
 
 
+@pytest.mark.parametrize(
+    ("request_head", "status"),
+    [
+        (b"GET /healthz HTTP/1.1\r\nHost: x\r\n folded: value\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/1.1\r\n: empty name\r\n\r\n", b"400"),
+        (b"GET /healthz\r\n\r\n", b"400"),
+        (b"GET /healthz FTP/1.0\r\n\r\n", b"400"),
+        (b"GET /healthz HTTP/2.0\r\n\r\n", b"505"),
+        (b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", b"431"),
+        (b"GET /healthz HTTP/1.1\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n", b"431"),
+    ],
+)
+def test_malformed_request_heads_are_refused_and_closed(h: ExtenderHarness, request_head: bytes, status: bytes) -> None:
+    out = _raw_request(h, request_head)  # returns only once the server has closed the connection
+    assert out.split(b" ", 2)[1] == status, out[:80]
+    assert h.get("/healthz")[0] == 200
+
+
+def test_connection_headers_decide_keep_alive(h: ExtenderHarness) -> None:
+    two = b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /healthz HTTP/1.0\r\n\r\n"
+    out = _raw_request(h, two)  # HTTP/1.0 keep-alive answers both, then closes after the plain 1.0 one
+    assert out.count(b"HTTP/1.1 200") == 2
+    out = _raw_request(h, b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n")
+    assert out.count(b"HTTP/1.1 200") == 1, "closed after the first answer"
+    body = json.dumps({"Pod": pod_obj("p", 2, "ring"), "NodeNames": ["a"]}).encode()
+    head = b"POST /prioritize HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nConnection: close\r\n"
+    out = _raw_request(h, head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert out.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200")
+
+
 def test_a_stalled_client_is_cut_off() -> None:
     """Headers promise a body that never comes: the server closes the connection after its timeout."""
     with ExtenderHarness(ExtenderConfig(request_timeout_s=0.2), informer=False) as h:
