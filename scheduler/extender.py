@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,38 +98,62 @@ class _Ask:
     error: str  # the pod's annotations cannot be read: every node fails with this
 
 
-def keep_best(names: list[str], scores: list[int], keep: int) -> list[str]:
-    """The ``keep`` names with the highest scores, in their given order (ties: the earlier name);
-    all of them when ``keep`` is 0 or not smaller than their number.
+class FitTiers:
+    """The nodes where one shape fits, by score: answers "the ``keep`` best of these names" with set
+    operations per score level instead of a Python loop over every name.
 
-    Scores are small integers (0..MAX_PRIORITY): one count per score finds the cut, one pass keeps.
-
-    >>> keep_best(["a", "b", "c", "d"], [3, 9, 3, 5], 2)
+    >>> t = FitTiers()
+    >>> for name, score in [("a", 3), ("b", 9), ("c", 3), ("d", 5)]:
+    ...     t.put(name, score)
+    >>> t.best(["a", "b", "c", "d", "e"], 2)
     ['b', 'd']
-    >>> keep_best(["a", "b", "c"], [1, 1, 1], 2)
-    ['a', 'b']
-    >>> keep_best(["a", "b"], [1, 2], 0)
-    ['a', 'b']
+    >>> t.best(["c", "a", "d"], 2)
+    ['d', 'c']
+    >>> t.put("d", None); t.best(["a", "b", "c", "d"], 3)
+    ['b', 'a', 'c']
     """
-    if keep <= 0 or len(names) <= keep:
-        return names
-    counts = Counter(scores)
-    above = 0
-    cut = 0
-    for score in sorted(counts, reverse=True):
-        if above + counts[score] >= keep:
-            cut = score
+
+    __slots__ = ("_score", "_tiers")
+
+    def __init__(self) -> None:
+        self._score: dict[str, int] = {}
+        self._tiers: dict[int, set[str]] = {}
+
+    def put(self, name: str, score: int | None) -> None:
+        """``name`` fits with ``score`` now, or (``None``) does not fit."""
+        old = self._score.pop(name, None)
+        if old is not None:
+            tier = self._tiers[old]
+            tier.discard(name)
+            if not tier:
+                del self._tiers[old]
+        if score is not None:
+            self._score[name] = score
+            self._tiers.setdefault(score, set()).add(name)
+
+    def best(self, names: list[str], keep: int) -> list[str]:
+        """Up to ``keep`` of ``names`` (``keep`` > 0) that fit, highest score first: whole score levels
+        while they fit in ``keep`` (each level in name order), then the earliest names in ``names``
+        of the level that does not. Empty when none of ``names`` fits."""
+        wanted = set(names)
+        out: list[str] = []
+        for score in sorted(self._tiers, reverse=True):
+            hit = self._tiers[score] & wanted
+            room = keep - len(out)
+            if len(hit) <= room:
+                out.extend(sorted(hit))
+                if len(out) == keep:
+                    break
+                continue
+            for name in names:  # the cut level: earliest in the scheduler's (rotating) order
+                if name in hit:
+                    out.append(name)
+                    hit.discard(name)
+                    room -= 1
+                    if not room:
+                        break
             break
-        above += counts[score]
-    room = keep - above  # names at exactly the cut score that still fit, earliest first
-    out: list[str] = []
-    for name, score in zip(names, scores, strict=True):
-        if score > cut:
-            out.append(name)
-        elif score == cut and room > 0:
-            out.append(name)
-            room -= 1
-    return out
+        return out
 
 
 class Extender:
@@ -153,7 +177,7 @@ class Extender:
         self._seen: OrderedDict[str, PodInfo] = OrderedDict()
         self._seen_lock = threading.Lock()
         self._last_fit: dict[str, bool] = {}  # pod uid -> whether our latest filter passed any node
-        self._fit_index: dict[str, tuple[int, dict[str, int]]] = {}  # shape -> (views version, node -> score)
+        self._fit_index: dict[str, tuple[int, FitTiers]] = {}  # shape -> (views version, fitting nodes)
         self._fit_lock = threading.Lock()
         self._group_sizes: dict[tuple[str, str, str, str], tuple[int | None, float]] = {}
         self._evictions: queue.Queue[tuple[PodInfo, str] | None] = queue.Queue()
@@ -378,12 +402,11 @@ class Extender:
         if keep > 0:
             # Only the best pass and no reasons are sent when some node passes: the fit index answers
             # with one dict lookup per name. When none fits, the full loop below gives every reason.
-            passed, scores = self._fitting(names, skey, shape)
-            if passed:
+            best = self._best_fitting(names, skey, shape, keep)
+            if best:
                 self._note_fit(info.uid, True)
-                return self._result(args, keep_best(passed, scores, keep), {}, {}), "fit"
-        passed = []
-        scores = []
+                return self._result(args, best, {}, {}), "fit"
+        passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         views_get = self.cache.views.get
@@ -394,7 +417,6 @@ class Extender:
                 ev = view.memo.get(skey) or evaluate(view, shape, skey)
                 if ev.ok:
                     passed.append(name)
-                    scores.append(ev.score)
                 elif ev.unresolvable:
                     unresolvable[name] = ev.reason
                 else:
@@ -418,37 +440,33 @@ class Extender:
             self._last_fit.clear()
         self._last_fit[uid] = fit
 
-    def _fitting(self, names: list[str], skey: str, shape: Shape) -> tuple[list[str], list[int]]:
-        """Those of ``names`` where ``shape`` fits now, and their scores.
+    def _best_fitting(self, names: list[str], skey: str, shape: Shape, keep: int) -> list[str]:
+        """The ``keep`` best of ``names`` where ``shape`` fits now (:meth:`FitTiers.best`).
 
-        Answered from an index per shape of every ready node where it fits (node -> score), kept up
-        to date from the cache's log of view changes: a bind changes one node, so one evaluation
-        instead of one per node of the cluster, and one dict lookup per name.
+        Answered from an index per shape of every ready node where it fits, kept up to date from
+        the cache's log of view changes: a bind changes one node, so one evaluation instead of one
+        per node of the cluster.
         """
         with self._fit_lock:
             hit = self._fit_index.get(skey)
             version, changed = self.cache.views_changed_since(hit[0] if hit is not None else -1)
             views = self.cache.views
             if hit is None or changed is None:
-                fits: dict[str, int] = {}
+                tiers = FitTiers()
                 for name, view in list(views.items()):
                     ev = self.evaluate(view, shape, skey)
                     if ev.ok:
-                        fits[name] = ev.score
+                        tiers.put(name, ev.score)
                 if len(self._fit_index) >= _FIT_INDEX_LIMIT:
                     self._fit_index.pop(next(iter(self._fit_index)))
             else:
-                fits = hit[1]
+                tiers = hit[1]
                 for name in changed:
                     now = views.get(name)
                     after = self.evaluate(now, shape, skey) if now is not None else None
-                    if after is not None and after.ok:
-                        fits[name] = after.score
-                    else:
-                        fits.pop(name, None)
-            self._fit_index[skey] = (version, fits)
-            passed = [n for n in names if n in fits]
-            return passed, [fits[n] for n in passed]
+                    tiers.put(name, after.score if after is not None and after.ok else None)
+            self._fit_index[skey] = (version, tiers)
+            return tiers.best(names, keep)
 
     def _resolve_gang_size(self, info: PodInfo) -> tuple[PodInfo, str]:
         """Fill in the member count from the native group object (PodGroup, Workload); cached 30 s."""

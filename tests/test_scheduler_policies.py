@@ -16,7 +16,7 @@ from scheduler import fairshare
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
-from scheduler.extender import Extender, keep_best
+from scheduler.extender import Extender, FitTiers
 from scheduler.informer import Informer
 from scheduler.testing import MemoryKubeAPI, node_obj, pod_obj
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
@@ -576,19 +576,26 @@ def test_the_kubelets_allocatable_caps_what_a_node_admits() -> None:
 # ---------------------------------------------------------------------- keepBestNodes, events on bind
 
 
-@given(st.lists(st.integers(0, 10), max_size=12), st.integers(0, 14))
-def test_keep_best_is_the_top_scores_in_request_order(scores: list[int], keep: int) -> None:
-    names = [f"n{i}" for i in range(len(scores))]
-    kept = keep_best(names, scores, keep)
-    if keep == 0 or keep >= len(names):
-        assert kept == names
-        return
-    assert len(kept) == keep and kept == [n for n in names if n in kept], "a subset, in request order"
-    # Brute force: no node left out scores higher than a kept one, and among equal scores the earlier wins.
-    index = {n: i for i, n in enumerate(names)}
-    for out in set(names) - set(kept):
-        for k in kept:
-            assert (scores[index[k]], -index[k]) > (scores[index[out]], -index[out])
+@given(
+    st.dictionaries(st.sampled_from("abcdefghij"), st.integers(0, 10) | st.none(), max_size=10),
+    st.lists(st.tuples(st.sampled_from("abcdefghij"), st.integers(0, 10) | st.none()), max_size=12),
+    st.lists(st.sampled_from("abcdefghijkl"), max_size=14),
+    st.integers(1, 12),
+)
+def test_fit_tiers_keep_the_best_by_brute_force(
+    first: dict[str, int | None], updates: list[tuple[str, int | None]], names: list[str], keep: int
+) -> None:
+    tiers, truth = FitTiers(), {}
+    for name, score in [*first.items(), *updates]:  # puts, moves between levels and removals
+        tiers.put(name, score)
+        truth[name] = score
+    got = tiers.best(names, keep)
+    assert len(got) == len(set(got)), "no name twice"
+    # Brute force: the fitting names ranked by (score, earliest position), the first ``keep`` of them.
+    order = {n: i for i, n in reversed(list(enumerate(names)))}
+    fitting = sorted((n for n in order if truth.get(n) is not None), key=lambda n: (-(truth[n] or 0), order[n]))
+    assert set(got) == set(fitting[:keep])
+    assert [truth[n] for n in got] == sorted((truth[n] for n in got), reverse=True), "highest score first"
 
 
 def test_filter_passes_only_the_best_nodes_and_fails_none_for_it() -> None:

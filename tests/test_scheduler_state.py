@@ -173,13 +173,17 @@ class BindMachine(RuleBasedStateMachine):
         """The incrementally kept index (keepBestNodes' fast path) agrees with evaluating every node anew."""
         for count, text in ASKS:
             shape = parse_shape(text, count=count)
-            names, scores = self.ext._fitting(list(NODES), str(shape), shape)
             fresh = {}
             for name in NODES:
                 view = self.cache.views.get(name)
                 if view is not None and (ev := self.ext._evaluate(view, shape)).ok:
                     fresh[name] = ev.score
-            assert dict(zip(names, scores, strict=True)) == fresh, (text, count)
+            for keep in (1, len(NODES)):
+                best = self.ext._best_fitting(list(NODES), str(shape), shape, keep)
+                assert set(best) <= set(fresh) and len(best) == min(keep, len(fresh)), (text, count, best, fresh)
+                assert min((fresh[n] for n in best), default=0) >= max(
+                    (fresh[n] for n in fresh if n not in best), default=0
+                ), (text, count, best, fresh)
 
     @invariant()
     def pending_of_other_queues_is_a_filter_of_pending(self) -> None:
