@@ -13,6 +13,7 @@ from topology.gpushare import MILLI, GpuNodeSpec, NodeState, TargetWorkload, Tas
 from topology.policies import (
     BestFit,
     Capacity,
+    FracPolicy,
     FracPolicyName,
     brute_force_best,
     gradient_score,
@@ -129,11 +130,10 @@ def test_unknown_policy_lists_allowed() -> None:
         make_policy("fgd", [GpuNodeSpec("a", 1, 1, 1)])
 
 
-@given(clusters())
-def test_icl_orders_like_fgd_and_only_refines_ties(setup: tuple[list[GpuNodeSpec], list[TaskRequest]]) -> None:
-    """icl never overrides FGD's integer score: its choices are among FGD's."""
-    specs, history = setup
-    workload = TargetWorkload.from_tasks(TASK_MIX)
+def _fgd_icl_after(
+    specs: list[GpuNodeSpec], workload: TargetWorkload, history: list[TaskRequest]
+) -> tuple[FracPolicy, FracPolicy, FracCluster]:
+    """FGD and icl for ``workload``, and the cluster after FGD placed ``history`` (seeded ties)."""
     fgd, icl = make_policy("fgd", specs, workload), make_policy("icl", specs, workload)
     cluster = FracCluster(specs)
     scorer = Scorer(fgd)
@@ -142,6 +142,15 @@ def test_icl_orders_like_fgd_and_only_refines_ties(setup: tuple[list[GpuNodeSpec
         picked = scorer.choose(cluster, past, rng)
         if picked is not None:
             cluster.allocate(picked[0], past, picked[1][1])
+    return fgd, icl, cluster
+
+
+@given(clusters())
+def test_icl_orders_like_fgd_and_only_refines_ties(setup: tuple[list[GpuNodeSpec], list[TaskRequest]]) -> None:
+    """icl never overrides FGD's integer score: its choices are among FGD's."""
+    specs, history = setup
+    workload = TargetWorkload.from_tasks(TASK_MIX)
+    fgd, icl, cluster = _fgd_icl_after(specs, workload, history)
     for task in TASK_MIX:
         by_fgd = brute_force_best(cluster.states, task, fgd)
         by_icl = brute_force_best(cluster.states, task, icl)
@@ -210,15 +219,8 @@ def test_icl_leaves_cpu_only_ties_to_the_coin_once_nothing_strands(
 
     specs, history = setup
     workload = TargetWorkload.from_tasks(TASK_MIX)
-    fgd, icl = make_policy("fgd", specs, workload), make_policy("icl", specs, workload)
+    fgd, icl, cluster = _fgd_icl_after(specs, workload, history)
     balance = Balance.of(workload)
-    cluster = FracCluster(specs)
-    scorer = Scorer(fgd)
-    rng = random.Random(0)
-    for past in history:
-        picked = scorer.choose(cluster, past, rng)
-        if picked is not None:
-            cluster.allocate(picked[0], past, picked[1][1])
     task = TaskRequest(4000, 1024)
     by_fgd = {i for i, _ in brute_force_best(cluster.states, task, fgd)}
     growth = {
