@@ -730,42 +730,34 @@ def compare_throughput(
     results: dict[str, CaseResult] = {}
     try:
         for side in order:
-            if side == "without":
-                results[side] = run_case(
-                    plane,
-                    side,
-                    requests,
-                    node_labels(label),
-                    topologies,
-                    _with_qps(shipped_scheduler_config(None), scheduler_qps),
-                    uses_extender=False,
-                    progress=progress,
-                )
-                continue
-            settings = {**shipped_extender_settings(), **(extender_settings or {})}
-            extender = ExtenderProcess(plane, workdir, settings).start(timeout=120)
-            try:
+            extender: ExtenderProcess | None = None
+            if side == "with":
+                settings = {**shipped_extender_settings(), **(extender_settings or {})}
+                extender = ExtenderProcess(plane, workdir, settings).start(timeout=120)
                 progress(f"icl extender ready at {extender.url}")
-                cpu_before = extender.cpu_seconds()
+            try:
+                cpu_before = extender.cpu_seconds() if extender is not None else 0.0
                 results[side] = run_case(
                     plane,
                     side,
                     requests,
                     node_labels(label),
                     topologies,
-                    _with_qps(shipped_scheduler_config(extender.url), scheduler_qps),
-                    uses_extender=True,
+                    _with_qps(shipped_scheduler_config(extender.url if extender else None), scheduler_qps),
+                    uses_extender=extender is not None,
                     progress=progress,
                 )
-                latency = extender.verb_latency()
-                results[side].extender_latency = latency
-                results[side].extender_cpu_s = extender.cpu_seconds() - cpu_before
-                progress(
-                    "extender time per request: "
-                    + ", ".join(f"{verb} {n} x {mean * 1000:.1f} ms" for verb, (n, mean) in sorted(latency.items()))
-                )
+                if extender is not None:
+                    latency = extender.verb_latency()
+                    results[side].extender_latency = latency
+                    results[side].extender_cpu_s = extender.cpu_seconds() - cpu_before
+                    progress(
+                        "extender time per request: "
+                        + ", ".join(f"{verb} {n} x {mean * 1000:.1f} ms" for verb, (n, mean) in sorted(latency.items()))
+                    )
             finally:
-                extender.stop()
+                if extender is not None:
+                    extender.stop()
     finally:
         plane.start_scheduler(None)  # the session's plain scheduler
         delete_nodes(plane, [s.name for s in specs])
