@@ -10,6 +10,7 @@ import contextlib
 import functools
 import shutil
 import tempfile
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from deviceplugin.pods import PodSource
 from deviceplugin.server import DevicePlugin
 from simulator.kubelet import KubeletEmulator
 
-__all__ = ["Harness", "async_test", "eventually", "running_plugin", "short_tmpdir"]
+__all__ = ["Harness", "async_test", "eventually", "fake_pynvml", "running_plugin", "short_tmpdir"]
 
 P = ParamSpec("P")
 RESOURCE = "kube-icl.io/accelerator"
@@ -39,6 +40,27 @@ def async_test(fn: Callable[P, Awaitable[None]]) -> Callable[P, None]:
         asyncio.run(body())
 
     return wrapper
+
+
+def fake_pynvml(read_index: object, get_p2p_status: Callable[[int, int, object], int]) -> types.ModuleType:
+    """A stand-in ``pynvml`` module with what ``PynvmlApi.p2p_ok`` calls: handles are the indices,
+    ``NVML_P2P_CAPS_INDEX_READ`` is ``read_index`` (an int, or nvidia-ml-py 13's one-element
+    tuple) and ``nvmlDeviceGetP2PStatus`` is ``get_p2p_status`` (0 is ``NVML_P2P_STATUS_OK``)."""
+
+    class NVMLError(Exception):
+        pass
+
+    fake = types.ModuleType("pynvml")
+    fake.__dict__.update(
+        NVMLError=NVMLError,
+        NVML_P2P_CAPS_INDEX_READ=read_index,
+        NVML_P2P_STATUS_OK=0,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetP2PStatus=get_p2p_status,
+    )
+    return fake
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.backends.nvml import FixtureNvml, NvmlBackend, NvmlUnavailable, PynvmlApi, record
-from deviceplugin.testing import async_test
+from deviceplugin.testing import async_test, fake_pynvml
 from topology import LinkKind
 
 FIX = Path(__file__).parent / "fixtures" / "nvml"
@@ -151,11 +151,6 @@ def test_missing_library_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize("read_index", [0, (0,)], ids=["int", "nvidia-ml-py-13-tuple"])
 def test_p2p_query_passes_an_int_capability_index(monkeypatch: pytest.MonkeyPatch, read_index: object) -> None:
-    import types
-
-    class NVMLError(Exception):
-        pass
-
     seen: list[object] = []
 
     def get_p2p_status(a: int, b: int, index: object) -> int:
@@ -164,17 +159,7 @@ def test_p2p_query_passes_an_int_capability_index(monkeypatch: pytest.MonkeyPatc
             raise TypeError("argument 3: TypeError: Don't know how to convert parameter 3")
         return 0 if (a, b) == (0, 1) else 1
 
-    fake = types.ModuleType("pynvml")
-    fake.__dict__.update(
-        NVMLError=NVMLError,
-        NVML_P2P_CAPS_INDEX_READ=read_index,
-        NVML_P2P_STATUS_OK=0,
-        nvmlInit=lambda: None,
-        nvmlShutdown=lambda: None,
-        nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetP2PStatus=get_p2p_status,
-    )
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(read_index, get_p2p_status))
     api = PynvmlApi()
     assert api.p2p_ok(0, 1) is True and api.p2p_ok(1, 2) is False
     assert seen == [0, 0]

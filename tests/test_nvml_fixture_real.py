@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from deviceplugin.probe import (
     parse_smi_topo,
     smi_topology_check,
 )
-from deviceplugin.testing import async_test, running_plugin, short_tmpdir
+from deviceplugin.testing import async_test, fake_pynvml, running_plugin, short_tmpdir
 from topology import LinkKind, build_preset
 
 FIX = Path(__file__).parent / "fixtures"
@@ -210,24 +209,11 @@ def test_allreduce_used_the_allocated_rank_order() -> None:
 def test_p2p_ok_survives_nvidia_ml_py_tuple_constant(monkeypatch: pytest.MonkeyPatch, data: dict[str, Any]) -> None:
     assert data["extra"]["nvidia_ml_py_read_index_repr"] == "(0,)"
 
-    class NVMLError(Exception):
-        pass
-
     def get_p2p_status(a: int, b: int, index: object) -> int:
         if not isinstance(index, int):  # what ctypes does with a tuple
             raise TypeError("argument 3: TypeError: Don't know how to convert parameter 3")
         return 0
 
-    fake = types.ModuleType("pynvml")
-    fake.__dict__.update(
-        NVMLError=NVMLError,
-        NVML_P2P_CAPS_INDEX_READ=(0,),
-        NVML_P2P_STATUS_OK=0,
-        nvmlInit=lambda: None,
-        nvmlShutdown=lambda: None,
-        nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetP2PStatus=get_p2p_status,
-    )
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml((0,), get_p2p_status))
     api = PynvmlApi()
     assert api.p2p_ok(0, 1) is True
