@@ -222,9 +222,9 @@ class FillResult:
     distinct_states: int = 0
     """Node states met during the run (each scored at most once per task type)."""
     final_groups: int = 0
+    """Distinct node states present at the end: what one decision scans."""
     planned: int = 0
     """Tasks in the inflated workload (more than ``tasks`` when stopped early)."""
-    """Distinct node states present at the end: what one decision scans."""
 
     @property
     def tasks(self) -> int:
