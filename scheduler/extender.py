@@ -401,7 +401,7 @@ class Extender:
         skey = str(shape)
         if keep > 0:
             # Only the best pass and no reasons are sent when some node passes: the fit index answers
-            # with one dict lookup per name. When none fits, the full loop below gives every reason.
+            # with set operations per score level. When none fits, the full loop below gives every reason.
             best = self._best_fitting(names, skey, shape, keep)
             if best:
                 self._note_fit(info.uid, True)
@@ -457,8 +457,8 @@ class Extender:
                     ev = self.evaluate(view, shape, skey)
                     if ev.ok:
                         tiers.put(name, ev.score)
-                if len(self._fit_index) >= _FIT_INDEX_LIMIT:
-                    self._fit_index.pop(next(iter(self._fit_index)))
+                if hit is None and len(self._fit_index) >= _FIT_INDEX_LIMIT:
+                    self._fit_index.pop(next(iter(self._fit_index)))  # a new shape: drop the oldest
             else:
                 tiers = hit[1]
                 for name in changed:
