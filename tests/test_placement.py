@@ -336,3 +336,37 @@ def test_fragmentation_policy_minimises_the_loss_computed_by_brute_force(
         options = [p for p in options if hops(p) == hops(chosen)]
     assert loss(chosen) == pytest.approx(min(loss(p) for p in options))
     assert got.score == pytest.approx(loss(chosen))
+
+
+@given(scenarios(), st.integers(1, 3))
+def test_prefix_tables_without_orders_against_brute_force(
+    scenario: tuple[NodeTopology, Shape, set[str]], limit: int
+) -> None:
+    """Tables cut to a prefix of ``limit`` candidates (an ``any`` prefix keeps masks, no orders): the path a
+    64-device torus takes for ``any:8``, forced on small graphs. first_fit and place stay exact."""
+    import topology.placement as placement_module
+
+    topo, shape, free = scenario
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(placement_module, "TABLE_LIMIT", limit)
+        placer = Placer(topo)
+        expected = brute_force_fits(topo, shape, free)
+        got = placer.first_fit(shape, free)
+        assert (got is not None) == expected
+        if got is not None:
+            assert len(got.devices) == shape.size and set(got.devices) <= free
+            assert forms_shape(topo, shape, got.devices)
+        placed = placer.place(shape, free)
+        assert (placed is not None) == expected
+        if placed is not None:
+            assert forms_shape(topo, shape, placed.devices) and set(placed.devices) <= free
+
+
+def test_first_fit_on_the_64_device_torus_any_8() -> None:
+    """bench/placement.py's torus:8x8 any:8 row: the any:8 table is a prefix without orders."""
+    topo = build_preset("torus:8x8")
+    placer = Placer(topo)
+    shape = parse_shape("any", 8)
+    assert not placer.table(shape).complete
+    got = placer.first_fit(shape, set(topo.ids))
+    assert got is not None and forms_shape(topo, shape, got.devices)

@@ -314,7 +314,10 @@ class Placer:
         table = self.table(shape)
         fit = table.fitting(self.healthy & ~free_mask)
         if fit:
-            return self._placement(shape, table.orders[(fit & -fit).bit_length() - 1])
+            first = (fit & -fit).bit_length() - 1
+            # An incomplete ``any`` table keeps masks only (see ``connected_sets``): order the set here.
+            order = table.orders[first] if table.orders else bfs_order(self.adj, table.masks[first])
+            return self._placement(shape, order)
         options = [] if table.complete else self._options(shape, free_mask, 0)
         return self._placement(shape, options[0][1]) if options else None
 
