@@ -11,10 +11,11 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "version_string"]
 
 # Modules that contribute subcommands, in the order ``icl --help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -49,6 +50,18 @@ def _configure_logging(level: str, json_logs: bool) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
+def version_string() -> str:
+    """``icl VERSION``, plus `` (revision REV)`` when the image build stamped one in ``$ICL_REVISION``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        text = f"icl {version('kube-icl')}"
+    except PackageNotFoundError:  # pragma: no cover - running from a tree that was never installed
+        text = "icl (not installed)"
+    revision = os.environ.get("ICL_REVISION", "").strip()
+    return f"{text} (revision {revision})" if revision else text
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -64,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         parents=[common],
     )
+    parser.add_argument("--version", action="version", version=version_string(), help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
