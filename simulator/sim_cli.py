@@ -154,6 +154,16 @@ def _tasks_of_jobs(jobs: list[Job]) -> list[TaskRequest]:
 def run(args: argparse.Namespace) -> int:
     from simulator.report import Report
 
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401  (checked before the run, not after it)
+        except ImportError:
+            print(
+                "icl sim: plots need matplotlib, which is not installed: "
+                "pip install 'kube-icl[plot]', or pass --no-plots for tables, CSV and JSON only",
+                file=sys.stderr,
+            )
+            return 2
     out = Path(args.out)
     report = Report(out)
     mode = args.mode

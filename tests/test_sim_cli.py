@@ -117,3 +117,20 @@ def test_sim_fill_reads_a_generic_trace_and_cluster(tmp_path: Path) -> None:
     for r in runs:
         assert int(r["placed"]) <= int(r["tasks"])
         assert 0.0 <= float(r["unallocated_pct_at_100"]) <= 100.0
+
+
+def test_sim_without_matplotlib_asks_for_the_plot_extra_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The container image leaves matplotlib out: plots are refused up front, --no-plots still works."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    out = tmp_path / "out"
+    small = ["sim", "--mode", "fill", "--tasks", "40", "--seeds", "1", "--policies", "icl", "--no-progress"]
+    assert main([*small, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kube-icl[plot]" in err and "--no-plots" in err
+    assert not out.exists()
+    assert main([*small, "--out", str(out), "--no-plots"]) == 0
+    assert (out / "fill_runs.csv").exists() and not list(out.glob("*.png"))
