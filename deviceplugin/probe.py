@@ -28,18 +28,22 @@ Three layers, so that everything but the copies themselves is tested offline:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
+import logging
 import math
 import re
 import statistics
 import struct
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
 from topology import Device, Link, LinkKind, NodeTopology
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "PROBE_FORMAT",
@@ -279,11 +283,38 @@ def measure(
 
 
 def _uuid_id(raw: Any) -> str:
-    text = raw.hex() if isinstance(raw, bytes) and len(raw) == 16 else str(raw)
-    text = text.strip()
+    """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` from 16 raw UUID bytes or a UUID string."""
+    if isinstance(raw, bytes | bytearray):
+        if len(raw) != 16:
+            raise ValueError(f"GPU UUID: expected 16 bytes, got {len(raw)} ({bytes(raw).hex() or 'none'})")
+        text = bytes(raw).hex()
+    else:
+        text = str(raw).strip()
     if re.fullmatch(r"[0-9a-fA-F]{32}", text):
         text = f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
     return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def cuda_driver_uuid(ordinal: int) -> bytes:
+    """The 16 UUID bytes of CUDA device ``ordinal`` from the driver API (``cuDeviceGetUuid``), via ctypes.
+
+    CuPy's ``getDeviceProperties(i)["uuid"]`` converts the ``char[16]`` field as a C string, so a
+    UUID with a zero byte comes back cut at that byte; the driver call fills a 16-byte buffer.
+    Raises OSError (no libcuda) or RuntimeError (a CUDA error code).
+    """
+    lib = ctypes.CDLL("libcuda.so.1")
+
+    def check(what: str, code: int) -> None:
+        if code != 0:
+            raise RuntimeError(f"{what} returned CUDA error {code}")
+
+    check("cuInit", lib.cuInit(0))
+    dev = ctypes.c_int()
+    check("cuDeviceGet", lib.cuDeviceGet(ctypes.byref(dev), ordinal))
+    buf = (ctypes.c_char * 16)()
+    get_uuid = getattr(lib, "cuDeviceGetUuid_v2", None) or lib.cuDeviceGetUuid
+    check("cuDeviceGetUuid", get_uuid(buf, dev))
+    return bytes(buf.raw)
 
 
 class TorchEngine:
@@ -354,7 +385,9 @@ class CupyEngine:
 
     name = "cupy"
 
-    def __init__(self, warmup: int = 3) -> None:
+    def __init__(self, warmup: int = 3, driver_uuid: Callable[[int], bytes] = cuda_driver_uuid) -> None:
+        """``driver_uuid``: a device's 16 UUID bytes when CuPy's are cut short (see :func:`cuda_driver_uuid`)."""
+        self._driver_uuid = driver_uuid
         try:
             self._cp: Any = importlib.import_module("cupy")
         except ImportError:
@@ -374,18 +407,30 @@ class CupyEngine:
         for i in range(int(rt.getDeviceCount())):
             p = rt.getDeviceProperties(i)
             name = p.get("name", b"")
-            uuid = p.get("uuid")
             domain, bus_no, dev_no = (int(p.get(k, 0)) for k in ("pciDomainID", "pciBusID", "pciDeviceID"))
             bus = f"{domain:08X}:{bus_no:02X}:{dev_no:02X}.0"
             out.append(
                 ProbedDevice(
                     i,
-                    _uuid_id(uuid) if uuid else str(i),
+                    self._device_id(i, p.get("uuid"), bus),
                     name.decode() if isinstance(name, bytes) else str(name),
                     bus,
                 )
             )
         return out
+
+    def _device_id(self, index: int, raw: Any, bus: str) -> str:
+        # A C-string conversion stops at the first zero byte (or runs past the 16 when there is none):
+        # 16 or more bytes hold the whole UUID; fewer mean it was cut, so ask the driver.
+        if isinstance(raw, bytes) and len(raw) >= 16:
+            return _uuid_id(raw[:16])
+        try:
+            return _uuid_id(self._driver_uuid(index))
+        except (OSError, RuntimeError, ValueError, AttributeError) as e:
+            log.warning(
+                "CUDA device %d (%s): no UUID (CuPy gave %r, the driver: %s); using its index", index, bus, raw, e
+            )
+            return str(index)
 
     def can_access_peer(self, src: int, dst: int) -> bool:
         return bool(self._cp.cuda.runtime.deviceCanAccessPeer(src, dst))

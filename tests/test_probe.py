@@ -112,6 +112,81 @@ def test_no_gpu_library_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
         load_engine("jax")
 
 
+# CuPy's getDeviceProperties(i)["uuid"] is the char[16] read as a C string: it stops at the first zero byte.
+REAL_UUIDS = [  # the H200s of the recorded run, and two with zero bytes (one leading, one inside)
+    "GPU-ded4e3b9-b7a7-dff0-b5e5-94874003a20d",
+    "GPU-c6005f2e-1a9b-4c07-8e21-3d0a9b7f6c11",
+    "GPU-00a1b2c3-d4e5-f607-1829-3a4b5c6d7e8f",
+]
+
+
+def _raw(uuid: str) -> bytes:
+    return bytes.fromhex(uuid.removeprefix("GPU-").replace("-", ""))
+
+
+def _fake_cupy(cut: bool) -> Any:
+    import types
+
+    def props(i: int) -> dict[str, Any]:
+        raw = _raw(REAL_UUIDS[i])
+        return {
+            "name": b"NVIDIA H200",
+            "uuid": raw.split(b"\0", 1)[0] if cut else raw,
+            "pciDomainID": 0,
+            "pciBusID": 0,
+            "pciDeviceID": 6 + i,
+        }
+
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: len(REAL_UUIDS), getDeviceProperties=props)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime), __version__="13.6.0")
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["cupy-cuts-at-zero-byte", "cupy-whole"])
+def test_cupy_engine_ids_are_whole_uuids_even_with_zero_bytes(monkeypatch: pytest.MonkeyPatch, cut: bool) -> None:
+    import sys
+
+    from deviceplugin.probe import CupyEngine
+
+    assert _raw(REAL_UUIDS[1])[1] == 0 and _raw(REAL_UUIDS[2])[0] == 0
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(cut))
+    asked: list[int] = []
+
+    def driver(i: int) -> bytes:  # cuDeviceGetUuid fills all 16 bytes
+        asked.append(i)
+        return _raw(REAL_UUIDS[i])
+
+    devices = CupyEngine(driver_uuid=driver).devices()
+    assert [d.id for d in devices] == REAL_UUIDS
+    assert [d.pci_bus_id for d in devices] == ["00000000:00:06.0", "00000000:00:07.0", "00000000:00:08.0"]
+    assert asked == ([1, 2] if cut else [])  # only the cut ones go to the driver
+
+
+def test_cupy_engine_without_a_driver_uuid_falls_back_to_the_index(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import sys
+
+    from deviceplugin.probe import CupyEngine
+
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(True))
+
+    def no_driver(i: int) -> bytes:
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    ids = [d.id for d in CupyEngine(driver_uuid=no_driver).devices()]
+    assert ids == [REAL_UUIDS[0], "1", "2"]
+    assert "CUDA device 1 (00000000:00:07.0): no UUID" in caplog.text
+
+
+def test_uuid_id_rejects_a_cut_uuid() -> None:
+    from deviceplugin.probe import _uuid_id
+
+    assert _uuid_id(_raw(REAL_UUIDS[1])) == REAL_UUIDS[1]
+    assert _uuid_id("ded4e3b9b7a7dff0b5e594874003a20d") == REAL_UUIDS[0]
+    with pytest.raises(ValueError, match="expected 16 bytes, got 1 \\(c6\\)"):
+        _uuid_id(b"\xc6")
+
+
 # -- results JSON -------------------------------------------------------------------------------
 
 gbps_values = st.floats(min_value=0.0, max_value=2000.0, allow_nan=False).map(lambda v: round(v, 3))
