@@ -28,38 +28,40 @@ class PluginMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.devices_total = Gauge("icl_plugin_devices", "Devices this plugin advertises", registry=r)
-        self.devices_healthy = Gauge("icl_plugin_devices_healthy", "Devices reported Healthy", registry=r)
-        self.links_total = Gauge("icl_plugin_links", "Inter-chip links known on this node", registry=r)
-        self.links_healthy = Gauge("icl_plugin_links_healthy", "Inter-chip links that are healthy", registry=r)
+        self.devices_total = Gauge("kube_icl_plugin_devices", "Devices this plugin advertises", registry=r)
+        self.devices_healthy = Gauge("kube_icl_plugin_devices_healthy", "Devices reported Healthy", registry=r)
+        self.links_total = Gauge("kube_icl_plugin_links", "Inter-chip links known on this node", registry=r)
+        self.links_healthy = Gauge("kube_icl_plugin_links_healthy", "Inter-chip links that are healthy", registry=r)
         self.allocations = Counter(
-            "icl_plugin_allocations", "Containers allocated devices (Allocate container requests)", registry=r
+            "kube_icl_plugin_allocations", "Containers allocated devices (Allocate container requests)", registry=r
         )
-        self.allocated_devices = Counter("icl_plugin_allocated_devices", "Devices handed out by Allocate", registry=r)
+        self.allocated_devices = Counter(
+            "kube_icl_plugin_allocated_devices", "Devices handed out by Allocate", registry=r
+        )
         self.preferred = Counter(
-            "icl_plugin_preferred_allocations",
+            "kube_icl_plugin_preferred_allocations",
             "GetPreferredAllocation answers by source: scheduler (annotation honoured), topology, fallback",
             ["source"],
             registry=r,
         )
         self.grpc_calls = Counter(
-            "icl_plugin_grpc_calls",
+            "kube_icl_plugin_grpc_calls",
             "Device plugin gRPC calls by method and status code",
             ["method", "code"],
             registry=r,
         )
         self.grpc_latency = Histogram(
-            "icl_plugin_grpc_latency_seconds",
+            "kube_icl_plugin_grpc_latency_seconds",
             "Device plugin gRPC handling time",
             ["method"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
         self.registrations = Counter(
-            "icl_plugin_registrations", "Successful registrations with the kubelet", registry=r
+            "kube_icl_plugin_registrations", "Successful registrations with the kubelet", registry=r
         )
         self.publish_failures = Counter(
-            "icl_plugin_publish_failures", "Failed attempts to patch the node annotation", registry=r
+            "kube_icl_plugin_publish_failures", "Failed attempts to patch the node annotation", registry=r
         )
         for source in ("scheduler", "topology", "fallback"):
             self.preferred.labels(source)

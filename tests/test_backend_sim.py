@@ -85,11 +85,11 @@ async def test_http_control_metrics_and_healthz() -> None:
                 status, metrics = await http(port, "GET", "/metrics")
                 text = metrics.decode()
                 assert status == 200
-                assert "icl_plugin_devices 16.0" in text
-                assert "icl_plugin_devices_healthy 15.0" in text
-                assert "icl_plugin_allocations_total 1.0" in text
-                assert 'icl_plugin_preferred_allocations_total{source="topology"} 1.0' in text
-                assert 'icl_plugin_grpc_latency_seconds_count{method="Allocate"} 1.0' in text
+                assert "kube_icl_plugin_devices 16.0" in text
+                assert "kube_icl_plugin_devices_healthy 15.0" in text
+                assert "kube_icl_plugin_allocations_total 1.0" in text
+                assert 'kube_icl_plugin_preferred_allocations_total{source="topology"} 1.0' in text
+                assert 'kube_icl_plugin_grpc_latency_seconds_count{method="Allocate"} 1.0' in text
                 status, topo = await http(port, "GET", "/topology")
                 assert not decode_annotation(topo.decode()).device("5").healthy
                 assert (await http(port, "GET", "/nope"))[0] == 404

@@ -304,3 +304,18 @@ def test_rank_layout_keeps_a_valid_answered_order(preset: str, hint: str, order:
     from deviceplugin.allocation import order_fits
 
     assert order_fits(topo, layout.shape, layout.devices)
+
+
+# -- metrics ----------------------------------------------------------------------------------------
+
+
+def test_plugin_and_extender_metrics_share_one_prefix() -> None:
+    from deviceplugin.metrics import PluginMetrics
+    from scheduler.metrics import Metrics
+
+    extender = Metrics()
+    extender.attach_state(lambda: {"q": (0.5, 2)}, lambda: {("n", "ring:2"): 1})
+    names = [m.name for reg in (PluginMetrics().registry, extender.registry) for m in reg.collect()]
+    assert len(names) > 10
+    assert [n for n in names if not n.startswith("kube_icl_")] == []
+    assert any(n.startswith("kube_icl_plugin_") for n in names)
