@@ -25,6 +25,21 @@ def test_sysfs_fixture_discovery() -> None:
     assert (recs[3].major, recs[3].minor) == (261, 3)
 
 
+@pytest.mark.parametrize(("subsystem", "pattern"), [("accel", "neuron*"), ("nosuch", "accel*")])
+def test_zero_devices_is_a_warning_naming_subsystem_and_pattern(
+    caplog: pytest.LogCaptureFixture, subsystem: str, pattern: str
+) -> None:
+    b = UdevBackend(SysfsSource(subsystem, pattern, root=SYSFS))
+    assert b.snapshot().devices == ()
+    (record,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert f"no device of subsystem {subsystem!r} matches name pattern {pattern!r}" in record.getMessage()
+
+
+def test_devices_found_is_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    UdevBackend(SysfsSource("accel", "accel*", root=SYSFS))
+    assert [r for r in caplog.records if r.levelname == "WARNING"] == []
+
+
 def test_backend_topology_from_link_file() -> None:
     b = UdevBackend(SysfsSource("accel", "accel*", root=SYSFS), links=load_topology(str(FIX / "accel_links.yaml")))
     topo = b.snapshot()

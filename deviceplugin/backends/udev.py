@@ -276,6 +276,14 @@ class UdevBackend:
         self._tool_links: tuple[Link, ...] | None = None
         records = source.list()
         self._records = {r.name: r for r in records}
+        if not records:
+            log.warning(
+                "udev backend: no device of subsystem %r matches name pattern %r; advertising 0 devices until "
+                "one appears (check udev.subsystem and udev.namePattern in the config, and that /dev and /sys "
+                "are the host's)",
+                self._source_name(),
+                getattr(source, "name_pattern", "*"),
+            )
         self.feed = SnapshotFeed(self._build({r.name for r in records}))
 
     def _links(self, names: list[str]) -> tuple[Link, ...]:
