@@ -99,3 +99,31 @@ async def test_http_control_metrics_and_healthz() -> None:
                 assert (await http(port, "GET", "/healthz"))[0] == 503
             finally:
                 await endpoint.stop()
+
+
+@async_test
+async def test_every_health_change_is_logged_at_info_with_old_and_new(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="deviceplugin.health")
+    backend = SimBackend(build_preset("ring:4"), recover_after=2)
+    seen: list[str] = []
+    backend.feed.add_listener(lambda changes, topo: seen.extend(str(c) for c in changes))
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "deviceplugin.health" and r.levelname == "INFO"]
+
+    await backend.probe()
+    assert logged() == []  # nothing changed: nothing said
+    backend.set_faults(devices=["2"], links=[("0", "1")])
+    await backend.probe()
+    assert logged() == ["device 2 health: healthy -> unhealthy", "link 0-1 health: healthy -> unhealthy"]
+    backend.set_faults()
+    await backend.probe()  # one clean probe: still unhealthy (recover_after=2), no change to log
+    assert len(logged()) == 2
+    await backend.probe()
+    assert logged()[2:] == ["device 2 health: unhealthy -> healthy", "link 0-1 health: unhealthy -> healthy"]
+    assert seen == [
+        "device 2: healthy -> unhealthy",
+        "link 0-1: healthy -> unhealthy",
+        "device 2: unhealthy -> healthy",
+        "link 0-1: unhealthy -> healthy",
+    ]

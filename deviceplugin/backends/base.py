@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -16,7 +17,18 @@ from typing import Protocol, runtime_checkable
 from topology import NodeTopology
 from topology.model import Health
 
-__all__ = ["Backend", "DeviceSpecInfo", "HealthTracker", "SnapshotFeed", "probe_forever"]
+__all__ = [
+    "Backend",
+    "DeviceSpecInfo",
+    "HealthChange",
+    "HealthTracker",
+    "SnapshotFeed",
+    "health_changes",
+    "probe_forever",
+]
+
+log = logging.getLogger("deviceplugin.health")
+ABSENT = "absent"
 
 
 async def probe_forever(probe: Callable[[], Awaitable[object]], wake: asyncio.Event, interval: float) -> None:
@@ -101,13 +113,64 @@ class HealthTracker:
             self._clean.pop(key, None)
 
 
+@dataclass(frozen=True, slots=True)
+class HealthChange:
+    """One device or link whose health differs between two snapshots (``absent``: not in that one)."""
+
+    kind: str  # "device" | "link"
+    id: str  # device id, or "a-b" for a link
+    old: str  # "healthy" | "unhealthy" | "absent"
+    new: str
+
+    @property
+    def recovered(self) -> bool:
+        """The change ends healthy (a recovery or a new healthy device)."""
+        return self.new == Health.HEALTHY
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id}: {self.old} -> {self.new}"
+
+
+def health_changes(old: NodeTopology, new: NodeTopology) -> list[HealthChange]:
+    """Devices, then links, whose health (or presence) changed from ``old`` to ``new``, in a stable order."""
+    out: list[HealthChange] = []
+    for kind, before, after in (
+        ("device", {d.id: str(d.health) for d in old.devices}, {d.id: str(d.health) for d in new.devices}),
+        (
+            "link",
+            {"-".join(lk.key): str(lk.health) for lk in old.links},
+            {"-".join(lk.key): str(lk.health) for lk in new.links},
+        ),
+    ):
+        keys = list(after) + [k for k in before if k not in after]
+        for k in keys:
+            was, now = before.get(k, ABSENT), after.get(k, ABSENT)
+            if was != now:
+                out.append(HealthChange(kind, k, was, now))
+    return out
+
+
 class SnapshotFeed:
-    """Fan-out of topology snapshots to any number of async readers; readers see the latest state."""
+    """Fan-out of topology snapshots to any number of async readers; readers see the latest state.
+
+    Every device or link health change between consecutive snapshots is logged at INFO (logger
+    ``deviceplugin.health``) and handed to each listener (:meth:`add_listener`) as it is published,
+    so none is missed even when a reader skips intermediate snapshots.
+    """
 
     def __init__(self, initial: NodeTopology) -> None:
         self._current = initial
         self._version = 0
         self._cond = asyncio.Condition()
+        self._listeners: list[Callable[[list[HealthChange], NodeTopology], None]] = []
+
+    def add_listener(self, listener: Callable[[list[HealthChange], NodeTopology], None]) -> None:
+        """Call ``listener(changes, new_snapshot)`` for every published snapshot that changes health."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[list[HealthChange], NodeTopology], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
 
     @property
     def current(self) -> NodeTopology:
@@ -117,7 +180,16 @@ class SnapshotFeed:
         async with self._cond:
             if topo == self._current:
                 return
+            changes = health_changes(self._current, topo)
             self._current = topo
+            for change in changes:
+                log.info("%s health: %s -> %s", f"{change.kind} {change.id}", change.old, change.new)
+            if changes:
+                for listener in list(self._listeners):
+                    try:
+                        listener(changes, topo)
+                    except Exception:  # a listener's bug must not stop the feed
+                        log.exception("health change listener failed")
             self._version += 1
             self._cond.notify_all()
 
