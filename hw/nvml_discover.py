@@ -34,18 +34,6 @@ def cap_index(value: Any) -> int:
     return int(value[0] if isinstance(value, tuple) else value)
 
 
-class FixedPynvmlApi(PynvmlApi):
-    """PynvmlApi with the one change real hardware needed (proposed for deviceplugin/backends/nvml.py)."""
-
-    def p2p_ok(self, i: int, j: int) -> bool:
-        n = self._n
-        try:
-            status = n.nvmlDeviceGetP2PStatus(self._h(i), self._h(j), cap_index(n.NVML_P2P_CAPS_INDEX_READ))
-        except n.NVMLError:
-            return False
-        return bool(status == n.NVML_P2P_STATUS_OK)
-
-
 def smi(*args: str) -> str:
     try:
         return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=60).stdout
@@ -197,15 +185,15 @@ def main() -> int:
     except Exception:
         problems.append("record(PynvmlApi()) as committed failed:\n" + traceback.format_exc(limit=2))
     try:
-        api = FixedPynvmlApi()
+        api = PynvmlApi()
         fixture = record(api)
         fixture["source"] = (
-            f"deviceplugin.backends.nvml.record(PynvmlApi with p2p_ok's capability index fixed) on {args.label} "
+            f"deviceplugin.backends.nvml.record(PynvmlApi) on {args.label} "
             f"({time.strftime('%Y-%m-%d')}), by hw/nvml_discover.py"
         )
         api.close()
     except Exception:
-        problems.append("record(FixedPynvmlApi()) failed:\n" + traceback.format_exc())
+        problems.append("record(PynvmlApi()) failed:\n" + traceback.format_exc())
         fixture = raw_record_fallback(n)
         fixture["source"] = f"hw/nvml_discover.py guarded fallback on {args.label} ({time.strftime('%Y-%m-%d')})"
     topo_m, nvlink_s = smi("topo", "-m"), smi("nvlink", "-s")
@@ -238,7 +226,7 @@ def main() -> int:
         print(f"    {i}: {row}  active={active} remotes={sorted({r for r in d['nvlink_remotes'] if r})}")
     print("  p2p read ok:", fixture["p2p_read_ok"])
     print("  topology level:", fixture["topology_level"])
-    live = NvmlBackend(FixedPynvmlApi(), fatal_xids=(48, 79))
+    live = NvmlBackend(PynvmlApi(), fatal_xids=(48, 79))
     health = asyncio.run(live.probe())
     print("  health (one live probe):", {d.index: str(d.health) for d in health.devices})
     print("  live == replay:", live.snapshot() == topo)
