@@ -98,6 +98,10 @@ class _Ask:
     error: str  # the pod's annotations cannot be read: every node fails with this
 
 
+def _victims(uids: tuple[str, ...], pdb: int) -> MetaVictims:
+    return MetaVictims(tuple(MetaPod(u) for u in uids), pdb)
+
+
 class FitTiers:
     """The nodes where one shape fits, by score: answers "the ``keep`` best of these names" with set
     operations per score level instead of a Python loop over every name.
@@ -678,14 +682,20 @@ class Extender:
         return result
 
     def _preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
-        proposed = args.victim_uids()
+        """Victims per node, to kube-scheduler's rules (``callExtenders`` in ``pkg/scheduler/framework/preemption``).
+
+        The answer may leave nodes out, but every node it names needs a non-empty list of pods on
+        that node: kube-scheduler fails the whole preemption on an empty one. Its own victims were
+        chosen for its own filters (CPU, memory, device count) and are all kept; device holders of
+        lower priority are added only where the shape still does not fit. A node where no allowed
+        set of victims frees the shape is left out.
+        """
+        proposed = {n: (tuple(dict.fromkeys(u)), pdb) for n, (u, pdb) in args.victim_uids().items() if u}
         ask = self._ask(args.pod)
         if ask.error:
             return ExtenderPreemptionResult({})
         if ask.shape is None:
-            return ExtenderPreemptionResult(
-                {n: MetaVictims(tuple(MetaPod(u) for u in uids), pdb) for n, (uids, pdb) in proposed.items()}
-            )
+            return ExtenderPreemptionResult({n: _victims(uids, pdb) for n, (uids, pdb) in proposed.items()})
         info, shape = ask.info, ask.shape
         if self._fair_share(info) is not None:
             return ExtenderPreemptionResult({})  # a held-back pod never preempts
@@ -698,63 +708,60 @@ class Extender:
                 if rec is None or rec.view is None:
                     continue
                 view = rec.view
-                held: dict[str, tuple[str, ...]] = {}
-                gone: set[str] = set()
-                for u in uids:
-                    where = self.cache.allocated.get(u)
-                    if where is not None and where[0] == node:
-                        p = self.cache.pods.get(u)
-                        if p is not None and p.deleting:
-                            gone.add(u)  # already terminating: counted as leaving below
-                        else:
-                            held[u] = where[1]
-                # kube-scheduler proposes victims by count (its dry run does not ask extenders), so a
-                # contiguous shape may need other pods of the node: any of lower priority may go too.
+                pods = self.cache.pods
+                # The proposed victims' devices on this node are freed whatever the extender says.
+                taken = {u: where[1] for u in uids if (where := self.cache.allocated.get(u)) and where[0] == node}
+                freed = {d for devs in taken.values() for d in devs}
                 extra: dict[str, tuple[str, ...]] = {}
                 for u, devs in rec.owners.items():
-                    p = self.cache.pods.get(u)
-                    if u not in held and p is not None and p.priority < info.priority and not p.deleting:
+                    p = pods.get(u)
+                    if p is None or u in taken:
+                        continue
+                    if p.deleting:
+                        freed.update(devs)  # an earlier round's victim, still terminating: leaving anyway
+                    elif p.priority < info.priority:
                         extra[u] = devs
-                queues = {u: self.cache.pods[u].queue if u in self.cache.pods else "" for u in (*held, *extra)}
-                unattributed_victims = sum(rec.unattributed.get(u, 0) for u in uids)
-                # Pods already terminating (an earlier preemption's victims) free their devices soon:
-                # count them as free, so a retry does not pick a second round of victims.
-                leaving = frozenset(
-                    d
-                    for u, devs in rec.owners.items()
-                    if (p := self.cache.pods.get(u)) is not None and p.deleting
-                    for d in devs
-                )
-            others = tuple(u for u in uids if u not in held and u not in gone)
+                # Victims the scheduler proposed must be allowed by fair share too, since none is dropped.
+                judged = [u for u in taken if (p := pods.get(u)) is not None and not p.deleting] + sorted(extra)
+                queues = {u: pods[u].queue if u in pods else "" for u in judged}
+                priority = {u: pods[u].priority if u in pods else 0 for u in extra}
+                spare = view.unattributed - sum(rec.unattributed.get(u, 0) for u in uids)
             pool = view.topology.fingerprint
             placer = Placer.for_topology(view.topology)
-            spare = view.unattributed - unattributed_victims
+            base = view.free | freed
 
             def fits(
-                extra: frozenset[str],
+                more: frozenset[str],
                 spare: int = spare,
-                view: NodeView = view,
+                base: frozenset[str] = base,
                 placer: Placer = placer,
-                leaving: frozenset[str] = leaving,
             ) -> bool:
-                free = view.free | leaving | extra
+                free = base | more
                 return len(free) - spare >= shape.size and placer.fits(shape, free)
 
+            allowed = {
+                u
+                for u in judged
+                if not queues[u]
+                or fairshare.victim_allowed(
+                    info.queue,
+                    {pool: shape.size},
+                    queues[u],
+                    {pool: len(taken.get(u) or extra[u])},
+                    used,
+                    capacity,
+                    self.cfg,
+                )
+            }
+            if any(u not in allowed for u in taken if u in queues):
+                continue  # a victim the scheduler needs may not be taken: this node cannot be freed
             if fits(frozenset()):
-                out[node] = MetaVictims(tuple(MetaPod(u) for u in others), pdb)
+                out[node] = _victims(uids, pdb)
                 continue
-            candidates = []
-            for u, devs in [*sorted(held.items()), *sorted(extra.items())]:
-                q = queues[u]
-                if q and not fairshare.victim_allowed(
-                    info.queue, {pool: shape.size}, q, {pool: len(devs)}, used, capacity, self.cfg
-                ):
-                    continue
-                candidates.append(u)
-            chosen = self._fewest_victims(candidates, {**held, **extra}, fits, set(extra))
+            chosen = self._fewest_victims([u for u in sorted(extra) if u in allowed], extra, fits, priority)
             if chosen is None:
                 continue
-            out[node] = MetaVictims(tuple(MetaPod(u) for u in (*others, *chosen)), pdb)
+            out[node] = _victims((*uids, *chosen), pdb)
         return ExtenderPreemptionResult(out)
 
     @staticmethod
@@ -762,27 +769,29 @@ class Extender:
         candidates: list[str],
         held: Mapping[str, tuple[str, ...]],
         fits: Callable[[frozenset[str]], bool],
-        unproposed: set[str] | frozenset[str] = frozenset(),
+        priority: Mapping[str, int],
     ) -> tuple[str, ...] | None:
-        """The smallest set of victims whose devices make the shape fit.
+        """The smallest set of ``candidates`` whose devices make the shape fit.
 
-        Ties: fewest devices freed, then fewest victims the scheduler did not propose.
+        Ties: the lowest highest priority among the victims, then fewest devices freed, then the
+        lowest sum of priorities, then the first in candidate order.
         """
         tried = 0
         for k in range(1, len(candidates) + 1):
-            best: tuple[int, int, tuple[str, ...]] | None = None
+            best: tuple[tuple[int, int, int], tuple[str, ...]] | None = None
             for combo in itertools.combinations(candidates, k):
                 tried += 1
                 if tried > _MAX_VICTIM_SETS:
-                    return best[2] if best else None
+                    return best[1] if best else None
                 freed = frozenset(d for u in combo for d in held[u])
                 if not fits(freed):
                     continue
-                cost = (len(freed), sum(1 for u in combo if u in unproposed), combo)
-                if best is None or cost[:2] < best[:2]:
-                    best = cost
+                prios = [priority.get(u, 0) for u in combo]
+                cost = (max(prios), len(freed), sum(prios))
+                if best is None or cost < best[0]:
+                    best = (cost, combo)
             if best is not None:
-                return best[2]
+                return best[1]
         return None
 
     # ------------------------------------------------------------------ gangs, events

@@ -293,7 +293,7 @@ def _preempt(c: Cluster, pod: dict[str, Any], victims: dict[str, list[str]]) -> 
     return {n: [p.uid for p in mv.pods] for n, mv in out.items()}
 
 
-def test_preemption_picks_the_fewest_victims_that_free_a_whole_shape() -> None:
+def test_preemption_keeps_the_proposed_victims_and_adds_the_fewest_holders_the_shape_needs() -> None:
     c = Cluster({"a": "mesh:2x4"}, ExtenderConfig(fair_share=False))
     # mesh 2x4 ids: row 0 = 0..3, row 1 = 4..7
     p1 = c.add(pod_obj("p1", 2, "ring", node="a", annotations={"kube-icl.io/devices": "0,4"}))
@@ -301,8 +301,43 @@ def test_preemption_picks_the_fewest_victims_that_free_a_whole_shape() -> None:
     p3 = c.add(pod_obj("p3", 4, "mesh:2x2", node="a", annotations={"kube-icl.io/devices": "2,3,6,7"}))
     other = "not-a-device-holder"
     pod = c.add(pod_obj("hi", 4, "mesh:2x2", priority=100))
-    uids = [p["metadata"]["uid"] for p in (p1, p2, p3)]
-    assert _preempt(c, pod, {"a": [*uids, other]}) == {"a": [other, p3["metadata"]["uid"]]}
+    uid = {n: p["metadata"]["uid"] for n, p in (("p1", p1), ("p2", p2), ("p3", p3))}
+    # kube-scheduler needs `other` and p1 (for CPU, memory or count): both stay. Freeing 0,4 makes no 2x2;
+    # p2 (1,5) or p3 (2,3,6,7) completes one: one more victim either way, p2 frees fewer devices.
+    assert _preempt(c, pod, {"a": [other, uid["p1"]]}) == {"a": [other, uid["p1"], uid["p2"]]}
+    # Equal counts: the lower priority goes first, before fewer devices.
+    c.add({**p2, "spec": {**p2["spec"], "priority": 50}})
+    assert _preempt(c, pod, {"a": [other, uid["p1"]]}) == {"a": [other, uid["p1"], uid["p3"]]}
+    # Proposed victims that already free the shape come back as they are, nothing added.
+    assert _preempt(c, pod, {"a": [uid["p3"], other]}) == {"a": [uid["p3"], other]}
+    # Repeated UIDs are answered once.
+    assert _preempt(c, pod, {"a": [uid["p3"], uid["p3"]]}) == {"a": [uid["p3"]]}
+
+
+def test_a_device_holder_proposed_for_cpu_is_kept_though_another_frees_the_shape_alone() -> None:
+    """kube-scheduler proposed A for its CPU; B alone would free a 2x2, but without A the pod does not fit."""
+    c = Cluster({"a": "mesh:2x4"}, ExtenderConfig(fair_share=False))
+    held = {"A": "2,7", "B": "1,5", "C": "3,6"}  # 0 and 4 are free
+    uid = {
+        n: c.add(pod_obj(n, 2, "any", node="a", annotations={"kube-icl.io/devices": d}))["metadata"]["uid"]
+        for n, d in held.items()
+    }
+    pod = c.add(pod_obj("hi", 4, "mesh:2x2", priority=100))
+    out = _preempt(c, pod, {"a": [uid["A"]]})
+    assert out in ({"a": [uid["A"], uid["B"]]}, {"a": [uid["A"], uid["C"]]}), out
+
+
+def test_preemption_never_answers_an_empty_victim_list() -> None:
+    """kube-scheduler fails the whole preemption on a node with no victims: such nodes are left out."""
+    c = Cluster({"a": "ring:8", "b": "ring:8", "c": "ring:8"}, ExtenderConfig(fair_share=False))
+    c.add(pod_obj("pa", 8, "ring", node="a", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}, priority=500))
+    lo = c.add(pod_obj("lo", 2, "ring", node="c", annotations={"kube-icl.io/devices": "0,1"}))["metadata"]["uid"]
+    pod = c.add(pod_obj("hi", 8, "ring", priority=100))
+    # a: only pa is in the way and it outranks the preemptor; b: nothing proposed; c: lo frees the ring.
+    assert _preempt(c, pod, {"a": ["x"], "b": [], "c": [lo]}) == {"c": [lo]}
+    # A pod asking for no devices: kube-scheduler's lists pass through, empty ones left out.
+    plain = c.add(pod_obj("plain", 0, "any", priority=100))
+    assert _preempt(c, plain, {"a": ["x"], "b": []}) == {"a": ["x"]}
 
 
 def test_preemption_drops_nodes_where_no_victim_set_helps() -> None:
@@ -315,19 +350,19 @@ def test_preemption_drops_nodes_where_no_victim_set_helps() -> None:
 
 
 def test_preemption_may_take_lower_priority_pods_the_scheduler_did_not_propose() -> None:
-    """kube-scheduler proposes victims by count; a contiguous shape may need different ones."""
+    """kube-scheduler proposes victims by count; a contiguous shape may need more of them."""
     # mesh 2x4: row 0 = 0 1 2 3, row 1 = 4 5 6 7
     c = Cluster({"a": "mesh:2x4"}, ExtenderConfig(fair_share=False))
     held = {"p1": "0,4", "p2": "1,5", "p3": "2,3", "p4": "6,7"}
     pods = {n: c.add(pod_obj(n, 2, "any", node="a", annotations={"kube-icl.io/devices": d})) for n, d in held.items()}
     uid = {n: p["metadata"]["uid"] for n, p in pods.items()}
     pod = c.add(pod_obj("hi", 4, "mesh:2x2", priority=100))
-    # Proposed: p3 alone. Freeing 2,3 gives no 2x2; p3+p4 or p1+p2 do. Fewest victims, then the
-    # fewest the scheduler did not propose: p3+p4.
+    # Proposed: p3 alone. Freeing 2,3 gives no 2x2; adding p4 (6,7) does.
     assert _preempt(c, pod, {"a": [uid["p3"]]}) == {"a": [uid["p3"], uid["p4"]]}
-    # If p4 outranks the preemptor, only p1+p2 free a 2x2 block, though neither was proposed.
+    # If p4 outranks the preemptor, p3 stays a victim and p1+p2 free a 2x2 block, though not proposed.
     c.add({**pods["p4"], "spec": {**pods["p4"]["spec"], "priority": 1000}})
-    assert sorted(_preempt(c, pod, {"a": [uid["p3"]]})["a"]) == sorted([uid["p1"], uid["p2"]])
+    out = _preempt(c, pod, {"a": [uid["p3"]]})
+    assert out["a"][0] == uid["p3"] and sorted(out["a"][1:]) == sorted([uid["p1"], uid["p2"]])
 
 
 def test_preemption_never_takes_from_a_queue_below_the_preemptor() -> None:
@@ -355,9 +390,9 @@ def test_preemption_result_always_makes_the_shape_fit(shape: str) -> None:
         assert c.schedule(p) == "a"
         victims.append(p["metadata"]["uid"])
     pod = c.add(pod_obj("hi", 4, shape, priority=100))
-    out = _preempt(c, pod, {"a": victims})
+    out = _preempt(c, pod, {"a": victims[-1:]})
     chosen = out["a"]
-    assert 1 <= len(chosen) <= 2
+    assert chosen[0] == victims[-1] and 1 <= len(chosen) <= 3
     freed = {d for u in chosen for d in c.cache.allocated[u][1]}
     topo = c.cache.nodes["a"].topology
     assert topo is not None
@@ -437,7 +472,8 @@ def test_a_stale_device_list_on_a_pending_pod_is_ignored() -> None:
 def test_preemption_victims_are_a_smallest_set_that_frees_the_shape(
     seed: int, preset: str, ask: tuple[int, str]
 ) -> None:
-    """Against brute force over every subset of the node's pods."""
+    """Against brute force over every subset of the node's pods: the proposed victims (a random
+    non-empty subset, plus a pod holding no devices) all stay, and the fewest others are added."""
     import itertools
     import random
 
@@ -461,18 +497,26 @@ def test_preemption_victims_are_a_smallest_set_that_frees_the_shape(
     count, shape_text = ask
     shape = parse_shape(shape_text, count=count)
     pod = c.add(pod_obj("hi", count, shape_text, priority=100))
-    out = _preempt(c, pod, {"a": list(held)})
+    proposed = rng.sample(sorted(held), rng.randint(0, len(held)))
+    if not proposed or rng.random() < 0.3:
+        proposed.append("cpu-only-victim")
+    out = _preempt(c, pod, {"a": proposed})
 
-    def fits(victims: tuple[str, ...]) -> bool:
-        return placer.fits(shape, free | {d for u in victims for d in held[u]})
+    def fits(victims: Any) -> bool:
+        return placer.fits(shape, free | {d for u in victims for d in held.get(u, ())})
 
-    smallest = next((k for k in range(len(held) + 1) for combo in itertools.combinations(held, k) if fits(combo)), None)
+    others = [u for u in held if u not in proposed]
+    smallest = next(
+        (k for k in range(len(others) + 1) for combo in itertools.combinations(others, k) if fits([*proposed, *combo])),
+        None,
+    )
     if smallest is None:
         assert out == {}
         return
-    assert "a" in out
-    chosen = tuple(out["a"])
-    assert fits(chosen) and len(chosen) == smallest
+    chosen = out["a"]
+    assert chosen[: len(proposed)] == proposed, "every proposed victim is kept, in order"
+    assert len(chosen) == len(proposed) + smallest and len(set(chosen)) == len(chosen)
+    assert set(chosen[len(proposed) :]) <= set(others) and fits(chosen)
 
 
 def test_preemption_counts_terminating_victims_as_leaving() -> None:
@@ -483,8 +527,11 @@ def test_preemption_counts_terminating_victims_as_leaving() -> None:
     for name in ("p1", "p2"):
         c.add({**pods[name], "metadata": {**pods[name]["metadata"], "deletionTimestamp": "2026-11-26T01:00:00Z"}})
     pod = c.add(pod_obj("hi", 4, "mesh:2x2", priority=100))
-    uids = [p["metadata"]["uid"] for p in pods.values()]
-    assert _preempt(c, pod, {"a": uids}) == {"a": []}, "p1 and p2 are leaving: 0,1,4,5 form the 2x2 block"
+    uid = {n: p["metadata"]["uid"] for n, p in pods.items()}
+    # p1 and p2 are leaving: 0,1,4,5 form the 2x2 block, so the scheduler's own victim is all it takes
+    # (never an empty list: kube-scheduler would fail the whole preemption on one).
+    assert _preempt(c, pod, {"a": [uid["p3"]]}) == {"a": [uid["p3"]]}
+    assert _preempt(c, pod, {"a": [uid["p1"], uid["p2"]]}) == {"a": [uid["p1"], uid["p2"]]}
 
 
 # ---------------------------------------------------------------------- native gang grouping
