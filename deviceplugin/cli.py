@@ -1,4 +1,4 @@
-"""``icl plugin`` (run the device plugin) and ``icl kubelet-emu`` (a kubelet device manager to talk to)."""
+"""``icl plugin``: run the device plugin (``icl kubelet-emu``, a kubelet to talk to, is in simulator/kubelet_cli.py)."""
 
 from __future__ import annotations
 
@@ -37,25 +37,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     p.add_argument("--pre-start", action="store_true", default=None, help="ask for PreStartContainer calls")
     p.set_defaults(func=run_plugin)
 
-    k = sub.add_parser(
-        "kubelet-emu",
-        parents=[common],
-        help="emulate the kubelet's device manager against a running plugin",
-        description=(
-            "Serve kubelet.sock in the device-plugin directory like the kubelet, wait for a plugin to register, "
-            "then admit containers the way the device manager does (GetPreferredAllocation, then Allocate) and "
-            "print what each got as JSON lines. With --serve it keeps running (Ctrl-C to stop)."
-        ),
-    )
-    k.add_argument("--plugin-dir", required=True, help="device-plugin directory shared with the plugin")
-    k.add_argument("--resource", default="kube-icl.io/accelerator", help="resource to admit (default: %(default)s)")
-    k.add_argument(
-        "--admit", type=int, action="append", default=[], metavar="N", help="admit a container asking for N devices"
-    )
-    k.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the plugin (default: %(default)s)")
-    k.add_argument("--serve", action="store_true", help="keep serving after the admissions")
-    k.set_defaults(func=run_kubelet)
-
 
 def run_plugin(args: argparse.Namespace) -> int:
     import asyncio
@@ -84,9 +65,12 @@ def run_plugin(args: argparse.Namespace) -> int:
         return load_config(args.config, **overrides)
 
     try:
-        load()
+        config = load()
     except (ConfigError, ValueError) as e:
         print(f"icl plugin: {e}")
+        return 2
+    if not config.plugin_dir.is_dir():  # the kubelet creates it: a missing one is a wrong path, not ours to make
+        print(f"icl plugin: --plugin-dir/pluginDir: no such directory: {str(config.plugin_dir)!r}")
         return 2
     try:
         return asyncio.run(serve(load))
@@ -96,48 +80,3 @@ def run_plugin(args: argparse.Namespace) -> int:
     except RuntimeError as e:  # the backend could not start (e.g. nvml without the library)
         print(f"icl plugin: {e}")
         return 1
-
-
-def run_kubelet(args: argparse.Namespace) -> int:
-    import asyncio
-    import json
-    import signal
-    import sys
-    import uuid
-
-    from simulator.kubelet import AdmissionError, KubeletEmulator
-
-    async def main() -> int:
-        kubelet = KubeletEmulator(args.plugin_dir)
-        await kubelet.start()
-        try:
-            try:
-                await kubelet.wait_for(
-                    lambda k: args.resource in k.endpoints and k.endpoints[args.resource].updates > 0, args.wait
-                )
-            except TimeoutError:
-                print(f"no plugin registered {args.resource} within {args.wait}s", file=sys.stderr)
-                return 1
-            ep = kubelet.endpoints[args.resource]
-            print(json.dumps({"registered": args.resource, "endpoint": ep.endpoint, "devices": ep.devices}))
-            code = 0
-            for i, n in enumerate(args.admit):
-                pod = f"pod-{i}-{uuid.uuid4().hex[:6]}"
-                try:
-                    a = await kubelet.admit(pod, "main", args.resource, n)
-                except AdmissionError as e:
-                    print(json.dumps({"pod": pod, "asked": n, "error": str(e)}))
-                    code = 1
-                    continue
-                print(json.dumps({"pod": pod, "asked": n, "allocate_order": list(a.devices), "envs": a.envs}))
-            if args.serve:
-                stop = asyncio.Event()
-                loop = asyncio.get_running_loop()
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, stop.set)
-                await stop.wait()
-            return code
-        finally:
-            await kubelet.stop()
-
-    return asyncio.run(main())

@@ -22,10 +22,16 @@ COMMAND_MODULES: tuple[str, ...] = (
     "simulator.topo_cli",
     "simulator.demo_cli",
     "deviceplugin.cli",
+    "simulator.kubelet_cli",
     "deviceplugin.probe_cli",
     "scheduler.cli",
     "simulator.sim_cli",
 )
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LOG_LEVEL = "info"
+EXIT_BROKEN_PIPE = 1  # as in the Python docs' recipe; a shell pipeline reports its last command's status anyway
 
 
 class _JsonFormatter(logging.Formatter):
@@ -63,11 +69,22 @@ def version_string() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # The shared logging options go before or after the subcommand. Their default is SUPPRESS so
+    # that a subcommand's parser, which knows them too, does not overwrite a value given earlier
+    # with its own default; ``main`` supplies the defaults.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log verbosity"
+        "--log-level",
+        default=argparse.SUPPRESS,
+        choices=LOG_LEVELS,
+        help=f"log verbosity (default: {DEFAULT_LOG_LEVEL}; before or after the subcommand)",
     )
-    common.add_argument("--json-logs", action="store_true", help="write logs as one JSON object per line")
+    common.add_argument(
+        "--json-logs",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="write logs as one JSON object per line (before or after the subcommand)",
+    )
     parser = argparse.ArgumentParser(
         prog="icl",
         description=(
@@ -89,8 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging(args.log_level, args.json_logs)
-    code: int = args.func(args)
+    _configure_logging(getattr(args, "log_level", DEFAULT_LOG_LEVEL), getattr(args, "json_logs", False))
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``icl topo show ... | head -1``): stop quietly. Point stdout at devnull
+        # so that the interpreter's final flush does not raise again (the Python docs' recipe, "Note on
+        # SIGPIPE" in the signal module).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return code
 
 

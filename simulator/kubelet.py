@@ -16,8 +16,15 @@ It does what ``pkg/kubelet/cm/devicemanager`` does, over the same gRPC API:
   ``none``); NUMA alignment, which narrows ``available`` to one NUMA node first,
   is not emulated;
 - keeps a checkpoint (``kubelet_internal_checkpoint``) of what it allocated, and on
-  :meth:`KubeletEmulator.restart` wipes the directory's sockets like a starting
-  kubelet, reloads the checkpoint and waits for plugins to register again.
+  :meth:`KubeletEmulator.start` (or :meth:`KubeletEmulator.restart`) wipes the
+  directory's sockets like a starting kubelet, reloads the checkpoint and waits for
+  plugins to register again. Pods reloaded from the checkpoint keep their devices
+  until released; an admission that falls short because of them says so, and
+  :meth:`KubeletEmulator.clear_checkpoint` (``icl kubelet-emu --fresh``) starts empty.
+
+Like the kubelet, it creates its device-plugin directory when missing
+(``create_dir=True``, the default); ``icl kubelet-emu`` passes ``create_dir=False``,
+since there a missing directory is a mistyped path.
 
 Run it next to ``icl plugin`` with ``icl kubelet-emu`` (see docs/deviceplugin.md).
 """
@@ -99,11 +106,19 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
 class KubeletEmulator:
     """The device-manager side of the kubelet, on a real unix socket."""
 
-    def __init__(self, plugin_dir: str | Path, *, allocate_order: Callable[[list[str]], list[str]] = sorted) -> None:
+    def __init__(
+        self,
+        plugin_dir: str | Path,
+        *,
+        allocate_order: Callable[[list[str]], list[str]] = sorted,
+        create_dir: bool = True,
+    ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.allocate_order = allocate_order
+        self.create_dir = create_dir
         self.endpoints: dict[str, PluginEndpoint] = {}
         self.allocations: dict[tuple[str, str, str], ContainerAllocation] = {}
+        self.restored: set[tuple[str, str, str]] = set()  # allocations reloaded from the checkpoint
         self.registered_devices: dict[str, list[str]] = {}  # from the checkpoint, until the plugin is back
         self.rejected: list[str] = []
         self.registrations = 0
@@ -122,8 +137,14 @@ class KubeletEmulator:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start like a kubelet: wipe the directory (but the checkpoint), reload it, serve Registration."""
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        """Start like a kubelet: wipe the directory (but the checkpoint), reload it, serve Registration.
+
+        A missing directory is created with ``create_dir``, else it is a FileNotFoundError naming it.
+        """
+        if self.create_dir:
+            self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        elif not self.plugin_dir.is_dir():
+            raise FileNotFoundError(f"plugin dir: no such directory: {str(self.plugin_dir)!r}")
         for entry in self.plugin_dir.iterdir():
             if entry.name != CHECKPOINT and not entry.is_dir():
                 entry.unlink()
@@ -151,6 +172,7 @@ class KubeletEmulator:
         """Stop, forget everything in memory, start again from the checkpoint."""
         await self.stop()
         self.allocations.clear()
+        self.restored.clear()
         self.registered_devices.clear()
         await self.start()
         await self._notify()
@@ -245,6 +267,8 @@ class KubeletEmulator:
         key = (pod_uid, container, resource)
         if key in self.allocations:
             return self.allocations[key]  # restarted container: same devices
+        if count < 1:
+            raise AdmissionError(f"count: want at least 1 device of {resource}, got {count}")
         ep = self.endpoints.get(resource)
         if ep is None or not ep.connected:
             raise AdmissionError(f"no device plugin registered for {resource}")
@@ -252,20 +276,25 @@ class KubeletEmulator:
         if len(available) < count:
             raise AdmissionError(
                 f"requested number of devices unavailable for {resource}. "
-                f"Requested: {count}, Available: {len(available)}"
+                f"Requested: {count}, Available: {len(available)}" + self._held_from_checkpoint(resource)
             )
         chosen: list[str] = []
         if ep.options.get_preferred_allocation_available:
-            resp = await ep.stub.GetPreferredAllocation(
-                api_pb2.PreferredAllocationRequest(
-                    container_requests=[
-                        api_pb2.ContainerPreferredAllocationRequest(
-                            available_deviceIDs=sorted(available), must_include_deviceIDs=[], allocation_size=count
-                        )
-                    ]
-                ),
-                timeout=10,
-            )
+            try:
+                resp = await ep.stub.GetPreferredAllocation(
+                    api_pb2.PreferredAllocationRequest(
+                        container_requests=[
+                            api_pb2.ContainerPreferredAllocationRequest(
+                                available_deviceIDs=sorted(available),
+                                must_include_deviceIDs=[],
+                                allocation_size=count,
+                            )
+                        ]
+                    ),
+                    timeout=10,
+                )
+            except grpc.aio.AioRpcError as e:
+                raise AdmissionError(f"GetPreferredAllocation failed: {e.code().name}: {e.details()}") from None
             for d in resp.container_responses[0].deviceIDs:
                 if d in available and d not in chosen and len(chosen) < count:
                     chosen.append(d)
@@ -298,9 +327,39 @@ class KubeletEmulator:
         """The pod is gone: its devices are free again."""
         for key in [k for k in self.allocations if k[0] == pod_uid]:
             del self.allocations[key]
+            self.restored.discard(key)
         self._write_checkpoint()
 
+    def restored_pods(self, resource: str) -> dict[str, tuple[str, ...]]:
+        """Pods reloaded from the checkpoint that still hold devices of ``resource``: pod uid -> devices."""
+        out: dict[str, tuple[str, ...]] = {}
+        for key in sorted(self.restored):
+            if key[2] == resource and key in self.allocations:
+                out[key[0]] = out.get(key[0], ()) + self.allocations[key].devices
+        return out
+
+    def _held_from_checkpoint(self, resource: str) -> str:
+        held = self.restored_pods(resource)
+        if not held:
+            return ""
+        count = len({d for ids in held.values() for d in ids})
+        pods = ", ".join(sorted(held)[:5]) + (", ..." if len(held) > 5 else "")
+        return (
+            f"; {count} of the devices in use are held by {len(held)} pod(s) restored from the checkpoint "
+            f"{self.checkpoint_path} ({pods}), admitted before this start; to start empty, delete it "
+            "(icl kubelet-emu --fresh)"
+        )
+
     # -- checkpoint ------------------------------------------------------------------------------
+
+    def clear_checkpoint(self) -> None:
+        """Forget every allocation, on disk too: the checkpoint file is deleted (a fresh kubelet)."""
+        for key in list(self.allocations):
+            del self.allocations[key]
+        self.restored.clear()
+        self.registered_devices.clear()
+        with contextlib.suppress(FileNotFoundError):
+            self.checkpoint_path.unlink()
 
     def _checkpoint_data(self) -> dict[str, Any]:
         return {
@@ -339,7 +398,7 @@ class KubeletEmulator:
         for e in data["PodDeviceEntries"]:
             ids = tuple(i for ids in e["DeviceIDs"].values() for i in ids)
             resp = api_pb2.ContainerAllocateResponse.FromString(base64.b64decode(e["AllocResp"]))
-            self.allocations[(e["PodUID"], e["ContainerName"], e["ResourceName"])] = ContainerAllocation(
-                e["PodUID"], e["ContainerName"], e["ResourceName"], ids, resp
-            )
+            key = (e["PodUID"], e["ContainerName"], e["ResourceName"])
+            self.allocations[key] = ContainerAllocation(*key, ids, resp)
+            self.restored.add(key)
         self.registered_devices = {r: list(ids) for r, ids in data["RegisteredDevices"].items()}
