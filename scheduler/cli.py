@@ -20,7 +20,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         ),
     )
     p.add_argument("--config", metavar="FILE", help="extender config (YAML); defaults apply when omitted")
-    p.add_argument("--kubeconfig", metavar="FILE", help="reach the API server with this kubeconfig")
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="reach the API server with this kubeconfig (default: $KUBECONFIG, else in-cluster, else ~/.kube/config)",
+    )
     p.add_argument("--server", metavar="URL", help="API server URL (overrides the config's kube.server)")
     p.add_argument("--host", help="listen address (overrides listen.host)")
     p.add_argument("--port", type=int, help="listen port (overrides listen.port)")
@@ -34,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import threading
 
+    from kubeauth import KubeAuthError, resolve
     from scheduler.cache import ClusterCache
     from scheduler.config import ConfigError, load_config
     from scheduler.events import EventRecorder
@@ -56,18 +61,19 @@ def run(args: argparse.Namespace) -> int:
         server_url = args.server or kube.server
         kubeconfig = args.kubeconfig or kube.kubeconfig
         if server_url:
-            token = None
-            if kube.token_file:
-                with open(kube.token_file) as fh:
-                    token = fh.read().strip()
-            api = RestKubeAPI.from_url(server_url, token=token, timeout_s=kube.request_timeout_s)
-        elif kubeconfig:
-            api = RestKubeAPI.from_kubeconfig(kubeconfig, insecure=kube.insecure, timeout_s=kube.request_timeout_s)
-        else:
-            api = RestKubeAPI.in_cluster(timeout_s=kube.request_timeout_s)
-    except (KubeError, OSError) as exc:
+            api = RestKubeAPI.from_url(
+                server_url,
+                token_file=kube.token_file,
+                ca_file=kube.ca_file,
+                insecure=kube.insecure,
+                timeout_s=kube.request_timeout_s,
+            )
+        else:  # --kubeconfig / kube.kubeconfig, else $KUBECONFIG, else in-cluster, else ~/.kube/config
+            api = RestKubeAPI(resolve(kubeconfig, insecure=kube.insecure), kube.request_timeout_s)
+    except (KubeError, KubeAuthError, OSError) as exc:
         print(f"icl extender: cannot reach the API server: {exc}", file=sys.stderr)
         return 2
+    log.info("API server %s, %s (%s)", api.credentials.server, api.credentials.method.name, api.credentials.source)
     cache = ClusterCache(cfg.resource_name)
     events = EventRecorder(api, cfg.event_component, enabled=cfg.events)
     extender = Extender(cfg, cache, api, events=events)

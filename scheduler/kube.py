@@ -2,8 +2,11 @@
 
 :class:`KubeAPI` names every call the extender makes; nothing else in
 ``scheduler/`` speaks to the API server. :class:`RestKubeAPI` implements it with
-the standard library over the plain REST paths (no client library), so tests can
-stand a loopback server in front of it that speaks the same paths.
+the standard library's HTTP client over the plain REST paths (a pool of keep-alive
+connections, faster than the generated client), so tests can stand a loopback server
+in front of it that speaks the same paths. Credentials (kubeconfig with exec plugins,
+OIDC, tokens, client certificates, tls-server-name, proxy-url; in-cluster) are loaded
+by the ``kubernetes`` package's own loader through :mod:`kubeauth`.
 
 Paths used (all core/v1 or policy/v1):
 
@@ -25,14 +28,14 @@ import http.client
 import json
 import os
 import ssl
-import tempfile
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+import kubeauth
+from kubeauth import SA_DIR, Credentials, Snapshot
 from scheduler.podspec import group_min_count
 
 __all__ = [
@@ -47,8 +50,6 @@ __all__ = [
 
 Resource = Literal["nodes", "pods"]
 JsonObj = dict[str, Any]
-
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 class KubeError(Exception):
@@ -148,142 +149,195 @@ def _q(part: str) -> str:
 # --------------------------------------------------------------------- REST client
 
 
+class _TLSConnection(http.client.HTTPSConnection):
+    """HTTPS whose TLS server name (SNI and certificate check) may differ from the host dialled.
+
+    Through a proxy the TCP connection goes to the proxy, which opens a CONNECT tunnel to the
+    API server; TLS then runs end to end inside the tunnel.
+    """
+
+    def __init__(
+        self, host: str, port: int, *, timeout: float | None, context: ssl.SSLContext, server_name: str
+    ) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._tls_context = context
+        self._server_name = server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)  # TCP (and the proxy's CONNECT tunnel)
+        self.sock = self._tls_context.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
 @dataclass(frozen=True, slots=True)
-class _Endpoint:
+class _Route:
+    """How to reach the API server for one set of credentials: where to dial, TLS, proxy."""
+
+    key: tuple[Any, ...]
     scheme: str
     host: str
     port: int
     base_path: str
     context: ssl.SSLContext | None
-    token: str | None
-    token_file: str | None
+    server_name: str
+    proxy: tuple[str, int, dict[str, str]] | None  # host, port, CONNECT / request headers
 
+    @classmethod
+    def of(cls, snap: Snapshot) -> _Route:
+        url = urllib.parse.urlsplit(snap.server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise KubeError(0, f"API server URL {snap.server!r} must be http(s)://host[:port]")
+        context = None
+        if url.scheme == "https":
+            try:
+                context = snap.ssl_context()
+            except (OSError, ssl.SSLError) as exc:
+                raise KubeError(
+                    0, f"TLS files of {snap.server} (ca {snap.ca_file}, cert {snap.cert_file}): {exc}"
+                ) from None
+        proxy = None
+        if snap.proxy:
+            purl = urllib.parse.urlsplit(snap.proxy)
+            if purl.scheme != "http" or not purl.hostname:
+                raise KubeError(
+                    0, f"proxy-url {snap.proxy!r}: the extender's transport supports http://host:port proxies only"
+                )
+            headers: dict[str, str] = {}
+            if purl.username is not None:
+                user = urllib.parse.unquote(purl.username)
+                password = urllib.parse.unquote(purl.password or "")
+                headers["Proxy-Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+            proxy = (purl.hostname, purl.port or 80, headers)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        return cls(
+            key=(snap.server, snap.tls, snap.proxy),
+            scheme=url.scheme,
+            host=url.hostname,
+            port=port,
+            base_path=url.path.rstrip("/"),
+            context=context,
+            server_name=snap.tls_server_name or url.hostname,
+            proxy=proxy,
+        )
 
-def _kubeconfig_endpoint(path: str, insecure: bool) -> _Endpoint:
-    import yaml
+    def connect(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self.scheme == "https":
+            assert self.context is not None
+            if self.proxy is None:
+                return _TLSConnection(
+                    self.host, self.port, timeout=timeout, context=self.context, server_name=self.server_name
+                )
+            conn = _TLSConnection(
+                self.proxy[0], self.proxy[1], timeout=timeout, context=self.context, server_name=self.server_name
+            )
+            conn.set_tunnel(self.host, self.port, headers=self.proxy[2])
+            return conn
+        if self.proxy is not None:
+            return http.client.HTTPConnection(self.proxy[0], self.proxy[1], timeout=timeout)
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
-    with open(path) as fh:
-        cfg = yaml.safe_load(fh) or {}
-    current = cfg.get("current-context")
-    contexts = {c["name"]: c.get("context", {}) for c in cfg.get("contexts") or []}
-    ctx = contexts.get(current) if current else next(iter(contexts.values()), None)
-    if ctx is None:
-        raise KubeError(0, f"kubeconfig {path}: no current context")
-    clusters = {c["name"]: c.get("cluster", {}) for c in cfg.get("clusters") or []}
-    users = {u["name"]: u.get("user", {}) or {} for u in cfg.get("users") or []}
-    cluster = clusters.get(ctx.get("cluster"), {})
-    user = users.get(ctx.get("user"), {})
-    base = os.path.dirname(os.path.abspath(path))
+    def target(self, path: str) -> str:
+        """The request target: the path, or the absolute URL when plain HTTP goes through a proxy."""
+        if self.scheme == "http" and self.proxy is not None:
+            return f"http://{self.host}:{self.port}{self.base_path}{path}"
+        return self.base_path + path
 
-    def _file(key: str, data_key: str, holder: Mapping[str, Any]) -> str | None:
-        if holder.get(data_key):
-            with tempfile.NamedTemporaryFile("wb", delete=False, prefix="kube-icl-", suffix=".pem") as tmp:
-                tmp.write(base64.b64decode(holder[data_key]))
-            return tmp.name
-        if holder.get(key):
-            return os.path.join(base, str(holder[key]))
-        return None
-
-    server = str(cluster.get("server") or "")
-    ca = _file("certificate-authority", "certificate-authority-data", cluster)
-    cert = _file("client-certificate", "client-certificate-data", user)
-    key = _file("client-key", "client-key-data", user)
-    insecure = insecure or bool(cluster.get("insecure-skip-tls-verify"))
-    return _endpoint(server, ca, insecure, cert, key, user.get("token"), user.get("tokenFile"))
-
-
-def _endpoint(
-    server: str,
-    ca_file: str | None,
-    insecure: bool,
-    cert: str | None,
-    key: str | None,
-    token: str | None,
-    token_file: str | None,
-) -> _Endpoint:
-    url = urllib.parse.urlsplit(server)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise KubeError(0, f"API server URL {server!r} must be http(s)://host[:port]")
-    context = None
-    if url.scheme == "https":
-        context = ssl.create_default_context(cafile=ca_file)
-        if insecure:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        if cert and key:
-            context.load_cert_chain(cert, key)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    return _Endpoint(url.scheme, url.hostname, port, url.path.rstrip("/"), context, token, token_file)
+    def extra_headers(self) -> dict[str, str]:
+        return dict(self.proxy[2]) if self.scheme == "http" and self.proxy is not None else {}
 
 
 class RestKubeAPI:
     """:class:`KubeAPI` over HTTP(S) with a shared pool of keep-alive connections.
 
+    Credentials come from :mod:`kubeauth` (the ``kubernetes`` package's loader: exec plugins,
+    OIDC, token files, client certificates, ``tls-server-name``, ``proxy-url``, in-cluster token
+    rotation); this class only sends requests. Before each request it asks them for the current
+    ``Authorization`` header (refreshed before expiry); on a 401 it reloads them once and sends
+    again, then fails with a message naming the auth method and what to check.
+
     A request takes an idle connection from the pool (or opens one) and gives it back
     when its answer is read, so the short-lived threads that serve the extender's
     verbs reuse a few warm TLS sessions instead of paying a handshake per bind.
     At most ``max_idle`` connections are kept idle; a connection is used by one
-    request at a time.
+    request at a time. New TLS material (a rotated client certificate) empties the pool.
     """
 
-    def __init__(self, endpoint: _Endpoint, timeout_s: float = 10.0, *, max_idle: int = 16) -> None:
-        self._ep = endpoint
+    def __init__(self, credentials: Credentials, timeout_s: float = 10.0, *, max_idle: int = 16) -> None:
+        self.credentials = credentials
         self._timeout = timeout_s
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[tuple[http.client.HTTPConnection, tuple[Any, ...]]] = []
         self._idle_lock = threading.Lock()
         self._max_idle = max_idle
-        self._token_cache: tuple[float, str | None] = (0.0, endpoint.token)
+        self._route: _Route | None = None
 
     # ---- construction
 
     @classmethod
-    def from_url(cls, server: str, *, token: str | None = None, timeout_s: float = 10.0) -> RestKubeAPI:
-        return cls(_endpoint(server, None, False, None, None, token, None), timeout_s)
+    def from_url(
+        cls,
+        server: str,
+        *,
+        token: str | None = None,
+        token_file: str | None = None,
+        ca_file: str | None = None,
+        insecure: bool = False,
+        timeout_s: float = 10.0,
+    ) -> RestKubeAPI:
+        try:
+            creds = kubeauth.from_server(server, token=token, token_file=token_file, ca_file=ca_file, insecure=insecure)
+        except kubeauth.KubeAuthError as exc:
+            raise KubeError(0, str(exc)) from None
+        return cls(creds, timeout_s)
 
     @classmethod
-    def from_kubeconfig(cls, path: str, *, insecure: bool = False, timeout_s: float = 10.0) -> RestKubeAPI:
-        return cls(_kubeconfig_endpoint(path, insecure), timeout_s)
+    def from_kubeconfig(
+        cls, path: str, *, insecure: bool = False, context: str | None = None, timeout_s: float = 10.0
+    ) -> RestKubeAPI:
+        try:
+            creds = kubeauth.from_kubeconfig(path, context=context, insecure=insecure)
+        except kubeauth.KubeAuthError as exc:
+            raise KubeError(0, str(exc)) from None
+        return cls(creds, timeout_s)
 
     @classmethod
-    def in_cluster(cls, *, timeout_s: float = 10.0) -> RestKubeAPI:
-        host = os.environ.get("KUBERNETES_SERVICE_HOST")
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
+    def in_cluster(cls, *, timeout_s: float = 10.0, sa_dir: str = SA_DIR) -> RestKubeAPI:
+        if not os.environ.get("KUBERNETES_SERVICE_HOST"):
             raise KubeError(0, "not in a cluster: KUBERNETES_SERVICE_HOST is unset; pass kube.server or --kubeconfig")
-        if ":" in host:
-            host = f"[{host}]"
-        ep = _endpoint(f"https://{host}:{port}", f"{SA_DIR}/ca.crt", False, None, None, None, f"{SA_DIR}/token")
-        return cls(ep, timeout_s)
+        try:
+            creds = kubeauth.in_cluster(sa_dir=sa_dir)
+        except kubeauth.KubeAuthError as exc:
+            raise KubeError(0, str(exc)) from None
+        return cls(creds, timeout_s)
 
     # ---- plumbing
 
-    def _token(self) -> str | None:
-        if not self._ep.token_file:
-            return self._ep.token
-        read_at, token = self._token_cache
-        if time.monotonic() - read_at > 60 or token is None:
-            with open(self._ep.token_file) as fh:
-                token = fh.read().strip()
-            self._token_cache = (time.monotonic(), token)
-        return token
+    def _route_for(self, snap: Snapshot) -> _Route:
+        route = self._route
+        key = (snap.server, snap.tls, snap.proxy)
+        if route is not None and route.key == key:
+            return route
+        route = _Route.of(snap)
+        self._route = route
+        self.close()  # connections made with the old TLS material or proxy are not reused
+        return route
 
     def _connect(self, timeout: float | None) -> http.client.HTTPConnection:
-        if self._ep.scheme == "https":
-            return http.client.HTTPSConnection(self._ep.host, self._ep.port, timeout=timeout, context=self._ep.context)
-        return http.client.HTTPConnection(self._ep.host, self._ep.port, timeout=timeout)
+        return self._route_for(self.credentials.snapshot()).connect(timeout)
 
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
-        """An idle pooled connection (reused=True) or a new one."""
+    def _take(self, route: _Route) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle pooled connection of this route (reused=True) or a new one."""
         with self._idle_lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return self._connect(self._timeout), False
+            while self._idle:
+                conn, key = self._idle.pop()
+                if key == route.key:
+                    return conn, True
+                conn.close()
+        return route.connect(self._timeout), False
 
-    def _give(self, conn: http.client.HTTPConnection) -> None:
+    def _give(self, conn: http.client.HTTPConnection, route: _Route) -> None:
         """Back to the pool after a complete answer; closed when the pool is full."""
         with self._idle_lock:
             if len(self._idle) < self._max_idle:
-                self._idle.append(conn)
+                self._idle.append((conn, route.key))
                 return
         conn.close()
 
@@ -291,27 +345,31 @@ class RestKubeAPI:
         """Close the idle connections (requests in flight close theirs when done)."""
         with self._idle_lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
 
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "kube-icl-extender"}
+    def _headers(self, content_type: str | None, snap: Snapshot, route: _Route) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "kube-icl-extender", **route.extra_headers()}
         if content_type:
             headers["Content-Type"] = content_type
-        token = self._token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        if snap.authorization:
+            headers["Authorization"] = snap.authorization
         return headers
 
-    def _request(
-        self, method: str, path: str, body: JsonObj | None = None, content_type: str = "application/json"
-    ) -> Any:
-        payload = None if body is None else json.dumps(body).encode()
-        headers = self._headers(content_type if payload is not None else None)
+    def _reauthenticate(self, what: str, snap: Snapshot) -> Snapshot:
+        """New credentials after a 401 (once); a reload that fails is a 401 that says why."""
+        try:
+            return self.credentials.reload(stale=snap)
+        except kubeauth.KubeAuthError as exc:
+            raise KubeError(401, f"{what}: 401 Unauthorized, and reloading the credentials failed: {exc}") from None
+
+    def _send(
+        self, route: _Route, method: str, path: str, payload: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
         for attempt in (0, 1):
-            conn, reused = self._take()
+            conn, reused = self._take(route)
             try:
-                conn.request(method, self._ep.base_path + path, body=payload, headers=headers)
+                conn.request(method, route.target(path), body=payload, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
             except (OSError, http.client.HTTPException) as exc:
@@ -325,16 +383,35 @@ class RestKubeAPI:
                 if attempt == 0 and (method == "GET" or stale):
                     continue
                 raise KubeError(0, f"{method} {path}: {exc}") from None
-            self._give(conn)
-            if resp.status >= 300:
-                raise KubeError(resp.status, f"{method} {path}: {_status_message(data)}")
-            if not data:
-                return None
-            try:
-                return json.loads(data)
-            except ValueError:
-                raise KubeError(resp.status, f"{method} {path}: response is not JSON") from None
+            self._give(conn, route)
+            return resp.status, data
         raise KubeError(0, f"{method} {path}: no response")  # pragma: no cover
+
+    def _request(
+        self, method: str, path: str, body: JsonObj | None = None, content_type: str = "application/json"
+    ) -> Any:
+        payload = None if body is None else json.dumps(body).encode()
+        snap = self.credentials.snapshot()
+        reauthenticated = False
+        while True:
+            route = self._route_for(snap)
+            headers = self._headers(content_type if payload is not None else None, snap, route)
+            status, data = self._send(route, method, path, payload, headers)
+            if status == 401 and not reauthenticated:
+                snap = self._reauthenticate(f"{method} {path}", snap)
+                reauthenticated = True
+                continue
+            break
+        if status == 401:
+            raise KubeError(401, self.credentials.unauthorized(f"{method} {path}", _status_message(data)))
+        if status >= 300:
+            raise KubeError(status, f"{method} {path}: {_status_message(data)}")
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise KubeError(status, f"{method} {path}: response is not JSON") from None
 
     # ---- KubeAPI
 
@@ -360,27 +437,36 @@ class RestKubeAPI:
             "timeoutSeconds": str(timeout_s),
         }
         path = f"/api/v1/{resource}?{urllib.parse.urlencode(query)}"
-        conn = self._connect(timeout_s + 30)
-        try:
-            conn.request("GET", self._ep.base_path + path, headers=self._headers(None))
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise KubeError(resp.status, f"watch {resource}: {_status_message(resp.read())}")
-            while True:
-                line = resp.readline()
-                if not line:
-                    return
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    raise KubeError(0, f"watch {resource}: bad event line") from None
-                yield str(event.get("type")), event.get("object") or {}
-        except (OSError, http.client.HTTPException) as exc:
-            raise KubeError(0, f"watch {resource}: {exc}") from None
-        finally:
-            conn.close()
+        snap = self.credentials.snapshot()
+        for attempt in (0, 1):
+            route = self._route_for(snap)
+            conn = route.connect(timeout_s + 30)
+            try:
+                conn.request("GET", route.target(path), headers=self._headers(None, snap, route))
+                resp = conn.getresponse()
+                if resp.status == 401:
+                    message = _status_message(resp.read())
+                    if attempt == 0:
+                        snap = self._reauthenticate(f"watch {resource}", snap)
+                        continue
+                    raise KubeError(401, self.credentials.unauthorized(f"watch {resource}", message))
+                if resp.status != 200:
+                    raise KubeError(resp.status, f"watch {resource}: {_status_message(resp.read())}")
+                while True:
+                    line = resp.readline()
+                    if not line:
+                        return
+                    if not line.strip():
+                        continue
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        raise KubeError(0, f"watch {resource}: bad event line") from None
+                    yield str(event.get("type")), event.get("object") or {}
+            except (OSError, http.client.HTTPException) as exc:
+                raise KubeError(0, f"watch {resource}: {exc}") from None
+            finally:
+                conn.close()
 
     def get_pod(self, namespace: str, name: str) -> JsonObj | None:
         try:

@@ -291,7 +291,7 @@ def test_short_lived_threads_share_pooled_connections(fake: FakeAPIServer, api: 
 
 def test_a_full_pool_closes_the_extra_connections(fake: FakeAPIServer) -> None:
     fake.put_pod(fixture("pod-pending.json"))
-    api = RestKubeAPI(RestKubeAPI.from_url(fake.url)._ep, max_idle=1)
+    api = RestKubeAPI(RestKubeAPI.from_url(fake.url).credentials, max_idle=1)
     gate = threading.Barrier(4)
 
     def together() -> None:
