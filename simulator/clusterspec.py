@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from simulator.jobs import unknown_name
 from topology import ClusterView, DomainKind, LinkDomain, NodeTopology, TopologyError, load_topology
 from topology.gpushare import GpuNodeSpec
 
@@ -34,7 +35,26 @@ __all__ = ["BUILTIN_CLUSTER", "ClusterSpec", "NodeSpec", "SpecError", "builtin_c
 
 
 class SpecError(ValueError):
-    """A cluster spec is malformed; the message names the field and the value."""
+    """A cluster spec is malformed; the message names the field and the value.
+
+    ``at`` is the path of the offending key (``("pools", 1, "count")``); ``load_cluster``
+    turns it into the file's line number.
+    """
+
+    def __init__(self, message: str, at: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.at = at
+
+
+TOP_KEYS = ("name", "pools")
+POOL_KEYS = ("name", "count", "topology", "cpu_milli", "memory_mib", "model", "link_domain")
+DOMAIN_KEYS = ("kind", "dims")
+
+
+def _known(where: str, at: tuple[str | int, ...], data: Mapping[Any, Any], allowed: tuple[str, ...]) -> None:
+    for key in data:
+        if key not in allowed:
+            raise SpecError(f"{where}{unknown_name('key', str(key), allowed)}", (*at, key))
 
 
 @dataclass(frozen=True)
@@ -112,9 +132,9 @@ BUILTIN_CLUSTER: dict[str, Any] = {
 """The cluster ``icl sim`` runs with no arguments: 24 nodes of 8 devices in three link domains."""
 
 
-def _int(where: str, raw: object, minimum: int = 0) -> int:
+def _int(where: str, raw: object, minimum: int = 0, at: tuple[str | int, ...] = ()) -> int:
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < minimum:
-        raise SpecError(f"{where}: must be an integer >= {minimum}, got {raw!r}")
+        raise SpecError(f"{where}: must be an integer >= {minimum}, got {raw!r}", at)
     return raw
 
 
@@ -127,36 +147,42 @@ def _coords(dims: Sequence[int], i: int) -> tuple[int, ...]:
 
 
 def cluster_from_mapping(data: Mapping[str, Any], base: Path | None = None) -> ClusterSpec:
-    """Build a spec from its parsed YAML/JSON form; topology file paths are relative to ``base``."""
+    """Build a spec from its parsed YAML/JSON form; topology file paths are relative to ``base``.
+
+    Unknown keys are errors (a typo must not fall back to a default silently).
+    """
+    _known("", (), data, TOP_KEYS)
     pools = data.get("pools")
     if not isinstance(pools, list) or not pools:
-        raise SpecError("pools: must be a non-empty list")
+        raise SpecError("pools: must be a non-empty list", ("pools",))
     nodes: list[NodeSpec] = []
     domains: dict[str, LinkDomain] = {}
     seen: set[str] = set()
     for pi, pool in enumerate(pools):
         where = f"pools[{pi}]"
+        at: tuple[str | int, ...] = ("pools", pi)
         if not isinstance(pool, dict):
-            raise SpecError(f"{where}: must be a mapping, got {pool!r}")
+            raise SpecError(f"{where}: must be a mapping, got {pool!r}", at)
+        _known(f"{where}: ", at, pool, POOL_KEYS)
         name = str(pool.get("name") or f"pool{pi}")
         if name in seen:
-            raise SpecError(f"{where}.name: duplicate pool name {name!r}")
+            raise SpecError(f"{where}.name: duplicate pool name {name!r}", (*at, "name"))
         seen.add(name)
-        count = _int(f"{where}.count", pool.get("count", 1), 1)
+        count = _int(f"{where}.count", pool.get("count", 1), 1, (*at, "count"))
         topo_ref = pool.get("topology")
         if not isinstance(topo_ref, str) or not topo_ref:
-            raise SpecError(f"{where}.topology: must be a preset or a file path, got {topo_ref!r}")
+            raise SpecError(f"{where}.topology: must be a preset or a file path, got {topo_ref!r}", (*at, "topology"))
         ref = topo_ref
         if base is not None and ":" not in topo_ref and not Path(topo_ref).is_absolute():
             ref = str(base / topo_ref)
         try:
             topo = load_topology(ref)
         except (TopologyError, OSError) as exc:
-            raise SpecError(f"{where}.topology: {exc}") from None
+            raise SpecError(f"{where}.topology: {exc}", (*at, "topology")) from None
         if not topo.name:
             topo = topo.renamed(topo_ref)
-        cpu = _int(f"{where}.cpu_milli", pool.get("cpu_milli", 64000))
-        mem = _int(f"{where}.memory_mib", pool.get("memory_mib", 262144))
+        cpu = _int(f"{where}.cpu_milli", pool.get("cpu_milli", 64000), 0, (*at, "cpu_milli"))
+        mem = _int(f"{where}.memory_mib", pool.get("memory_mib", 262144), 0, (*at, "memory_mib"))
         model = str(pool.get("model") or name)
         width = len(str(count - 1))
         names = [f"{name}-{i:0{max(2, width)}d}" for i in range(count)]
@@ -165,25 +191,50 @@ def cluster_from_mapping(data: Mapping[str, Any], base: Path | None = None) -> C
         ld = pool.get("link_domain")
         if ld is None:
             continue
+        at = (*at, "link_domain")
         if not isinstance(ld, dict):
-            raise SpecError(f"{where}.link_domain: must be a mapping, got {ld!r}")
+            raise SpecError(f"{where}.link_domain: must be a mapping, got {ld!r}", at)
+        _known(f"{where}.link_domain: ", at, ld, DOMAIN_KEYS)
         try:
             kind = DomainKind(str(ld.get("kind")))
         except ValueError:
             allowed = ", ".join(k.value for k in DomainKind)
-            raise SpecError(f"{where}.link_domain.kind: must be one of {allowed}, got {ld.get('kind')!r}") from None
+            raise SpecError(
+                f"{where}.link_domain.kind: must be one of {allowed}, got {ld.get('kind')!r}", (*at, "kind")
+            ) from None
         dims_raw = ld.get("dims", [count])
         if not isinstance(dims_raw, list) or not dims_raw or len(dims_raw) > 3:
-            raise SpecError(f"{where}.link_domain.dims: must be a list of 1 to 3 integers, got {dims_raw!r}")
-        dims = [_int(f"{where}.link_domain.dims", d, 1) for d in dims_raw]
+            raise SpecError(
+                f"{where}.link_domain.dims: must be a list of 1 to 3 integers, got {dims_raw!r}", (*at, "dims")
+            )
+        dims = [_int(f"{where}.link_domain.dims", d, 1, (*at, "dims")) for d in dims_raw]
         if kind is DomainKind.RING and len(dims) != 1:
-            raise SpecError(f"{where}.link_domain.dims: a ring has one dimension, got {dims}")
+            raise SpecError(f"{where}.link_domain.dims: a ring has one dimension, got {dims}", (*at, "dims"))
         per = reduce(lambda a, b: a * b, dims, 1)
         for di in range(0, count, per):
             members = names[di : di + per]
             dname = f"{name}-d{di // per}"
             domains[dname] = LinkDomain(dname, kind, {n: _coords(dims, k) for k, n in enumerate(members)})
     return ClusterSpec(tuple(nodes), ClusterView(domains), str(data.get("name") or "cluster"))
+
+
+def _line_of(root: yaml.Node | None, at: tuple[str | int, ...]) -> int | None:
+    """1-based line of the key (or list item) at path ``at`` in a composed YAML document, as deep as it goes."""
+    node = root
+    line: int | None = None
+    for step in at:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == step), None)
+            if match is None:
+                break
+            line = match[0].start_mark.line + 1
+            node = match[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+            node = node.value[step]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
 
 
 def builtin_cluster() -> ClusterSpec:
@@ -193,10 +244,15 @@ def builtin_cluster() -> ClusterSpec:
 def load_cluster(path: str | Path) -> ClusterSpec:
     """Read a cluster spec file (YAML or JSON)."""
     p = Path(path)
+    text = p.read_text()
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{p}: expected a mapping with 'pools'")
-    return cluster_from_mapping(data, p.parent)
+    try:
+        return cluster_from_mapping(data, p.parent)
+    except SpecError as exc:
+        line = _line_of(yaml.compose(text, Loader=yaml.SafeLoader), exc.at)
+        raise SpecError(f"{p}:{line or 1}: {exc}", exc.at) from None

@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     )
     demo.add_argument("--out", default="out/demo", help="where the simulator writes its report (default: out/demo)")
     demo.add_argument("--no-tour", action="store_true", help="skip the topology tour, run only the simulator")
+    demo.add_argument("--no-sim", action="store_true", help="run only the topology tour, not the simulator")
     demo.set_defaults(func=_run)
 
 
@@ -32,8 +33,11 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.no_tour:
         print("Part 1: the placement core on built-in topologies (icl topo tour)\n")
-        code = tour(compact=True)
-        if code:
+        # Every topology the summary lists is drawn, the ones where both policies do alike too.
+        code = tour(compact=False)
+        if code or args.no_sim:
             return code
         print("\nPart 2: the placement simulator on its built-in cluster and workloads (icl sim)\n")
+    if args.no_sim:
+        return 0
     return main(["sim", "--out", args.out])

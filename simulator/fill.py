@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from topology.gpushare import FragmentationModel, GpuNodeSpec, NodeState, StateKey, TaskRequest
+from topology.gpushare import FragmentationModel, GpuNodeSpec, NodeState, StateKey, TaskRequest, fits
 from topology.policies import Choice, FracPolicy
 
-__all__ = ["FillResult", "FracCluster", "inflate", "run_fill"]
+__all__ = ["FillResult", "FracCluster", "inflate", "never_fits", "run_fill"]
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -317,3 +317,33 @@ def run_fill(
     if allocated != cluster.allocated_milli:
         raise AssertionError("internal error: allocation bookkeeping drifted")
     return result
+
+
+def never_fits(task: TaskRequest, specs: Sequence[GpuNodeSpec]) -> str:
+    """Why ``task`` fits on no node of ``specs`` even with the cluster empty; ``""`` when some node takes it.
+
+    The reason names what is short: the device model, the device count, CPU or memory
+    (against the largest node that passes the checks before it).
+    """
+    if any(fits(NodeState.of(s), task) for s in specs):
+        return ""
+    what = f"{task.num_gpu} device{'' if task.num_gpu == 1 else 's'}" + (
+        f" of {task.gpu_milli} milli" if task.fractional else ""
+    )
+    models = sorted({s.model or "(none)" for s in specs})
+    same = [s for s in specs if task.allows(s.model)]
+    if not same:
+        return f"asks device model {'|'.join(sorted(task.gpu_spec))}; the cluster's models are {', '.join(models)}"
+    most = max(s.gpus for s in same)
+    if task.num_gpu > most:
+        return f"asks {what}; the largest node{' of its models' if task.gpu_spec else ''} has {most}"
+    same = [s for s in same if s.gpus >= task.num_gpu]
+    cpu = max(s.cpu_milli for s in same)
+    if task.cpu_milli > cpu:
+        return f"asks {task.cpu_milli} milli-CPU; the most a node with {what} has is {cpu}"
+    mem = max(s.memory_mib for s in same)
+    if task.memory_mib > mem:
+        return f"asks {task.memory_mib} MiB of memory; the most a node with {what} has is {mem}"
+    return (
+        f"asks {task.cpu_milli} milli-CPU and {task.memory_mib} MiB with {what}; no single node has all of them at once"
+    )

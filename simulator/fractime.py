@@ -12,10 +12,10 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from simulator.fill import FracCluster, Scorer
+from simulator.fill import FracCluster, Scorer, never_fits
 from simulator.jobs import Job
 from simulator.timesim import FailureRates, _Alloc
-from topology.gpushare import MILLI, GpuNodeSpec, TargetWorkload, TaskRequest, fits
+from topology.gpushare import MILLI, GpuNodeSpec, TargetWorkload, TaskRequest
 from topology.policies import make_policy
 
 __all__ = ["FracBackend", "task_of"]
@@ -40,6 +40,8 @@ class FracBackend:
         self.total = sum(n.gpus for n in self.specs)
         self.down: set[int] = set()
         self.broken: set[tuple[int, int]] = set()
+        self._distinct = list({(n.cpu_milli, n.memory_mib, n.gpus, n.model): n for n in self.specs}.values())
+        self._never: dict[tuple[int, int, int, int, tuple[str, ...]], str] = {}
 
     def busy(self) -> float:
         used = self.cluster.allocated_milli - MILLI * len(self.broken)
@@ -51,9 +53,10 @@ class FracBackend:
 
     def precheck(self, job: Job) -> str:
         task = task_of(job)
-        if not any(fits(s, task) for s in self.cluster.states):
-            return "fits on no node of the cluster even when it is empty"
-        return ""
+        why = self._never.get(task.key)
+        if why is None:
+            why = self._never[task.key] = never_fits(task, self._distinct)
+        return why + (" (per gang member)" if why and job.gang > 1 else "")
 
     def place(self, job: Job) -> tuple[_Alloc, bool | None] | None:
         task = task_of(job)

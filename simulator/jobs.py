@@ -25,13 +25,14 @@ gpu_spec        (any)     allowed device models joined by ``|``
 from __future__ import annotations
 
 import csv
+import difflib
 import json
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["JOB_FIELDS", "Job", "JobFormatError", "read_jobs", "synthetic_jobs", "write_jobs_csv"]
+__all__ = ["JOB_FIELDS", "Job", "JobFormatError", "read_jobs", "synthetic_jobs", "unknown_name", "write_jobs_csv"]
 
 JOB_FIELDS = ("id", "submit", "duration", "count", "shape", "gang", "queue", "cpu", "memory", "gpu_milli", "gpu_spec")
 
@@ -79,35 +80,48 @@ class Job:
         return self.count * self.gang * self.gpu_milli
 
 
-def _num(where: str, rec: Mapping[str, object], name: str, default: float | None = None) -> float:
+def unknown_name(what: str, name: str, allowed: Sequence[str]) -> str:
+    """``unknown column 'shap'; allowed: ...; did you mean 'shape'?`` (the hint only when one is close)."""
+    close = difflib.get_close_matches(name, allowed, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {what} {name!r}; allowed: {', '.join(allowed)}{hint}"
+
+
+def _num(rec: Mapping[str, object], name: str, default: float | None = None) -> float:
     raw = rec.get(name)
     if raw is None or raw == "":
         if default is None:
-            raise JobFormatError(f"{where}: field {name!r} is missing")
+            raise JobFormatError(f"field {name!r} is missing")
         return default
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise JobFormatError(f"{where}: field {name!r} must be a number, got {raw!r}")
+        raise JobFormatError(f"field {name!r} must be a number, got {raw!r}")
     try:
         return float(raw)
     except ValueError:
-        raise JobFormatError(f"{where}: field {name!r} must be a number, got {raw!r}") from None
+        raise JobFormatError(f"field {name!r} must be a number, got {raw!r}") from None
 
 
 def _job(where: str, index: int, rec: Mapping[str, object]) -> Job:
+    """One job of a record; every error is raised once, prefixed with ``where`` (file and row)."""
+    for key in rec:
+        if key is None:  # csv.DictReader files cells beyond the header under None
+            raise JobFormatError(f"{where}: more cells than the header has columns")
+        if key not in JOB_FIELDS:
+            raise JobFormatError(f"{where}: {unknown_name('field', str(key), JOB_FIELDS)}")
     spec_raw = rec.get("gpu_spec") or ""
     spec = frozenset(s for s in str(spec_raw).split("|") if s)
     try:
         return Job(
             id=str(rec.get("id") or f"job-{index}"),
-            submit=_num(where, rec, "submit"),
-            duration=_num(where, rec, "duration"),
-            count=int(_num(where, rec, "count")),
+            submit=_num(rec, "submit"),
+            duration=_num(rec, "duration"),
+            count=int(_num(rec, "count")),
             shape=str(rec.get("shape") or "any"),
-            gang=int(_num(where, rec, "gang", 1)),
+            gang=int(_num(rec, "gang", 1)),
             queue=str(rec.get("queue") or "default"),
-            cpu_milli=int(_num(where, rec, "cpu", 0)),
-            memory_mib=int(_num(where, rec, "memory", 0)),
-            gpu_milli=int(_num(where, rec, "gpu_milli", 1000)),
+            cpu_milli=int(_num(rec, "cpu", 0)),
+            memory_mib=int(_num(rec, "memory", 0)),
+            gpu_milli=int(_num(rec, "gpu_milli", 1000)),
             gpu_spec=spec,
         )
     except JobFormatError as exc:
@@ -124,6 +138,9 @@ def read_jobs(path: str | Path) -> list[Job]:
         except json.JSONDecodeError as exc:
             raise JobFormatError(f"{p}: not valid JSON: {exc}") from None
         if isinstance(data, dict):
+            for key in data:
+                if key != "jobs":
+                    raise JobFormatError(f"{p}: {unknown_name('top-level key', str(key), ['jobs'])}")
             data = data.get("jobs")
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise JobFormatError(f"{p}: expected a list of job objects or {{'jobs': [...]}}")
@@ -132,12 +149,23 @@ def read_jobs(path: str | Path) -> list[Job]:
     else:
         with p.open(newline="") as fh:
             reader = csv.DictReader(fh)
-            missing = [c for c in ("submit", "duration", "count") if c not in (reader.fieldnames or [])]
+            header = list(reader.fieldnames or [])
+            for k, column in enumerate(header):
+                if column not in JOB_FIELDS:
+                    raise JobFormatError(f"{p}:1: {unknown_name('column', column, JOB_FIELDS)}")
+                if column in header[:k]:
+                    raise JobFormatError(f"{p}:1: column {column!r} appears twice")
+            missing = [c for c in ("submit", "duration", "count") if c not in header]
             if missing:
-                raise JobFormatError(f"{p}: missing column(s) {', '.join(missing)}")
-            jobs = [_job(f"{p}:{row}", row - 2, rec) for row, rec in enumerate(reader, start=2)]
+                raise JobFormatError(f"{p}:1: missing column(s) {', '.join(missing)}")
+            jobs = [_job(f"{p}:{reader.line_num}", i, rec) for i, rec in enumerate(reader)]
     if not jobs:
         raise JobFormatError(f"{p}: no jobs")
+    seen: set[str] = set()
+    for j in jobs:
+        if j.id in seen:
+            raise JobFormatError(f"{p}: job id {j.id!r} appears more than once; ids must be unique")
+        seen.add(j.id)
     return sorted(jobs, key=lambda j: (j.submit, j.id))
 
 

@@ -16,10 +16,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator.jobs import Job
+from simulator.jobs import Job, unknown_name
 from topology.gpushare import GpuNodeSpec, TaskRequest
 
-__all__ = ["OpenbPod", "TraceError", "jobs_from_pods", "read_nodes", "read_pods"]
+__all__ = ["NODE_COLUMNS", "POD_COLUMNS", "OpenbPod", "TraceError", "jobs_from_pods", "read_nodes", "read_pods"]
+
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+"""Columns of an openb node list (every file of the trace has all of them)."""
+POD_COLUMNS = (
+    "name",
+    "cpu_milli",
+    "memory_mib",
+    "num_gpu",
+    "gpu_milli",
+    "gpu_spec",
+    "qos",
+    "pod_phase",
+    "creation_time",
+    "deletion_time",
+    "scheduled_time",
+)
+"""Columns of an openb pod list; ``pod_phase`` and ``scheduled_time`` are read past (the replay decides those)."""
 
 
 class TraceError(ValueError):
@@ -47,10 +64,13 @@ def _int(path: Path, row: int, record: dict[str, str], column: str, default: int
         raise TraceError(f"{path}:{row}: column {column!r} is not a number: {raw!r}") from None
 
 
-def _require(path: Path, header: Sequence[str] | None, columns: tuple[str, ...]) -> None:
+def _require(path: Path, header: Sequence[str] | None, columns: tuple[str, ...], allowed: tuple[str, ...]) -> None:
+    for column in header or []:
+        if column not in allowed:
+            raise TraceError(f"{path}:1: {unknown_name('column', column, allowed)}")
     missing = [c for c in columns if c not in (header or [])]
     if missing:
-        raise TraceError(f"{path}: missing column(s) {', '.join(missing)}; header is {header}")
+        raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)}; header is {header}")
 
 
 def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[GpuNodeSpec]:
@@ -58,9 +78,10 @@ def read_nodes(path: str | Path, *, gpu_only: bool = True) -> list[GpuNodeSpec]:
     p = Path(path)
     with p.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        _require(p, reader.fieldnames, ("sn", "cpu_milli", "memory_mib", "gpu"))
+        _require(p, reader.fieldnames, ("sn", "cpu_milli", "memory_mib", "gpu"), NODE_COLUMNS)
         nodes: list[GpuNodeSpec] = []
-        for row, rec in enumerate(reader, start=2):
+        for rec in reader:
+            row = reader.line_num
             gpus = _int(p, row, rec, "gpu", 0)
             if gpu_only and gpus == 0:
                 continue
@@ -84,8 +105,9 @@ def read_pods(path: str | Path) -> list[OpenbPod]:
     pods: list[OpenbPod] = []
     with p.open(newline="") as fh:
         reader = csv.DictReader(fh)
-        _require(p, reader.fieldnames, ("cpu_milli", "num_gpu", "gpu_milli"))
-        for row, rec in enumerate(reader, start=2):
+        _require(p, reader.fieldnames, ("cpu_milli", "num_gpu", "gpu_milli"), POD_COLUMNS)
+        for rec in reader:
+            row = reader.line_num
             num_gpu = _int(p, row, rec, "num_gpu", 0)
             milli = _int(p, row, rec, "gpu_milli", 0) if num_gpu else 0
             spec = frozenset(s for s in (rec.get("gpu_spec") or "").split("|") if s)
@@ -103,10 +125,10 @@ def read_pods(path: str | Path) -> list[OpenbPod]:
             deleted = (rec.get("deletion_time") or "").strip()
             pods.append(
                 OpenbPod(
-                    name=rec.get("name") or f"pod-{row - 2}",
+                    name=rec.get("name") or f"pod-{len(pods)}",
                     task=task,
-                    creation_time=int(float(created)) if created else None,
-                    deletion_time=int(float(deleted)) if deleted else None,
+                    creation_time=_int(p, row, rec, "creation_time") if created else None,
+                    deletion_time=_int(p, row, rec, "deletion_time") if deleted else None,
                     qos=(rec.get("qos") or "").strip(),
                 )
             )

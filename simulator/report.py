@@ -15,8 +15,9 @@ import json
 import math
 import statistics
 import sys
+import textwrap
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -28,29 +29,63 @@ __all__ = ["FillSummary", "Progress", "Report", "format_table", "summarise_fill"
 
 
 class Progress:
-    """A progress bar on stderr that shows itself only once a run has taken ``after`` seconds."""
+    """Progress of a long run on stderr, shown only once the run has taken ``after`` seconds.
 
-    def __init__(self, label: str, *, stream: TextIO | None = None, after: float = 2.0, enabled: bool = True) -> None:
+    On a terminal it redraws one bar in place (``\\r`` frames). Anywhere else (a log file,
+    a pipe, CI) it writes plain lines instead, one when the run crosses another tenth of its
+    work or ``every`` seconds after the last line, and one at the end.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        *,
+        stream: TextIO | None = None,
+        after: float = 2.0,
+        every: float = 10.0,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.after = after
+        self.every = every
         self.enabled = enabled
-        self.start = time.monotonic()
+        self.clock = clock
+        self.start = clock()
         self.shown = False
+        self.finished = False
+        try:
+            self.tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            self.tty = False
+        self._tenth = -1
+        self._last_line = -math.inf
 
     def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total <= 0:
+        if not self.enabled or total <= 0 or self.finished:
             return
-        elapsed = time.monotonic() - self.start
+        now = self.clock()
+        elapsed = now - self.start
         if elapsed < self.after and not self.shown:
             return
         self.shown = True
-        width = 30
         frac = min(1.0, done / total)
-        bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
-        self.stream.write(f"\r{self.label:<28} [{bar}] {100 * frac:5.1f}% {elapsed:6.1f}s")
-        if done >= total:
-            self.stream.write("\n")
+        end = done >= total
+        if self.tty:
+            width = 30
+            bar = "#" * int(width * frac) + "-" * (width - int(width * frac))
+            self.stream.write(f"\r{self.label:<28} [{bar}] {100 * frac:5.1f}% {elapsed:6.1f}s")
+            if end:
+                self.stream.write("\n")
+        else:
+            tenth = int(10 * frac)
+            if not end and tenth <= self._tenth and now - self._last_line < self.every:
+                return
+            self._tenth = tenth
+            self._last_line = now
+            self.stream.write(f"{self.label}: {done}/{total} ({100 * frac:.0f}%) {elapsed:.1f}s\n")
+        self.finished = end
         self.stream.flush()
 
 
@@ -175,12 +210,29 @@ class Report:
     time_results: dict[str, TimeResult] = field(default_factory=dict)
     time_summaries: dict[str, TimeSummary] = field(default_factory=dict)
     images: list[tuple[str, str]] = field(default_factory=list)
+    command: str = ""
+    """The command line that produced the report (shown in the HTML and metrics.json)."""
+    version: str = ""
+    """The kube-icl version that produced it."""
+    fill_tasks: int = 0
+    """Tasks in the fill workload before inflation."""
+    fill_never: list[tuple[str, str]] = field(default_factory=list)
+    """(task, reason) for every fill task that fits on no node even with the cluster empty."""
+    show_max: int = 5
+    """How many never-placed jobs or tasks the tables list by name."""
+
+    def fill_columns(self) -> tuple[tuple[str, str], ...]:
+        """The fill table's columns; ``published`` only where a published figure applies to these inputs."""
+        if self.fill_published:
+            return FILL_COLUMNS
+        return tuple(c for c in FILL_COLUMNS if c[0] != "published")
 
     def fill_rows(self) -> list[dict[str, object]]:
         rows: list[dict[str, object]] = []
         for results in self.fill.values():
             row: dict[str, object] = dict(summarise_fill(results).as_dict())
-            row["published"] = self.fill_published.get(results[0].policy, math.nan)
+            if self.fill_published:
+                row["published"] = self.fill_published.get(results[0].policy, math.nan)
             rows.append(row)
         return rows
 
@@ -189,16 +241,57 @@ class Report:
 
     def tables(self) -> str:
         parts: list[str] = []
+        if self.notes:
+            parts.append(
+                "Inputs\n"
+                + "\n".join(textwrap.fill(n, 110, initial_indent="  ", subsequent_indent="    ") for n in self.notes)
+            )
         if self.fill:
             parts.append("Fill mode (FGD experiment): unallocated devices when arrived demand reaches 100% of capacity")
-            parts.append(format_table(self.fill_rows(), FILL_COLUMNS))
+            parts.append(format_table(self.fill_rows(), self.fill_columns()))
         if self.time_summaries:
             parts.append("Time mode: jobs, queues, gangs, failures")
             parts.append(format_table(self.time_rows(), TIME_COLUMNS))
+        never = self.never_placed()
+        if never:
+            parts.append("Never placed\n" + "\n".join(f"  {line}" for line in never))
         lines = self.highlights()
         if lines:
             parts.append("Highlights\n" + "\n".join(f"  * {line}" for line in lines))
         return "\n\n".join(parts)
+
+    def never_placed(self) -> list[str]:
+        """Jobs and tasks that can never run on the cluster: how many, and the first few with the reason.
+
+        Time-mode policies that reject the same jobs for the same reasons share one entry.
+        """
+        out: list[str] = []
+        if self.fill_never:
+            out.append(
+                f"fill: {len(self.fill_never)} of {self.fill_tasks} tasks fit on no node even with the cluster "
+                "empty; they count in the arrived demand and are always dropped:"
+            )
+            out.extend(self._first(self.fill_never))
+        groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
+        totals: dict[tuple[tuple[str, str], ...], int] = {}
+        for name, res in self.time_results.items():
+            rejected = tuple((r.job.id, r.rejected) for r in res.records if r.rejected)
+            if rejected:
+                groups.setdefault(rejected, []).append(name)
+                totals[rejected] = len(res.records)
+        for rejected, names in groups.items():
+            out.append(
+                f"time ({', '.join(names)}): {len(rejected)} of {totals[rejected]} jobs can never run on this "
+                "cluster; they are not queued (time_jobs.csv, column rejected):"
+            )
+            out.extend(self._first(rejected))
+        return out
+
+    def _first(self, items: Sequence[tuple[str, str]]) -> list[str]:
+        lines = [f"  {name}: {why}" for name, why in items[: self.show_max]]
+        if len(items) > self.show_max:
+            lines.append(f"  ... and {len(items) - self.show_max} more")
+        return lines
 
     def highlights(self) -> list[str]:
         """One-line comparisons of kube-icl against the baselines, where both ran."""
@@ -238,7 +331,13 @@ class Report:
     def write_data(self) -> list[Path]:
         self.out.mkdir(parents=True, exist_ok=True)
         written: list[Path] = []
-        payload: dict[str, Any] = {"title": self.title, "notes": self.notes}
+        payload: dict[str, Any] = {
+            "title": self.title,
+            "command": self.command,
+            "version": self.version,
+            "notes": self.notes,
+            "never_placed": self.never_placed(),
+        }
         if self.fill:
             rows = self.fill_rows()
             written.append(self._csv("fill_summary.csv", rows))
@@ -369,7 +468,8 @@ class Report:
                 if isinstance(pub, float) and not math.isnan(pub):
                     ax.plot([i - 0.4, i + 0.4], [pub, pub], color="black", lw=2)
             ax.set_ylabel("unallocated devices at 100% demand, %")
-            ax.set_title("Unallocated devices (bars: mean ± sd over seeds; black: published)")
+            published = "; black: published" if self.fill_published else ""
+            ax.set_title(f"Unallocated devices (bars: mean ± sd over seeds{published})")
             ax.grid(alpha=0.3, axis="y")
             save(fig, "fill_unallocated.png", "Unallocated devices at 100% arrived demand per policy.")
 
@@ -440,15 +540,20 @@ class Report:
             "td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}"
             "figcaption{font-size:13px;color:#555;margin-bottom:1.5em}</style></head><body>",
             f"<h1>{html.escape(self.title)}</h1>",
+            f"<p>Command: <code>{html.escape(self.command or '(not recorded)')}</code><br>"
+            f"kube-icl {html.escape(self.version or 'version unknown')}</p>",
         ]
         for note in self.notes:
             parts.append(f"<p>{html.escape(note)}</p>")
         if self.fill:
             parts.append("<h2>Fill mode</h2>")
-            parts.append(_html_table(self.fill_rows(), FILL_COLUMNS))
+            parts.append(_html_table(self.fill_rows(), self.fill_columns()))
         if self.time_summaries:
             parts.append("<h2>Time mode</h2>")
             parts.append(_html_table(self.time_rows(), TIME_COLUMNS))
+        never = self.never_placed()
+        if never:
+            parts.append("<h2>Never placed</h2><pre>" + html.escape("\n".join(never)) + "</pre>")
         lines = self.highlights()
         if lines:
             parts.append("<h2>Highlights</h2><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>")

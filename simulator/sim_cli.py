@@ -9,8 +9,12 @@ hybrid cube-mesh) in three link domains with ring, mesh and gang jobs.
 from __future__ import annotations
 
 import argparse
+import difflib
+import hashlib
 import logging
+import shlex
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +31,18 @@ log = logging.getLogger("icl.sim")
 PUBLISHED_DEFAULT = {"random": 13.70, "bestfit": 7.14, "fgd": 4.77}
 """FGD paper, openb_pod_list_default.csv, mean of seeds 42-51: unallocated GPU % at 100% demand."""
 
+PUBLISHED_SEEDS = list(range(42, 52))
+PUBLISHED_INFLATION = 1.3
+PUBLISHED_NODES_SHA256 = "c332acb69e0998bb2d230a236f3adfbd66023f5725d280d9619fab55b7e2190b"
+"""Digest of the published node list as read (CPU, memory, GPUs, model per node, in file order; not the names)."""
+PUBLISHED_TASKS_SHA256 = "3e5f0add7d8d750eef0881a5954653ab196b16fec10be03171e2d9f14fa14e07"
+"""Digest of openb_pod_list_default.csv's tasks as read (``TaskRequest.key`` per pod, in file order)."""
+
+
+class UsageError(ValueError):
+    """Options or inputs that do not make a run; ``icl sim`` exits 2 with the message."""
+
+
 EPILOG = """\
 examples:
   icl sim                                     built-in cluster and workloads, both modes
@@ -39,12 +55,46 @@ examples:
   icl sim --mode time --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv
                                               replay openb pods by creation/deletion time
 
+inputs:   a cluster (--nodes or --cluster; neither: the mode's built-in one) and a workload
+          (--pods or --trace; neither: synthetic); --pods needs --nodes or --cluster.
 policies: fill mode: random, spread (stock LeastAllocated), bestfit, fgd, icl;
           time mode on topology nodes: kubelet (stock), icl, icl-binpack;
-          time mode on fractional devices: share:random, share:spread, share:bestfit, share:fgd, share:icl.
+          time mode on fractional devices: share:random, share:spread, share:bestfit, share:fgd, share:icl
+          (the only ones with --nodes).
 outputs (in --out): fill_summary.csv, fill_runs.csv, time_summary.csv, time_jobs.csv,
           metrics.json, *.png and report.html (self-contained).
 """
+
+
+def _checked(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse ``type`` that validates the text with ``parse`` and keeps the text (to echo the command)."""
+
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
+
+    check.__name__ = getattr(parse, "__name__", "value").lstrip("_")
+    return check
+
+
+def _number(kind: type[int] | type[float], low: float, *, strict: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: an int or float ``>= low`` (``> low`` when ``strict``)."""
+
+    def convert(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            expected = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < low or (strict and value == low) or value != value:
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text!r}")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -67,64 +117,127 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     p.add_argument(
         "--pods",
         metavar="CSV",
-        help="openb pod list, e.g. openb_pod_list_default.csv (time mode: replayed by creation/deletion time)",
+        help="openb pod list, e.g. openb_pod_list_default.csv, with --nodes or --cluster "
+        "(time mode: replayed by creation/deletion time)",
     )
     p.add_argument("--trace", metavar="FILE", help="generic job file, CSV or JSON (see docs/simulator.md)")
-    p.add_argument("--jobs", type=int, default=1500, metavar="N", help="synthetic jobs in time mode (default 1500)")
-    p.add_argument("--tasks", type=int, default=2000, metavar="N", help="synthetic tasks in fill mode (default 2000)")
+    p.add_argument(
+        "--jobs", type=_number(int, 1), default=1500, metavar="N", help="synthetic jobs in time mode (default 1500)"
+    )
+    p.add_argument(
+        "--tasks", type=_number(int, 1), default=2000, metavar="N", help="synthetic tasks in fill mode (default 2000)"
+    )
     p.add_argument("--policies", metavar="LIST", help="comma-separated policies (default: all of the mode)")
-    p.add_argument("--seeds", default=None, metavar="A-B|A,B", help="fill seeds (default 1-3; 42-51 for openb)")
+    p.add_argument(
+        "--seeds",
+        type=_checked(_seeds),
+        default=None,
+        metavar="A-B|A,B",
+        help="fill seeds (default 1-3; 42-51 for openb)",
+    )
     p.add_argument("--seed", type=int, default=1, help="time-mode seed (workload and failures), default 1")
-    p.add_argument("--inflation", type=float, default=1.3, help="fill: demand goal, x capacity (default 1.3)")
+    p.add_argument(
+        "--inflation", type=_number(float, 1.0), default=1.3, help="fill: demand goal, x capacity (default 1.3)"
+    )
     p.add_argument(
         "--failures",
+        type=_checked(_failure_rates),
         default=None,
         metavar="device=R,link=R,node=R",
         help="time: failures per item per hour (default on built-in runs: device=0.0005,link=0.0002,node=0.0002)",
     )
-    p.add_argument("--repair", type=float, default=1800.0, metavar="S", help="time: seconds a failed item is down")
-    p.add_argument("--weights", metavar="Q=W,...", help="time: fair-share weights per queue (default 1 each)")
-    p.add_argument("--backfill", type=int, default=8, help="time: jobs tried per queue per pass (default 8)")
+    p.add_argument(
+        "--repair",
+        type=_number(float, 0.0, strict=True),
+        default=1800.0,
+        metavar="S",
+        help="time: seconds a failed item is down",
+    )
+    p.add_argument(
+        "--weights",
+        type=_checked(_weights),
+        metavar="Q=W,...",
+        help="time: fair-share weights per queue (default 1 each)",
+    )
+    p.add_argument(
+        "--backfill", type=_number(int, 1), default=8, help="time: jobs tried per queue per pass (default 8)"
+    )
     p.add_argument(
         "--invalid-slowdown",
-        type=float,
+        type=_number(float, 1.0),
         default=1.0,
         metavar="X",
         help="time: a job on devices that do not form its shape runs X times longer (default 1: no penalty)",
     )
-    p.add_argument("--interarrival", type=float, default=120.0, metavar="S", help="time: synthetic mean gap, s")
+    p.add_argument(
+        "--interarrival",
+        type=_number(float, 0.0, strict=True),
+        default=120.0,
+        metavar="S",
+        help="time: synthetic mean gap, s",
+    )
     p.add_argument("--out", default="icl-sim-report", metavar="DIR", help="output folder (default ./icl-sim-report)")
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and the HTML report")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, sim_parser=p)
 
 
 def _seeds(text: str) -> list[int]:
+    """``A-B`` (inclusive) or ``A,B,...``."""
     try:
-        if "-" in text:
+        if "-" in text.strip().lstrip("-"):
             a, b = text.split("-", 1)
             lo, hi = int(a), int(b)
             if hi < lo:
                 raise ValueError
             return list(range(lo, hi + 1))
-        return [int(s) for s in text.split(",") if s.strip()]
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+        if not seeds:
+            raise ValueError
+        return seeds
     except ValueError:
-        raise SystemExit(f"icl sim: --seeds: expected A-B or A,B,..., got {text!r}") from None
+        raise ValueError(f"expected A-B or A,B,... (integers, A <= B), got {text!r}") from None
 
 
-def _pairs(flag: str, text: str) -> dict[str, float]:
+def _pairs(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for part in text.split(","):
         if not part.strip():
             continue
         key, sep, value = part.partition("=")
         try:
-            if not sep:
+            if not sep or not key.strip():
                 raise ValueError
-            out[key.strip()] = float(value)
+            number = float(value)
         except ValueError:
-            raise SystemExit(f"icl sim: {flag}: expected NAME=NUMBER,..., got {part!r}") from None
+            raise ValueError(f"expected NAME=NUMBER,..., got {part!r}") from None
+        if key.strip() in out:
+            raise ValueError(f"{key.strip()!r} is given twice")
+        out[key.strip()] = number
+    if not out:
+        raise ValueError(f"expected NAME=NUMBER,..., got {text!r}")
     return out
+
+
+def _failure_rates(text: str) -> dict[str, float]:
+    rates = _pairs(text)
+    allowed = ("device", "link", "node")
+    for key, rate in rates.items():
+        if key not in allowed:
+            from simulator.jobs import unknown_name
+
+            raise ValueError(unknown_name("item", key, allowed))
+        if not rate >= 0:
+            raise ValueError(f"{key}: a rate must be >= 0, got {rate}")
+    return rates
+
+
+def _weights(text: str) -> dict[str, float]:
+    weights = _pairs(text)
+    for key, w in weights.items():
+        if not w > 0:
+            raise ValueError(f"{key}: a weight must be > 0, got {w}")
+    return weights
 
 
 def _failures(text: str | None, repair: float, builtin: bool) -> FailureRates:
@@ -134,21 +247,109 @@ def _failures(text: str | None, repair: float, builtin: bool) -> FailureRates:
         if builtin:
             return FailureRates(0.0005, 0.0002, 0.0002, repair)
         return FailureRates(repair_s=repair)
-    rates = _pairs("--failures", text)
-    unknown = set(rates) - {"device", "link", "node"}
-    if unknown:
-        raise SystemExit(f"icl sim: --failures: unknown item(s) {sorted(unknown)}; allowed: device, link, node")
+    rates = _failure_rates(text)
     return FailureRates(rates.get("device", 0.0), rates.get("link", 0.0), rates.get("node", 0.0), repair)
 
 
-def _tasks_of_jobs(jobs: list[Job]) -> list[TaskRequest]:
+def _tasks_of_jobs(jobs: list[Job]) -> list[tuple[str, TaskRequest]]:
+    """(name, task) per gang member; members of a gang are ``id#0``, ``id#1``, ..."""
     from topology.gpushare import TaskRequest
 
-    out: list[TaskRequest] = []
+    out: list[tuple[str, TaskRequest]] = []
     for j in jobs:
         t = TaskRequest(j.cpu_milli, j.memory_mib, j.count, j.gpu_milli if j.count else 0, j.gpu_spec)
-        out.extend([t] * j.gang)
+        out.extend((j.id if j.gang == 1 else f"{j.id}#{k}", t) for k in range(j.gang))
     return out
+
+
+def _digest(items: Iterable[object]) -> str:
+    h = hashlib.sha256()
+    for item in items:
+        h.update(repr(item).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def is_published_experiment(nodes: Sequence[GpuNodeSpec], tasks: Sequence[TaskRequest]) -> bool:
+    """Whether ``nodes`` and ``tasks`` are the FGD paper's inputs (openb GPU nodes, default pod list), by content."""
+    return (
+        len(nodes) == 1213
+        and len(tasks) == 8152
+        and _digest((n.cpu_milli, n.memory_mib, n.gpus, n.model) for n in nodes) == PUBLISHED_NODES_SHA256
+        and _digest(t.key for t in tasks) == PUBLISHED_TASKS_SHA256
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kube-icl")
+    except PackageNotFoundError:
+        return "unknown (package not installed)"
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``icl sim`` command that reproduces this run: every option that differs from its default."""
+    parser: argparse.ArgumentParser | None = getattr(args, "sim_parser", None)
+    words = ["icl", "sim"]
+    if parser is None:
+        return " ".join(words)
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        value = getattr(args, action.dest, None)
+        if value == action.default or value is None:
+            continue
+        flag = action.option_strings[-1]
+        if isinstance(action, argparse._StoreTrueAction):
+            words.append(flag)
+        else:
+            words += [flag, str(value)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _mode(args: argparse.Namespace) -> str:
+    if args.mode is not None:
+        return str(args.mode)
+    fill_inputs = bool(args.nodes or args.pods)
+    time_inputs = bool(args.trace or args.cluster)
+    if fill_inputs and not time_inputs:
+        return "fill"
+    if time_inputs and not fill_inputs:
+        return "time"
+    return "both"
+
+
+def _check_inputs(args: argparse.Namespace, mode: str) -> None:
+    """Combinations of inputs that a run would otherwise ignore or fill in silently."""
+    if args.nodes and args.cluster:
+        raise UsageError("--nodes and --cluster both give the cluster; give one of them")
+    if args.pods and args.trace:
+        raise UsageError("--pods and --trace both give the workload; give one of them")
+    if args.pods and not (args.nodes or args.cluster):
+        raise UsageError(
+            f"--pods {args.pods}: give the cluster to run it on: --nodes CSV (an openb node list, e.g. "
+            "openb_node_list_gpu_node.csv, the trace's own cluster) or --cluster YAML"
+        )
+    if args.policies and mode == "both":
+        raise UsageError("--policies: fill and time mode have different policies; add --mode fill or --mode time")
+
+
+def _policy_names(args: argparse.Namespace, allowed: Sequence[str], default: Sequence[str], why: str = "") -> list[str]:
+    if not args.policies:
+        return list(default)
+    names = [s.strip() for s in args.policies.split(",") if s.strip()]
+    if not names:
+        raise UsageError(f"--policies: no policy in {args.policies!r}; allowed: {', '.join(allowed)}")
+    for k, name in enumerate(names):
+        if name not in allowed:
+            close = difflib.get_close_matches(name, allowed, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"--policies: unknown policy {name!r}{why}; allowed: {', '.join(allowed)}{hint}")
+        if name in names[:k]:
+            raise UsageError(f"--policies: {name!r} is listed twice")
+    return names
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,13 +366,10 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
     out = Path(args.out)
-    report = Report(out)
-    mode = args.mode
-    fill_inputs = bool(args.nodes or args.pods) and args.mode != "time"
-    time_inputs = bool(args.trace or args.cluster)
-    if mode is None:
-        mode = "fill" if fill_inputs and not time_inputs else "time" if time_inputs and not fill_inputs else "both"
+    mode = _mode(args)
+    report = Report(out, command=command_line(args), version=_version())
     try:
+        _check_inputs(args, mode)
         if mode in ("fill", "both"):
             _run_fill(args, report)
         if mode in ("time", "both"):
@@ -184,12 +382,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_plots:
         written += report.write_plots()
         written.append(report.write_html())
-    print(f"\nwrote {len(written)} files to {out}/ ; open {out / 'report.html'}" if not args.no_plots else "")
+        print(f"\nwrote {len(written)} files to {out}/ ; open {out / 'report.html'}")
+    else:
+        print(f"\nwrote {len(written)} files to {out}/")
     return 0
 
 
 def _run_fill(args: argparse.Namespace, report: Report) -> None:
-    from simulator.fill import run_fill
+    from simulator.fill import never_fits, run_fill
     from simulator.report import Progress
     from topology.gpushare import FragmentationModel, TargetWorkload
     from topology.policies import FracPolicyName, make_policy
@@ -209,29 +409,27 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
         from simulator.fracgen import builtin_frac_cluster
 
         nodes = builtin_frac_cluster()
-        where = "built-in 200-node cluster"
+        where = "the built-in 200-node cluster (no --nodes or --cluster)"
+    named: list[tuple[str, TaskRequest]]
     if args.pods:
         from simulator.openb import read_pods
 
-        tasks = [p.task for p in read_pods(args.pods)]
+        named = [(p.name, p.task) for p in read_pods(args.pods)]
         what = Path(args.pods).name
     elif args.trace:
         from simulator.jobs import read_jobs
 
-        tasks = _tasks_of_jobs(read_jobs(args.trace))
+        named = _tasks_of_jobs(read_jobs(args.trace))
         what = Path(args.trace).name
     else:
         from simulator.fracgen import synthetic_tasks
 
-        tasks = synthetic_tasks(args.tasks, 7)
-        what = f"{len(tasks)} synthetic tasks"
-    is_openb_default = bool(args.pods) and Path(args.pods).name == "openb_pod_list_default.csv"
-    seeds = _seeds(args.seeds) if args.seeds else (list(range(42, 52)) if args.pods else [1, 2, 3])
-    names = (
-        [s.strip() for s in args.policies.split(",") if s.strip()]
-        if args.policies
-        else [p.value for p in FracPolicyName]
-    )
+        named = [(f"task-{i}", t) for i, t in enumerate(synthetic_tasks(args.tasks, 7))]
+        what = f"{len(named)} synthetic tasks (no --pods or --trace)"
+    tasks = [t for _, t in named]
+    published = bool(args.pods) and bool(args.nodes) and is_published_experiment(nodes, tasks)
+    seeds = _seeds(args.seeds) if args.seeds else (list(PUBLISHED_SEEDS) if args.pods else [1, 2, 3])
+    names = _policy_names(args, [p.value for p in FracPolicyName], [p.value for p in FracPolicyName])
     workload = TargetWorkload.from_tasks(tasks)
     policies = [make_policy(n, nodes, workload) for n in names]
     frag = FragmentationModel(workload)
@@ -240,8 +438,25 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
         f"Fill: {where} ({len(nodes)} nodes, {capacity} devices), workload {what}, seeds {seeds[0]}..{seeds[-1]}, "
         f"demand inflated to {args.inflation:.0%} of capacity."
     )
-    if is_openb_default:
+    if published and seeds == PUBLISHED_SEEDS and args.inflation == PUBLISHED_INFLATION:
         report.fill_published = dict(PUBLISHED_DEFAULT)
+        report.notes.append(
+            "These are the FGD paper's inputs, seeds and inflation: the published column is the paper's figure."
+        )
+    elif published:
+        report.notes.append(
+            "These are the FGD paper's inputs, but its published figures are means over seeds 42-51 at 130% "
+            "inflation; with other seeds or inflation they are not compared."
+        )
+    reasons: dict[tuple[int, int, int, int, tuple[str, ...]], str] = {}
+    distinct = list({(n.cpu_milli, n.memory_mib, n.gpus, n.model): n for n in nodes}.values())
+    for name, task in named:
+        why = reasons.get(task.key)
+        if why is None:
+            why = reasons[task.key] = never_fits(task, distinct)
+        if why:
+            report.fill_never.append((name, why))
+    report.fill_tasks = len(named)
     bar = Progress(f"fill x{len(policies) * len(seeds)}", enabled=not args.no_progress)
     total = len(policies) * len(seeds)
     k = 0
@@ -257,37 +472,47 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
 
 def _run_time(args: argparse.Namespace, report: Report) -> None:
     from simulator.clusterspec import ClusterSpec, builtin_cluster, load_cluster
-    from simulator.jobs import read_jobs, synthetic_jobs
+    from simulator.jobs import read_jobs, synthetic_jobs, unknown_name
     from simulator.report import Progress
-    from simulator.timesim import TimePolicy, run_time, summarise
+    from simulator.timesim import SHARE_POLICIES, TIME_POLICIES, TimePolicy, run_time, summarise
 
     cluster: ClusterSpec | list[GpuNodeSpec]
-    if args.pods:
-        from simulator.openb import jobs_from_pods, read_nodes, read_pods
+    if args.nodes:
+        from simulator.openb import read_nodes
 
-        if not args.nodes:
-            raise ValueError("--pods in time mode needs --nodes (the openb node list)")
         cluster = read_nodes(args.nodes)
+        where = f"{Path(args.nodes).name} ({len(cluster)} nodes, {sum(n.gpus for n in cluster)} devices)"
+    elif args.cluster:
+        cluster = load_cluster(args.cluster)
+        where = f"{Path(args.cluster).name}: {cluster.describe()}"
+    else:
+        cluster = builtin_cluster()
+        where = f"the built-in cluster (no --cluster): {cluster.describe()}"
+    jobs: list[Job]
+    if args.pods:
+        from simulator.openb import jobs_from_pods, read_pods
+
         jobs = jobs_from_pods(read_pods(args.pods))
         what = f"{Path(args.pods).name} (creation/deletion times; queues by QoS)"
-        where = f"{Path(args.nodes).name} ({len(cluster)} nodes, {sum(n.gpus for n in cluster)} devices)"
-        default = ["share:random", "share:bestfit", "share:fgd", "share:icl"]
+    elif args.trace:
+        jobs = read_jobs(args.trace)
+        what = Path(args.trace).name
     else:
-        cluster = load_cluster(args.cluster) if args.cluster else builtin_cluster()
-        where = cluster.describe()
-        default = [p.value for p in TimePolicy]
-        if args.trace:
-            jobs = read_jobs(args.trace)
-            what = Path(args.trace).name
-        else:
-            jobs = synthetic_jobs(args.jobs, args.seed, mean_interarrival=args.interarrival)
-            what = f"{len(jobs)} synthetic jobs (ring, mesh, any; gangs of 2 and 4)"
-    builtin = not args.cluster and not args.trace and not args.pods
+        jobs = synthetic_jobs(args.jobs, args.seed, mean_interarrival=args.interarrival)
+        what = f"{len(jobs)} synthetic jobs (ring, mesh, any; gangs of 2 and 4; no --trace or --pods)"
+    share_default = [p for p in SHARE_POLICIES if p != "share:spread"]
+    if isinstance(cluster, ClusterSpec):
+        default = share_default if args.pods else [p.value for p in TimePolicy]
+        names = _policy_names(args, TIME_POLICIES, default)
+    else:
+        names = _policy_names(args, SHARE_POLICIES, share_default, " (--nodes has no node topologies)")
+    builtin = not args.cluster and not args.trace and not args.pods and not args.nodes
     failures = _failures(args.failures, args.repair, builtin)
-    weights = _pairs("--weights", args.weights) if args.weights else None
-    names = (
-        [s.strip() for s in args.policies.split(",") if s.strip()] if args.policies and args.mode == "time" else default
-    )
+    weights = _weights(args.weights) if args.weights else None
+    queues = sorted({j.queue for j in jobs})
+    for q in weights or {}:
+        if q not in queues:
+            raise UsageError(f"--weights: {unknown_name('queue', q, queues)} (the workload's queues)")
     report.notes.append(
         f"Time: {where}; workload {what}; failures/h per item: device {failures.device_per_hour}, "
         f"link {failures.link_per_hour}, node {failures.node_per_hour}, repair {failures.repair_s:.0f}s; "

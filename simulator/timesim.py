@@ -40,6 +40,7 @@ from typing import Protocol
 import networkx as nx
 
 from simulator.clusterspec import ClusterSpec, NodeSpec
+from simulator.fill import never_fits
 from simulator.jobs import Job
 from topology import (
     ClusterView,
@@ -54,15 +55,22 @@ from topology import (
     parse_shape,
     place_gang,
 )
-from topology.gpushare import GpuNodeSpec
+from topology.gpushare import GpuNodeSpec, TaskRequest
+from topology.policies import FracPolicyName
 
-__all__ = ["FailureRates", "JobRecord", "TimePolicy", "TimeResult", "run_time"]
+__all__ = ["SHARE_POLICIES", "TIME_POLICIES", "FailureRates", "JobRecord", "TimePolicy", "TimeResult", "run_time"]
 
 
 class TimePolicy(StrEnum):
     KUBELET = "kubelet"
     ICL = "icl"
     ICL_BINPACK = "icl-binpack"
+
+
+SHARE_POLICIES: tuple[str, ...] = tuple(f"share:{p.value}" for p in FracPolicyName)
+"""Time-mode names of the fractional-device policies (``share:fgd``, ...)."""
+TIME_POLICIES: tuple[str, ...] = (*(p.value for p in TimePolicy), *SHARE_POLICIES)
+"""Every policy name ``run_time`` accepts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +174,7 @@ class _TopoCluster:
         self.total = sum(len(t.devices) for t in self.base.values())
         self._shapes: dict[tuple[str, int], Shape] = {}
         self._distinct = list({t.fingerprint: t for t in self.base.values()}.values())
+        self._specs = list({(n.cpu_milli, n.memory_mib, n.devices, n.model): n.gpu_spec() for n in spec.nodes}.values())
 
     def shape(self, job: Job) -> Shape:
         key = (job.shape, job.count)
@@ -179,13 +188,15 @@ class _TopoCluster:
         return found
 
     def precheck(self, job: Job) -> str:
-        max_dev = max(len(t.devices) for t in self._distinct)
         if job.gpu_milli < 1000:
-            return "asks a fractional device share; use a fractional policy (random, bestfit, fgd, icl-share...)"
-        if job.count > max_dev:
-            return f"asks {job.count} devices per member; the largest node has {max_dev}"
-        if not any(n.cpu_milli >= job.cpu_milli and n.memory_mib >= job.memory_mib for n in self.spec.nodes):
-            return "asks more CPU or memory per member than any node has"
+            return (
+                f"asks a fractional device share (gpu_milli {job.gpu_milli}); topology policies place whole "
+                f"devices, share: policies place shares ({', '.join(SHARE_POLICIES)})"
+            )
+        task = TaskRequest(job.cpu_milli, job.memory_mib, job.count, 1000 if job.count else 0, job.gpu_spec)
+        why = never_fits(task, self._specs)
+        if why:
+            return why + (" (per gang member)" if job.gang > 1 else "")
         if job.count and self.policy is not TimePolicy.KUBELET:
             shape = self.shape(job)
             if not any(Placer.for_topology(t).fits(shape, t.ids) for t in self._distinct):
@@ -229,7 +240,13 @@ class _TopoCluster:
             self.give_devices(node, devs, job)
 
     def room(self, node: str, job: Job) -> bool:
-        return node not in self.down and self.cpu[node] >= job.cpu_milli and self.mem[node] >= job.memory_mib
+        """CPU, memory and an allowed device model (``gpu_spec``) for one member on ``node``."""
+        return (
+            node not in self.down
+            and self.cpu[node] >= job.cpu_milli
+            and self.mem[node] >= job.memory_mib
+            and (not job.gpu_spec or not job.count or self.nodes[node].model in job.gpu_spec)
+        )
 
     def place(self, job: Job) -> tuple[_Alloc, bool | None] | None:
         if job.count == 0:
@@ -390,8 +407,8 @@ def run_time(
 
     ``policy`` is a topology policy (``kubelet``, ``icl``, ``icl-binpack``: whole
     devices on topology nodes, ``spec`` a ``ClusterSpec``) or a fractional-device
-    policy (``random``, ``spread``, ``bestfit``, ``fgd``, ``icl``-share written
-    ``share:NAME``, e.g. ``share:fgd``; ``spec`` a ``ClusterSpec`` or node list).
+    policy written ``share:NAME`` (``SHARE_POLICIES``: ``share:random``, ``share:spread``,
+    ``share:bestfit``, ``share:fgd``, ``share:icl``; ``spec`` a ``ClusterSpec`` or node list).
     Each scheduling pass tries up to ``backfill`` jobs from the head of the
     chosen queue (1 = strict FIFO per queue), the same for every policy.
     A job placed on devices that do not form its shape runs
@@ -403,6 +420,8 @@ def run_time(
         raise ValueError(f"backfill: must be >= 1, got {backfill}")
     rng = random.Random(seed)
     c: _Backend
+    if policy not in TIME_POLICIES:
+        raise ValueError(f"policy: unknown time-mode policy {policy!r}; allowed: {', '.join(TIME_POLICIES)}")
     if policy.startswith("share:"):
         from simulator.fractime import FracBackend
 
@@ -413,11 +432,7 @@ def run_time(
     else:
         if not isinstance(spec, ClusterSpec):
             raise ValueError(f"policy {policy!r}: needs a cluster spec with node topologies")
-        try:
-            pol = TimePolicy(policy)
-        except ValueError:
-            allowed = ", ".join([p.value for p in TimePolicy] + ["share:random|spread|bestfit|fgd|icl"])
-            raise ValueError(f"policy: unknown time-mode policy {policy!r}; allowed: {allowed}") from None
+        pol = TimePolicy(policy)
         c = _TopoCluster(spec, pol)
         label = pol.value
     records = {j.id: JobRecord(j) for j in jobs}
