@@ -30,6 +30,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
     p.add_argument("--pods", help="where bound pods come from: none, kubernetes or file:PODLIST.json")
     p.add_argument("--publish", action="store_true", default=None, help="patch the node's topology annotation")
+    p.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="API access for --pods kubernetes and --publish (default: $KUBECONFIG, in-cluster, ~/.kube/config)",
+    )
     p.add_argument("--metrics-address", help="HOST:PORT for /metrics, /healthz and /topology (default: off)")
     p.add_argument("--fault-file", help="sim: JSON file of injected faults, re-read on every probe")
     p.add_argument("--probe-interval", type=float, help="seconds between health probes (default: 5)")
@@ -54,6 +59,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         "node_name": args.node_name,
         "pods": args.pods,
         "publish": args.publish,
+        "kubeconfig": args.kubeconfig,
         "metrics_address": args.metrics_address,
         "fault_file": args.fault_file,
         "probe_interval": args.probe_interval,
@@ -72,8 +78,13 @@ def run_plugin(args: argparse.Namespace) -> int:
     if not config.plugin_dir.is_dir():  # the kubelet creates it: a missing one is a wrong path, not ours to make
         print(f"icl plugin: --plugin-dir/pluginDir: no such directory: {str(config.plugin_dir)!r}")
         return 2
+    from kubeauth import KubeAuthError
+
     try:
         return asyncio.run(serve(load))
+    except KubeAuthError as e:  # --pods kubernetes / --publish without a usable API configuration
+        print(f"icl plugin: {e}")
+        return 2
     except ValueError as e:  # a topology or fixture that does not parse: bad input
         print(f"icl plugin: {e}")
         return 2

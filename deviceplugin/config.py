@@ -12,13 +12,17 @@ A config file looks like::
     recoverAfter: 3                  # clean probes before an unhealthy device/link is healthy again
     metricsAddress: 0.0.0.0:9400     # /metrics and /healthz; "" disables
     pods: kubernetes                 # kubernetes | none | file:<PodList JSON>
+    kubeconfig: ""                   # API access (pods, publish): default $KUBECONFIG, in-cluster, ~/.kube/config
     publish: true                    # patch the node's kube-icl.io/topology annotation
     linkDomain: rack-1               # kube-icl.io/link-domain label (optional)
     linkCoords: "0.1"                # kube-icl.io/link-coords label: x, x.y or x.y.z (optional)
     policy: fragmentation            # fallback placement policy
     faultFile: /run/kube-icl/faults.json   # sim: fault injection file
     udev: {subsystem: accel, namePattern: "accel[0-9]*", linkTool: "", linkAdapter: generic}
-    nvml: {fatalXids: [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95], fixture: ""}
+    events: true                     # post Events on the node (needs API access: pods: kubernetes or publish)
+    nvml: {fatalXids: [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95], fixture: "",
+           deviceListStrategy: [envvar], deviceIdStrategy: uuid, passDeviceSpecs: true,
+           cudaVisibleDevices: true, nvidiaPluginCheck: fail}
 
 Every key is optional. Unknown keys and wrong types are errors naming the key.
 """
@@ -27,11 +31,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from deviceplugin.nvidia import RuntimeOptions
 
 __all__ = [
     "DEFAULT_PLUGIN_DIR",
@@ -67,6 +74,38 @@ class UdevConfig:
 class NvmlConfig:
     fatal_xids: tuple[int, ...] = DEFAULT_FATAL_XIDS
     fixture: str = ""  # replay a recorded NVML JSON instead of the real library
+    # How Allocate tells the NVIDIA container runtime which GPUs a container got (deviceplugin.nvidia):
+    device_list_strategy: tuple[str, ...] = ("envvar",)  # envvar | volume-mounts | cdi-annotations | cdi-cri
+    device_id_strategy: str = "uuid"  # uuid | index: the ids in NVIDIA_VISIBLE_DEVICES and CDI names
+    pass_device_specs: bool = True  # also pass /dev/nvidiaN and the control nodes
+    cuda_visible_devices: bool = True  # CUDA_VISIBLE_DEVICES=<UUIDs in rank order>
+    cdi_kind: str = "nvidia.com/gpu"
+    cdi_annotation_prefix: str = "cdi.k8s.io/"
+    nvidia_plugin_check: str = "fail"  # another plugin for these GPUs: fail | warn | off
+
+    def __post_init__(self) -> None:
+        from deviceplugin.nvidia import CHECK_MODES, RuntimeConfigError
+
+        try:
+            self.runtime_options()
+        except RuntimeConfigError as e:
+            raise ConfigError(str(e)) from None
+        if self.nvidia_plugin_check not in CHECK_MODES:
+            raise ConfigError(
+                f"nvml.nvidiaPluginCheck: {self.nvidia_plugin_check!r} is not one of {', '.join(CHECK_MODES)}"
+            )
+
+    def runtime_options(self) -> RuntimeOptions:
+        from deviceplugin.nvidia import RuntimeOptions
+
+        return RuntimeOptions(
+            device_list_strategy=self.device_list_strategy,
+            device_id_strategy=self.device_id_strategy,
+            pass_device_specs=self.pass_device_specs,
+            cuda_visible_devices=self.cuda_visible_devices,
+            cdi_kind=self.cdi_kind,
+            cdi_annotation_prefix=self.cdi_annotation_prefix,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,11 +121,13 @@ class PluginConfig:
     recover_after: int = 3
     metrics_address: str = ""
     pods: str = "none"
+    kubeconfig: str = ""
     publish: bool = False
     link_domain: str = ""
     link_coords: str = ""
     policy: str = "fragmentation"
     fault_file: str = ""
+    events: bool = True  # post Events on this node (registration, health) when API access is configured
     udev: UdevConfig = field(default_factory=UdevConfig)
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
 
@@ -115,6 +156,11 @@ class PluginConfig:
             _split_address(self.metrics_address)
         if self.link_coords and not re.fullmatch(r"\d+([.,]\d+){0,2}", self.link_coords):
             raise ConfigError(f"linkCoords: {self.link_coords!r} must be x, x.y or x.y.z (integers), e.g. 0.1")
+
+    @property
+    def api_access(self) -> bool:
+        """The plugin talks to the API server (pods from it, or publishing the topology)."""
+        return self.pods == "kubernetes" or self.publish
 
     @property
     def socket_path(self) -> Path:
@@ -149,6 +195,12 @@ def _coerce(value: Any, annotation: str, key: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a path string, got {value!r}")
         return Path(value)
+    if annotation == "tuple[str, ...]":
+        if isinstance(value, str):  # "envvar" or "envvar,cdi-cri"
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+        return tuple(value)
     if annotation == "tuple[int, ...]":
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{key}: expected a list of integers, got {value!r}")
@@ -186,7 +238,10 @@ def config_from_mapping(data: Any, **overrides: Any) -> PluginConfig:
     """Build a config from a parsed file (camelCase keys), then apply non-None ``overrides`` (snake_case)."""
     values = _section(PluginConfig, data if data is not None else {}, "")
     values.setdefault("node_name", os.environ.get("NODE_NAME", ""))
+    nvml = overrides.pop("nvml", None)  # {field: value} merged into the file's nvml section
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if nvml:
+        values["nvml"] = replace(values.get("nvml", NvmlConfig()), **{k: v for k, v in nvml.items() if v is not None})
     return PluginConfig(**values)
 
 

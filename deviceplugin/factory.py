@@ -58,6 +58,7 @@ def build_backend(config: PluginConfig) -> Backend:
         fatal_xids=config.nvml.fatal_xids,
         recover_after=config.recover_after,
         probe_interval=config.probe_interval,
+        runtime=config.nvml.runtime_options(),
     )
 
 
@@ -70,12 +71,16 @@ def build_pods(config: PluginConfig, api_client: Callable[[], Any]) -> PodSource
 
 
 def build_plugin(config: PluginConfig, **plugin_kwargs: Any) -> DevicePlugin:
+    """The plugin of ``config``; raises :class:`kubeauth.KubeAuthError` when it needs the API and has no config."""
     client: list[Any] = []
 
     def api_client() -> Any:
         if not client:
-            client.append(kube_api_client())
+            client.append(kube_api_client(config.kubeconfig or None))
         return client[0]
+
+    if config.publish or config.pods == "kubernetes":
+        api_client()  # fail now, in one line, when there is no API configuration
 
     metrics = PluginMetrics()
     publisher = None

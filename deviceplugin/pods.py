@@ -133,17 +133,27 @@ class FilePodSource:
 
 
 class KubernetesPodSource:
-    """Pods of a node from the API server (``spec.nodeName`` field selector)."""
+    """Pods of a node from the API server (``spec.nodeName`` field selector).
 
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
+    ``api`` is a :class:`kubeauth.KubeSession` (credentials reloaded once on a 401) or a plain
+    ``kubernetes.client.ApiClient``.
+    """
 
-        self._api_client = api_client
-        self._core = client.CoreV1Api(api_client)
+    def __init__(self, api: Any) -> None:
+        from kubeauth import KubeSession
+
+        self._session = KubeSession.of(api)
 
     def _list(self, node: str) -> list[PodInfo]:
-        pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _request_timeout=10)
-        raw = self._api_client.sanitize_for_serialization(pods)
+        from kubernetes import client
+
+        def call(api_client: Any) -> Any:
+            pods = client.CoreV1Api(api_client).list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", _request_timeout=10
+            )
+            return api_client.sanitize_for_serialization(pods)
+
+        raw = self._session.call(call, f"list pods of node {node}")
         return pods_from_json({"kind": "PodList", "items": raw.get("items") or []})
 
     async def pods_on_node(self, node: str) -> list[PodInfo]:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from kubeauth import KubeAuthError, KubeSession, resolve
 from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, encode_annotation, load_topology
 
 __all__ = ["TOPOLOGY_ANNOTATION", "KubernetesNodePatcher", "NodePatcher", "NodePublisher", "kube_api_client"]
@@ -33,27 +34,27 @@ class NodePatcher(Protocol):
         ...
 
 
-def kube_api_client(kubeconfig: str | None = None) -> Any:
-    """An ApiClient from ``kubeconfig``, else in-cluster config, else ~/.kube/config."""
-    from kubernetes import client, config
+def kube_api_client(kubeconfig: str | None = None) -> KubeSession:
+    """A session on ``kubeconfig``, else ``$KUBECONFIG``, else in-cluster config, else ~/.kube/config.
 
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config()  # type: ignore[no-untyped-call]
+    Raises :class:`kubeauth.KubeAuthError` (one line) when none is found or it does not load.
+    """
+    return KubeSession(resolve(kubeconfig or None))
 
 
 class KubernetesNodePatcher:
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
+    """``api``: a :class:`kubeauth.KubeSession` (reloads credentials once on a 401) or a plain ApiClient."""
 
-        self._core = client.CoreV1Api(api_client)
+    def __init__(self, api: Any) -> None:
+        self._session = KubeSession.of(api)
 
     def patch_node(self, name: str, body: dict[str, Any]) -> None:
-        self._core.patch_node(name, body, _request_timeout=10)
+        from kubernetes import client
+
+        self._session.call(
+            lambda api_client: client.CoreV1Api(api_client).patch_node(name, body, _request_timeout=10),
+            f"patch node {name}",
+        )
 
 
 class NodePublisher:
@@ -150,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--node", required=True, help="node name")
     parser.add_argument("--topology", required=True, help="topology file or preset, e.g. torus:4x4")
-    parser.add_argument("--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then ~/.kube/config)")
+    parser.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG, then in-cluster, then ~/.kube/config)"
+    )
     parser.add_argument("--link-domain", default="", help="value of the kube-icl.io/link-domain label")
     parser.add_argument("--link-coords", default="", help="node coordinates in the link domain, e.g. 0.1")
     args = parser.parse_args(argv)
@@ -160,8 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        session = kube_api_client(args.kubeconfig)
+    except KubeAuthError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     publisher = NodePublisher(
-        KubernetesNodePatcher(kube_api_client(args.kubeconfig)),
+        KubernetesNodePatcher(session),
         args.node,
         link_domain=args.link_domain,
         link_coords=args.link_coords,
