@@ -318,7 +318,18 @@ class Placer:
             # An incomplete ``any`` table keeps masks only (see ``connected_sets``): order the set here.
             order = table.orders[first] if table.orders else bfs_order(self.adj, table.masks[first])
             return self._placement(shape, order)
-        options = [] if table.complete else self._options(shape, free_mask, 0)
+        if table.complete:
+            return None
+        if shape.kind is ShapeKind.ANY:
+            # Any component of k or more free devices holds one: a breadth-first prefix of it is connected.
+            rest = free_mask
+            while rest:
+                comp = component_of(self.adj, (rest & -rest).bit_length() - 1, free_mask)
+                if comp.bit_count() >= shape.size:
+                    return self._placement(shape, bfs_order(self.adj, comp)[: shape.size])
+                rest &= ~comp
+            return None
+        options = self._options(shape, free_mask, 0)
         return self._placement(shape, options[0][1]) if options else None
 
     def _largest_component(self, free_mask: int) -> int:
