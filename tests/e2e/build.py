@@ -16,6 +16,10 @@ Usage::
     python3 tests/e2e/build.py            # build what is missing (make e2e-bins)
     python3 tests/e2e/build.py --sync     # after editing versions.env: regenerate gomod/
     python3 tests/e2e/build.py --bin-dir  # print where the binaries are (or would be)
+    python3 tests/e2e/build.py --tools    # build only the pinned tools of tools.env (helm)
+
+The tools of ``tests/e2e/tools.env`` (helm) are built after the control plane with
+``go install PACKAGE@VERSION`` into their own cache entry, ``<cache>/tools-<hash>/bin``.
 """
 
 from __future__ import annotations
@@ -40,23 +44,30 @@ from pathlib import Path
 
 __all__ = [
     "TARGETS",
+    "TOOLS",
     "BuildError",
+    "Tool",
     "Versions",
     "bin_dir",
     "build",
+    "build_tools",
     "cache_key",
     "cache_root",
     "check_gomod",
     "load_versions",
     "missing_binaries",
     "sync",
+    "tool_dir",
+    "tool_path",
 ]
 
 HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.env"
+TOOLS_FILE = HERE / "tools.env"
 GOMOD_DIR = HERE / "gomod"
 # Bump when the way binaries are built changes, so that cached ones are rebuilt.
 RECIPE = "go build -trimpath -ldflags='-s -w -X <version>'; recipe 2"
+TOOLS_RECIPE = "GOBIN=<dir> go install -trimpath -ldflags='-s -w -X <version>' <package>@<version>; recipe 1"
 HEARTBEAT_S = 20.0
 MODULE_PATH = "kube-icl.io/e2e-bins"
 # kwok needs Stage objects to play nodes and pods; the pinned release ships them as data.
@@ -83,6 +94,22 @@ TARGETS: tuple[Target, ...] = (
     Target("etcd", "go.etcd.io/etcd/server/v3"),
     Target("kwok", "sigs.k8s.io/kwok/cmd/kwok"),
     Target("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A command-line tool built with ``go install PACKAGE@VERSION``; the version is pinned in tools.env."""
+
+    name: str
+    package: str
+    pin: str  # the tools.env key of its version
+    version_symbol: str = ""  # Go variable stamped with the version (-X), as the tool's own release build does
+
+
+# Not part of the control plane: own pins (tools.env), own cache entry, own go.mod (the tool's).
+TOOLS: tuple[Tool, ...] = (
+    Tool("helm", "helm.sh/helm/v4/cmd/helm", "HELM_VERSION", "helm.sh/helm/v4/internal/version.version"),
 )
 
 _SEMVER = re.compile(r"^v\d+\.\d+\.\d+$")
@@ -112,15 +139,7 @@ class Versions:
 
 def load_versions(path: Path = VERSIONS_FILE) -> Versions:
     """Read ``KEY=VALUE`` lines; comments and blank lines are ignored."""
-    values: dict[str, str] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise BuildError(f"{path}:{number}: expected KEY=VALUE, got {raw!r}")
-        values[key.strip()] = value.strip().strip("\"'")
+    values = _read_env(path)
     fields = {"kubernetes": "KUBERNETES_VERSION", "kwok": "KWOK_VERSION", "etcd": "ETCD_VERSION"}
     found: dict[str, str] = {}
     for field, key in fields.items():
@@ -131,6 +150,33 @@ def load_versions(path: Path = VERSIONS_FILE) -> Versions:
             raise BuildError(f"{path}: {key}={pin!r} is not a release version like v1.2.3")
         found[field] = pin
     return Versions(**found)
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise BuildError(f"{path}:{number}: expected KEY=VALUE, got {raw!r}")
+        values[key.strip()] = value.strip().strip("\"'")
+    return values
+
+
+def load_tool_versions(path: Path = TOOLS_FILE) -> dict[str, str]:
+    """Tool name -> pinned version, from ``tools.env``; every tool of :data:`TOOLS` must be pinned."""
+    values = _read_env(path)
+    found: dict[str, str] = {}
+    for tool in TOOLS:
+        pin = values.get(tool.pin)
+        if pin is None:
+            raise BuildError(f"{path}: {tool.pin} is missing")
+        if not _SEMVER.match(pin):
+            raise BuildError(f"{path}: {tool.pin}={pin!r} is not a release version like v1.2.3")
+        found[tool.name] = pin
+    return found
 
 
 # --------------------------------------------------------------------------- cache
@@ -162,6 +208,24 @@ def bin_dir() -> Path:
     if configured:
         return Path(configured).expanduser()
     return cache_root() / cache_key() / "bin"
+
+
+def tool_dir() -> Path:
+    """Where the tools are: ``$ICL_E2E_TOOLS_DIR`` if set, else ``<cache>/tools-<hash of tools.env>/bin``."""
+    configured = os.environ.get("ICL_E2E_TOOLS_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    digest = hashlib.sha256(TOOLS_FILE.read_bytes() if TOOLS_FILE.exists() else b"<missing>")
+    digest.update(TOOLS_RECIPE.encode())
+    for tool in TOOLS:
+        digest.update(f"{tool.name}={tool.package} {tool.version_symbol}\n".encode())
+    return cache_root() / f"tools-{digest.hexdigest()[:16]}" / "bin"
+
+
+def tool_path(name: str) -> Path | None:
+    """The built tool ``name`` (e.g. ``helm``), or None when it is not built yet."""
+    path = tool_dir() / name
+    return path if os.access(path, os.X_OK) else None
 
 
 def missing_binaries(directory: Path | None = None) -> list[str]:
@@ -464,17 +528,61 @@ def build(*, force: bool = False, check_proxy: bool = True) -> Path:
     return target_dir
 
 
+def build_tools(*, force: bool = False) -> Path:
+    """``go install`` the missing tools of :data:`TOOLS` at their pinned versions into :func:`tool_dir`."""
+    versions = load_tool_versions()
+    target_dir = tool_dir()
+    missing = [t for t in TOOLS if force or not os.access(target_dir / t.name, os.X_OK)]
+    if not missing:
+        _say(f"tools up to date: {target_dir}")
+        return target_dir
+    with _locked(target_dir.parent.with_suffix(".lock")):
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for tool in missing:
+            if not force and os.access(target_dir / tool.name, os.X_OK):
+                continue  # built meanwhile
+            version = versions[tool.name]
+            _say(f"{tool.name}: go install {tool.package}@{version} (cold: a few minutes)")
+            ldflags = "-s -w" + (f" -X {tool.version_symbol}={version}" if tool.version_symbol else "")
+            started = time.monotonic()
+            with tempfile.TemporaryDirectory(prefix=f"kube-icl-{tool.name}-", dir=target_dir.parent) as scratch:
+                flags = [f for f in os.environ.get("GOFLAGS", "").split() if not f.startswith("-mod=")]
+                env = {**os.environ, "GOBIN": scratch, "GOFLAGS": " ".join(flags)}
+                # Outside any module, so the tool's own go.mod (not the wrapper's) decides its dependencies.
+                command = ["nice", "-n", "10", "go", "install", "-trimpath", f"-ldflags={ldflags}"]
+                result = subprocess.run(
+                    [*command, f"{tool.package}@{version}"],
+                    cwd=scratch,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                if result.returncode != 0:
+                    raise BuildError(f"`go install {tool.package}@{version}` failed:\n{result.stderr.strip()[-3000:]}")
+                built = Path(scratch) / Path(tool.package).name
+                os.replace(built, target_dir / tool.name)
+            took = _format_duration(time.monotonic() - started)
+            _say(f"{tool.name} {version}: done in {took}: {target_dir / tool.name}")
+    return target_dir
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--sync", action="store_true", help="regenerate gomod/ from versions.env")
     group.add_argument("--bin-dir", action="store_true", help="print the binaries' directory and exit")
     group.add_argument("--check", action="store_true", help="check gomod/ against versions.env")
+    group.add_argument("--tools-dir", action="store_true", help="print the tools' directory (helm) and exit")
+    group.add_argument("--tools", action="store_true", help="build only the tools of tools.env (helm)")
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
     args = parser.parse_args(argv)
     try:
         if args.bin_dir:
             print(bin_dir())
+            return 0
+        if args.tools_dir:
+            print(tool_dir())
             return 0
         if args.check:
             problems = check_gomod(load_versions())
@@ -490,7 +598,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.sync:
             sync(load_versions())
             return 0
+        if args.tools:
+            build_tools(force=args.force)
+            return 0
         build(force=args.force)
+        build_tools(force=args.force)
     except BuildError as error:
         _say(f"error: {error}")
         return 1

@@ -76,3 +76,28 @@ def test_without_go_the_build_says_one_line_and_succeeds(
     assert build.main([]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "make e2e-bins" in lines[0]
+
+
+def test_tools_are_pinned_apart_from_the_control_plane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    versions = build.load_tool_versions()
+    assert set(versions) == {t.name for t in build.TOOLS} == {"helm"}
+    monkeypatch.delenv("ICL_E2E_TOOLS_DIR", raising=False)
+    monkeypatch.setenv("ICL_E2E_CACHE", str(tmp_path / "cache"))
+    key, tools = build.cache_key(), build.tool_dir()
+    assert tools.parent.parent == tmp_path / "cache" and tools.parent.name.startswith("tools-")
+    assert build.tool_path("helm") is None
+    bumped = _write(tmp_path / "tools.env", "HELM_VERSION=v4.0.0\n")
+    monkeypatch.setattr(build, "TOOLS_FILE", bumped)
+    assert build.load_tool_versions(bumped) == {"helm": "v4.0.0"}
+    assert build.tool_dir() != tools, "a new pin is a new cache entry"
+    assert build.cache_key() == key, "bumping a tool does not rebuild the control plane"
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("# nothing\n", "HELM_VERSION is missing"), ("HELM_VERSION=4.3\n", "HELM_VERSION='4.3' is not a release")],
+    ids=["missing", "not-semver"],
+)
+def test_bad_tool_pins_are_rejected_with_the_key_named(tmp_path: Path, text: str, error: str) -> None:
+    with pytest.raises(build.BuildError, match=error):
+        build.load_tool_versions(_write(tmp_path / "tools.env", text))
