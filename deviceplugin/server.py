@@ -37,7 +37,7 @@ from deviceplugin.allocation import (
     preferred_allocation,
     rank_layout,
 )
-from deviceplugin.backends.base import Backend
+from deviceplugin.backends.base import Backend, RuntimeEdits
 from deviceplugin.config import PluginConfig
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.pods import DEVICES_ANNOTATION, NoPods, PodInfo, PodSource
@@ -293,17 +293,30 @@ class DevicePlugin:
             ids = list(creq.devices_ids)
             hint, order = self._hints.get(frozenset(ids), ("", ()))
             layout = rank_layout(topo, ids, hint, order)
+            edits = self.backend.container_edits(layout.devices) if isinstance(self.backend, RuntimeEdits) else None
             specs = [
                 api_pb2.DeviceSpec(container_path=s.container_path, host_path=s.host_path, permissions=s.permissions)
                 for d in layout.devices
                 for s in self.backend.device_specs(d)
             ]
             unique_specs = list({(s.host_path, s.container_path): s for s in specs}.values())
+            if edits is not None and not edits.device_specs:
+                unique_specs = []
+            envs = container_env(topo, layout)
+            annotations = {DEVICES_ANNOTATION: ",".join(layout.devices)}
+            mounts: list[api_pb2.Mount] = []
+            cdi: list[api_pb2.CDIDevice] = []
+            if edits is not None:
+                envs.update(edits.envs)
+                annotations.update(edits.annotations)
+                mounts = [
+                    api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                    for m in edits.mounts
+                ]
+                cdi = [api_pb2.CDIDevice(name=n) for n in edits.cdi_devices]
             responses.append(
                 api_pb2.ContainerAllocateResponse(
-                    envs=container_env(topo, layout),
-                    devices=unique_specs,
-                    annotations={DEVICES_ANNOTATION: ",".join(layout.devices)},
+                    envs=envs, mounts=mounts, devices=unique_specs, annotations=annotations, cdi_devices=cdi
                 )
             )
             records.append(AllocationRecord(layout.devices, str(layout.shape) if layout.shape else "", time.time()))

@@ -138,7 +138,14 @@ def test_plugin_on_the_recording_answers_as_it_did_on_the_machine(data: dict[str
                     got = await h.kubelet.admit(pod, "main", h.plugin.config.resource_name, n)
                     real = next(e for e in admitted if e["pod"] == pod)
                     assert list(got.devices) == real["allocate_request_order"]
-                    assert got.envs == real["envs"]
+                    # the recording predates the NVIDIA runtime integration: its env, plus the GPUs named
+                    # to the runtime and to CUDA in the same rank order (the default envvar strategy)
+                    rank_order = real["envs"]["ICL_VISIBLE_DEVICES"]
+                    assert got.envs == {
+                        **real["envs"],
+                        "NVIDIA_VISIBLE_DEVICES": rank_order,
+                        "CUDA_VISIBLE_DEVICES": rank_order,
+                    }
                     specs = [(s.container_path, s.host_path, s.permissions) for s in got.response.devices]
                     assert specs == [
                         (s["container_path"], s["host_path"], s["permissions"]) for s in real["device_specs"]

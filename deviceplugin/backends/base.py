@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from deviceplugin.nvidia import ContainerEdits
 from topology import NodeTopology
 from topology.model import Health
 
@@ -22,6 +23,7 @@ __all__ = [
     "DeviceSpecInfo",
     "HealthChange",
     "HealthTracker",
+    "RuntimeEdits",
     "SnapshotFeed",
     "health_changes",
     "probe_forever",
@@ -70,6 +72,15 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Release what the backend holds (threads, monitors, library handles)."""
+        ...
+
+
+@runtime_checkable
+class RuntimeEdits(Protocol):
+    """A backend that tells the container runtime more than device nodes (the nvml backend)."""
+
+    def container_edits(self, devices: Sequence[str]) -> ContainerEdits:
+        """Env, mounts, CDI devices and annotations for a container given ``devices`` (rank order)."""
         ...
 
 

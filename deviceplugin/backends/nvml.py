@@ -25,11 +25,12 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from deviceplugin.backends.base import DeviceSpecInfo, HealthTracker, SnapshotFeed, probe_forever
+from deviceplugin.nvidia import ContainerEdits, Gpu, RuntimeOptions, container_edits
 from topology import NodeTopology
 from topology.model import Device, Link, LinkKind
 
@@ -300,10 +301,14 @@ class NvmlBackend:
         recover_after: int = 3,
         probe_interval: float = 5.0,
         control_nodes: Iterable[str] | None = None,
+        runtime: RuntimeOptions | None = None,
     ) -> None:
         """``control_nodes``: device nodes every container needs besides its GPUs (default: those of
-        /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools that exist on this host)."""
+        /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools that exist on this host).
+        ``runtime``: how Allocate names the GPUs to the NVIDIA container runtime (default: the
+        ``envvar`` strategy with UUIDs; see :mod:`deviceplugin.nvidia`)."""
         self._api = api
+        self.runtime = runtime or RuntimeOptions()
         if control_nodes is None:
             control_nodes = [p for p in CONTROL_NODES if Path(p).exists()]
         self._control_nodes = tuple(control_nodes)
@@ -378,6 +383,10 @@ class NvmlBackend:
         minor = self._minors[self._base.index_of(device_id)]
         paths = [f"/dev/nvidia{minor}", *self._control_nodes]
         return [DeviceSpecInfo(p, p, "rw") for p in paths]
+
+    def container_edits(self, devices: Sequence[str]) -> ContainerEdits:
+        gpus = [Gpu(d, self._base.devices[self._base.index_of(d)].index) for d in devices]
+        return container_edits(gpus, self.runtime)
 
     def _probe_sync(self) -> tuple[dict[str, bool], dict[tuple[str, str], bool]]:
         api = self._api
