@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import json.encoder
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,17 +58,79 @@ class WireError(ValueError):
     """A request or response body that does not follow the extender wire format."""
 
 
+# A \uD800-\uDFFF escape: half of a UTF-16 surrogate pair, which JSON may spell but Unicode text cannot
+# hold alone (Go's encoder never writes one). Only a body that matches is searched string by string.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
 def decode_json(body: bytes | str) -> Any:
-    """Decode JSON text, turning every decoding problem into :class:`WireError`."""
+    r"""Decode JSON text, turning every decoding problem into :class:`WireError`.
+
+    The text must be UTF-8 and every string in it valid Unicode: a lone surrogate, escaped
+    (``"\ud800"``) or encoded (CESU-8 bytes), is refused with the path of the string that holds it,
+    since no answer that echoes it (a node name, a pod name) could be encoded. A pair is one character.
+
+    >>> decode_json(b'{"NodeNames": ["a", "\\u00e9\\ud83d\\ude00"]}') == {"NodeNames": ["a", "\u00e9\U0001f600"]}
+    True
+    >>> decode_json(b'{"Node": "\\udc00"}')
+    Traceback (most recent call last):
+    ...
+    scheduler.wire.WireError: request body.Node: '\udc00' holds a lone surrogate ('\udc00'), not valid Unicode
+    """
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            text = bytes(body).decode("utf-8")  # strict: refuses encoded surrogates
+        except UnicodeDecodeError as exc:
+            raise WireError(f"request body is not valid JSON: not UTF-8 text ({exc})") from None
+    else:
+        text = body
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise WireError(f"request body is not valid JSON: {exc}") from None
+    if _SURROGATE_ESCAPE.search(text) is not None or not isinstance(body, (bytes, bytearray)):
+        problem = _lone_surrogate(value)
+        if problem:
+            raise WireError(problem)
+    return value
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(value: Any) -> str:
+    """Where the first string holding a lone surrogate is, as a one-line message; empty if none."""
+    stack: list[tuple[Any, str]] = [(value, "request body")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if not _unicode(item):
+                bad = next(c for c in item if 0xD800 <= ord(c) <= 0xDFFF)
+                shown = repr(item if len(item) <= 60 else item[:57] + "...")
+                return f"{where}: {shown} holds a lone surrogate ({bad!r}), not valid Unicode"
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+        elif isinstance(item, dict):
+            for key in item:
+                if not _unicode(key):
+                    return f"{where}: key {key!r} holds a lone surrogate, not valid Unicode"
+            stack.extend(
+                (v, f"{where}.{k}" if k.isidentifier() else f"{where}[{k!r}]") for k, v in reversed(list(item.items()))
+            )
+    return ""
 
 
 def encode_json(value: Any) -> bytes:
-    """Compact UTF-8 JSON, the way the scheduler sends it."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON, the way the scheduler sends it (ASCII escapes for text UTF-8 cannot hold)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _field(obj: Mapping[str, Any], name: str) -> Any:
@@ -257,7 +320,10 @@ def encode_priority_list(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """The same bytes as ``encode_json(encode_priorities(...))``, without building a dict per host."""
     enc = json.encoder.encode_basestring
     items = [f'{{"Host":{enc(h)},"Score":{int(s)}}}' for h, s in zip(hosts, scores, strict=True)]
-    return ("[" + ",".join(items) + "]").encode()
+    try:
+        return ("[" + ",".join(items) + "]").encode()
+    except UnicodeEncodeError:  # text UTF-8 cannot hold: ASCII escapes, as encode_json does
+        return encode_json(encode_priorities([HostPriority(h, int(s)) for h, s in zip(hosts, scores, strict=True)]))
 
 
 def parse_priorities(body: Any) -> list[HostPriority]:
