@@ -14,10 +14,28 @@ EXIT_BAD_INPUT = 2
 JOB_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def _ids(text: str | None) -> list[str] | None:
+def _ids(text: str | None, flag: str, topo: Any) -> list[str] | None:
+    """The device ids of a comma-separated ``flag`` value: each known to ``topo``, none empty, none twice.
+
+    An empty value is an empty list (no device).
+    """
+    from topology import TopologyError
+
     if text is None:
         return None
-    return [x.strip() for x in text.split(",") if x.strip()]
+    if not text.strip():
+        return []
+    out: list[str] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            raise TopologyError(f"{flag}: empty device id in {text!r} (want comma-separated device ids)")
+        if item in out:
+            raise TopologyError(f"{flag}: device {item!r} is listed twice in {text!r}")
+        if item not in topo.ids:
+            known = ", ".join(topo.ids[:16]) + (", ..." if len(topo.ids) > 16 else "")
+            raise TopologyError(f"{flag}: unknown device {item!r} in {text!r} (the topology has {known})")
+        out.append(item)
+    return out
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -88,14 +106,13 @@ def _show(args: argparse.Namespace) -> int:
 
     try:
         topo = _load(args.topology)
-        busy = _ids(args.busy) or []
-        topo.mask_of(busy, "--busy")
+        busy = _ids(args.busy, "--busy", topo) or []
     except TopologyError as e:
         return _fail(str(e))
     if args.json:
         print(json.dumps(dump_topology(topo), indent=2))
     else:
-        print(render(topo, {d: "#" for d in busy}))
+        print(render(topo, {d: "#" for d in busy}, legend={"#": "busy (--busy)"}))
     return 0
 
 
@@ -105,7 +122,7 @@ def _place(args: argparse.Namespace) -> int:
     try:
         topo = _load(args.topology)
         shape = parse_shape(args.shape, args.count)
-        free = _ids(args.free)
+        free = _ids(args.free, "--free", topo)
         free_ids = sorted(topo.healthy_ids, key=topo.index_of) if free is None else free
         placer = Placer.for_topology(topo)
         placement = placer.place(shape, free_ids, Policy(args.policy))
@@ -118,7 +135,7 @@ def _place(args: argparse.Namespace) -> int:
         return 0
     busy = set(topo.ids) - set(free_ids)
     marks = {d: "#" for d in busy} | {d: "A" for d in placement.devices}
-    print(render(topo, marks))
+    print(render(topo, marks, legend={"#": "busy (not in --free)", "A": "the placement"}))
     print(f"{shape.describe()}: {' → '.join(placement.devices)}  (policy {args.policy}, score {placement.score:.3f})")
     if not placement.valid:
         print("warning: these devices do not form the asked shape (topology-unaware policy)")
@@ -194,9 +211,10 @@ def tour(compact: bool = False) -> int:
                 ok = "ok" if p.valid else "NOT the asked shape"
                 lines.append(f"  {letter}: {shape.describe():<22} {','.join(p.devices):<28} {ok}")
             marks = {d: letter for letter, devices in held.items() for d in devices}
+            legend = dict.fromkeys(held, "jobs by letter, listed below")
             drawings.append(
                 f"[{preset}] policy {policy.value}: {valid} of {arrived} jobs placed on a valid shape\n"
-                f"{render(topo, marks)}\n" + "\n".join(lines) + "\n"
+                f"{render(topo, marks, legend)}\n" + "\n".join(lines) + "\n"
             )
             outcome.append(valid)
             summary.append(f"  {preset:<12} {policy.value:<14} {valid}/{arrived} on a valid shape")

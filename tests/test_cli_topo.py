@@ -101,3 +101,31 @@ def test_compact_tour_draws_only_scenes_where_policies_differ(capsys: pytest.Cap
     assert "[mesh:4x4] policy kubelet" in out, "the kubelet misses shapes on a mesh"
     assert "[hcm:8] policy" not in out, "both policies agree on hcm:8, so it is only summarised"
     assert "  hcm:8        kubelet        4/4 on a valid shape" in out
+
+
+@pytest.mark.parametrize(
+    ("free", "message"),
+    [
+        ("0,,1", "--free: empty device id in '0,,1' (want comma-separated device ids)"),
+        ("0,1,", "--free: empty device id in '0,1,' (want comma-separated device ids)"),
+        ("0,1,1", "--free: device '1' is listed twice in '0,1,1'"),
+        ("0, 0", "--free: device '0' is listed twice in '0, 0'"),
+        ("0,9", "--free: unknown device '9' in '0,9' (the topology has 0, 1, 2, 3)"),
+    ],
+)
+def test_free_list_is_checked_item_by_item(capsys: pytest.CaptureFixture[str], free: str, message: str) -> None:
+    code, out, err = run(capsys, "topo", "place", "ring:4", "--shape", "ring", "--count", "2", "--free", free)
+    assert (code, out) == (2, "")
+    assert err == f"icl: {message}\n"
+    code, _, err = run(capsys, "topo", "show", "ring:4", "--busy", free)
+    assert code == 2 and err == f"icl: {message.replace('--free', '--busy')}\n"
+
+
+def test_drawings_carry_a_legend(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "topo", "place", "ring:8", "--shape", "ring", "--count", "2", "--free", "2,3,4,5")
+    assert code == 0
+    assert "legend: # busy (not in --free); A the placement; · free" in out
+    _, out, _ = run(capsys, "topo", "show", "ring:4", "--busy", "1")
+    assert out.splitlines()[-1] == "legend: · free; # busy (--busy)"
+    _, out, _ = run(capsys, "topo", "tour")
+    assert "legend: A,C,D,E jobs by letter, listed below" in out
