@@ -51,8 +51,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     verbs = topo.add_subparsers(dest="verb", metavar="VERB")
     verbs.required = True
 
-    show = verbs.add_parser("show", parents=[common], help="draw a topology in the terminal")
-    show.add_argument("topology", metavar="TOPOLOGY")
+    show = verbs.add_parser(
+        "show",
+        parents=[common],
+        help="draw a topology in the terminal",
+        description="Draw TOPOLOGY, or with node/NAME a live node's published topology with its pods' devices marked.",
+    )
+    show.add_argument(
+        "topology", metavar="TOPOLOGY", help="a preset, a topology file, or node/NAME (reads the cluster)"
+    )
+    show.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="node/NAME: kubeconfig to reach the API server (default: $KUBECONFIG, in-cluster, ~/.kube/config)",
+    )
     show.add_argument("--busy", metavar="IDS", help="comma-separated device ids to mark busy")
     show.add_argument("--json", action="store_true", help="print the topology document as JSON instead")
     show.set_defaults(func=_show)
@@ -104,6 +116,12 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
 def _show(args: argparse.Namespace) -> int:
     from topology import TopologyError, dump_topology, render
 
+    if args.topology.startswith("node/"):  # a live node: its published topology and its pods' devices
+        from simulator.node_view import show_node
+
+        if args.busy:
+            return _fail("--busy: not with node/NAME (the node's pods say which devices are busy)")
+        return show_node(args.topology.removeprefix("node/"), args.kubeconfig, args.json)
     try:
         topo = _load(args.topology)
         busy = _ids(args.busy, "--busy", topo) or []
