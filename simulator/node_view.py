@@ -43,7 +43,8 @@ def node_view(node: dict[str, Any], pods: list[dict[str, Any]]) -> NodeView:
         )
     topo = decode_annotation(text)
     ids = set(topo.ids)
-    holders, unknown = [], []
+    holders: list[tuple[str, tuple[str, ...]]] = []
+    unknown: list[tuple[str, tuple[str, ...]]] = []
     infos = pods_from_json({"kind": "PodList", "items": pods})
     for pod in sorted(infos, key=lambda p: (p.created, p.namespace, p.name)):
         if pod.node_name != name or pod.phase in DONE_PHASES or not pod.devices:
