@@ -37,7 +37,13 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
 
-## e2e-bins: build the real control plane of the e2e tests once (Go), cached outside the repository
+## manifests: render charts/kube-icl's defaults into manifests/ (builds the pinned helm once)
+.PHONY: manifests
+manifests:
+	@$(PYTHON) tests/e2e/build.py --tools
+	$(PYTHON) charts/render_manifests.py
+
+## e2e-bins: build the real control plane of the e2e tests once (Go), and helm, cached outside the repository
 .PHONY: e2e-bins
 e2e-bins:
 	@$(PYTHON) tests/e2e/build.py

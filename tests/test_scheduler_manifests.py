@@ -1,9 +1,11 @@
 """The scheduler manifests agree with each other and with the extender's code.
 
-A real API server and a real kube-scheduler validate them in tests/e2e; these
-checks need neither and catch drift: the two KubeSchedulerConfigurations carry
-the same extender settings, the extender's ConfigMap is a valid config, ports and
-names line up, and RBAC grants exactly what the extender calls.
+manifests/scheduler/deploy is rendered from charts/kube-icl (``make manifests``; an
+e2e test checks it is up to date). A real API server and a real kube-scheduler
+validate them in tests/e2e; these checks need neither and catch drift: the two
+KubeSchedulerConfigurations carry the same extender settings, the extender's
+ConfigMap is a valid config that listens on loopback only, the extender is a sidecar
+of every kube-scheduler replica, and RBAC grants exactly what the extender calls.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from scheduler.config import parse_config
+from scheduler.config import is_loopback, parse_config
 
 ROOT = Path(__file__).resolve().parents[1] / "manifests" / "scheduler"
 DEPLOY = ROOT / "deploy"
@@ -66,23 +68,37 @@ def test_both_scheduler_configs_carry_the_same_extender() -> None:
     }
 
 
-def test_extender_config_is_valid_and_matches_service_and_scheduler() -> None:
+def test_the_extender_is_a_loopback_sidecar_of_every_scheduler_replica() -> None:
     raw = yaml.safe_load(find("ConfigMap", "kube-icl-extender")["data"]["extender.yaml"])
     cfg = parse_config(raw)
     plain = documents(ROOT / "kube-scheduler-config.yaml")[0]
     ext = plain["extenders"][0]
     assert [r["name"] for r in ext["managedResources"]] == [cfg.resource_name]
-    service = find("Service", "kube-icl-extender")
-    deployment = find("Deployment", "kube-icl-extender")
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["ports"][0]["containerPort"] == cfg.port
-    assert service["spec"]["ports"][0]["port"] == cfg.port
-    assert ext["urlPrefix"] == f"http://{service['metadata']['name']}.kube-system.svc:{cfg.port}{cfg.path_prefix}"
-    assert deployment["spec"]["replicas"] == 1, "state is in memory: exactly one extender"
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
-    assert container["command"][:2] == ["icl", "extender"]
-    probes = {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]}
+    assert is_loopback(cfg.host), "only the pod's own kube-scheduler may call the verbs"
+    assert cfg.tls_cert is None and not cfg.debug_state
+    assert ext["urlPrefix"] == f"http://127.0.0.1:{cfg.port}{cfg.path_prefix}"
+    assert not [d for d in deployed() if d["kind"] == "Service"], "nothing exposes the verbs"
+    assert not [d for d in deployed() if d["kind"] == "Deployment" and d["metadata"]["name"] == "kube-icl-extender"]
+    deployment = find("Deployment", "kube-icl-scheduler")
+    assert deployment["spec"]["replicas"] >= 2, "a standby replica with a warm extender"
+    pod = deployment["spec"]["template"]["spec"]
+    (sidecar,) = pod["initContainers"]
+    assert sidecar["restartPolicy"] == "Always", "a native sidecar: up before kube-scheduler, down after it"
+    assert sidecar["command"][:2] == ["icl", "extender"]
+    assert sidecar["volumeMounts"][0]["mountPath"] + "/extender.yaml" == sidecar["command"][3]
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert ports == {"extender-probe": cfg.probe_port}, "only the probe listener has a container port"
+    assert cfg.probe_port != cfg.port
+    probes = {sidecar[k]["httpGet"]["path"] for k in ("startupProbe", "readinessProbe", "livenessProbe")}
     assert probes == {"/readyz", "/healthz"}
+    assert all(sidecar[k]["httpGet"]["port"] == "extender-probe" for k in ("readinessProbe", "livenessProbe"))
+    election = find("ConfigMap", "kube-icl-scheduler")["data"]["kube-scheduler-config.yaml"]
+    assert yaml.safe_load(election)["leaderElection"]["leaderElect"] is True
+    assert cfg.leader_election.namespace == "kube-system"
+    pdb = find("PodDisruptionBudget", "kube-icl-scheduler")
+    assert pdb["spec"]["minAvailable"] == 1
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
 def test_extender_rbac_is_least_privilege() -> None:
@@ -110,11 +126,19 @@ def test_extender_rbac_is_least_privilege() -> None:
         ("pods/eviction", "create"),
         ("events", "create"),
     }
-    binding = find("ClusterRoleBinding", "kube-icl-extender")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kube-icl-extender", "namespace": "kube-system"}]
+    # The sidecar runs under the kube-scheduler pod's service account.
+    subject = [{"kind": "ServiceAccount", "name": "kube-icl-scheduler", "namespace": "kube-system"}]
+    assert find("ClusterRoleBinding", "kube-icl-extender")["subjects"] == subject
+    assert find("RoleBinding", "kube-icl-extender-leases")["subjects"] == subject
     assert (
-        find("Deployment", "kube-icl-extender")["spec"]["template"]["spec"]["serviceAccountName"] == "kube-icl-extender"
+        find("Deployment", "kube-icl-scheduler")["spec"]["template"]["spec"]["serviceAccountName"]
+        == "kube-icl-scheduler"
     )
+    leases = find("Role", "kube-icl-extender-leases")
+    assert leases["metadata"]["namespace"] == "kube-system"
+    assert [(r["apiGroups"], r["resources"], sorted(r["verbs"])) for r in leases["rules"]] == [
+        (["coordination.k8s.io"], ["leases"], ["create", "delete", "get", "list", "update"])
+    ]
 
 
 def test_rbac_covers_every_native_group_path_the_client_reads() -> None:

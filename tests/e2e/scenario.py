@@ -197,6 +197,7 @@ class ExtenderProcess:
         config: dict[str, Any] = {
             "listen": {"host": "127.0.0.1", "port": self.port},
             "kube": {"kubeconfig": str(plane.kubeconfig)},
+            "debugState": True,  # the tests read /debug/state
             **(settings or {}),
         }
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -464,10 +465,14 @@ NODE_PRESETS = ("ring:8", "hcm:8")
 
 
 def shipped_extender_settings() -> dict[str, Any]:
-    """The extender config of ``manifests/scheduler/deploy/extender-config.yaml`` (without ``listen``)."""
+    """The extender config of ``manifests/scheduler/deploy/extender-config.yaml`` (without its listeners).
+
+    ``listen`` and ``probeListen`` name the pod's fixed ports; a test picks free ones.
+    """
     document = yaml.safe_load((ROOT / "manifests" / "scheduler" / "deploy" / "extender-config.yaml").read_text())
     settings: dict[str, Any] = yaml.safe_load(document["data"]["extender.yaml"])
     settings.pop("listen", None)
+    settings.pop("probeListen", None)
     return settings
 
 

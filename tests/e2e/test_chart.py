@@ -1,0 +1,428 @@
+"""charts/kube-icl against the real tools: helm lint and template, the real API server, RBAC.
+
+- ``helm lint --strict`` and ``helm template`` with each values file (the defaults,
+  ``ci/multipool-nvml-values.yaml``, ``ci/remote-mtls-values.yaml``), with the helm
+  that ``tests/e2e/build.py`` builds from the Go module proxy (pinned in tools.env);
+- every rendered object passes ``kubectl apply --dry-run=server``; the
+  KubeSchedulerConfiguration inside is loaded by the real kube-scheduler, the extender's
+  and the plugins' config files by their own parsers;
+- the committed manifests/ equal the chart's defaults (``make manifests``);
+- bad values fail with one line naming the value;
+- each service account gets exactly its table of permissions (``kubectl auth can-i``
+  against the API server with RBAC on), and the node-patch policy names the release's plugin;
+- the example workloads pass server-side dry-run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deviceplugin.config import config_from_mapping
+from scheduler.config import parse_config
+from topology.fileformat import topology_from_mapping
+
+from . import build
+from .harness import ControlPlane, e2e_required, wait_for
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kube-icl"
+VALUES: dict[str, Path | None] = {
+    "default": None,
+    "multipool-nvml": CHART / "ci" / "multipool-nvml-values.yaml",
+    "remote-mtls": CHART / "ci" / "remote-mtls-values.yaml",
+}
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+# Only the group, version and kind of prometheus-operator's ServiceMonitor, so that the API
+# server can admit the chart's ServiceMonitor; its fields are not checked by this CRD.
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {"kind": "ServiceMonitor", "listKind": "ServiceMonitorList", "plural": "servicemonitors"},
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    path = build.tool_path("helm")
+    if path is None:
+        reason = f"helm not built in {build.tool_dir()}: run `make e2e-bins`"
+        if e2e_required():
+            pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {reason}", pytrace=False)
+        pytest.skip(reason)
+    return str(path)
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def template(
+    helm: str, values: Path | None, *, release: str = "kube-icl", namespace: str = "kube-icl", sets: Sequence[str] = ()
+) -> str:
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    if values is not None:
+        args += ["--values", str(values)]
+    for item in sets:
+        args += ["--set", item]
+    result = run_helm(helm, *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def objects(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+
+
+@pytest.mark.parametrize("name", VALUES)
+def test_the_chart_lints_strictly(helm: str, name: str) -> None:
+    values = VALUES[name]
+    args = ["lint", "--strict", str(CHART), "--namespace", "kube-icl"]
+    result = run_helm(helm, *args, *(["--values", str(values)] if values else []))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_the_committed_manifests_are_the_charts_defaults(helm: str) -> None:
+    command = [sys.executable, str(CHART.parent / "render_manifests.py"), "--check", "--helm", helm]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"{result.stderr}\n{result.stdout}"
+
+
+@pytest.fixture(scope="module")
+def service_monitor_crd(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    path = tmp_path_factory.mktemp("crd") / "servicemonitor-crd.yaml"
+    path.write_text(yaml.safe_dump(SERVICE_MONITOR_CRD))
+    control_plane.kubectl("apply", "-f", str(path))
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(path))
+    yield
+    control_plane.kubectl("delete", "--ignore-not-found", "-f", str(path), check=False)
+
+
+@pytest.mark.parametrize("name", VALUES)
+def test_every_rendered_object_is_accepted_by_the_api_server(
+    control_plane: ControlPlane, helm: str, service_monitor_crd: None, name: str, tmp_path: Path
+) -> None:
+    text = template(helm, VALUES[name], namespace=f"kube-icl-{name}")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    docs = objects(text)
+    kinds = {d["kind"] for d in docs}
+    assert {"DaemonSet", "Deployment", "ConfigMap", "ClusterRole", "ValidatingAdmissionPolicy"} <= kinds
+    out = control_plane.server_dry_run_apply(path)
+    assert out.stdout.count("(server dry run)") == len(docs), out.stdout
+    configs = [d for d in docs if d["kind"] == "ConfigMap"]
+    scheduler_configs = [
+        c["data"]["kube-scheduler-config.yaml"] for c in configs if "kube-scheduler-config.yaml" in c["data"]
+    ]
+    assert len(scheduler_configs) == 1
+    scheduler_config = tmp_path / "kube-scheduler-config.yaml"
+    scheduler_config.write_text(scheduler_configs[0])
+    control_plane.check_scheduler_config(scheduler_config)  # strict decoding by the real kube-scheduler
+    (extender,) = [
+        parse_config(yaml.safe_load(c["data"]["extender.yaml"])) for c in configs if "extender.yaml" in c["data"]
+    ]
+    plugins = [c for c in configs if "plugin.yaml" in c["data"]]
+    assert plugins and len(plugins) == len([d for d in docs if d["kind"] == "DaemonSet"])
+    for config_map in plugins:
+        plugin = config_from_mapping(yaml.safe_load(config_map["data"]["plugin.yaml"]), node_name="node-a")
+        assert plugin.resource_name == extender.resource_name
+        if "topology.yaml" in config_map["data"]:
+            topo = topology_from_mapping(yaml.safe_load(config_map["data"]["topology.yaml"]))
+            assert plugin.topology == "/etc/kube-icl/topology.yaml" and topo.devices
+
+
+def test_the_remote_extender_is_mutual_tls_behind_a_network_policy(helm: str) -> None:
+    docs = objects(template(helm, VALUES["remote-mtls"], namespace="icl"))
+    config_map = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kube-icl-extender")
+    cfg = parse_config(yaml.safe_load(config_map["data"]["extender.yaml"]))
+    assert cfg.tls_cert and cfg.tls_key and cfg.tls_client_ca, "serves HTTPS and verifies client certificates"
+    assert not cfg.debug_state and not cfg.allow_insecure_remote
+    scheduler_cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kube-icl-scheduler")
+    (stanza,) = yaml.safe_load(scheduler_cm["data"]["kube-scheduler-config.yaml"])["extenders"]
+    assert stanza["enableHTTPS"] is True
+    assert stanza["urlPrefix"] == f"https://kube-icl-extender.icl.svc:{cfg.port}"
+    assert set(stanza["tlsConfig"]) == {"certFile", "keyFile", "caFile", "serverName"}
+    scheduler = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "kube-icl-scheduler")
+    pod = scheduler["spec"]["template"]["spec"]
+    assert "initContainers" not in pod, "no sidecar in remote mode"
+    mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+    secret = {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}
+    assert stanza["tlsConfig"]["certFile"].startswith(next(p for p, n in mounts.items() if n == "client-tls"))
+    assert secret["client-tls"] == "kube-icl-scheduler-client-tls"
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    verbs_rule = policy["spec"]["ingress"][0]
+    assert verbs_rule["ports"] == [{"port": cfg.port, "protocol": "TCP"}]
+    assert verbs_rule["from"] == [{"podSelector": {"matchLabels": pod_labels(scheduler)}}]
+    assert policy["spec"]["ingress"][1]["ports"] == [{"port": cfg.probe_port, "protocol": "TCP"}]
+    extender = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "kube-icl-extender")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(extender).items()
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return {k: v for k, v in deployment["spec"]["selector"]["matchLabels"].items()}
+
+
+def _pools(*pools: dict[str, Any]) -> dict[str, Any]:
+    return {"devicePlugin": {"pools": list(pools)}}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"extender": {"mode": "proxy"}}, 'extender.mode: "proxy" is not one of sidecar, remote'),
+        (
+            _pools({"name": "a", "backend": "cuda"}),
+            'devicePlugin.pools[0].backend: "cuda" is not one of sim, udev, nvml',
+        ),
+        (
+            _pools({"name": "a"}, {"name": "b", "backend": "sim"}),
+            "devicePlugin.pools[1].topology: the sim backend needs",
+        ),
+        (
+            _pools({"name": "a", "topology": "ring:4", "topologyFile": "x"}),
+            "pools[0]: set topology or topologyFile, not",
+        ),
+        (_pools({"name": "Rack_1"}), 'devicePlugin.pools[0].name: "Rack_1" must be a DNS label'),
+        (_pools({"name": "a"}, {"name": "a"}), 'devicePlugin.pools[1].name: "a" is used by another pool'),
+        (_pools({"backend": "udev"}), "devicePlugin.pools[0].name: required"),
+        (_pools("a"), "devicePlugin.pools[0]: expected a mapping with a name, got a"),  # type: ignore[arg-type]
+        ({"extender": {"mode": "remote"}, "tls": {"clientSecretName": ""}}, "tls: extender.mode=remote needs"),
+        ({"scheduler": {"replicas": 0}}, "scheduler.replicas: must be >= 1, got 0"),
+    ],
+    ids=[
+        "mode",
+        "backend",
+        "sim-topology",
+        "two-topologies",
+        "pool-name",
+        "pool-twice",
+        "no-name",
+        "not-a-map",
+        "remote-no-tls",
+        "replicas",
+    ],
+)
+def test_bad_values_fail_with_one_line_naming_the_value(
+    helm: str, values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = run_helm(helm, "template", "kube-icl", str(CHART), "--values", str(path))
+    assert result.returncode != 0 and result.stdout == ""
+    assert message in result.stderr.splitlines()[0], result.stderr
+
+
+# ----------------------------------------------------------------------------- RBAC
+
+
+def can_i(plane: ControlPlane, user: str, verb: str, resource: str, *extra: str) -> bool:
+    out = plane.kubectl("auth", "can-i", verb, resource, f"--as={user}", *extra, check=False)
+    answer = out.stdout.strip()
+    assert answer in ("yes", "no"), f"kubectl auth can-i {verb} {resource}: {out.stderr.strip()}"
+    return answer == "yes"
+
+
+@pytest.fixture(scope="module")
+def installed_rbac(control_plane: ControlPlane, helm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The service accounts and RBAC of a sidecar release and a remote release, applied for real."""
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"icl-rbac-{suffix}"
+    control_plane.ensure_namespace(namespace)
+    rendered = template(helm, None, release=f"side-{suffix}", namespace=namespace) + "\n---\n"
+    rendered += template(helm, VALUES["remote-mtls"], release=f"remote-{suffix}", namespace=namespace)
+    rbac = [d for d in objects(rendered) if d["kind"] in RBAC_KINDS]
+    path = tmp_path_factory.mktemp("rbac") / "rbac.yaml"
+    path.write_text(yaml.safe_dump_all(rbac))
+    control_plane.kubectl("apply", "-f", str(path))
+    try:
+        yield suffix
+    finally:
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(path), check=False)
+
+
+def _sa(suffix: str, release: str, component: str) -> str:
+    return f"system:serviceaccount:icl-rbac-{suffix}:{release}-{suffix}-kube-icl-{component}"
+
+
+# (verb, resource, extra kubectl flags): what each service account must and must not be able to do.
+# "ns" in the flags stands for the release's namespace.
+MAY = "may"
+MAY_NOT = "may not"
+PLUGIN_TABLE = [
+    (MAY, "get", "nodes", ()),
+    (MAY, "patch", "nodes", ()),  # narrowed to its own node's kube-icl.io/ keys by the admission policy
+    (MAY, "list", "pods", ()),
+    (MAY, "watch", "pods", ()),
+    (MAY_NOT, "update", "nodes", ()),
+    (MAY_NOT, "delete", "nodes", ()),
+    (MAY_NOT, "patch", "nodes", ("--subresource=status",)),
+    (MAY_NOT, "create", "pods", ("--subresource=binding", "-n", "default")),
+    (MAY_NOT, "create", "pods", ("-n", "default")),
+    (MAY_NOT, "patch", "pods", ("-n", "default")),
+    (MAY_NOT, "get", "secrets", ("-n", "ns")),
+    (MAY_NOT, "list", "secrets", ("--all-namespaces",)),
+    (MAY_NOT, "list", "configmaps", ("-n", "ns")),
+    (MAY_NOT, "create", "events", ("-n", "default")),
+    (MAY_NOT, "update", "leases", ("-n", "ns")),
+]
+EXTENDER_TABLE = [
+    (MAY, "create", "pods", ("--subresource=binding", "-n", "default")),
+    (MAY, "create", "pods", ("--subresource=eviction", "-n", "default")),
+    (MAY, "watch", "pods", ("--all-namespaces",)),
+    (MAY, "list", "nodes", ()),
+    (MAY, "watch", "nodes", ()),
+    (MAY, "create", "events", ("-n", "default")),
+    (MAY, "get", "podgroups.scheduling.x-k8s.io", ("-n", "default")),
+    (MAY, "get", "workloads.scheduling.k8s.io", ("-n", "default")),
+    (MAY, "create", "leases", ("-n", "ns")),
+    (MAY, "update", "leases", ("-n", "ns")),
+    (MAY, "delete", "leases", ("-n", "ns")),
+    (MAY_NOT, "update", "leases", ("-n", "default")),
+    (MAY_NOT, "get", "secrets", ("-n", "ns")),
+    (MAY_NOT, "list", "secrets", ("--all-namespaces",)),
+    (MAY_NOT, "patch", "nodes", ()),
+    (MAY_NOT, "update", "nodes", ()),
+    (MAY_NOT, "create", "pods", ("-n", "default")),
+    (MAY_NOT, "create", "clusterrolebindings", ()),
+    (MAY_NOT, "create", "deployments.apps", ("-n", "ns")),
+]
+REMOTE_ONLY = [
+    (MAY_NOT, "patch", "pods", ("-n", "default")),
+    (MAY_NOT, "delete", "pods", ("-n", "default")),
+    (MAY_NOT, "update", "pods", ("--subresource=status", "-n", "default")),
+    (MAY_NOT, "create", "leases", ("-n", "default")),
+]
+
+# In remote mode kube-scheduler keeps only the stock scheduler roles (it binds through the extender).
+REMOTE_SCHEDULER_TABLE = [
+    (MAY, "create", "pods", ("--subresource=binding", "-n", "default")),
+    (MAY, "watch", "pods", ("--all-namespaces",)),
+    (MAY, "create", "events", ("-n", "default")),
+    (MAY_NOT, "delete", "leases", ("-n", "ns")),
+    (MAY_NOT, "get", "secrets", ("-n", "ns")),
+    (MAY_NOT, "patch", "nodes", ()),
+    (MAY_NOT, "create", "clusterrolebindings", ()),
+]
+
+
+@pytest.mark.parametrize(
+    ("release", "component", "table"),
+    [
+        ("side", "device-plugin", PLUGIN_TABLE),
+        ("side", "scheduler", EXTENDER_TABLE),  # the sidecar runs as the kube-scheduler pod's account
+        ("remote", "extender", EXTENDER_TABLE + REMOTE_ONLY),
+        ("remote", "scheduler", REMOTE_SCHEDULER_TABLE),
+    ],
+    ids=["plugin", "sidecar-scheduler", "remote-extender", "remote-scheduler"],
+)
+def test_each_service_account_gets_exactly_its_permissions(
+    control_plane: ControlPlane, installed_rbac: str, release: str, component: str, table: list[Any]
+) -> None:
+    user = _sa(installed_rbac, release, component)
+    namespace = f"icl-rbac-{installed_rbac}"
+    wrong = []
+    for expect, verb, resource, extra in table:
+        flags = tuple(namespace if f == "ns" else f for f in extra)
+        if can_i(control_plane, user, verb, resource, *flags) != (expect == MAY):
+            wrong.append(f"{user} {expect} {verb} {resource} {' '.join(flags)}".strip())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_remote_extenders_account_is_not_the_schedulers(control_plane: ControlPlane, installed_rbac: str) -> None:
+    """In remote mode the kube-scheduler pod does not hold the extender's lease rights, and vice versa."""
+    namespace = f"icl-rbac-{installed_rbac}"
+    scheduler = _sa(installed_rbac, "remote", "scheduler")
+    extender = _sa(installed_rbac, "remote", "extender")
+    assert not can_i(control_plane, scheduler, "delete", "leases", "-n", namespace)
+    assert can_i(control_plane, extender, "delete", "leases", "-n", namespace)
+    assert not can_i(control_plane, extender, "update", "leases", "-n", "kube-system")
+
+
+def test_the_node_patch_policy_names_the_releases_plugin(
+    control_plane: ControlPlane, helm: str, tmp_path: Path
+) -> None:
+    """A release in another namespace: its plugin may patch only its own node's kube-icl.io/ keys."""
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"icl-vap-{suffix}"
+    control_plane.ensure_namespace(namespace)
+    docs = objects(template(helm, None, release=f"vap-{suffix}", namespace=namespace))
+    wanted = RBAC_KINDS | {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    path = tmp_path / "vap.yaml"
+    path.write_text(
+        yaml.safe_dump_all([d for d in docs if d["kind"] in wanted and "device-plugin" in d["metadata"]["name"]])
+    )
+    control_plane.kubectl("apply", "-f", str(path))
+    mine, other = f"vap-{suffix}-a", f"vap-{suffix}-b"
+    for node in (mine, other):
+        control_plane.create_node(node, wait_ready=False)
+    try:
+        user = f"system:serviceaccount:{namespace}:vap-{suffix}-kube-icl-device-plugin"
+        as_plugin = _impersonating(control_plane, user, mine)
+        good = {"metadata": {"annotations": {"kube-icl.io/topology": '{"v":1}'}}}
+        wait_for(lambda: _denied(lambda: as_plugin.patch_node(other, good)), what="node patch policy active")
+        assert "may only change the node it runs on" in _denied(lambda: as_plugin.patch_node(other, good))
+        assert _denied(lambda: as_plugin.patch_node(mine, good)) == ""
+        assert "only kube-icl.io/ labels" in _denied(
+            lambda: as_plugin.patch_node(mine, {"metadata": {"labels": {"a": "b"}}})
+        )
+    finally:
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(path), check=False)
+        for node in (mine, other):
+            control_plane.kubectl("delete", "node", node, "--ignore-not-found", check=False)
+
+
+def _impersonating(plane: ControlPlane, user: str, node: str) -> Any:
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))  # type: ignore[no-untyped-call]
+    api.set_default_header("Impersonate-User", user)
+    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
+    api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2Fnode-name", node)
+    return k8s.CoreV1Api(api)
+
+
+def _denied(call: Any) -> str:
+    from kubernetes import client as k8s
+
+    try:
+        call()
+    except k8s.ApiException as e:
+        if e.status in (403, 422):
+            return str(e.body)
+        raise
+    return ""
+
+
+# ----------------------------------------------------------------------------- examples
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_the_examples_are_accepted_by_the_api_server(control_plane: ControlPlane, namespace: str, path: Path) -> None:
+    out = control_plane.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path))
+    documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    assert out.stdout.count("(server dry run)") == len(documents), out.stdout
