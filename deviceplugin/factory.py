@@ -17,13 +17,15 @@ from typing import Any
 
 from deviceplugin.backends.base import Backend
 from deviceplugin.config import ConfigError, PluginConfig
+from deviceplugin.events import KubernetesNodeApi, NodeApi, NodeEventRecorder
 from deviceplugin.metrics import HttpEndpoint, PluginMetrics, Response, json_response
+from deviceplugin.nvidia import CONFLICT_ADVICE, GpuPluginReport, other_gpu_plugins
 from deviceplugin.pods import FilePodSource, KubernetesPodSource, NoPods, PodSource
 from deviceplugin.publisher import KubernetesNodePatcher, NodePublisher, kube_api_client
 from deviceplugin.server import DevicePlugin
 from topology import encode_annotation, load_topology
 
-__all__ = ["build_backend", "build_plugin", "serve", "start_http"]
+__all__ = ["GpuPluginConflict", "build_backend", "build_plugin", "check_other_gpu_plugins", "serve", "start_http"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,13 @@ def build_plugin(config: PluginConfig, **plugin_kwargs: Any) -> DevicePlugin:
         api_client()  # fail now, in one line, when there is no API configuration
 
     metrics = PluginMetrics()
+    events = None
+    if config.events and config.api_access and config.node_name:
+        events = NodeEventRecorder(
+            KubernetesNodeApi(api_client()),
+            config.node_name,
+            on_outcome=lambda type_, outcome: metrics.events.labels(type_, outcome).inc(),
+        )
     publisher = None
     if config.publish:
         publisher = NodePublisher(
@@ -98,8 +107,49 @@ def build_plugin(config: PluginConfig, **plugin_kwargs: Any) -> DevicePlugin:
         build_pods(config, api_client),
         metrics=metrics,
         publisher=publisher,
+        events=events,
         **plugin_kwargs,
     )
+
+
+class GpuPluginConflict(RuntimeError):
+    """Another device plugin hands out this node's NVIDIA GPUs (nvml.nvidiaPluginCheck: fail)."""
+
+
+async def check_other_gpu_plugins(plugin: DevicePlugin, node_api: NodeApi | None = None) -> GpuPluginReport:
+    """The nvml backend's start check (see :mod:`deviceplugin.nvidia`); raises GpuPluginConflict in fail mode.
+
+    ``node_api`` reads the Node's status; default: the events recorder's API when API access is configured.
+    """
+    config = plugin.config
+    mode = config.nvml.nvidia_plugin_check
+    if config.backend != "nvml" or mode == "off":
+        return GpuPluginReport()
+    if node_api is None and plugin.events is not None:
+        node_api = plugin.events.api
+    node: dict[str, Any] | None = None
+    if node_api is not None and config.node_name:
+        try:
+            node = await asyncio.to_thread(node_api.read_node, config.node_name)
+        except Exception as e:
+            log.warning("cannot read node %s to look for nvidia.com/* resources: %s", config.node_name, e)
+    report = other_gpu_plugins(
+        config.plugin_dir, config.socket_name, config.resource_name, len(plugin.topology.devices), node
+    )
+    for note in report.notes:
+        log.info("NVIDIA plugin check: %s", note)
+    if report.conflict:
+        text = "; ".join(report.conflict)
+        if mode == "fail":
+            if plugin.events is not None:  # kubectl describe node then says why the plugin does not start
+                await asyncio.to_thread(
+                    plugin.events.post, "Warning", "GpuPluginConflict", f"{text}; the kube-icl plugin does not start"
+                )
+            raise GpuPluginConflict(f"another device plugin hands out these GPUs: {text}. To fix: {CONFLICT_ADVICE}")
+        log.warning("another device plugin hands out these GPUs: %s (nvml.nvidiaPluginCheck: warn)", text)
+        if plugin.events is not None:
+            plugin.events.record("Warning", "GpuPluginConflict", f"{text}; a GPU may be given to two pods")
+    return report
 
 
 async def start_http(plugin: DevicePlugin) -> HttpEndpoint | None:
@@ -143,6 +193,11 @@ async def serve(load: Callable[[], PluginConfig], **plugin_kwargs: Any) -> int:
     try:
         while True:
             plugin = build_plugin(config, **plugin_kwargs)
+            try:
+                await check_other_gpu_plugins(plugin)
+            except GpuPluginConflict:
+                await plugin.backend.close()
+                raise
             http = await start_http(plugin)
             inner = asyncio.Event()
             task = asyncio.create_task(plugin.run(inner))

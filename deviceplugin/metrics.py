@@ -63,6 +63,12 @@ class PluginMetrics:
         self.publish_failures = Counter(
             "kube_icl_plugin_publish_failures", "Failed attempts to patch the node annotation", registry=r
         )
+        self.events = Counter(
+            "kube_icl_plugin_events",
+            "Events on the node by type and outcome: posted, aggregated (count bumped), dropped (rate limit), failed",
+            ["type", "outcome"],
+            registry=r,
+        )
         for source in ("scheduler", "topology", "fallback"):
             self.preferred.labels(source)
 

@@ -37,8 +37,9 @@ from deviceplugin.allocation import (
     preferred_allocation,
     rank_layout,
 )
-from deviceplugin.backends.base import Backend, RuntimeEdits
+from deviceplugin.backends.base import Backend, HealthChange, RuntimeEdits
 from deviceplugin.config import PluginConfig
+from deviceplugin.events import NodeEventRecorder
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.pods import DEVICES_ANNOTATION, NoPods, PodInfo, PodSource
 from deviceplugin.publisher import NodePublisher
@@ -181,6 +182,7 @@ class DevicePlugin:
         *,
         metrics: PluginMetrics | None = None,
         publisher: NodePublisher | None = None,
+        events: NodeEventRecorder | None = None,
         watch_interval: float = 0.5,
         backoff: tuple[float, float] = (0.2, 10.0),
         grace: float = 2.0,
@@ -190,6 +192,7 @@ class DevicePlugin:
         self.pods = pods or NoPods()
         self.metrics = metrics or PluginMetrics()
         self.publisher = publisher
+        self.events = events
         self.watch_interval = watch_interval
         self.backoff = backoff
         self.grace = grace
@@ -383,6 +386,15 @@ class DevicePlugin:
         self.registrations += 1
         self.metrics.registrations.inc()
         log.info("registered %s with the kubelet at %s", self.config.resource_name, kubelet)
+        if self.events is not None:
+            topo = self.topology
+            self.events.record(
+                "Normal",
+                "Registered",
+                f"kube-icl device plugin registered {self.config.resource_name} with the kubelet "
+                f"({self.backend.name} backend): {len(topo.devices)} devices ({len(topo.healthy_ids)} healthy), "
+                f"{len(topo.links)} links",
+            )
 
     @staticmethod
     def _identity(path: Path) -> tuple[int, int] | None:
@@ -424,8 +436,15 @@ class DevicePlugin:
                     delay = min(delay * 2, self.backoff[1])
 
         self._tasks = [asyncio.create_task(backend(), name="backend"), asyncio.create_task(observe())]
+        if self.events is not None:
+            self.backend.feed.add_listener(self._health_events)
+            self._tasks.append(asyncio.create_task(self.events.run(), name="events"))
         if self.publisher is not None:
             self._tasks.append(asyncio.create_task(self.publisher.follow(self.backend.feed.follow())))
+
+    def _health_events(self, changes: list[HealthChange], topo: NodeTopology) -> None:
+        if self.events is not None:
+            self.events.record_health(changes, topo, self.config.resource_name)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve and stay registered until ``stop`` is set; then stop gracefully."""
@@ -462,4 +481,7 @@ class DevicePlugin:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             self._tasks = []
+            if self.events is not None:
+                self.backend.feed.remove_listener(self._health_events)
+                await self.events.close()
             await self.backend.close()
