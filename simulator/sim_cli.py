@@ -409,7 +409,7 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
         from simulator.fracgen import builtin_frac_cluster
 
         nodes = builtin_frac_cluster()
-        where = "the built-in 200-node cluster (no --nodes or --cluster)"
+        where = "the built-in cluster (no --nodes or --cluster)"
     named: list[tuple[str, TaskRequest]]
     if args.pods:
         from simulator.openb import read_pods
@@ -435,7 +435,7 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
     frag = FragmentationModel(workload)
     capacity = sum(n.gpus for n in nodes)
     report.notes.append(
-        f"Fill: {where} ({len(nodes)} nodes, {capacity} devices), workload {what}, seeds {seeds[0]}..{seeds[-1]}, "
+        f"Fill: {where}: {len(nodes)} nodes, {capacity} devices; workload {what}; seeds {seeds[0]}..{seeds[-1]}; "
         f"demand inflated to {args.inflation:.0%} of capacity."
     )
     if published and seeds == PUBLISHED_SEEDS and args.inflation == PUBLISHED_INFLATION:
@@ -481,7 +481,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
         from simulator.openb import read_nodes
 
         cluster = read_nodes(args.nodes)
-        where = f"{Path(args.nodes).name} ({len(cluster)} nodes, {sum(n.gpus for n in cluster)} devices)"
+        where = f"{Path(args.nodes).name}: {len(cluster)} nodes, {sum(n.gpus for n in cluster)} devices"
     elif args.cluster:
         cluster = load_cluster(args.cluster)
         where = f"{Path(args.cluster).name}: {cluster.describe()}"

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import yaml
 
 from simulator.cli import main
 from simulator.clusterspec import SpecError, load_cluster
@@ -446,3 +447,16 @@ def test_report_records_command_and_version_and_drops_an_empty_published_column(
     assert "published" not in html
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["command"] == command and metrics["version"] == version("kube-icl")
+
+
+def test_the_documented_cluster_spec_and_example_files_load() -> None:
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "simulator.md").read_text()
+    block = doc[doc.index("```yaml\n") + len("```yaml\n") :]
+    block = block[: block.index("```")]
+    from simulator.clusterspec import cluster_from_mapping
+
+    documented = cluster_from_mapping(yaml.safe_load(block))
+    example = load_cluster(root / "examples" / "sim" / "cluster.yaml")
+    assert [n.name for n in documented.nodes] == [n.name for n in example.nodes if n.pool != "infer"]
+    assert {j.id for j in read_jobs(root / "examples" / "sim" / "jobs.csv")} == {"train-a", "infer-b"}
