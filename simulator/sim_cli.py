@@ -12,6 +12,7 @@ import argparse
 import difflib
 import hashlib
 import logging
+import math
 import shlex
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -89,7 +90,9 @@ def _number(kind: type[int] | type[float], low: float, *, strict: bool = False) 
         except ValueError:
             expected = "an integer" if kind is int else "a number"
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if value < low or (strict and value == low) or value != value:
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if value < low or (strict and value == low):
             raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text!r}")
         return value
 

@@ -243,6 +243,7 @@ BAD_OPTIONS = [
     (["--invalid-slowdown", "0.5"], "--invalid-slowdown"),
     (["--interarrival", "0"], "--interarrival"),
     (["--interarrival", "nan"], "--interarrival"),
+    (["--inflation", "inf"], "--inflation"),
     (["--policies", "icl-share"], "--policies"),
     (["--mode", "fast"], "--mode"),
     (["--cluster", "/nonexistent/c.yaml"], "/nonexistent/c.yaml"),
