@@ -128,6 +128,30 @@ def _job(where: str, index: int, rec: Mapping[str, object]) -> Job:
         raise JobFormatError(f"{where}: {exc}") from None
 
 
+def _json_line(text: str, top: str | None, index: int, exc: Exception) -> int:
+    """1-based line of record ``index`` in a JSON job file (of the field the error names, when it names one).
+
+    JSON is read through YAML's composer, which keeps line marks; 1 when that fails.
+    """
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return 1
+    if top is not None and isinstance(node, yaml.MappingNode):
+        node = next((v for k, v in node.value if k.value == top), None)
+    if not isinstance(node, yaml.SequenceNode) or index >= len(node.value):
+        return 1
+    record = node.value[index]
+    line = int(record.start_mark.line) + 1
+    if isinstance(record, yaml.MappingNode):
+        for key, _ in record.value:
+            if f"'{key.value}'" in str(exc):
+                return int(key.start_mark.line) + 1
+    return line
+
+
 def read_jobs(path: str | Path) -> list[Job]:
     """Jobs of a generic CSV or JSON file (by extension: ``.json`` is JSON), sorted by submit time."""
     p = Path(path)
@@ -137,6 +161,7 @@ def read_jobs(path: str | Path) -> list[Job]:
             data = json.loads(p.read_text())
         except json.JSONDecodeError as exc:
             raise JobFormatError(f"{p}: not valid JSON: {exc}") from None
+        top = "jobs" if isinstance(data, dict) else None
         if isinstance(data, dict):
             for key in data:
                 if key != "jobs":
@@ -145,7 +170,13 @@ def read_jobs(path: str | Path) -> list[Job]:
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise JobFormatError(f"{p}: expected a list of job objects or {{'jobs': [...]}}")
         records = data
-        jobs = [_job(f"{p}: job #{i}", i, r) for i, r in enumerate(records)]
+        jobs = []
+        for i, r in enumerate(records):
+            try:
+                jobs.append(_job(f"{p}: job #{i}", i, r))
+            except JobFormatError as exc:
+                line = _json_line(p.read_text(), top, i, exc)
+                raise JobFormatError(str(exc).replace(f"{p}: job #{i}", f"{p}:{line}: job #{i}", 1)) from None
     else:
         with p.open(newline="") as fh:
             reader = csv.DictReader(fh)

@@ -42,7 +42,7 @@ class Progress:
         *,
         stream: TextIO | None = None,
         after: float = 2.0,
-        every: float = 10.0,
+        every: float = 5.0,
         enabled: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

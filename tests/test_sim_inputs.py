@@ -141,9 +141,16 @@ def test_inputs_are_printed_with_the_clusters_they_ran_on(
             "jobs.json",
             '[{"id": "j", "submit": 0, "duration": 10, "count": 2, "gang_size": 2}]',
             read_jobs,
-            r"jobs.json: job #0: unknown field 'gang_size'; allowed: .*; did you mean 'gang'\?",
+            r"jobs.json:1: job #0: unknown field 'gang_size'; allowed: .*; did you mean 'gang'\?",
         ),
         ("jobs.csv", "id,submit,duration,count\nj,0,10,2,9\n", read_jobs, r"jobs.csv:2: more cells than the header"),
+        (
+            "jobs.json",
+            '{"jobs": [\n  {"id": "a", "submit": 0, "duration": 10, "count": 2},\n'
+            '  {"id": "b", "submit": 0, "duration": 10,\n   "count": 2, "queu": "x"}\n]}\n',
+            read_jobs,
+            r"jobs.json:4: job #1: unknown field 'queu'; .*did you mean 'queue'\?",
+        ),
         (
             "pods.csv",
             "name,cpu_milli,memory_mib,num_gpu,gpu_mili\np,1,1,1,500\n",
@@ -180,6 +187,7 @@ def test_inputs_are_printed_with_the_clusters_they_ran_on(
         "csv-column",
         "json-field",
         "csv-extra-cell",
+        "json-field-line",
         "pod-column",
         "node-column",
         "pool-key",
