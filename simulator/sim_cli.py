@@ -50,7 +50,8 @@ examples:
   icl sim --mode fill --nodes ../shared/data/openb-gpu-2023/openb_node_list_gpu_node.csv \\
           --pods ../shared/data/openb-gpu-2023/openb_pod_list_default.csv --seeds 42-51
                                               the FGD paper's experiment, 10 seeds
-  icl sim --mode time --cluster cluster.yaml --trace jobs.csv --failures device=0.001,node=0.0005
+  icl sim --mode time --cluster examples/sim/cluster.yaml --trace examples/sim/jobs.csv \\
+          --failures device=0.001,node=0.0005      docs/simulator.md's walk-through, with failures
   icl sim --mode time --jobs 3000 --weights research=2,prod=1,batch=1
 
   icl sim --mode time --nodes openb_node_list_gpu_node.csv --pods openb_pod_list_default.csv
