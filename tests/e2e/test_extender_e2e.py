@@ -268,7 +268,9 @@ def test_preemption_frees_a_whole_shape(control_plane: ControlPlane, extender: R
     assert node == torus
     assert Placer.for_topology(build_preset("torus:4x4")).is_valid(parse_shape("mesh:2x2"), devices)
     left = {str(p.metadata.name) for p in control_plane.core.list_namespaced_pod(namespace).items if p.metadata}
-    assert len(left - {"high"}) == 6, f"the fewest victims (two rings of 2 that form a 2x2 block): {sorted(left)}"
+    # kube-scheduler's two victims (chosen by count) are kept; at most two more rings complete a 2x2 block
+    # (test_preemption_e2e.py checks the exact answer against brute force).
+    assert 4 <= len(left - {"high"}) <= 6, f"two to four victims: {sorted(left)}"
 
 
 def test_https_and_a_gang_across_a_link_domain(control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:

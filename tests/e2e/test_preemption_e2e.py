@@ -1,0 +1,249 @@
+"""The real kube-scheduler preempts through the kube-icl extender (issue 15).
+
+kube-scheduler picks victims in a dry run with its own plugins only (CPU, memory, device *count*)
+and then asks the extender's ``preempt`` verb, which must answer by upstream's rules: every node it
+names has a non-empty list of pods on that node, the scheduler's own victims are all kept, and
+device holders are added only where the shape needs them. The extender runs in this process (its
+HTTP server on loopback, its cache fed by the API server); each of its preempt answers is recorded
+beside the request kube-scheduler sent.
+
+The low-priority pods are created already bound (``spec.nodeName``) with their devices annotated,
+so the layout of the node is known; kwok runs them, and kube-scheduler and the extender both see them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.extender import Extender
+from scheduler.informer import Informer
+from scheduler.kube import RestKubeAPI
+from scheduler.podspec import parse_devices
+from scheduler.server import ExtenderServer
+from scheduler.testing import wait_for
+from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult
+from topology import Placer, build_preset, encode_annotation, parse_shape
+
+from .harness import KWOK_TOLERATIONS, ControlPlane
+
+pytestmark = pytest.mark.e2e
+
+CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
+RESOURCE = "kube-icl.io/accelerator"
+PRESET = "mesh:2x4"  # ids: row 0 = 0 1 2 3, row 1 = 4 5 6 7
+LOW, HIGH = "icl-e2e-low", "icl-e2e-high"
+
+
+@dataclass
+class Exchange:
+    """One preempt call: kube-scheduler's proposal and the extender's answer, node -> pod UIDs."""
+
+    proposed: dict[str, list[str]]
+    answered: dict[str, list[str]]
+
+
+@dataclass
+class Running:
+    ext: Extender
+    cache: ClusterCache
+    label: str
+    exchanges: list[Exchange] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+def running(control_plane: ControlPlane) -> Iterator[Running]:
+    from kubernetes import client as k8s
+
+    scheduling = k8s.SchedulingV1Api(control_plane.api_client)
+    for name, value in ((LOW, 10), (HIGH, 1000)):
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+        try:
+            scheduling.create_priority_class(cast(Any, body))
+        except k8s.ApiException as error:
+            if error.status != 409:
+                raise
+    api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
+    cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False)
+    cache = ClusterCache(cfg.resource_name)
+    ext = Extender(cfg, cache, api)
+    run = Running(ext, cache, f"pre-{uuid.uuid4().hex[:6]}")
+    preempt = ext.preempt
+
+    def recording(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        result = preempt(args)
+        run.exchanges.append(
+            Exchange(
+                {n: list(uids) for n, (uids, _) in args.victim_uids().items()},
+                {n: [p.uid for p in mv.pods] for n, mv in result.node_name_to_meta_victims.items()},
+            )
+        )
+        return result
+
+    informer = Informer(api, cache, watch_timeout_s=60)
+    server = ExtenderServer(ext, cfg)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ext, "preempt", recording)
+        ext.start()
+        informer.start()
+        server.start()
+        try:
+            wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
+            config = yaml.safe_load(CONFIG.read_text())
+            config["extenders"][0]["urlPrefix"] = server.url
+            with control_plane.use_scheduler(config):
+                yield run
+        finally:
+            informer.halt()
+            server.stop()
+            informer.stop()
+            ext.stop()
+            for node in run.nodes:
+                control_plane.core.delete_node(node)
+
+
+def _node(control_plane: ControlPlane, run: Running, suffix: str, cpu: str) -> str:
+    name = f"{run.label}-{suffix}"
+    control_plane.create_node(
+        name,
+        labels={"kube-icl.io/e2e": name},
+        annotations={"kube-icl.io/topology": encode_annotation(build_preset(PRESET))},
+        allocatable={RESOURCE: "8", "cpu": cpu},
+    )
+    run.nodes.append(name)
+    wait_for(lambda: name in run.cache.views, timeout_s=30, what=f"node {name} in the extender cache")
+    return name
+
+
+def _pod(name: str, node: str, count: int, shape: str, cpu: str, priority: str) -> dict[str, Any]:
+    requests = {RESOURCE: str(count), "cpu": cpu}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"kube-icl.io/shape": shape}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.example/job:1",
+                    "resources": {"requests": requests, "limits": requests},
+                }
+            ],
+            "tolerations": KWOK_TOLERATIONS,
+            "nodeSelector": {"kube-icl.io/e2e": node},
+            "priorityClassName": priority,
+            "schedulerName": "kube-icl",
+        },
+    }
+
+
+def _occupy(
+    control_plane: ControlPlane, run: Running, namespace: str, node: str, held: dict[str, tuple[str, str]]
+) -> dict[str, str]:
+    """Create low-priority pods already bound to ``node`` with these devices (name -> (devices, cpu)); name -> UID."""
+    uids: dict[str, str] = {}
+    for name, (devices, cpu) in held.items():
+        body = _pod(name, node, len(devices.split(",")), "any", cpu, LOW)
+        body["metadata"]["annotations"]["kube-icl.io/devices"] = devices
+        body["spec"]["nodeName"] = node
+        created = control_plane.core.create_namespaced_pod(namespace, cast(Any, body))
+        uids[name] = str(created.metadata.uid)
+    for name in held:
+        control_plane.wait_pod_phase(namespace, name, "Running")
+    wait_for(
+        lambda: all(run.cache.allocated.get(u, ("", ()))[0] == node for u in uids.values()),
+        timeout_s=30,
+        what="the low-priority pods' devices in the extender cache",
+    )
+    return uids
+
+
+def _bound(control_plane: ControlPlane, namespace: str, name: str) -> tuple[str, tuple[str, ...]]:
+    pod = control_plane.wait_pod(
+        namespace, name, lambda p: bool(p.spec and p.spec.node_name), what="bound", timeout=120
+    )
+    assert pod.spec is not None and pod.metadata is not None
+    return str(pod.spec.node_name), parse_devices((pod.metadata.annotations or {})["kube-icl.io/devices"])
+
+
+def _left(control_plane: ControlPlane, namespace: str) -> set[str]:
+    pods = control_plane.core.list_namespaced_pod(namespace).items
+    return {str(p.metadata.name) for p in pods if p.metadata and not p.metadata.deletion_timestamp}
+
+
+def _answer_for(run: Running, node: str) -> Exchange:
+    """The first preempt call that named ``node``."""
+    for exchange in run.exchanges:
+        if node in exchange.proposed:
+            return exchange
+    raise AssertionError(f"kube-scheduler never asked the extender to preempt on {node}: {run.exchanges}")
+
+
+def test_a_high_priority_ring_preempts_low_priority_pods_through_the_extender(
+    control_plane: ControlPlane, running: Running, namespace: str
+) -> None:
+    """Every device holds a low-priority pod; a ring of 4 (a 2x2 cycle on this mesh) needs two or three of them."""
+    node = _node(control_plane, running, "ring", cpu="32")
+    held = {"l1": ("0,4", "100m"), "l2": ("1,2", "100m"), "l3": ("5,6", "100m"), "l4": ("3,7", "100m")}
+    uids = _occupy(control_plane, running, namespace, node, held)
+    control_plane.core.create_namespaced_pod(namespace, cast(Any, _pod("high", node, 4, "ring", "100m", HIGH)))
+    where, devices = _bound(control_plane, namespace, "high")
+    assert where == node
+    placer = Placer.for_topology(build_preset(PRESET))
+    shape = parse_shape("ring", count=4)
+    assert placer.is_valid(shape, devices), devices
+
+    exchange = _answer_for(running, node)
+    proposed, answered = exchange.proposed[node], exchange.answered[node]
+    assert proposed, "kube-scheduler proposes victims by device count"
+    assert answered[: len(proposed)] == proposed, "every victim kube-scheduler chose is kept"
+    names = {u: n for n, u in uids.items()}
+    devs = {u: tuple(held[names[u]][0].split(",")) for u in uids.values()}
+
+    def fits(victims: Any) -> bool:
+        return placer.fits(shape, {d for u in victims for d in devs[u]})
+
+    others = [u for u in uids.values() if u not in proposed]
+    fewest = min(k for k in range(len(others) + 1) for c in itertools.combinations(others, k) if fits([*proposed, *c]))
+    assert len(answered) == len(proposed) + fewest and fits(answered), (proposed, answered)
+    # The victims the extender answered, and only they, were evicted; the ring took their devices.
+    gone = {names[u] for u in answered}
+    assert _left(control_plane, namespace) == {"high", *held} - gone
+    assert set(devices) <= {d for u in answered for d in devs[u]}
+
+
+def test_a_device_holder_kube_scheduler_proposed_for_cpu_is_kept(
+    control_plane: ControlPlane, running: Running, namespace: str
+) -> None:
+    """CPU, not devices, made kube-scheduler choose ``hog``: its devices (2, 7) make no 2x2 block with the
+    free 0 and 4, so the extender keeps it and adds the one ring that completes a block. Answering only that
+    ring (dropping ``hog``) would leave the node short of CPU, and the next round would be refused."""
+    node = _node(control_plane, running, "cpu", cpu="4")
+    held = {"hog": ("2,7", "3"), "b": ("1,5", "100m"), "c": ("3,6", "100m")}
+    uids = _occupy(control_plane, running, namespace, node, held)
+    control_plane.core.create_namespaced_pod(namespace, cast(Any, _pod("high", node, 4, "mesh:2x2", "2", HIGH)))
+    where, devices = _bound(control_plane, namespace, "high")
+    assert where == node
+    assert Placer.for_topology(build_preset(PRESET)).is_valid(parse_shape("mesh:2x2"), devices), devices
+
+    exchange = _answer_for(running, node)
+    assert exchange.proposed[node] == [uids["hog"]], "kube-scheduler needs only hog's CPU (4 devices are then free)"
+    answered = exchange.answered[node]
+    assert answered in ([uids["hog"], uids["b"]], [uids["hog"], uids["c"]]), answered
+    names = {u: n for n, u in uids.items()}
+    assert _left(control_plane, namespace) == {"high", *held} - {names[u] for u in answered}
