@@ -12,11 +12,13 @@ three ways in one run:
   monomorphism (ring/mesh) or connected components (any), stopping at the first hit.
 
 Decision caches are cleared before every request, so each is a cold decision; tables are
-built once per (topology, shape) before timing, as in a running extender. Then, on a
+built once per (topology, shape) before timing, as in a running extender. Each path answers
+all requests ``--repeat`` times, the paths taking turns, and the fastest round counts (as
+``timeit`` advises: slower rounds measure other processes, not the code). Then, on a
 64-device torus, the per-decision cost over growing numbers of requests shows that no
 search grows with the number of requests.
 
-Run: ``.venv/bin/python bench/placement.py [--requests N]``.
+Run: ``.venv/bin/python bench/placement.py [--requests N] [--repeat R]``.
 """
 
 from __future__ import annotations
@@ -86,16 +88,30 @@ def _time(fn: Callable[[set[str]], object], requests: list[set[str]]) -> tuple[f
     return (time.perf_counter() - start) / len(requests), found
 
 
+def _race(paths: list[Callable[[set[str]], object]], requests: list[set[str]], repeat: int) -> list[tuple[float, int]]:
+    """Per path: the fastest of ``repeat`` rounds over all requests (seconds per request), and what it found."""
+    best = [(float("inf"), 0)] * len(paths)
+    for _ in range(repeat):
+        for i, fn in enumerate(paths):
+            per, found = _time(fn, requests)
+            best[i] = (min(best[i][0], per), found)
+    return best
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300, help="requests per topology and shape")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds per path; the fastest counts")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
+    if args.requests < 1 or args.repeat < 1:
+        parser.error(f"--requests and --repeat want >= 1, got {args.requests} and {args.repeat}")
+    print(f"{args.requests} requests per row, fastest of {args.repeat} rounds per path, seed {args.seed}")
     print(
         f"{'topology':<11}{'shape':<10}{'fit%':>6}{'table µs':>10}{'binpack µs':>11}{'frag µs':>9}{'networkx µs':>13}"
         f"{'nx/table':>10}{'nx/binpack':>11}{'nx/frag':>9}  tables"
     )
-    worst_16 = float("inf")
+    worst_16, best_16 = float("inf"), 0.0
     for preset, shapes in FIXTURES.items():
         topo = build_preset(preset)
         placer = Placer.for_topology(topo)
@@ -120,23 +136,26 @@ def main() -> int:
             def nx_path(free: set[str], shape: Shape = shape, topo: NodeTopology = topo) -> object:
                 return networkx_search(topo, shape, free)
 
-            t_table, found_t = _time(table_path, requests)
-            t_frag, found_f = _time(frag_path, requests)
-            t_bin, found_b = _time(binpack_path, requests)
-            t_nx, found_n = _time(nx_path, requests)
+            (t_table, found_t), (t_frag, found_f), (t_bin, found_b), (t_nx, found_n) = _race(
+                [table_path, frag_path, binpack_path, nx_path], requests, args.repeat
+            )
             if not found_t == found_f == found_b == found_n:
                 print(f"MISMATCH {preset} {text}: table {found_t}, frag {found_f}, networkx {found_n}")
                 return 1
             stats = next(s for s in placer.table_stats() if s.shape == str(shape))
             if len(topo.devices) == 16 and shape.kind is not ShapeKind.ANY:
                 worst_16 = min(worst_16, t_nx / t_table)
+                best_16 = max(best_16, t_nx / t_table)
             print(
                 f"{preset:<11}{text:<10}{100 * found_t / len(requests):>5.0f}%{t_table * 1e6:>10.1f}"
                 f"{t_bin * 1e6:>11.1f}{t_frag * 1e6:>9.1f}{t_nx * 1e6:>13.1f}"
                 f"{t_nx / t_table:>9.1f}x{t_nx / t_bin:>10.1f}x{t_nx / t_frag:>8.1f}x  "
                 f"{stats.candidates}{'' if stats.complete else '+'}"
             )
-    print(f"\n16-device nodes, ring and mesh: table path at least {worst_16:.0f}x faster than networkx (goal: 50x)")
+    print(
+        f"\n16-device nodes, ring and mesh: table path {worst_16:.0f}x to {best_16:.0f}x faster than networkx "
+        "(goal: at least 50x)"
+    )
 
     print("\n64-device torus: cost per decision as the number of requests grows (tables built once)")
     topo = build_preset("torus:8x8")
@@ -150,7 +169,7 @@ def main() -> int:
             placer.clear_cache()
             return placer.place(shape, free, Policy.BINPACK)
 
-        per, _ = _time(decide, requests)
+        ((per, _),) = _race([decide], requests, args.repeat)
         print(f"  {n:>5} requests: {per * 1e6:8.1f} µs per decision, tables held: {len(placer.table_stats())}")
     grown = len(placer.table_stats()) - before
     print(f"  tables built during the run: {grown} (the search ran once per shape, not per request)")
