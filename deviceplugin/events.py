@@ -57,25 +57,45 @@ class NodeApi(Protocol):
 
 
 class KubernetesNodeApi:
-    """:class:`NodeApi` through the ``kubernetes`` client."""
+    """:class:`NodeApi` through the ``kubernetes`` client.
 
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
+    ``api``: a :class:`kubeauth.KubeSession` (credentials reloaded once on a 401) or a plain ApiClient.
+    """
 
-        self._api_client = api_client
-        self._core = client.CoreV1Api(api_client)
+    def __init__(self, api: Any) -> None:
+        from kubeauth import KubeSession
+
+        self._session = KubeSession.of(api)
 
     def read_node(self, name: str) -> dict[str, Any]:
-        node = self._core.read_node(name, _request_timeout=10)
-        return dict(self._api_client.sanitize_for_serialization(node))
+        from kubernetes import client
+
+        def call(api_client: Any) -> dict[str, Any]:
+            node = client.CoreV1Api(api_client).read_node(name, _request_timeout=10)
+            return dict(api_client.sanitize_for_serialization(node))
+
+        return self._session.call(call, f"get node {name}")
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        from kubernetes import client
+
         raw: Any = body  # the client serialises a dict as it is
-        created = self._core.create_namespaced_event(namespace, raw, _request_timeout=10)
-        return dict(self._api_client.sanitize_for_serialization(created))
+
+        def call(api_client: Any) -> dict[str, Any]:
+            created = client.CoreV1Api(api_client).create_namespaced_event(namespace, raw, _request_timeout=10)
+            return dict(api_client.sanitize_for_serialization(created))
+
+        return self._session.call(call, f"create event in {namespace}")
 
     def patch_event(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        self._core.patch_namespaced_event(name, namespace, body, _request_timeout=10)
+        from kubernetes import client
+
+        self._session.call(
+            lambda api_client: client.CoreV1Api(api_client).patch_namespaced_event(
+                name, namespace, body, _request_timeout=10
+            ),
+            f"patch event {namespace}/{name}",
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -324,7 +324,10 @@ PLUGIN_TABLE = [
     (MAY_NOT, "get", "secrets", ("-n", "ns")),
     (MAY_NOT, "list", "secrets", ("--all-namespaces",)),
     (MAY_NOT, "list", "configmaps", ("-n", "ns")),
-    (MAY_NOT, "create", "events", ("-n", "default")),
+    (MAY, "create", "events", ("-n", "default")),  # Events on its node (registration, health)
+    (MAY, "patch", "events", ("-n", "default")),  # bumping a repeated event's count
+    (MAY_NOT, "delete", "events", ("-n", "default")),
+    (MAY_NOT, "list", "events", ("-n", "default")),
     (MAY_NOT, "update", "leases", ("-n", "ns")),
 ]
 EXTENDER_TABLE = [

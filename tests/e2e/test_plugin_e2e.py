@@ -146,6 +146,7 @@ def test_device_plugin_rbac_is_least_privilege(control_plane: ControlPlane) -> N
 
         assert can("get", "nodes") and can("patch", "nodes")
         assert can("list", "pods") and can("watch", "pods")
+        assert can("create", "events") and can("patch", "events")
         for what in [
             ("update", "nodes"),
             ("delete", "nodes"),
@@ -154,6 +155,8 @@ def test_device_plugin_rbac_is_least_privilege(control_plane: ControlPlane) -> N
             ("delete", "pods"),
             ("get", "secrets"),
             ("list", "configmaps"),
+            ("delete", "events"),
+            ("list", "events"),
         ]:
             assert not can(*what), f"{' '.join(what)} should be denied"
     finally:
