@@ -40,6 +40,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     p.add_argument("--probe-interval", type=float, help="seconds between health probes (default: 5)")
     p.add_argument("--recover-after", type=int, help="clean probes before unhealthy recovers (default: 3)")
     p.add_argument("--pre-start", action="store_true", default=None, help="ask for PreStartContainer calls")
+    p.add_argument(
+        "--device-list-strategy",
+        help="nvml: how GPUs are named to the NVIDIA runtime, comma-separated: envvar, volume-mounts, "
+        "cdi-annotations, cdi-cri (default: envvar; docs/deviceplugin.md)",
+    )
+    p.add_argument(
+        "--nvidia-plugin-check",
+        choices=["fail", "warn", "off"],
+        help="nvml: another plugin (NVIDIA's) hands out these GPUs: refuse to start, warn, or skip (default: fail)",
+    )
+    p.add_argument("--no-events", dest="events", action="store_false", default=None, help="post no Events on the node")
     p.set_defaults(func=run_plugin)
 
 
@@ -65,6 +76,13 @@ def run_plugin(args: argparse.Namespace) -> int:
         "probe_interval": args.probe_interval,
         "recover_after": args.recover_after,
         "pre_start_required": args.pre_start,
+        "events": args.events,
+        "nvml": {
+            "device_list_strategy": tuple(v.strip() for v in args.device_list_strategy.split(",") if v.strip())
+            if args.device_list_strategy is not None
+            else None,
+            "nvidia_plugin_check": args.nvidia_plugin_check,
+        },
     }
 
     def load() -> PluginConfig:

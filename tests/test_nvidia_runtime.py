@@ -224,3 +224,14 @@ def test_a_live_nvidia_socket_is_a_conflict_and_a_stale_one_a_note() -> None:
 def test_upstream_cdi_device_field_is_field_5() -> None:
     field = api_pb2.ContainerAllocateResponse.DESCRIPTOR.fields_by_name["cdi_devices"]
     assert field.number == 5 and field.message_type.fields_by_name["name"].number == 1
+
+
+def test_plugin_flags_reach_the_nvml_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator.cli import main as icl
+
+    with short_tmpdir() as d:
+        code = icl(["plugin", "--backend", "nvml", "--plugin-dir", str(d), "--device-list-strategy", "envvar,bogus"])
+    assert code == 2
+    assert "nvml.deviceListStrategy: 'bogus' is not one of envvar" in capsys.readouterr().out
+    c = load_config(None, backend="nvml", nvml={"device_list_strategy": (), "nvidia_plugin_check": "off"})
+    assert c.nvml.device_list_strategy == () and c.nvml.nvidia_plugin_check == "off"
