@@ -67,6 +67,11 @@ SERVICE_MONITOR_CRD = {
 
 @pytest.fixture(scope="session")
 def helm() -> str:
+    return helm_path()
+
+
+def helm_path() -> str:
+    """The pinned helm; else skip (fail under ICL_E2E_REQUIRED=1) with one line saying how to build it."""
     path = build.tool_path("helm")
     if path is None:
         reason = f"helm not built in {build.tool_dir()}: run `make e2e-bins`"
