@@ -122,7 +122,8 @@ def run_kubelet(args: argparse.Namespace) -> int:
                     print(json.dumps({"pod": pod, "asked": n, "error": str(e)}))
                     code = 1
                     continue
-                print(json.dumps({"pod": pod, "asked": n, "allocate_order": list(a.devices), "envs": a.envs}))
+                envs = dict(sorted(a.envs.items()))  # a protobuf map has no order: print one
+                print(json.dumps({"pod": pod, "asked": n, "allocate_order": list(a.devices), "envs": envs}))
             sys.stdout.flush()
             if args.serve:
                 stop = asyncio.Event()
