@@ -64,7 +64,7 @@ def helm_binary(explicit: str | None) -> str:
     if explicit:
         return explicit
     sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-    import build  # the e2e build script: where the pinned helm is cached
+    import build  # type: ignore[import-not-found]  # the e2e build script: where the pinned helm is cached
 
     path = build.tool_path("helm")
     if path is None:

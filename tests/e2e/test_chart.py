@@ -288,7 +288,7 @@ def subject_access(plane: ControlPlane, user: str, verb: str, resource: str, *ex
         )
     )
     answer = k8s.AuthorizationV1Api(plane.api_client).create_subject_access_review(review)
-    return bool(answer.status.allowed)
+    return answer.status is not None and bool(answer.status.allowed)
 
 
 @pytest.fixture(scope="module")

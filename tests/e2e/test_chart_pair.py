@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
@@ -102,7 +102,7 @@ def _place_the_ring_example(plane: ControlPlane, namespace: str, scheduler_confi
     topologies = publish_nodes(plane, specs)
     try:
         with plane.use_scheduler(scheduler_config) as scheduler:
-            plane.core.create_namespaced_pod(namespace, _ring_pod("ring-of-4", label))
+            plane.core.create_namespaced_pod(namespace, cast(Any, _ring_pod("ring-of-4", label)))
             bound = wait_bound(plane, namespace, ["ring-of-4"], watch=[scheduler])
         pod = bound["ring-of-4"]
         assert pod.count == 4 and pod.shape == "ring" and pod.devices is not None
