@@ -64,7 +64,9 @@ def render_view(view: NodeView) -> str:
         lines.append(f"  {letter}  {key}: {','.join(devices)}")
     total = len(view.topology.ids)
     busy = len(marks)
-    out = [f"node/{view.node}: {busy} of {total} devices busy, {len(view.holders)} pods", render(view.topology, marks)]
+    legend = {letter: "busy, one letter per pod (listed below)" for letter in set(marks.values())}
+    head = f"node/{view.node}: {busy} of {total} devices busy, {len(view.holders)} pods"
+    out = [head, render(view.topology, marks, legend)]
     out += lines
     out += [f"  ?  {key}: {','.join(devices)} (not all in this node's topology)" for key, devices in view.unknown]
     return "\n".join(out)

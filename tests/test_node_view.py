@@ -1,0 +1,58 @@
+"""``icl topo show node/NAME``'s view of a node and its pods (API JSON in, drawing out); e2e in
+tests/e2e/test_kube_credentials_e2e.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from simulator.node_view import node_view, render_view
+from topology import TopologyError, build_preset, encode_annotation
+
+
+def _pod(name: str, devices: str, phase: str = "Running", node: str = "n1", created: str = "") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "annotations": {"kube-icl.io/devices": devices},
+            "creationTimestamp": created,
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+NODE = {
+    "metadata": {"name": "n1", "annotations": {"kube-icl.io/topology": encode_annotation(build_preset("mesh:2x4"))}}
+}
+
+
+def test_pods_holding_devices_are_lettered_oldest_first() -> None:
+    pods = [
+        _pod("late", "2,3", "Pending", created="2026-01-01T00:00:02Z"),
+        _pod("early", "0,1,5,4", created="2026-01-01T00:00:01Z"),
+        _pod("done", "6,7", "Succeeded"),  # finished: its devices are free again
+        _pod("elsewhere", "6", node="n2"),
+        _pod("stale", "99"),
+    ]
+    view = node_view(NODE, pods)
+    assert view.holders == (("ns/early", ("0", "1", "5", "4")), ("ns/late", ("2", "3")))
+    assert view.unknown == (("ns/stale", ("99",)),)
+    assert render_view(view).splitlines() == [
+        "node/n1: 6 of 8 devices busy, 2 pods",
+        "mesh:2x4 (8 devices, 10 links)",
+        " A0 ── A1 ── B2 ── B3",
+        " │     │     │     │",
+        " A4 ── A5 ── ·6 ── ·7",
+        "legend: A,B busy, one letter per pod (listed below); · free",
+        "  A  ns/early: 0,1,5,4",
+        "  B  ns/late: 2,3",
+        "  ?  ns/stale: 99 (not all in this node's topology)",
+    ]
+
+
+def test_a_node_without_the_annotation_says_how_it_gets_one() -> None:
+    with pytest.raises(TopologyError, match=r"node/bare: no kube-icl.io/topology annotation \(is the kube-icl device"):
+        node_view({"metadata": {"name": "bare"}}, [])
