@@ -100,6 +100,15 @@ class PodChange:
     node: str
 
 
+def _rv(meta: Mapping[str, Any]) -> int | None:
+    """A resourceVersion as a number (etcd's revision; kube-apiserver's are comparable integers), or None."""
+    raw = meta.get("resourceVersion")
+    try:
+        return int(str(raw)) if raw else None
+    except ValueError:
+        return None
+
+
 def _ready(node: Mapping[str, Any]) -> bool:
     for cond in (node.get("status") or {}).get("conditions") or []:
         if isinstance(cond, Mapping) and cond.get("type") == "Ready":
@@ -138,6 +147,9 @@ class ClusterCache:
         self._view_log: list[str] = []
         self._view_log_base = 0  # entries before this position were dropped
         self._node_listeners: list[Callable[[str, NodeRecord | None], None]] = []
+        # uid -> the newest resourceVersion applied (kept after a delete as a tombstone), so that a fresh
+        # list merged into a watched cache (:meth:`merge_pods`) never rolls a pod back.
+        self._pod_rv: dict[str, int] = {}
 
     # ------------------------------------------------------------------ listeners
 
@@ -321,11 +333,20 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ pods
 
+    def _note_rv(self, uid: str, meta: Mapping[str, Any]) -> None:
+        rv = _rv(meta)
+        if rv is not None:
+            if len(self._pod_rv) > 500_000:
+                self._pod_rv.clear()
+            if rv > self._pod_rv.get(uid, -1):
+                self._pod_rv[uid] = rv
+
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         if not uid:
             return
+        self._note_rv(uid, meta)
         try:
             info = pod_info(obj, self.resource)
         except PodSpecError as exc:
@@ -439,6 +460,7 @@ class ClusterCache:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         with self.lock:
+            self._note_rv(uid, meta)
             self._dirty.add(uid)
             info = self.pods.pop(uid, None)
             held = self.allocated.get(uid)
@@ -464,6 +486,26 @@ class ClusterCache:
             info = self.pods.get(uid)
             self.delete_pod({"metadata": {"uid": uid, "name": info.name if info else ""}})
         self.pods_synced = True
+
+    def merge_pods(self, items: Iterable[Mapping[str, Any]]) -> int:
+        """Apply a fresh list on top of the watched state: only pods the cache has not seen at this
+        resourceVersion or later (nor deleted since); nothing is removed (the watch reports deletions).
+
+        Used after taking the extender lease: a quorum list then holds every Binding the previous
+        holder made, including those whose watch events have not arrived yet. Returns how many applied.
+        """
+        applied = 0
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            uid = str(meta.get("uid") or "")
+            rv = _rv(meta)
+            with self.lock:
+                have = self._pod_rv.get(uid)
+            if not uid or (rv is not None and have is not None and have >= rv):
+                continue
+            self.upsert_pod(obj)
+            applied += 1
+        return applied
 
     # ------------------------------------------------------------------ binds
 

@@ -5,8 +5,11 @@ key and the value, so a typo never silently falls back to a default.
 
 Example::
 
-    listen: {host: 0.0.0.0, port: 8888}
-    tls: {cert: /etc/kube-icl/tls.crt, key: /etc/kube-icl/tls.key}
+    listen: {host: 127.0.0.1, port: 8888}        # sidecar of kube-scheduler: loopback only
+    probeListen: {host: 0.0.0.0, port: 8889}     # /healthz, /readyz, /metrics only (kubelet probes)
+    tls: {cert: /etc/kube-icl/tls.crt, key: /etc/kube-icl/tls.key, clientCA: /etc/kube-icl/client-ca.crt}
+    debugState: false
+    leaderElection: {namespace: kube-system, leaseName: kube-icl-extender, leaseDurationSeconds: 15}
     resourceName: kube-icl.io/accelerator
     policy: fragmentation
     weights: {fragmentation: 2, binpack: 1}
@@ -25,7 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ConfigError", "ExtenderConfig", "KubeConfig", "QueueConfig", "load_config", "parse_config"]
+__all__ = [
+    "ConfigError",
+    "ExtenderConfig",
+    "KubeConfig",
+    "LeaderElectionConfig",
+    "QueueConfig",
+    "is_loopback",
+    "load_config",
+    "parse_config",
+]
 
 DEFAULT_RESOURCE = "kube-icl.io/accelerator"
 
@@ -55,12 +67,30 @@ class KubeConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LeaderElectionConfig:
+    """The extender's own Lease: only its holder binds and reserves gangs (see docs/scheduler.md, HA)."""
+
+    enabled: bool = True
+    namespace: str = "kube-system"  # also where gang reservation records (Leases) live
+    name: str = "kube-icl-extender"
+    lease_duration_s: float = 15.0
+    renew_interval_s: float = 2.0
+    identity: str = ""  # "": $POD_NAME or the host name, plus a random suffix per process
+
+
+@dataclass(frozen=True, slots=True)
 class ExtenderConfig:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
     port: int = 8888
     path_prefix: str = ""
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_client_ca: str | None = None  # verbs and /debug/state need a client certificate signed by it
+    allow_insecure_remote: bool = False  # listen beyond loopback without TLS + clientCA (not recommended)
+    debug_state: bool = False  # serve /debug/state (behind the client CA when there is one)
+    probe_host: str = ""  # a second, plain listener for /healthz, /readyz, /metrics only ("" = none)
+    probe_port: int = 0
+    leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
     max_body_bytes: int = 32 * 1024 * 1024
     request_timeout_s: float = 30.0
     resource_name: str = DEFAULT_RESOURCE
@@ -83,7 +113,11 @@ class ExtenderConfig:
 
 _TOP_KEYS = {
     "listen",
+    "probeListen",
     "tls",
+    "allowInsecureRemote",
+    "debugState",
+    "leaderElection",
     "maxBodyBytes",
     "requestTimeoutSeconds",
     "resourceName",
@@ -141,6 +175,18 @@ def _bool(value: Any, where: str) -> bool:
     return value
 
 
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``: only processes of this host (or pod) can connect."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_config(raw: Any) -> ExtenderConfig:
     """Build an :class:`ExtenderConfig` from decoded YAML."""
     top = _map(raw, "config")
@@ -157,13 +203,26 @@ def parse_config(raw: Any) -> ExtenderConfig:
         if prefix and not prefix.startswith("/"):
             raise ConfigError(f"listen.pathPrefix: must start with '/', got {prefix!r}")
         kw["path_prefix"] = prefix
+    probe = _map(top.get("probeListen"), "probeListen")
+    _check_keys(probe, {"host", "port"}, "probeListen")
+    if probe:
+        if "port" not in probe:
+            raise ConfigError("probeListen: port is required")
+        kw["probe_host"] = _str(probe["host"], "probeListen.host") if "host" in probe else "0.0.0.0"
+        kw["probe_port"] = _int(probe["port"], "probeListen.port", maximum=65535)
     tls = _map(top.get("tls"), "tls")
-    _check_keys(tls, {"cert", "key"}, "tls")
+    _check_keys(tls, {"cert", "key", "clientCA"}, "tls")
     if tls:
         if "cert" not in tls or "key" not in tls:
             raise ConfigError("tls: both cert and key are required")
         kw["tls_cert"] = _str(tls["cert"], "tls.cert")
         kw["tls_key"] = _str(tls["key"], "tls.key")
+        if "clientCA" in tls:
+            kw["tls_client_ca"] = _str(tls["clientCA"], "tls.clientCA")
+    if "allowInsecureRemote" in top:
+        kw["allow_insecure_remote"] = _bool(top["allowInsecureRemote"], "allowInsecureRemote")
+    if "debugState" in top:
+        kw["debug_state"] = _bool(top["debugState"], "debugState")
     if "maxBodyBytes" in top:
         kw["max_body_bytes"] = _int(top["maxBodyBytes"], "maxBodyBytes", minimum=1024)
     if "requestTimeoutSeconds" in top:
@@ -218,6 +277,26 @@ def parse_config(raw: Any) -> ExtenderConfig:
         kw["keep_best_nodes"] = _int(top["keepBestNodes"], "keepBestNodes")
     if "component" in events:
         kw["event_component"] = _str(events["component"], "events.component")
+    le = _map(top.get("leaderElection"), "leaderElection")
+    _check_keys(
+        le,
+        {"enabled", "namespace", "leaseName", "leaseDurationSeconds", "renewIntervalSeconds", "identity"},
+        "leaderElection",
+    )
+    defaults = LeaderElectionConfig()
+    election = LeaderElectionConfig(
+        enabled=_bool(le["enabled"], "leaderElection.enabled") if "enabled" in le else True,
+        namespace=_str(le["namespace"], "leaderElection.namespace") if "namespace" in le else defaults.namespace,
+        name=_str(le["leaseName"], "leaderElection.leaseName") if "leaseName" in le else defaults.name,
+        lease_duration_s=_num(le["leaseDurationSeconds"], "leaderElection.leaseDurationSeconds", strict=True)
+        if "leaseDurationSeconds" in le
+        else defaults.lease_duration_s,
+        renew_interval_s=_num(le["renewIntervalSeconds"], "leaderElection.renewIntervalSeconds", strict=True)
+        if "renewIntervalSeconds" in le
+        else defaults.renew_interval_s,
+        identity=_str(le["identity"], "leaderElection.identity") if "identity" in le else "",
+    )
+    kw["leader_election"] = election
     kube = _map(top.get("kube"), "kube")
     _check_keys(
         kube,
@@ -237,7 +316,14 @@ def parse_config(raw: Any) -> ExtenderConfig:
         if "watchTimeoutSeconds" in kube
         else 300,
     )
-    return ExtenderConfig(**kw)
+    cfg = ExtenderConfig(**kw)
+    if election.enabled and election.lease_duration_s <= cfg.kube.request_timeout_s + election.renew_interval_s:
+        raise ConfigError(
+            f"leaderElection.leaseDurationSeconds: {election.lease_duration_s:g} must exceed "
+            f"kube.requestTimeoutSeconds ({cfg.kube.request_timeout_s:g}) + leaderElection.renewIntervalSeconds "
+            f"({election.renew_interval_s:g}), so that every Binding a holder starts ends before its lease can lapse"
+        )
+    return cfg
 
 
 def load_config(path: str | Path | None) -> ExtenderConfig:

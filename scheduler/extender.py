@@ -12,11 +12,19 @@ Per-node answers are memoised on (topology fingerprint, free mask, shape), so a
 filter over thousands of nodes that share a few topologies is a dictionary
 lookup per node. Bind re-decides under the cache lock with the same placement
 code, assumes the devices, and only then does I/O, without the lock.
+
+Bind and a gang's first filter decide only while this replica holds the
+extender's Lease (:mod:`scheduler.ha`); taking it over lists pods again and
+restores the gang reservations recorded in the API server. A Binding whose
+outcome is unknown (a 5xx, a timeout, a lost connection) is confirmed with a GET;
+while the answer is still unknown, its devices stay assumed until the watch (or
+a later GET) shows the pod, as kube-scheduler's assume cache does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import queue
@@ -31,7 +39,8 @@ from scheduler import fairshare
 from scheduler.cache import ClusterCache, NodeView
 from scheduler.config import ExtenderConfig
 from scheduler.events import EventRecorder, summarize_failures
-from scheduler.gang import GangManager, Slot
+from scheduler.gang import RECORD_LABEL, GangManager, Slot, lease_record, record_name
+from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
 from scheduler.podspec import (
@@ -87,6 +96,17 @@ class NodeEval:
     reason: str
     score: int
     unresolvable: bool = False
+
+
+@dataclass(slots=True)
+class _Unsure:
+    """A Binding whose outcome is unknown: its devices stay assumed until the watch or a GET decides."""
+
+    info: PodInfo
+    node: str
+    devices: tuple[str, ...]
+    slot: Slot | None
+    recheck_at: float  # cache clock: when sweep asks the API server again
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +189,7 @@ class Extender:
         *,
         events: EventRecorder | None = None,
         metrics: Metrics | None = None,
+        identity: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.cache = cache
@@ -176,7 +197,30 @@ class Extender:
         self.policy = Policy(cfg.policy)
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
-        self.gangs = GangManager(cache, cfg.gang_timeout_s, self.policy, self._queue_eviction, self._gang_event)
+        self.gangs = GangManager(
+            cache,
+            cfg.gang_timeout_s,
+            self.policy,
+            self._queue_eviction,
+            self._gang_event,
+            on_forget=self._queue_record_deletion,
+        )
+        self.leader: LeaseElector | None = None
+        if api is not None and cfg.leader_election.enabled:
+            self.leader = LeaseElector(
+                api,
+                cfg.leader_election,
+                write_timeout_s=cfg.kube.request_timeout_s,
+                on_acquire=self._reconcile,
+                identity=identity,
+                clock=cache.clock,
+            )
+        self._reconciled = False  # without leader election: reconciled once, before the first bind
+        self._lead_lock = threading.Lock()
+        self._record_lock = threading.Lock()
+        self._unsure: dict[str, _Unsure] = {}  # pod uid -> a Binding whose outcome is unknown
+        self._inflight = 0  # binds being answered (a graceful stop waits for them before releasing the lease)
+        self._inflight_cv = threading.Condition()
         self._memo: dict[tuple[Any, ...], NodeEval] = {}
         self._seen: OrderedDict[str, PodInfo] = OrderedDict()
         self._seen_lock = threading.Lock()
@@ -184,7 +228,7 @@ class Extender:
         self._fit_index: dict[str, tuple[int, FitTiers]] = {}  # shape -> (views version, fitting nodes)
         self._fit_lock = threading.Lock()
         self._group_sizes: dict[tuple[str, str, str, str], tuple[int | None, float]] = {}
-        self._evictions: queue.Queue[tuple[PodInfo, str] | None] = queue.Queue()
+        self._evictions: queue.Queue[Callable[[], None] | None] = queue.Queue()  # evictions, record deletions
         self._evict_thread: threading.Thread | None = None
         self.metrics.attach_state(self._share_metrics, self._free_shape_metrics)
 
@@ -195,13 +239,91 @@ class Extender:
         if self.api is not None and self._evict_thread is None:
             self._evict_thread = threading.Thread(target=self._evict_loop, name="evictions", daemon=True)
             self._evict_thread.start()
+        if self.leader is not None:
+            self.leader.start()
 
-    def stop(self) -> None:
+    def stop(self, *, release: bool = True) -> None:
+        """Stop; a graceful stop lets binds in flight end, then hands the Lease to the next replica."""
+        with self._inflight_cv:
+            self._inflight_cv.wait_for(lambda: self._inflight == 0, timeout=self.cfg.kube.request_timeout_s)
+        if self.leader is not None:
+            self.leader.stop(release=release)
         if self._evict_thread is not None:
             self._evictions.put(None)
             self._evict_thread.join(timeout=5)
             self._evict_thread = None
         self.events.stop()
+
+    # ------------------------------------------------------------------ leadership, reconcile, records
+
+    def _lead(self, wait_s: float) -> str:
+        """ "" when this replica may decide (bind, reserve a gang) now, else why not (a one-line reason)."""
+        if self.leader is not None:
+            return self.leader.ensure(wait_s)
+        if self._reconciled or self.api is None:
+            return ""
+        with self._lead_lock:
+            if not self._reconciled:
+                try:
+                    self._reconcile()
+                except (KubeError, RuntimeError) as exc:
+                    return f"cannot reconcile with the API server before the first bind: {exc}"
+                self._reconciled = True
+        return ""
+
+    def _reconcile(self) -> None:
+        """Before the first decision after taking over: a fresh list of pods (every Binding the previous
+        holder made, whether or not its watch event has arrived) and the recorded gang reservations."""
+        assert self.api is not None
+        if not self.cache.nodes_synced:
+            self.cache.replace_nodes(self.api.list("nodes")[0])
+        items, _rv = self.api.list("pods")
+        merged = self.cache.merge_pods(items)
+        namespace = self.cfg.leader_election.namespace
+        records = self.api.list_leases(namespace, f"{RECORD_LABEL}=true")
+        stale = self.gangs.restore(records)
+        api = self.api
+        for name in stale:
+            self._evictions.put(functools.partial(api.delete_lease, namespace, name))
+        log.info(
+            "reconciled: %d pods newer than the watch, %d gang reservations restored, %d stale records",
+            merged,
+            len(self.gangs.reservations),
+            len(stale),
+        )
+
+    def _record_gang(self, key: str) -> str:
+        """Write the gang's reservation record before its first member binds; "" or why it failed."""
+        if self.api is None or self.gangs.unrecorded(key) is None:
+            return ""
+        with self._record_lock:
+            res = self.gangs.unrecorded(key)
+            if res is None:
+                return ""
+            namespace = self.cfg.leader_election.namespace
+            holder = self.leader.identity if self.leader is not None else self.cfg.event_component
+            body = lease_record(res, namespace, holder, time.time())
+            try:
+                try:
+                    self.api.create_lease(namespace, body)
+                except KubeError as exc:
+                    if exc.status != 409:
+                        raise
+                    old = self.api.get_lease(namespace, body["metadata"]["name"]) or {}  # a stale record
+                    rv = (old.get("metadata") or {}).get("resourceVersion")
+                    body["metadata"]["resourceVersion"] = rv
+                    self.api.replace_lease(namespace, body["metadata"]["name"], body)
+            except KubeError as exc:
+                return f"gang {key}: cannot record its reservation in {namespace}: {exc}"
+            if not self.gangs.recorded(res):
+                self._queue_record_deletion(key)
+        return ""
+
+    def _queue_record_deletion(self, key: str) -> None:
+        if self.api is None:
+            return
+        api, namespace, name = self.api, self.cfg.leader_election.namespace, record_name(key)
+        self._evictions.put(lambda: api.delete_lease(namespace, name))
 
     def flush(self) -> None:
         """Wait for queued evictions and events (tests)."""
@@ -390,6 +512,10 @@ class Extender:
             if why:
                 self._event(info, "GangNotPlaced", why)
                 return self._result(args, [], {}, dict.fromkeys(names, why)), "invalid"
+        if info.gang is not None and not reserved:
+            why = self._lead(0.0)  # a reservation is a decision: only the lease holder makes one
+            if why:
+                return self._result(args, [], dict.fromkeys(names, why), {}), "held"
         if info.gang is not None:
             allowed, reason = self.gangs.plan(info, shape, names)
             if reason:
@@ -551,9 +677,14 @@ class Extender:
 
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         t0 = time.perf_counter()
+        with self._inflight_cv:
+            self._inflight += 1
         try:
             result = self._bind(args)
         finally:
+            with self._inflight_cv:
+                self._inflight -= 1
+                self._inflight_cv.notify_all()
             self.metrics.latency.labels("bind").observe(time.perf_counter() - t0)
         self.metrics.decisions.labels("bind", "error" if result.error else "bound").inc()
         return result
@@ -585,6 +716,11 @@ class Extender:
         info, err = self._pod_for_bind(args)
         if info is None:
             return ExtenderBindingResult(err)
+        # Wait briefly for the lease (a failover): kube-scheduler's bind runs in its own goroutine.
+        why = self._lead(min(5.0, self.cfg.leader_election.lease_duration_s))
+        if why:
+            self._event(info, "FailedBinding", why)
+            return ExtenderBindingResult(why)
         node = args.node
         uid = args.pod_uid or info.uid
         shape: Shape | None = None
@@ -596,6 +732,11 @@ class Extender:
         slot: Slot | None = None
         assumed = False
         devices: tuple[str, ...] = ()
+        if shape is not None and info.gang is not None:
+            err = self._record_gang(info.gang.key)
+            if err:
+                self._event(info, "FailedBinding", err)
+                return ExtenderBindingResult(err)
         if shape is not None:
             try:
                 devices, slot, assumed, err = self._choose(info, uid, node, shape)
@@ -604,22 +745,98 @@ class Extender:
             if err:
                 self._event(info, "FailedBinding", err)
                 return ExtenderBindingResult(err)
+        annotations = {ANN_DEVICES: format_devices(devices)} if devices else {}
         try:
             # One write: the API server copies the Binding's annotations onto the pod together with
             # spec.nodeName, so no unbound pod ever carries a devices annotation, and no bound one lacks it.
-            self._post_binding(info, uid, node, {ANN_DEVICES: format_devices(devices)} if devices else {})
+            self._post_binding(info, uid, node, annotations)
         except KubeError as exc:
+            msg = f"binding {info.key} to {node} failed: {exc.message}"
+            definite = 400 <= exc.status < 500 and exc.status not in (408, 429)
+            if not definite and devices:
+                # The API server may have applied it (an error or a timeout after the write): ask.
+                seen = self._bound_as(info, uid, node, annotations)
+                if seen == "bound":
+                    log.info("%s, but the pod is bound with its devices: done", msg)
+                    return self._bound(info, shape, node, devices)
+                if seen in ("unbound", "unknown"):
+                    with self.cache.lock:
+                        self._unsure[uid] = _Unsure(
+                            info, node, devices, slot, self.cache.clock() + self.cfg.kube.request_timeout_s
+                        )
+                    msg += "; the outcome is unknown, so its devices stay held until the API server shows the pod"
+                    log.warning("%s", msg)
+                    self._event(info, "FailedBinding", msg)
+                    return ExtenderBindingResult(msg)
             if slot is not None:
                 self.gangs.unclaim(info, slot)
             elif assumed:
                 self.cache.forget(uid)
-            msg = f"binding {info.key} to {node} failed: {exc.message}"
             log.warning("%s", msg)
             self._event(info, "FailedBinding", msg)
             return ExtenderBindingResult(msg)
+        return self._bound(info, shape, node, devices)
+
+    def _bound(self, info: PodInfo, shape: Shape | None, node: str, devices: tuple[str, ...]) -> ExtenderBindingResult:
         if devices and shape is not None and self.cfg.events_on_bind:
             self._event(info, "DevicesAssigned", f"{shape.describe()} on {node}: {format_devices(devices)}", "Normal")
         return ExtenderBindingResult()
+
+    def _bound_as(self, info: PodInfo, uid: str, node: str, annotations: Mapping[str, str]) -> str:
+        """What the API server says of a Binding whose answer was lost: "bound" (to ``node`` with these
+        annotations), "elsewhere" (another node or other devices), "gone", "unbound", or "unknown"."""
+        assert self.api is not None
+        try:
+            pod = self.api.get_pod(info.namespace, info.name)
+        except KubeError:
+            return "unknown"
+        meta = (pod or {}).get("metadata") or {}
+        if pod is None or (uid and meta.get("uid") != uid):
+            return "gone"
+        if meta.get("deletionTimestamp"):
+            return "gone"
+        on = (pod.get("spec") or {}).get("nodeName") or ""
+        if not on:
+            return "unbound"
+        have = meta.get("annotations") or {}
+        if on == node and all(have.get(k) == v for k, v in annotations.items()):
+            return "bound"
+        return "elsewhere"
+
+    def _settle_unsure(self) -> None:
+        """Decide the Bindings whose outcome was unknown: the watch did already, or ask again once the
+        request surely ended (sweep, every second)."""
+        now = self.cache.clock()
+        with self.cache.lock:
+            for uid in [u for u in self._unsure if u not in self.cache.assumed]:
+                del self._unsure[uid]  # the watch showed the pod (bound, elsewhere or gone)
+            due = [(uid, u) for uid, u in self._unsure.items() if now >= u.recheck_at]
+        for uid, u in due:
+            seen = self._bound_as(u.info, uid, u.node, {ANN_DEVICES: format_devices(u.devices)})
+            if seen == "unknown":
+                with self.cache.lock:
+                    u.recheck_at = now + self.cfg.kube.request_timeout_s
+                continue
+            if seen == "bound":
+                assert self.api is not None
+                try:
+                    pod = self.api.get_pod(u.info.namespace, u.info.name)
+                except KubeError:
+                    continue
+                if pod is not None:
+                    self.cache.upsert_pod(pod)  # confirms the assumption, as the watch would
+            with self.cache.lock:
+                if self._unsure.get(uid) is not u:
+                    continue
+                del self._unsure[uid]
+                if seen != "bound" and uid in self.cache.assumed:
+                    log.info(
+                        "binding %s to %s did not happen (%s): its devices are free again", u.info.key, u.node, seen
+                    )
+                    if u.slot is not None:
+                        self.gangs.unclaim(u.info, u.slot)
+                    else:
+                        self.cache.forget(uid)
 
     def _post_binding(self, info: PodInfo, uid: str, node: str, annotations: dict[str, str]) -> None:
         """POST the Binding carrying ``annotations``.
@@ -649,7 +866,8 @@ class Extender:
             held = self.cache.allocated.get(uid)
             if held is not None:
                 if held[0] != node:
-                    return (), None, False, f"pod {info.key} already holds devices on {held[0]}"
+                    unsure = " (by a Binding whose outcome is not known yet)" if uid in self._unsure else ""
+                    return (), None, False, f"pod {info.key} already holds devices on {held[0]}{unsure}"
                 return held[1], None, False, ""  # a retried bind: same devices again
             if info.gang is not None and info.gang.key in self.gangs.reservations:
                 slot = self.gangs.claim(info, node)
@@ -799,6 +1017,8 @@ class Extender:
     def sweep(self) -> None:
         self.gangs.sweep(self.cache.clock())
         self.metrics.gang_reservations.set(len(self.gangs.reservations))
+        if self._unsure:
+            self._settle_unsure()
 
     def _gang_event(self, outcome: str, key: str) -> None:
         self.metrics.gang_events.labels(outcome).inc()
@@ -807,23 +1027,28 @@ class Extender:
     def _queue_eviction(self, info: PodInfo, why: str) -> None:
         self._event(info, "GangFailed", why)
         if self.api is not None:
-            self._evictions.put((info, why))
+            self._evictions.put(lambda: self._evict(info))
+
+    def _evict(self, info: PodInfo) -> None:
+        assert self.api is not None
+        try:
+            self.api.evict_pod(info.namespace, info.name, info.uid)
+        except KubeError as exc:
+            if exc.status != 404:
+                log.warning("evicting %s: %s", info.key, exc)
 
     def _evict_loop(self) -> None:
-        assert self.api is not None
+        """Evictions and gang record deletions, one at a time, off the verbs' threads."""
         while True:
             item = self._evictions.get()
             try:
                 if item is None:
                     return
-                info, _why = item
-                try:
-                    self.api.evict_pod(info.namespace, info.name, info.uid)
-                except KubeError as exc:
-                    if exc.status != 404:
-                        log.warning("evicting %s: %s", info.key, exc)
+                item()
+            except KubeError as exc:
+                log.warning("background API call: %s", exc)
             except Exception:
-                log.exception("eviction worker")
+                log.exception("background worker")
             finally:
                 self._evictions.task_done()
 

@@ -8,11 +8,22 @@ chosen node (unreserve + assume, under the cache lock). Unclaimed slots are
 released when the reservation times out. A member that fails, or whose node
 goes away, fails the gang: the remaining members are evicted so the job's
 controller requeues the gang whole.
+
+Reservations survive a restart or a failover: before the first member binds,
+the extender writes the reservation as a ``coordination.k8s.io/v1`` Lease in its
+own namespace (:func:`lease_record`: slots with node and devices, the expiry as
+``acquireTime + leaseDurationSeconds``), one write per gang; it deletes the
+record when the gang completes or the reservation ends. A claimed slot needs no
+write: the member's Binding carries its devices. A replica that takes over
+rebuilds the reservations from these records (:meth:`GangManager.restore`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +42,10 @@ from topology import (
     place_gang,
 )
 
-__all__ = ["GangManager", "Reservation", "Slot"]
+__all__ = ["RECORD_LABEL", "GangManager", "Reservation", "Slot", "lease_record", "record_name"]
+
+RECORD_LABEL = "kube-icl.io/gang-reservation"  # label of the Leases that record reservations
+RECORD_ANNOTATION = "kube-icl.io/reservation"  # the reservation itself, as JSON
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +70,8 @@ class Reservation:
     deadline: float
     domain: str = ""
     members: dict[str, str] = field(default_factory=dict)  # uid -> slot owner
+    expires_at: float = 0.0  # wall-clock (time.time()) of the deadline, for the record
+    persisted: bool = False  # its record is in the API server
 
     def open_nodes(self, uid: str) -> set[str]:
         """Nodes this member may go to: its own slot, else any unclaimed slot."""
@@ -75,6 +91,45 @@ class Reservation:
         }
 
 
+def record_name(key: str) -> str:
+    """The Lease name of a gang's reservation record (a DNS label, stable for the gang key)."""
+    return "kube-icl-gang-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _micro(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
+
+
+def lease_record(res: Reservation, namespace: str, holder: str, created_at: float) -> dict[str, Any]:
+    """The Lease that records ``res``; ``created_at`` is wall-clock time."""
+    body = {
+        "gang": res.key,
+        "size": res.size,
+        "shape": res.shape,
+        "count": res.count,
+        "queue": res.queue,
+        "domain": res.domain,
+        "expiresAt": round(res.expires_at, 3),
+        "slots": [{"owner": s.owner, "node": s.node, "devices": list(s.devices)} for s in res.slots],
+    }
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": record_name(res.key),
+            "namespace": namespace,
+            "labels": {RECORD_LABEL: "true", "app.kubernetes.io/name": "kube-icl"},
+            "annotations": {RECORD_ANNOTATION: json.dumps(body, sort_keys=True, separators=(",", ":"))},
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": max(1, int(res.expires_at - created_at + 0.999)),
+            "acquireTime": _micro(created_at),
+            "renewTime": _micro(created_at),
+        },
+    }
+
+
 class GangManager:
     """Reservations per gang, kept consistent with the cache's holdings."""
 
@@ -85,12 +140,17 @@ class GangManager:
         policy: Policy,
         evict: Callable[[PodInfo, str], None],
         on_event: Callable[[str, str], None] = lambda outcome, key: None,
+        *,
+        on_forget: Callable[[str], None] = lambda key: None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.cache = cache
         self.timeout_s = timeout_s
         self.policy = policy
         self.evict = evict
         self.on_event = on_event  # (outcome, gang key) for metrics
+        self.on_forget = on_forget  # a persisted reservation ended: delete its record (called under the lock)
+        self.wall = wall
         self.reservations: dict[str, Reservation] = {}
         self._evicted: set[str] = set()
         cache.on_pod_change(self._pod_changed)
@@ -162,6 +222,7 @@ class GangManager:
                 created=now,
                 deadline=now + self.timeout_s,
                 domain=domain,
+                expires_at=self.wall() + self.timeout_s,
             )
             self.reservations[gang.key] = res
             log.info(
@@ -243,7 +304,111 @@ class GangManager:
         for slot in res.slots:
             if not slot.pod_uid:
                 self.cache.unreserve(slot.owner, slot.node)
-        self.reservations.pop(res.key, None)
+        self._forget(res)
+
+    def _forget(self, res: Reservation) -> None:
+        if self.reservations.get(res.key) is res:
+            del self.reservations[res.key]
+        if res.persisted:
+            res.persisted = False
+            self.on_forget(res.key)
+
+    # ------------------------------------------------------------------ records in the API server
+
+    def unrecorded(self, key: str) -> Reservation | None:
+        """The gang's reservation if its record still has to be written (before its first member binds)."""
+        with self.cache.lock:
+            res = self.reservations.get(key)
+            return res if res is not None and not res.persisted else None
+
+    def recorded(self, res: Reservation) -> bool:
+        """Mark ``res`` as written; False if it ended meanwhile (the caller deletes the record again)."""
+        with self.cache.lock:
+            if self.reservations.get(res.key) is not res:
+                return False
+            res.persisted = True
+            return True
+
+    def restore(self, records: Iterable[Mapping[str, Any]]) -> list[str]:
+        """Replace the reservations in memory with those recorded in the API server.
+
+        Call with the cache synced (bound pods known). A slot held by a member of the gang with exactly
+        its devices is claimed by that member; any other slot is reserved again. A slot whose devices
+        are held by something else is dropped (logged): its gang completes on the slots left or is
+        re-planned when the reservation expires, never split across two plans. Returns the names of
+        records that are expired or unreadable (the caller deletes them).
+        """
+        now, wall = self.cache.clock(), self.wall()
+        stale: list[str] = []
+        with self.cache.lock:
+            for res in list(self.reservations.values()):
+                for slot in res.slots:
+                    if not slot.pod_uid:
+                        self.cache.unreserve(slot.owner, slot.node)
+            self.reservations.clear()
+            for lease in records:
+                meta = lease.get("metadata") or {}
+                name = str(meta.get("name") or "")
+                try:
+                    body = json.loads((meta.get("annotations") or {})[RECORD_ANNOTATION])
+                    restored = self._from_record(body, now, wall)
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.warning("gang reservation record %s is unreadable (%s); deleting it", name, exc)
+                    stale.append(name)
+                    continue
+                if restored is None or name != record_name(restored.key):
+                    stale.append(name)
+                    continue
+                res = restored
+                self.reservations[res.key] = res
+                log.info(
+                    "gang %s: reservation restored, %d of %d slots claimed, expires in %.1fs",
+                    res.key,
+                    sum(1 for s in res.slots if s.pod_uid),
+                    len(res.slots),
+                    res.deadline - now,
+                )
+        return stale
+
+    def _from_record(self, body: Mapping[str, Any], now: float, wall: float) -> Reservation | None:
+        """A reservation rebuilt from its record (lock held), or None when it has expired."""
+        expires_at = float(body["expiresAt"])
+        if expires_at <= wall:
+            return None
+        key = str(body["gang"])
+        members = {
+            (node, devs): uid
+            for uid, (node, devs) in self.cache.allocated.items()
+            if (p := self.cache.pods.get(uid)) is not None and p.gang is not None and p.gang.key == key
+        }
+        slots: list[Slot] = []
+        for raw in body["slots"]:
+            slot = Slot(str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"]))
+            uid = members.get((slot.node, slot.devices))
+            if uid is not None:
+                slot.pod_uid = uid
+            else:
+                try:
+                    self.cache.reserve(slot.owner, slot.node, slot.devices)
+                except (AllocationError, TopologyError) as exc:
+                    log.warning("gang %s: slot %s on %s cannot be reserved again: %s", key, slot.owner, slot.node, exc)
+                    continue
+            slots.append(slot)
+        res = Reservation(
+            key=key,
+            size=int(body["size"]),
+            shape=str(body["shape"]),
+            count=int(body["count"]),
+            queue=str(body["queue"]),
+            slots=slots,
+            created=now,
+            deadline=now + (expires_at - wall),
+            domain=str(body.get("domain") or ""),
+            members={s.pod_uid: s.owner for s in slots if s.pod_uid},
+            expires_at=expires_at,
+            persisted=True,
+        )
+        return res
 
     def sweep(self, now: float) -> list[str]:
         """Release reservations that are complete or past their deadline; returns the expired keys."""
@@ -252,7 +417,7 @@ class GangManager:
             for res in list(self.reservations.values()):
                 claimed = [s for s in res.slots if s.pod_uid]
                 if len(claimed) == len(res.slots) and not any(s.pod_uid in self.cache.assumed for s in claimed):
-                    self.reservations.pop(res.key, None)
+                    self._forget(res)
                     self.on_event("completed", res.key)
                 elif now >= res.deadline:
                     log.info("gang %s: reservation expired, %d of %d slots claimed", res.key, len(claimed), res.size)

@@ -19,11 +19,14 @@ Paths used (all core/v1 or policy/v1):
 - ``POST /api/v1/namespaces/NS/events``
 - ``GET  /apis/scheduling.x-k8s.io/...podgroups/NAME`` and the upstream ``scheduling.k8s.io``
   PodGroup / Workload (only for gangs named by those objects without ``kube-icl.io/gang-size``)
+- ``GET/POST/PUT/DELETE /apis/coordination.k8s.io/v1/namespaces/NS/leases[/NAME]`` (the extender's
+  leader lease and its gang reservation records, in its own namespace)
 """
 
 from __future__ import annotations
 
 import base64
+import builtins
 import http.client
 import json
 import os
@@ -87,6 +90,26 @@ class KubeAPI(Protocol):
     def group_size(self, kind: str, namespace: str, name: str, pod_group: str = "") -> int | None:
         """The member count of a native gang object (see :class:`scheduler.podspec.GroupRef`); None if absent."""
         ...
+
+    # coordination.k8s.io/v1 Leases: the extender's leader lease and one record per gang reservation.
+
+    def get_lease(self, namespace: str, name: str) -> JsonObj | None:
+        """The Lease, or None if there is none."""
+        ...
+
+    def create_lease(self, namespace: str, lease: JsonObj) -> JsonObj:
+        """Create; 409 (AlreadyExists) if the name is taken."""
+        ...
+
+    def replace_lease(self, namespace: str, name: str, lease: JsonObj) -> JsonObj:
+        """PUT; ``metadata.resourceVersion`` is a precondition (409 Conflict when the Lease changed meanwhile)."""
+        ...
+
+    def delete_lease(self, namespace: str, name: str) -> None:
+        """Delete; a Lease that is already gone is not an error."""
+        ...
+
+    def list_leases(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]: ...
 
 
 # Where each kind of native group object lives, newest API first.
@@ -507,6 +530,38 @@ class RestKubeAPI:
             if isinstance(obj, dict):
                 return group_min_count(kind, obj, pod_group)
         return None
+
+    def get_lease(self, namespace: str, name: str) -> JsonObj | None:
+        try:
+            lease: JsonObj = self._request("GET", f"{_LEASES.format(ns=_q(namespace))}/{_q(name)}")
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return lease
+
+    def create_lease(self, namespace: str, lease: JsonObj) -> JsonObj:
+        out: JsonObj = self._request("POST", _LEASES.format(ns=_q(namespace)), lease)
+        return out
+
+    def replace_lease(self, namespace: str, name: str, lease: JsonObj) -> JsonObj:
+        out: JsonObj = self._request("PUT", f"{_LEASES.format(ns=_q(namespace))}/{_q(name)}", lease)
+        return out
+
+    def delete_lease(self, namespace: str, name: str) -> None:
+        try:
+            self._request("DELETE", f"{_LEASES.format(ns=_q(namespace))}/{_q(name)}")
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    def list_leases(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
+        query = urllib.parse.urlencode({"labelSelector": label_selector})
+        page = self._request("GET", f"{_LEASES.format(ns=_q(namespace))}?{query}")
+        return list(page.get("items") or [])
+
+
+_LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 
 
 def _status_message(data: bytes) -> str:

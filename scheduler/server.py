@@ -9,7 +9,15 @@ crash the server or change state when it is rejected.
 Routes (``PREFIX`` is ``listen.pathPrefix``, empty by default):
 
 - ``POST PREFIX/filter``, ``PREFIX/prioritize``, ``PREFIX/bind``, ``PREFIX/preempt``
-- ``GET /healthz`` (process up), ``/readyz`` (cache synced), ``/metrics``, ``/debug/state``
+- ``GET /healthz`` (process up), ``/readyz`` (cache synced), ``/metrics``, ``/debug/state`` (only with
+  ``debugState: true``)
+
+Who may call: the listener is loopback-only by default (the extender is a sidecar of kube-scheduler).
+With ``tls.clientCA`` the verbs and ``/debug/state`` answer only a client that presented a certificate
+signed by that CA (kube-scheduler's extender ``tlsConfig.certData/keyData``); the probes and metrics do
+not need one. A non-loopback listener without TLS and a client CA is refused at start unless
+``allowInsecureRemote: true``. ``probeListen`` adds a plain listener that serves only the probes and
+metrics, for kubelet probes and Prometheus when the main listener is on loopback.
 """
 
 from __future__ import annotations
@@ -25,10 +33,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from scheduler import wire
-from scheduler.config import ExtenderConfig
+from scheduler.config import ConfigError, ExtenderConfig, is_loopback
 from scheduler.extender import Extender
 
-__all__ = ["ExtenderServer", "make_ssl_context"]
+__all__ = ["ExtenderServer", "check_exposure", "make_ssl_context"]
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +45,36 @@ _MAX_HEADERS = 100
 _MAX_HEADER_LINE = 65536
 
 
-def make_ssl_context(cert: str, key: str) -> ssl.SSLContext:
+def make_ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """A server context; with ``client_ca``, clients are asked for a certificate and one they present must
+    chain to it (the handler then requires one for the verbs and ``/debug/state``)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.load_verify_locations(cafile=client_ca)
+        # Optional at the handshake so kubelet probes and Prometheus reach /healthz, /readyz, /metrics
+        # without one; a certificate that is presented must verify, and the verbs demand one.
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
+
+
+def check_exposure(cfg: ExtenderConfig, ssl_context: ssl.SSLContext | None = None) -> None:
+    """Refuse a listener that anyone on the network could call: raises :class:`ConfigError` for a
+    non-loopback ``listen.host`` without TLS and a client CA, unless ``allowInsecureRemote`` is set."""
+    if is_loopback(cfg.host) or cfg.allow_insecure_remote:
+        return
+    mutual = (
+        ssl_context.verify_mode != ssl.CERT_NONE
+        if ssl_context is not None
+        else bool(cfg.tls_cert and cfg.tls_key and cfg.tls_client_ca)
+    )
+    if not mutual:
+        raise ConfigError(
+            f"listen.host: {cfg.host!r} is not a loopback address, and without tls.cert, tls.key and "
+            "tls.clientCA any pod could call /bind; run the extender as a kube-scheduler sidecar on "
+            "127.0.0.1, configure mutual TLS, or set allowInsecureRemote: true"
+        )
 
 
 class _Server(ThreadingHTTPServer):
@@ -157,10 +190,26 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- routing
 
+    probe_only = False  # the probe listener: health, readiness and metrics, nothing else
+
+    def _authenticated(self) -> bool:
+        """With a client CA: did this connection present a verified client certificate? Else answers 403."""
+        if not self.server.app.cfg.tls_client_ca:
+            return True
+        conn = self.connection
+        cert = conn.getpeercert() if isinstance(conn, ssl.SSLSocket) else None
+        if cert:
+            return True
+        self.close_connection = True
+        self._error(403, "a client certificate signed by the extender's tls.clientCA is required")
+        return False
+
     def do_GET(self) -> None:
         app = self.server.app
         path = self.path.split("?", 1)[0]
-        if path == "/healthz":
+        if self.probe_only and path not in ("/healthz", "/readyz", "/metrics"):
+            self._error(404, f"{path}: not found (this listener serves /healthz, /readyz and /metrics)")
+        elif path == "/healthz":
             self._send(200, b"ok\n", "text/plain; charset=utf-8")
         elif path == "/readyz":
             if app.ready():
@@ -170,8 +219,11 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/metrics":
             self._send(200, app.extender.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/debug/state":
-            state = app.extender.debug_state()
-            self._send(200, json.dumps(state, indent=1, sort_keys=True).encode())
+            if not app.cfg.debug_state:
+                self._error(404, f"{path}: disabled (set debugState: true to serve it)")
+            elif self._authenticated():
+                state = app.extender.debug_state()
+                self._send(200, json.dumps(state, indent=1, sort_keys=True).encode())
         elif self._verb(path) is not None:
             self._error(405, f"{path}: use POST")
         else:
@@ -189,10 +241,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         app = self.server.app
         path = self.path.split("?", 1)[0]
-        verb = self._verb(path)
+        verb = None if self.probe_only else self._verb(path)
         if verb is None:
             self.close_connection = True
             self._error(404, f"{path}: not found (verbs: filter, prioritize, bind, preempt)")
+            return
+        if not self._authenticated():
             return
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
             self.close_connection = True
@@ -250,11 +304,21 @@ class ExtenderServer:
         self.extender = extender
         self.cfg = cfg or extender.cfg
         self.ready = ready or (lambda: extender.cache.synced)
+        if ssl_context is None and self.cfg.tls_cert and self.cfg.tls_key:
+            ssl_context = make_ssl_context(self.cfg.tls_cert, self.cfg.tls_key, self.cfg.tls_client_ca)
+        check_exposure(self.cfg, ssl_context)
         # StreamRequestHandler applies the class attribute ``timeout`` to every connection socket.
         handler = type("ExtenderHandler", (_Handler,), {"timeout": self.cfg.request_timeout_s})
         self._httpd = _Server((self.cfg.host, self.cfg.port), handler, self)
-        if ssl_context is None and self.cfg.tls_cert and self.cfg.tls_key:
-            ssl_context = make_ssl_context(self.cfg.tls_cert, self.cfg.tls_key)
+        self._probe: _Server | None = None
+        if self.cfg.probe_host:
+            probe = type("ProbeHandler", (_Handler,), {"timeout": self.cfg.request_timeout_s, "probe_only": True})
+            try:
+                self._probe = _Server((self.cfg.probe_host, self.cfg.probe_port), probe, self)
+            except OSError:
+                self._httpd.server_close()
+                raise
+        self._probe_thread: threading.Thread | None = None
         self.tls = ssl_context is not None
         if ssl_context is not None:
             # Handshake in the handler thread (first read), not in the accept loop.
@@ -266,6 +330,13 @@ class ExtenderServer:
     @property
     def address(self) -> tuple[str, int]:
         host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def probe_address(self) -> tuple[str, int] | None:
+        if self._probe is None:
+            return None
+        host, port = self._probe.server_address[:2]
         return str(host), int(port)
 
     @property
@@ -293,10 +364,19 @@ class ExtenderServer:
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="http", daemon=True
         )
         self._thread.start()
+        if self._probe is not None:
+            self._probe_thread = threading.Thread(
+                target=self._probe.serve_forever, kwargs={"poll_interval": 0.1}, name="http-probe", daemon=True
+            )
+            self._probe_thread.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        for httpd, thread in ((self._httpd, self._thread), (self._probe, self._probe_thread)):
+            if httpd is None:
+                continue
+            if thread is not None:
+                httpd.shutdown()
+            httpd.server_close()
+            if thread is not None:
+                thread.join(timeout=5)
+        self._thread = self._probe_thread = None

@@ -12,6 +12,7 @@ It answers errors as ``v1.Status`` objects with the real HTTP codes
 
 from __future__ import annotations
 
+import builtins
 import copy
 import json
 import re
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["BindingRejected", "FakeAPIServer", "RecordedRequest", "apply_binding", "merge_patch"]
+__all__ = ["BindingRejected", "FakeAPIServer", "LeaseStore", "RecordedRequest", "apply_binding", "merge_patch"]
 
 JsonObj = dict[str, Any]
 
@@ -133,6 +134,78 @@ def apply_binding(pod: JsonObj, body: Any, namespace: str, name: str) -> JsonObj
     return out
 
 
+class LeaseStore:
+    """coordination.k8s.io/v1 Leases as kube-apiserver keeps them: create (409 AlreadyExists), get, replace
+    with ``metadata.resourceVersion`` as a precondition (409 Conflict), delete, list by ``key=value`` labels.
+    Errors raise :class:`BindingRejected` (code, reason, message) so both fakes can answer them."""
+
+    def __init__(self) -> None:
+        self.leases: dict[tuple[str, str], JsonObj] = {}
+        self.rv = 1
+        self.writes = 0  # creates, replaces and deletes
+
+    def _stamp(self, namespace: str, lease: Any) -> JsonObj:
+        if not isinstance(lease, dict) or lease.get("kind", "Lease") != "Lease":
+            raise BindingRejected(400, "BadRequest", f"not a Lease object: {lease!r:.100}")
+        out = copy.deepcopy(lease)
+        meta = out.setdefault("metadata", {})
+        if not meta.get("name"):
+            raise BindingRejected(422, "Invalid", "Lease.metadata.name: Required value")
+        meta["namespace"] = namespace
+        self.rv += 1
+        meta["resourceVersion"] = str(self.rv)
+        out.setdefault("apiVersion", "coordination.k8s.io/v1")
+        out.setdefault("kind", "Lease")
+        self.writes += 1
+        return out
+
+    def get(self, namespace: str, name: str) -> JsonObj | None:
+        hit = self.leases.get((namespace, name))
+        return copy.deepcopy(hit) if hit is not None else None
+
+    def create(self, namespace: str, lease: Any) -> JsonObj:
+        name = str(((lease or {}).get("metadata") or {}).get("name") or "") if isinstance(lease, dict) else ""
+        if (namespace, name) in self.leases:
+            raise BindingRejected(409, "AlreadyExists", f'leases.coordination.k8s.io "{name}" already exists')
+        out = self._stamp(namespace, lease)
+        out["metadata"].setdefault("uid", str(uuid.uuid4()))
+        self.leases[(namespace, name)] = out
+        return copy.deepcopy(out)
+
+    def replace(self, namespace: str, name: str, lease: Any) -> JsonObj:
+        have = self.leases.get((namespace, name))
+        if have is None:
+            raise BindingRejected(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+        want = ((lease or {}).get("metadata") or {}).get("resourceVersion") if isinstance(lease, dict) else None
+        if want and want != have["metadata"]["resourceVersion"]:
+            raise BindingRejected(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on leases.coordination.k8s.io "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+            )
+        out = self._stamp(namespace, lease)
+        out["metadata"]["uid"] = have["metadata"].get("uid")
+        self.leases[(namespace, name)] = out
+        return copy.deepcopy(out)
+
+    def delete(self, namespace: str, name: str) -> None:
+        if self.leases.pop((namespace, name), None) is None:
+            raise BindingRejected(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+        self.writes += 1
+
+    def list(self, namespace: str, selector: str) -> list[JsonObj]:
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
+        have = [k.strip() for k in selector.split(",") if k.strip() and "=" not in k]
+        out = []
+        for (ns, _), lease in sorted(self.leases.items()):
+            labels = lease["metadata"].get("labels") or {}
+            matches = all(labels.get(k) == v for k, v in wanted.items()) and all(k in labels for k in have)
+            if ns == namespace and matches:
+                out.append(copy.deepcopy(lease))
+        return out
+
+
 def _status(code: int, reason: str, message: str) -> JsonObj:
     return {
         "kind": "Status",
@@ -154,6 +227,12 @@ class RecordedRequest:
     body: Any
 
 
+class _AfterBind(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 class _ApiError(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
@@ -162,6 +241,7 @@ class _ApiError(Exception):
 
 _POD = re.compile(r"^/api/v1/namespaces/([^/]+)/pods/([^/]+)(?:/(binding|eviction))?$")
 _EVENTS = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
+_LEASE = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/([^/]+)/leases(?:/([^/]+))?$")
 
 
 class FakeAPIServer:
@@ -181,6 +261,11 @@ class FakeAPIServer:
         self.history = history
         self.fail: dict[tuple[str, str], list[int]] = {}  # (method, path suffix) -> status codes to answer
         self.before_bind: Callable[[str, str], None] | None = None
+        # Codes to answer after a Binding was applied (0: close the connection without an answer), as a
+        # server whose write succeeded but whose answer was lost or turned into an error on the way.
+        self.after_bind: list[int] = []
+        self.after_bind_delay_s = 0.0  # wait this long before that answer (a slow or timed-out request)
+        self.leases = LeaseStore()
         self.hang_up = 0  # close this many connections silently after their response
         self.connections = 0  # TCP connections accepted so far
         self.objects: dict[str, JsonObj] = {}  # other GET paths (PodGroups, Workloads) -> object
@@ -211,6 +296,9 @@ class FakeAPIServer:
 
             def do_PATCH(self) -> None:
                 self._dispatch("PATCH")
+
+            def do_PUT(self) -> None:
+                self._dispatch("PUT")
 
             def do_DELETE(self) -> None:
                 self._dispatch("DELETE")
@@ -344,7 +432,21 @@ class FakeAPIServer:
             pm = _POD.match(url.path)
             if pm:
                 ns, name, sub = pm.group(1), pm.group(2), pm.group(3)
-                self._reply(h, *self._pod_op(method, ns, name, sub, body, h.headers.get("Content-Type") or ""))
+                try:
+                    answer = self._pod_op(method, ns, name, sub, body, h.headers.get("Content-Type") or "")
+                except _AfterBind as after:
+                    if self.after_bind_delay_s:
+                        time.sleep(self.after_bind_delay_s)
+                    if after.code == 0:
+                        h.close_connection = True  # the write happened; the answer never comes
+                        return
+                    why = f"injected {after.code} after the Binding was applied"
+                    raise _ApiError(after.code, "InternalError", why) from None
+                self._reply(h, *answer)
+                return
+            lm = _LEASE.match(url.path)
+            if lm:
+                self._lease_op(h, method, lm.group(1), lm.group(2), body, query)
                 return
             if method == "GET" and url.path in self.objects:
                 with self.lock:
@@ -362,6 +464,36 @@ class FakeAPIServer:
             raise _ApiError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
         except _ApiError as exc:
             self._reply(h, exc.code, _status(exc.code, exc.reason, exc.message))
+
+    def _lease_op(
+        self, h: BaseHTTPRequestHandler, method: str, ns: str, name: str | None, body: Any, query: dict[str, str]
+    ) -> None:
+        store = self.leases
+        try:
+            with self.lock:
+                if name is None and method == "GET":
+                    items = store.list(ns, query.get("labelSelector", ""))
+                    obj: Any = {"kind": "LeaseList", "apiVersion": "coordination.k8s.io/v1", "items": items}
+                    obj["metadata"] = {"resourceVersion": str(store.rv)}
+                    code = 200
+                elif name is None and method == "POST":
+                    code, obj = 201, store.create(ns, body)
+                elif name is not None and method == "GET":
+                    obj = store.get(ns, name)
+                    if obj is None:
+                        raise BindingRejected(404, "NotFound", f'leases.coordination.k8s.io "{name}" not found')
+                    code = 200
+                elif name is not None and method == "PUT":
+                    code, obj = 200, store.replace(ns, name, body)
+                elif name is not None and method == "DELETE":
+                    store.delete(ns, name)
+                    code, obj = 200, _status(200, "", "") | {"status": "Success"}
+                else:
+                    raise BindingRejected(405, "MethodNotAllowed", f"{method} is not supported here")
+        except BindingRejected as exc:
+            self._reply(h, exc.code, _status(exc.code, exc.reason, exc.message))
+            return
+        self._reply(h, code, obj)
 
     def _reply(self, h: BaseHTTPRequestHandler, code: int, obj: Any) -> None:
         data = json.dumps(obj).encode()
@@ -475,6 +607,8 @@ class FakeAPIServer:
                 self.pods[(ns, name)] = bound
                 self.bindings.append(copy.deepcopy(body))
                 self._bump("pods", "MODIFIED", bound)
+                if self.after_bind:
+                    raise _AfterBind(self.after_bind.pop(0))
                 return 201, _status(201, "", "") | {"status": "Success"}
             if method == "POST" and sub == "eviction":
                 if not isinstance(body, dict) or body.get("kind") != "Eviction":
@@ -698,6 +832,7 @@ class MemoryKubeAPI:
         self.events: list[JsonObj] = []
         self.before: dict[str, Callable[[], None]] = {}
         self.groups: dict[tuple[str, str, str], JsonObj] = {}  # (kind, namespace, name) -> group object
+        self.leases = LeaseStore()
 
     def _maybe_fail(self, call: str, ns: str, name: str) -> None:
         self.calls.append((call, ns, name))
@@ -753,3 +888,34 @@ class MemoryKubeAPI:
             self._maybe_fail("group", namespace, name)
             obj = self.groups.get((kind, namespace, name))
             return None if obj is None else group_min_count(kind, obj, pod_group)
+
+    def _lease(self, call: str, fn: Callable[[], Any]) -> Any:
+        with self.lock:
+            self._maybe_fail(call, "", "")
+            try:
+                return fn()
+            except BindingRejected as exc:
+                raise self._error(exc.code, exc.message) from None
+
+    def get_lease(self, namespace: str, name: str) -> JsonObj | None:
+        out: JsonObj | None = self._lease("lease", lambda: self.leases.get(namespace, name))
+        return out
+
+    def create_lease(self, namespace: str, lease: JsonObj) -> JsonObj:
+        out: JsonObj = self._lease("lease", lambda: self.leases.create(namespace, lease))
+        return out
+
+    def replace_lease(self, namespace: str, name: str, lease: JsonObj) -> JsonObj:
+        out: JsonObj = self._lease("lease", lambda: self.leases.replace(namespace, name, lease))
+        return out
+
+    def delete_lease(self, namespace: str, name: str) -> None:
+        def delete() -> None:
+            if self.leases.get(namespace, name) is not None:
+                self.leases.delete(namespace, name)
+
+        self._lease("lease", delete)
+
+    def list_leases(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
+        out: builtins.list[JsonObj] = self._lease("lease", lambda: self.leases.list(namespace, label_selector))
+        return out

@@ -28,7 +28,7 @@ from scheduler.testing import ExtenderHarness, node_obj, pod_obj, wait_for
 
 @pytest.fixture(scope="module")
 def h() -> Iterator[ExtenderHarness]:
-    with ExtenderHarness(ExtenderConfig(max_body_bytes=64 * 1024, request_timeout_s=2.0)) as harness:
+    with ExtenderHarness(ExtenderConfig(max_body_bytes=64 * 1024, request_timeout_s=2.0, debug_state=True)) as harness:
         harness.fake.put_node(node_obj("a", "ring:8"))
         harness.fake.put_node(node_obj("b", "mesh:4x4"))
         harness.fake.put_node(node_obj("bad", None, annotations={"kube-icl.io/topology": "{not json"}))

@@ -113,7 +113,9 @@ class BindMachine(RuleBasedStateMachine):
         stored = self.api.pods[("default", meta["name"])]
         event(f"bind: {'failed' if out.error else 'bound'}{' (injected ' + fail + ' failure)' if fail else ''}")
         if out.error:
-            assert meta["uid"] not in self.cache.allocated, "a failed bind must forget its devices"
+            # A 5xx may come after the write: the devices stay held until the API server says (sweep asks).
+            unsure = meta["uid"] in self.ext._unsure
+            assert meta["uid"] not in self.cache.allocated or unsure, "a failed bind must forget its devices"
             assert "kube-icl.io/devices" not in stored["metadata"].get("annotations", {}), "one write: all or nothing"
             return
         assert stored["spec"]["nodeName"] == node
@@ -139,8 +141,16 @@ class BindMachine(RuleBasedStateMachine):
             self.cache.upsert_pod(pod)
 
     @rule()
+    def unsure_binds_settle(self) -> None:
+        """Time passes beyond the API request timeout: sweep asks the API server about unknown outcomes."""
+        self.clock.now += CONFIG.kube.request_timeout_s + 0.5
+        self.ext.sweep()
+        assert not self.ext._unsure
+
+    @rule()
     def restart(self) -> None:
-        """A new extender rebuilt from the API objects replaces the old one."""
+        """A new extender rebuilt from the API objects replaces the old one (which hands its lease back)."""
+        self.ext.stop()
         self.cache = ClusterCache("kube-icl.io/accelerator", clock=self.clock)
         Informer(self.api, self.cache).sync_once()
         self.ext = Extender(CONFIG, self.cache, self.api)
