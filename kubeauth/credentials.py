@@ -138,12 +138,19 @@ class Credentials:
         assert snap is not None
         if self.clock() < self._next_check:
             return snap
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            # Another thread is refreshing (an exec plugin may take seconds): the current values are still
+            # good for a while (the library renews a credential 5 minutes before its expiry).
+            return snap
+        try:
+            current = self._snap
+            assert current is not None
             if self.clock() >= self._next_check:
-                self._snap = _snapshot(self._config, snap.generation)
+                current = self._snap = _snapshot(self._config, current.generation)
                 self._next_check = self.clock() + self.refresh_every
-            assert self._snap is not None
-            return self._snap
+            return current
+        finally:
+            self._lock.release()
 
     def reload(self, stale: Snapshot | None = None) -> Snapshot:
         """Load everything anew (exec plugins run again, files are re-read) and return the new values.

@@ -362,3 +362,33 @@ def test_icl_extender_with_a_missing_kubeconfig_is_one_line(tmp_path: Path) -> N
         out.stderr.strip().splitlines()[-1]
         == f"icl extender: cannot reach the API server: kubeconfig {tmp_path}/k: no such file"
     )
+
+
+def test_the_refresh_hook_runs_at_most_once_per_interval() -> None:
+    from kubernetes import client
+
+    from kubeauth.credentials import AuthMethod, Credentials, Snapshot
+
+    runs: list[int] = []
+    now = [100.0]
+
+    def load() -> Any:
+        config = client.Configuration(host="https://127.0.0.1:1")
+        config.api_key["BearerToken"] = "Bearer t0"
+
+        def hook(cfg: Any) -> None:
+            runs.append(1)
+            cfg.api_key["BearerToken"] = f"Bearer t{len(runs)}"
+
+        config.refresh_api_key_hook = hook
+        return config
+
+    creds = Credentials("test", AuthMethod("a token", ""), load, refresh_every=1.0, clock=lambda: now[0])
+    assert creds.snapshot().authorization == "Bearer t1" and len(runs) == 1  # read once at load
+    now[0] += 0.5
+    assert creds.snapshot().authorization == "Bearer t1" and len(runs) == 1
+    now[0] += 0.5
+    assert creds.snapshot().authorization == "Bearer t2" and len(runs) == 2
+    assert creds.reload().generation == 1 and creds.reloads == 1
+    stale = Snapshot(server="https://127.0.0.1:1", authorization="Bearer t0", generation=0)
+    assert creds.reload(stale=stale).generation == 1 and creds.reloads == 1, "another thread already reloaded"
