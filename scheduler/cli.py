@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
             "Serve the kube-scheduler extender API: filter and prioritize nodes by whether the pod's "
             "device shape fits their free linked devices, bind with the exact device ids written on the "
             "pod, reserve gangs, enforce queue fair share, and choose preemption victims. State is "
-            "rebuilt from the API server at start. Also serves /healthz, /readyz, /metrics and /debug/state."
+            "rebuilt from the API server at start; only the holder of the extender's Lease binds. Listens on "
+            "127.0.0.1 by default (a kube-scheduler sidecar); a remote listener needs mutual TLS. Also serves "
+            "/healthz, /readyz, /metrics and, with debugState: true, /debug/state."
         ),
     )
     p.add_argument("--config", metavar="FILE", help="extender config (YAML); defaults apply when omitted")
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.extender import Extender
     from scheduler.informer import Informer
     from scheduler.kube import KubeError, RestKubeAPI
-    from scheduler.server import ExtenderServer
+    from scheduler.server import ExtenderServer, check_exposure
 
     log = logging.getLogger("scheduler")
     try:
@@ -56,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
+    try:
+        check_exposure(cfg)  # before anything else: an open listener is refused with one line
+    except ConfigError as exc:
+        print(f"icl extender: {exc}", file=sys.stderr)
+        return 2
     kube = cfg.kube
     try:
         server_url = args.server or kube.server
@@ -80,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     informer = Informer(api, cache, watch_timeout_s=kube.watch_timeout_s)
     try:
         server = ExtenderServer(extender, cfg)
+    except ConfigError as exc:
+        print(f"icl extender: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"icl extender: cannot listen on {cfg.host}:{cfg.port}: {exc}", file=sys.stderr)
         return 2
@@ -94,13 +104,19 @@ def run(args: argparse.Namespace) -> int:
     extender.start()
     informer.start()
     server.start()
-    log.info("extender listening on %s (resource %s, policy %s)", server.url, cfg.resource_name, cfg.policy)
+    log.info(
+        "extender listening on %s (resource %s, policy %s, lease %s)",
+        server.url,
+        cfg.resource_name,
+        cfg.policy,
+        extender.leader.identity if extender.leader is not None else "off",
+    )
     while not stop.wait(1.0):
         try:
             extender.sweep()
         except Exception:
             log.exception("housekeeping")
     server.stop()
+    extender.stop()  # lets binds in flight end, then hands the lease to the next replica
     informer.stop()
-    extender.stop()
     return 0
