@@ -359,14 +359,22 @@ EXTENDER_TABLE = [
     (MAY_NOT, "create", "deployments.apps", ("-n", "ns")),
 ]
 REMOTE_ONLY = [
+    (MAY_NOT, "get", "configmaps/extension-apiserver-authentication", ("-n", "kube-system")),
     (MAY_NOT, "patch", "pods", ("-n", "default")),
     (MAY_NOT, "delete", "pods", ("-n", "default")),
     (MAY_NOT, "update", "pods", ("--subresource=status", "-n", "default")),
     (MAY_NOT, "create", "leases", ("-n", "default")),
 ]
 
+# kube-scheduler itself: its leader Lease in the release's namespace, the authentication ConfigMap in kube-system.
+SCHEDULER_ONLY = [
+    (MAY, "get", "configmaps/extension-apiserver-authentication", ("-n", "kube-system")),
+    (MAY, "update", "leases/kube-icl-scheduler", ("-n", "ns")),
+    (MAY_NOT, "get", "configmaps", ("-n", "ns")),
+]
 # In remote mode kube-scheduler keeps only the stock scheduler roles (it binds through the extender).
 REMOTE_SCHEDULER_TABLE = [
+    *SCHEDULER_ONLY,
     (MAY, "create", "pods", ("--subresource=binding", "-n", "default")),
     (MAY, "watch", "pods", ("--all-namespaces",)),
     (MAY, "create", "events", ("-n", "default")),
@@ -381,7 +389,7 @@ REMOTE_SCHEDULER_TABLE = [
     ("release", "component", "table"),
     [
         ("side", "device-plugin", PLUGIN_TABLE),
-        ("side", "scheduler", EXTENDER_TABLE),  # the sidecar runs as the kube-scheduler pod's account
+        ("side", "scheduler", EXTENDER_TABLE + SCHEDULER_ONLY),  # the sidecar runs as the scheduler pod's account
         ("remote", "extender", EXTENDER_TABLE + REMOTE_ONLY),
         ("remote", "scheduler", REMOTE_SCHEDULER_TABLE),
     ],
