@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/icl demo
 
 ## test: set up and run every check: ruff, mypy --strict, pytest (unit, property, e2e)
-test: lint typecheck unit
+test: lint typecheck unit floors
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -28,14 +28,24 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) e2e-bins
+unit: $(STAMP) e2e-bins protoc-tools
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
 	$(BIN)/python bench/placement.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-protoc .mypy_cache .pytest_cache .ruff_cache .hypothesis
+
+## protoc-tools: the pinned stub generator (grpcio-tools 1.60.0) in .venv-protoc, for the stale-stub test
+.PHONY: protoc-tools
+protoc-tools: $(STAMP)
+	@$(BIN)/python -m deviceplugin.protogen --tools
+
+## floors: the plugin's gRPC tests in a throwaway venv at exactly pyproject's dependency floors
+.PHONY: floors
+floors:
+	$(PYTHON) tests/floors.py
 
 ## manifests: render charts/kube-icl's defaults into manifests/ (builds the pinned helm once)
 .PHONY: manifests

@@ -2,45 +2,92 @@
 
 ``python -m deviceplugin.protogen`` rewrites ``deviceplugin/v1beta1/``;
 ``python -m deviceplugin.protogen --check`` exits 1 when the committed stubs are
-stale. Both go through :func:`generate`, which runs grpcio-tools' ``protoc``
-into a directory and then makes the output type-check under ``mypy --strict``:
+stale; ``python -m deviceplugin.protogen --tools`` makes the pinned generator
+(``make protoc-tools`` runs it). All go through :func:`generate`, which runs
+``protoc`` into a directory and then makes the output type-check under ``mypy --strict``:
 
 - ``api_pb2.pyi`` (protoc's own stub) gets type arguments on its bare
   ``Mapping`` annotations;
 - ``api_pb2_grpc.pyi`` is written here from the compiled descriptor, typed for
   ``grpc.aio`` (stubs take an ``aio.Channel``, servicers are coroutines).
+
+Which protoc: the one of :data:`TOOLS` (grpcio-tools 1.60.0, protoc 25.0), in its own
+virtualenv (:data:`TOOLS_VENV`), never the project's. Generated code must not be newer
+than the runtime it meets ("new gencode + old runtime" is never supported by protobuf),
+so the stubs are made by the generator that matches the oldest runtime the project
+declares (``grpcio>=1.60``, ``protobuf>=4.25``): its ``api_pb2.py`` has no runtime
+version guard (protobuf >= 5.26 gencode refuses older runtimes at import) and its
+``api_pb2_grpc.py`` none either (grpcio-tools >= 1.63 adds a guard that raises on an
+older grpcio). Old gencode on newer runtimes is what protobuf's cross-version guarantee
+allows; ``make test`` checks both ends: the project's venv (newest grpcio/protobuf) and
+a throwaway venv at exactly the declared floors (``make floors``, :mod:`tests.floors`).
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 
-__all__ = ["GENERATED_FILES", "PROTO_FILE", "check", "generate"]
+__all__ = ["GENERATED_FILES", "PROTOC_VERSION", "PROTO_FILE", "TOOLS", "check", "generate", "tools_python"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO_ROOT / "proto"
 PROTO_FILE = "deviceplugin/v1beta1/api.proto"
 PACKAGE_DIR = "deviceplugin/v1beta1"
 GENERATED_FILES = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py", "api_pb2_grpc.pyi")
+TOOLS = "grpcio-tools==1.60.0"  # the generator; its protoc writes gencode for protobuf >= 4.25.0
+PROTOC_VERSION = "libprotoc 25.0"
+TOOLS_VENV = REPO_ROOT / ".venv-protoc"
 
 
 class ProtogenError(RuntimeError):
-    """protoc failed or produced something unexpected."""
+    """protoc failed, is not the pinned one, or produced something unexpected."""
+
+
+def tools_python() -> Path:
+    """The Python of the pinned generator: ``$ICL_PROTOC_PYTHON``, else ``.venv-protoc/bin/python``."""
+    return Path(os.environ.get("ICL_PROTOC_PYTHON") or TOOLS_VENV / "bin" / "python")
+
+
+def _run_tools(args: list[str]) -> subprocess.CompletedProcess[str]:
+    python = tools_python()
+    if not python.exists():
+        raise ProtogenError(
+            f"{python}: the pinned stub generator ({TOOLS}) is not installed; run `make protoc-tools` "
+            "(python -m deviceplugin.protogen --tools)"
+        )
+    return subprocess.run([str(python), "-m", "grpc_tools.protoc", *args], capture_output=True, text=True)
 
 
 def _protoc(args: list[str]) -> None:
-    from grpc_tools import protoc  # type: ignore[import-untyped]  # heavy; only needed here
+    version = _run_tools(["--version"]).stdout.strip()
+    if version != PROTOC_VERSION:
+        raise ProtogenError(f"{tools_python()}: protoc is {version!r}, the stubs are made with {PROTOC_VERSION!r}")
+    out = _run_tools([f"-I{PROTO_ROOT}", *args])  # grpc_tools adds its own include of the well-known types
+    if out.returncode != 0:
+        raise ProtogenError(f"protoc exited with {out.returncode} for {PROTO_FILE}: {out.stderr.strip()}")
 
-    include = str(Path(protoc.__file__).parent / "_proto")
-    code = protoc.main(["grpc_tools.protoc", f"-I{PROTO_ROOT}", f"-I{include}", *args])
-    if code != 0:
-        raise ProtogenError(f"protoc exited with {code} for {PROTO_FILE}")
+
+def install_tools(venv: Path = TOOLS_VENV) -> Path:
+    """Create ``venv`` with exactly :data:`TOOLS` (a package index is needed); returns its Python."""
+    python = venv / "bin" / "python"
+    if python.exists():
+        probe = subprocess.run(
+            [str(python), "-m", "grpc_tools.protoc", "--version"], capture_output=True, text=True, check=False
+        )
+        if probe.stdout.strip() == PROTOC_VERSION:
+            return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+    # grpc_tools 1.60's `python -m grpc_tools.protoc` finds its includes through pkg_resources (setuptools)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", TOOLS, "setuptools<81"], check=True)
+    return python
 
 
 def _fix_pb2_pyi(text: str) -> str:
@@ -132,7 +179,11 @@ def check(repo_root: Path = REPO_ROOT) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deviceplugin.protogen", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed stubs are stale")
+    parser.add_argument("--tools", action="store_true", help=f"install the pinned generator ({TOOLS}) in .venv-protoc")
     args = parser.parse_args(argv)
+    if args.tools:
+        print(f"stub generator: {install_tools()} ({TOOLS})")
+        return 0
     if args.check:
         stale = check()
         if stale:
