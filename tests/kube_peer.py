@@ -1,4 +1,5 @@
-"""Real peers on loopback for the credential tests: an HTTPS API endpoint that checks bearer tokens, and an
+"""Real peers on loopback for the credential tests: an HTTPS API endpoint that checks bearer tokens (and
+plays an OIDC identity provider under ``/oidc/``: discovery document and refresh-token grant), and an
 HTTP CONNECT proxy.
 
 :class:`TokenAPIServer` answers the few core/v1 paths the clients under test call (list nodes and pods,
@@ -18,6 +19,7 @@ import select
 import socket
 import ssl
 import threading
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -103,6 +105,8 @@ class TokenAPIServer:
         self.seen: list[Seen] = []
         self.server_names: list[str | None] = []
         self.nodes: dict[str, dict[str, Any]] = {}
+        self.oidc_refreshes: list[dict[str, str]] = []  # form fields (and Authorization) of each token request
+        self.oidc_next_id_token = ""
         self.lock = threading.Lock()
         peer = self
 
@@ -122,7 +126,11 @@ class TokenAPIServer:
 
             def _handle(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
+                raw = self.rfile.read(length) if length else b""
+                if self.path.startswith("/oidc/"):  # the identity provider's side
+                    self._oidc(method, raw)
+                    return
+                body = json.loads(raw) if raw else None
                 auth = self.headers.get("Authorization") or ""
                 with peer.lock:
                     ok = auth.split(" ", 1)[-1] in peer.accepted and auth.lower().startswith("bearer ")
@@ -161,8 +169,33 @@ class TokenAPIServer:
                     return
                 self._reply(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404})
 
+            def _oidc(self, method: str, raw: bytes) -> None:
+                if method == "GET" and self.path == "/oidc/.well-known/openid-configuration":
+                    self._reply(200, {"issuer": f"{peer.url}/oidc", "token_endpoint": f"{peer.url}/oidc/token"})
+                    return
+                if method == "POST" and self.path == "/oidc/token":
+                    form = dict(urllib.parse.parse_qsl(raw.decode()))
+                    with peer.lock:
+                        peer.oidc_refreshes.append({**form, "authorization": self.headers.get("Authorization") or ""})
+                        id_token = peer.oidc_next_id_token
+                    self._reply(
+                        200,
+                        {
+                            "access_token": "opaque",
+                            "token_type": "Bearer",
+                            "expires_in": 3600,
+                            "id_token": id_token,
+                            "refresh_token": "refresh-2",
+                        },
+                    )
+                    return
+                self._reply(404, {})
+
             def do_GET(self) -> None:
                 self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
 
             def do_PATCH(self) -> None:
                 self._handle("PATCH")

@@ -392,3 +392,49 @@ def test_the_refresh_hook_runs_at_most_once_per_interval() -> None:
     assert creds.reload().generation == 1 and creds.reloads == 1
     stale = Snapshot(server="https://127.0.0.1:1", authorization="Bearer t0", generation=0)
     assert creds.reload(stale=stale).generation == 1 and creds.reloads == 1, "another thread already reloaded"
+
+
+def _jwt(exp: float) -> str:
+    import base64
+    import json
+
+    def part(obj: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(obj).encode()).decode().rstrip("=")
+
+    return f"{part({'alg': 'RS256'})}.{part({'iss': 'test', 'exp': int(exp)})}.c2ln"
+
+
+def test_an_expired_oidc_id_token_is_refreshed_at_the_identity_provider(peer: TokenAPIServer, tmp_path: Path) -> None:
+    import base64
+    import time
+
+    old, new = _jwt(time.time() - 60), _jwt(time.time() + HOUR)
+    peer.accepted = {new}
+    peer.oidc_next_id_token = new
+    path = tmp_path / "kubeconfig"
+    oidc = {
+        "client-id": "kube",
+        "client-secret": "s3cret",
+        "id-token": old,
+        "refresh-token": "refresh-1",
+        "idp-issuer-url": f"{peer.url}/oidc",
+        "idp-certificate-authority-data": base64.b64encode(peer.ca_file.read_bytes()).decode(),
+    }
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": peer.url, "certificate-authority": str(peer.ca_file)}}],
+        "users": [{"name": "u", "user": {"auth-provider": {"name": "oidc", "config": oidc}}}],
+        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "ctx",
+    }
+    path.write_text(yaml.safe_dump(doc))
+    api = RestKubeAPI.from_kubeconfig(str(path))
+    assert api.list("nodes") == ([], "7")
+    assert peer.unauthorized() == 0, "the expired id-token was never sent"
+    assert len(peer.oidc_refreshes) == 1
+    grant = peer.oidc_refreshes[0]
+    assert (grant["grant_type"], grant["refresh_token"]) == ("refresh_token", "refresh-1")
+    saved = yaml.safe_load(path.read_text())["users"][0]["user"]["auth-provider"]["config"]
+    assert (saved["id-token"], saved["refresh-token"]) == (new, "refresh-2"), "written back, as kubectl does"
+    assert api.credentials.method.name == "the oidc auth-provider"
