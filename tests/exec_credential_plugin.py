@@ -3,8 +3,9 @@
 Usage (as a kubeconfig ``users[].user.exec``): ``python exec_credential_plugin.py STATE_DIR``.
 
 - ``STATE_DIR/plan.json``: a list of ``{"token": "...", "expires_in": seconds}`` (negative: already
-  expired); invocation ``n`` (from 0) prints ``plan[min(n, len(plan) - 1)]`` as an ExecCredential
-  whose ``status.expirationTimestamp`` is now + ``expires_in``.
+  expired), or ``{"cert": PEM path, "key": PEM path, "expires_in": ...}`` for a client certificate;
+  invocation ``n`` (from 0) prints ``plan[min(n, len(plan) - 1)]`` as an ExecCredential whose
+  ``status.expirationTimestamp`` is now + ``expires_in``.
 - ``STATE_DIR/calls``: one line per invocation, the ``apiVersion`` and ``kind`` of the
   ``KUBERNETES_EXEC_INFO`` it was given (the client's side of the protocol).
 - ``STATE_DIR/fail``: when present, exit 1 with its text on stderr, as a plugin whose login expired.
@@ -33,11 +34,13 @@ def main(state: Path) -> int:
     plan = json.loads((state / "plan.json").read_text())
     step = plan[min(n, len(plan) - 1)]
     expires = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=float(step["expires_in"]))
-    credential = {
-        "apiVersion": API_VERSION,
-        "kind": "ExecCredential",
-        "status": {"token": step["token"], "expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ")},
-    }
+    status: dict[str, str] = {"expirationTimestamp": expires.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if "cert" in step:
+        status["clientCertificateData"] = Path(step["cert"]).read_text()
+        status["clientKeyData"] = Path(step["key"]).read_text()
+    else:
+        status["token"] = step["token"]
+    credential = {"apiVersion": API_VERSION, "kind": "ExecCredential", "status": status}
     json.dump(credential, sys.stdout)
     return 0
 

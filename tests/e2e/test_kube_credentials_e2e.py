@@ -224,3 +224,28 @@ def test_a_refused_exec_credential_is_fetched_again_once(
         KubeSession(session.credentials).call(
             lambda c: client.CoreV1Api(c).list_node(_request_timeout=10), "list nodes"
         )
+
+
+def test_an_exec_plugin_may_hand_out_a_client_certificate(control_plane: ControlPlane, tmp_path: Path) -> None:
+    assert control_plane.pki is not None
+    kubeconfig, state = _kubeconfig(control_plane, tmp_path)
+    (state / "plan.json").write_text(
+        json.dumps(
+            [
+                {
+                    "cert": str(control_plane.pki.path("admin.crt")),
+                    "key": str(control_plane.pki.path("admin.key")),
+                    "expires_in": HOUR,
+                }
+            ]
+        )
+    )
+    api = RestKubeAPI.from_kubeconfig(str(kubeconfig))
+    snap = api.credentials.snapshot()
+    assert snap.authorization is None and snap.cert_file and snap.key_file, "a certificate, no token"
+    _, version = api.list("nodes")
+    assert version and calls(state) == 1
+    session = KubeSession(kubeauth.from_kubeconfig(str(kubeconfig)))
+    from kubernetes import client
+
+    assert session.call(lambda c: client.CoreV1Api(c).list_node(_request_timeout=10).metadata.resource_version)
