@@ -235,3 +235,24 @@ def test_plugin_flags_reach_the_nvml_config(capsys: pytest.CaptureFixture[str]) 
     assert "nvml.deviceListStrategy: 'bogus' is not one of envvar" in capsys.readouterr().out
     c = load_config(None, backend="nvml", nvml={"device_list_strategy": (), "nvidia_plugin_check": "off"})
     assert c.nvml.device_list_strategy == () and c.nvml.nvidia_plugin_check == "off"
+
+
+def test_the_gpu_machine_script_runs_on_the_recording(tmp_path: Path) -> None:
+    """hw/runtime_strategies.py (what the GPU run executes), replayed: every strategy registers and allocates."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "rt.json"
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run(
+        [sys.executable, str(root / "hw" / "runtime_strategies.py"), str(out), "--fixture", str(REAL)],
+        capture_output=True, text=True, timeout=240, cwd=root,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    by_label = {s["label"]: s for s in doc["strategies"]}
+    assert len(by_label) == 7 and all(s["ok"] and s["plugin_exit_code"] == 0 for s in by_label.values())
+    pair = by_label["envvar"]["response"]["envs"]["ICL_VISIBLE_DEVICES"]
+    assert by_label["envvar"]["response"]["envs"]["NVIDIA_VISIBLE_DEVICES"] == pair
+    assert by_label["cdi-cri"]["response"]["cdi_devices"] == [f"nvidia.com/gpu={u}" for u in pair.split(",")]
+    assert by_label["device-nodes-only"]["response"]["envs"]["NVIDIA_VISIBLE_DEVICES"] == "void"
