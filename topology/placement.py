@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar
@@ -377,23 +377,56 @@ class Placer:
         options = self._options(shape, free_mask, must)
         if not options:
             return None
+        key = self._rank_key(policy, free_mask)
+        scored = [(key(o), n, o) for n, o in enumerate(options)]
+        rank, _, best = min(scored, key=lambda x: x[:2])
+        return self._placement(shape, best[1], score=rank[1])
+
+    def _rank_key(self, policy: Policy, free_mask: int) -> Callable[[_Option], tuple[int, float, int]]:
+        """The policy's preference among fitting options as a sort key (lower first; ties: table order).
+
+        ``binpack``: fewest hops (any), then the fewest free devices left touching the job.
+        ``fragmentation``: fewest hops (any), then the least placeable capacity lost for the
+        expected mix, then the fewest free devices left touching the job. The key's middle
+        value is the decision's score.
+        """
         if policy is Policy.BINPACK:
-            # fewest hops (any), then the fewest free devices left touching the job, then table order
-            best = min(options, key=lambda o: (o[2], (o[3] & free_mask).bit_count()))
-            return self._placement(shape, best[1], score=float((best[3] & free_mask).bit_count()))
+
+            def binpack(o: _Option) -> tuple[int, float, int]:
+                touching = (o[3] & free_mask).bit_count()
+                return (o[2], float(touching), 0)
+
+            return binpack
         busy = self.healthy & ~free_mask
         mix = [(self.table(s), w) for s, w in self._mix]
         fitting = [t.fitting(busy) for t, _ in mix]
         by_device = [t.by_device for t, _ in mix]
         weights = [w for _, w in mix]
-        low = min(o[2] for o in options)
-        scored = [
-            (fragmentation_loss(o[0], fitting, by_device, weights), (o[3] & free_mask).bit_count(), n, o)
-            for n, o in enumerate(options)
-            if o[2] == low
-        ]
-        loss, _, _, best = min(scored, key=lambda x: x[:3])
-        return self._placement(shape, best[1], score=loss)
+
+        def fragmentation(o: _Option) -> tuple[int, float, int]:
+            return (o[2], fragmentation_loss(o[0], fitting, by_device, weights), (o[3] & free_mask).bit_count())
+
+        return fragmentation
+
+    def preference(self, shape: Shape, free: Collection[str], policy: Policy = Policy.FRAGMENTATION) -> list[int]:
+        """Indices into ``table(shape).masks``: the candidates that fit ``free``, best first under ``policy``
+        (the order :meth:`place` would choose them in), then those that do not, in table order.
+
+        A first-fit allocator that scans candidates in this order makes the policy's decision: the DRA
+        driver publishes its shape devices this way. ``kubelet`` keeps table order.
+        """
+        self._check(shape)
+        if shape.kind is ShapeKind.ANY:
+            raise ShapeError("shape: 'any' has no fixed candidates to order")
+        free_mask, _ = self._masks(free, ())
+        table = self.table(shape)
+        fit = table.fitting(self.healthy & ~free_mask)
+        fitting = list(bits(fit))
+        rest = [i for i in range(len(table.masks)) if not (fit >> i) & 1]
+        if policy is not Policy.KUBELET and fitting:
+            key = self._rank_key(policy, free_mask)
+            fitting.sort(key=lambda i: (key((table.masks[i], table.orders[i], table.hops[i], table.nbrs[i])), i))
+        return fitting + rest
 
     def _placement(self, shape: Shape, order: Sequence[int], score: float = 0.0, valid: bool = True) -> Placement:
         ids = tuple(self.topo.devices[v].id for v in order)
