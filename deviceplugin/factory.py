@@ -127,6 +127,8 @@ async def check_other_gpu_plugins(plugin: DevicePlugin, node_api: NodeApi | None
         return GpuPluginReport()
     if node_api is None and plugin.events is not None:
         node_api = plugin.events.api
+    elif node_api is None and config.api_access:  # events off, but the API is there: still read the node
+        node_api = KubernetesNodeApi(kube_api_client(config.kubeconfig or None))
     node: dict[str, Any] | None = None
     if node_api is not None and config.node_name:
         try:

@@ -223,3 +223,23 @@ async def test_running_plugin_without_events_is_unchanged() -> None:
     with short_tmpdir() as d:
         async with running_plugin(d, SimBackend(build_preset("ring:4"), probe_interval=0.02)) as h:
             assert h.plugin.events is None and h.plugin.healthy
+
+
+def test_start_check_reads_the_node_even_with_events_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    import deviceplugin.factory as factory
+
+    api = RecordingApi(nvml_node("4"))
+    monkeypatch.setattr(factory, "kube_api_client", lambda kubeconfig=None: object())
+    monkeypatch.setattr(factory, "KubernetesNodeApi", lambda session: api)
+
+    @async_test
+    async def body() -> None:
+        with short_tmpdir() as d:
+            cfg = PluginConfig(backend="nvml", plugin_dir=d, node_name="node-a", pods="kubernetes", events=False)
+            plugin = fast_plugin(cfg, NvmlBackend(FixtureNvml.load(REAL)))
+            assert plugin.events is None
+            with pytest.raises(GpuPluginConflict, match=re.escape("advertises nvidia.com/gpu")):
+                await check_other_gpu_plugins(plugin)
+            assert api.calls == ["get node/node-a"] and api.events == {}
+
+    body()
