@@ -265,6 +265,8 @@ class FakeAPIServer:
         # server whose write succeeded but whose answer was lost or turned into an error on the way.
         self.after_bind: list[int] = []
         self.after_bind_delay_s = 0.0  # wait this long before that answer (a slow or timed-out request)
+        # Called (without the server's lock) before a Binding is applied: a test holds it "in flight" here.
+        self.in_flight_bind: Callable[[str, str], None] | None = None
         self.leases = LeaseStore()
         self.hang_up = 0  # close this many connections silently after their response
         self.connections = 0  # TCP connections accepted so far
@@ -432,6 +434,9 @@ class FakeAPIServer:
             pm = _POD.match(url.path)
             if pm:
                 ns, name, sub = pm.group(1), pm.group(2), pm.group(3)
+                hold = self.in_flight_bind
+                if hold is not None and method == "POST" and sub == "binding":
+                    hold(ns, name)
                 try:
                     answer = self._pod_op(method, ns, name, sub, body, h.headers.get("Content-Type") or "")
                 except _AfterBind as after:
