@@ -19,7 +19,7 @@ A config file looks like::
     policy: fragmentation            # fallback placement policy
     faultFile: /run/kube-icl/faults.json   # sim: fault injection file
     udev: {subsystem: accel, namePattern: "accel[0-9]*", linkTool: "", linkAdapter: generic}
-    events: true                     # post Events on the node (needs API access: pods: kubernetes or publish)
+    events: true                     # post Events on the node (needs API access: pods: kubernetes, publish or kubeconfig)
     nvml: {fatalXids: [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95], fixture: "",
            deviceListStrategy: [envvar], deviceIdStrategy: uuid, passDeviceSpecs: true,
            cudaVisibleDevices: true, nvidiaPluginCheck: fail}
@@ -159,8 +159,8 @@ class PluginConfig:
 
     @property
     def api_access(self) -> bool:
-        """The plugin talks to the API server (pods from it, or publishing the topology)."""
-        return self.pods == "kubernetes" or self.publish
+        """The plugin talks to the API server: pods from it, publishing the topology, or a kubeconfig given."""
+        return self.pods == "kubernetes" or self.publish or bool(self.kubeconfig)
 
     @property
     def socket_path(self) -> Path:

@@ -243,3 +243,11 @@ def test_start_check_reads_the_node_even_with_events_off(monkeypatch: pytest.Mon
             assert api.calls == ["get node/node-a"] and api.events == {}
 
     body()
+
+
+def test_api_access_is_pods_publish_or_a_kubeconfig() -> None:
+    base = {"backend": "sim", "topology": "ring:4", "node_name": "n"}
+    assert not PluginConfig(**base).api_access
+    assert PluginConfig(**base, pods="kubernetes").api_access
+    assert PluginConfig(**base, publish=True).api_access
+    assert PluginConfig(**base, kubeconfig="/etc/kube/config").api_access
