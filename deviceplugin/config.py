@@ -19,7 +19,7 @@ A config file looks like::
     policy: fragmentation            # fallback placement policy
     faultFile: /run/kube-icl/faults.json   # sim: fault injection file
     udev: {subsystem: accel, namePattern: "accel[0-9]*", linkTool: "", linkAdapter: generic}
-    events: true                     # post Events on the node (needs API access: pods: kubernetes, publish or kubeconfig)
+    events: true                     # post Events on the node (with API access: pods, publish or kubeconfig)
     nvml: {fatalXids: [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95], fixture: "",
            deviceListStrategy: [envvar], deviceIdStrategy: uuid, passDeviceSpecs: true,
            cudaVisibleDevices: true, nvidiaPluginCheck: fail}
