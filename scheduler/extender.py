@@ -221,6 +221,9 @@ class Extender:
         self._unsure: dict[str, _Unsure] = {}  # pod uid -> a Binding whose outcome is unknown
         self._inflight = 0  # binds being answered (a graceful stop waits for them before releasing the lease)
         self._inflight_cv = threading.Condition()
+        # How long a bind (or a gang's first filter) waits for the lease in a failover; kube-scheduler's
+        # binding cycle runs in its own goroutine, and the extender httpTimeout is longer.
+        self._lease_wait_s = min(5.0, cfg.leader_election.lease_duration_s)
         self._memo: dict[tuple[Any, ...], NodeEval] = {}
         self._seen: OrderedDict[str, PodInfo] = OrderedDict()
         self._seen_lock = threading.Lock()
@@ -489,6 +492,9 @@ class Extender:
         return ExtenderFilterResult(nodes=nodes, failed_nodes=failed, failed_and_unresolvable_nodes=unresolvable)
 
     def _filter(self, args: ExtenderArgs) -> tuple[ExtenderFilterResult, str]:
+        leader = self.leader
+        if leader is not None and not leader.leading:
+            leader.want()  # our kube-scheduler leads: take the lease as soon as it is free
         names = list(dict.fromkeys(args.names))
         ask = self._ask(args.pod)
         info = ask.info
@@ -513,7 +519,7 @@ class Extender:
                 self._event(info, "GangNotPlaced", why)
                 return self._result(args, [], {}, dict.fromkeys(names, why)), "invalid"
         if info.gang is not None and not reserved:
-            why = self._lead(0.0)  # a reservation is a decision: only the lease holder makes one
+            why = self._lead(self._lease_wait_s)  # a reservation is a decision: only the lease holder makes one
             if why:
                 return self._result(args, [], dict.fromkeys(names, why), {}), "held"
         if info.gang is not None:
@@ -717,7 +723,7 @@ class Extender:
         if info is None:
             return ExtenderBindingResult(err)
         # Wait briefly for the lease (a failover): kube-scheduler's bind runs in its own goroutine.
-        why = self._lead(min(5.0, self.cfg.leader_election.lease_duration_s))
+        why = self._lead(self._lease_wait_s)
         if why:
             self._event(info, "FailedBinding", why)
             return ExtenderBindingResult(why)

@@ -20,8 +20,9 @@ extender holds a ``coordination.k8s.io/v1`` Lease of its own:
 Standby replicas read the Lease every ``renewIntervalSeconds`` so that their
 observation is fresh when their kube-scheduler becomes leader and calls them.
 A replica never takes the Lease on its own initiative: only a verb that needs it
-(bind, a gang's first filter) asks for it, so the Lease follows kube-scheduler's
-leader and never a standby.
+(bind, a gang's first filter) asks for it, and any verb call (:meth:`want`)
+makes the background loop try to take it for a while, so the Lease follows
+kube-scheduler's leader and never a standby.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class LeaseElector:
         self._observed: tuple[tuple[str, str, str], float] | None = None  # (holder, renewTime, rv), first seen
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wanted_until = 0.0  # clock(): until then the loop tries to take the Lease, not only read it
         self.acquisitions = 0
         self.last_acquired_at = 0.0  # clock() of the last acquisition
 
@@ -97,6 +99,10 @@ class LeaseElector:
     def _safe_until(self) -> float:
         """Until when (clock()) a Binding started now surely ends before our Lease could be taken over."""
         return self._renewed_at + self.cfg.lease_duration_s - self.write_timeout_s
+
+    def want(self) -> None:
+        """Our kube-scheduler calls us (so it leads): try to take the Lease in the background for a while."""
+        self._wanted_until = self.clock() + self.cfg.lease_duration_s
 
     def holder(self) -> str:
         record = self._record or {}
@@ -144,6 +150,10 @@ class LeaseElector:
                 with self._lock:
                     if self._leading:
                         self._renew()
+                    elif self.clock() < self._wanted_until:
+                        why = self._try_acquire()
+                        if why:
+                            log.debug("lease: %s", why)
                     else:
                         self._observe(self.api.get_lease(self.cfg.namespace, self.cfg.name))
             except KubeError as exc:

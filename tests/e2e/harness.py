@@ -718,6 +718,45 @@ class ControlPlane:
         wait_for(ready, what="kube-scheduler /readyz", timeout=START_TIMEOUT_S, watch=[self.scheduler])
         return self.scheduler
 
+    def start_scheduler_replica(
+        self, config: Mapping[str, Any], name: str, *, leader_election: Mapping[str, Any]
+    ) -> Component:
+        """Start one more kube-scheduler (an HA replica) with ``config`` and ``leader_election`` (the
+        ``leaderElection`` section, e.g. ``{"leaderElect": True}``), beside the harness's own; wait until
+        its /healthz answers (a standby is healthy, not leading). The caller stops it."""
+        assert self.pki is not None
+        document = _load_scheduler_config(config)
+        document.setdefault("clientConnection", {})["kubeconfig"] = str(self._scheduler_kubeconfig)
+        document["leaderElection"] = dict(leader_election)
+        self._scheduler_starts += 1
+        path = self.workdir / f"scheduler-config-{name}-{self._scheduler_starts}.yaml"
+        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        port = free_port()
+        component = Component(
+            name,
+            [
+                self.binaries["kube-scheduler"],
+                f"--config={path}",
+                f"--authentication-kubeconfig={self._scheduler_kubeconfig}",
+                f"--authorization-kubeconfig={self._scheduler_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / f'scheduler-certs-{name}'}",
+                "--v=2",
+            ],
+            self.logs / f"{name}-{self._scheduler_starts}.log",
+        ).start()
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=5, context=insecure) as response:
+                return bool(response.status == 200)
+
+        wait_for(healthy, what=f"{name} /healthz", timeout=START_TIMEOUT_S, watch=[component])
+        return component
+
     def check_scheduler_config(self, path: Path | str) -> Path:
         """Have the real kube-scheduler load and validate a ``KubeSchedulerConfiguration`` file.
 
