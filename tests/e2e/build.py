@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build, or reuse from the cache, the real control plane of the e2e tests.
 
-The binaries (etcd, kube-apiserver, kube-scheduler, kubectl, kwok) are built
+The binaries (etcd, kube-apiserver, kube-scheduler, kubectl, kwok, kube-controller-manager) are built
 with the Go toolchain from the wrapper module in ``tests/e2e/gomod``, whose
 versions come from ``tests/e2e/versions.env``. They are cached outside the
 repository, in ``${ICL_E2E_CACHE:-~/.cache/kube-icl/e2e}/<key>/bin``, where
@@ -94,6 +94,8 @@ TARGETS: tuple[Target, ...] = (
     Target("etcd", "go.etcd.io/etcd/server/v3"),
     Target("kwok", "sigs.k8s.io/kwok/cmd/kwok"),
     Target("kubectl", "k8s.io/kubernetes/cmd/kubectl"),
+    # Only the DRA e2e starts it (resourceclaim and garbage-collector controllers free claims of deleted pods).
+    Target("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager"),
 )
 
 
