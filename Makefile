@@ -28,7 +28,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) e2e-bins protoc-tools
+unit: $(STAMP) e2e-bins protoc-tools image
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -57,3 +57,16 @@ manifests:
 .PHONY: e2e-bins
 e2e-bins:
 	@$(PYTHON) tests/e2e/build.py
+
+## image: build the container image from the Dockerfile without a Docker daemon (as root: debootstrap + chroot,
+## then crane), cached outside the repository; tests/e2e/test_image.py smoke-tests it (docs/image.md)
+.PHONY: image
+image:
+	@$(PYTHON) hack/image/build.py
+
+## lock: regenerate the image's hashed lock files (hack/image/*.lock) from pyproject.toml with the pinned uv
+UV_VERSION := 0.13.9
+.PHONY: lock
+lock: $(STAMP)
+	$(BIN)/python -m pip install -q 'uv==$(UV_VERSION)'
+	$(BIN)/python hack/image/lock.py
