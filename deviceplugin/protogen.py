@@ -95,8 +95,10 @@ def _fix_pb2_pyi(text: str) -> str:
     return text.replace("_Mapping]", "_Mapping[str, object]]")
 
 
-def _grpc_pyi(fds: descriptor_pb2.FileDescriptorSet) -> str:
-    (fd,) = [f for f in fds.file if f.name == PROTO_FILE]
+def _grpc_pyi(
+    fds: descriptor_pb2.FileDescriptorSet, proto_file: str = PROTO_FILE, generator: str = "deviceplugin.protogen"
+) -> str:
+    (fd,) = [f for f in fds.file if f.name == proto_file]
     prefix = f".{fd.package}."
 
     def msg(type_name: str) -> str:
@@ -105,14 +107,14 @@ def _grpc_pyi(fds: descriptor_pb2.FileDescriptorSet) -> str:
         return "_pb2." + type_name[len(prefix) :]
 
     out = [
-        f"# Typed interface of api_pb2_grpc.py, written by deviceplugin.protogen from {PROTO_FILE}.",
-        "# DO NOT EDIT: regenerate with `python -m deviceplugin.protogen`.",
+        f"# Typed interface of api_pb2_grpc.py, written by {generator} from {proto_file}.",
+        f"# DO NOT EDIT: regenerate with `python -m {generator}`.",
         "from collections.abc import AsyncIterator",
         "",
         "import grpc",
         "import grpc.aio",
         "",
-        "from deviceplugin.v1beta1 import api_pb2 as _pb2",
+        f"from {proto_file.rsplit('/', 1)[0].replace('/', '.')} import api_pb2 as _pb2",
     ]
     for svc in fd.service:
         out += [
