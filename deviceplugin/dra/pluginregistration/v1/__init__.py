@@ -1,0 +1,1 @@
+"""Generated stubs of the kubelet plugin-registration API v1 (see ``deviceplugin.dra.protogen``)."""

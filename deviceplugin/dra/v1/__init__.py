@@ -1,0 +1,1 @@
+"""Generated stubs of the kubelet DRA plugin API v1 (see ``deviceplugin.dra.protogen``)."""
