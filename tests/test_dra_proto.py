@@ -9,6 +9,7 @@ import pytest
 from deviceplugin.dra import protogen
 from deviceplugin.dra.pluginregistration.v1 import api_pb2 as reg_pb2
 from deviceplugin.dra.v1 import api_pb2
+from deviceplugin.protogen import PROTO_ROOT
 from tests.test_dra_limits import _types_go
 
 
@@ -52,6 +53,6 @@ def test_protos_are_verbatim_upstream(ours: str, upstream: str) -> None:
     source = types_go.parents[3] / f"kubelet@{staging}" / upstream
     if not source.is_file():
         pytest.skip(f"{source} is not in the Go module cache")
-    text = (Path(protogen.base.PROTO_ROOT) / ours).read_text()
+    text = (PROTO_ROOT / ours).read_text()
     body = "\n".join(line for line in text.splitlines() if not line.startswith("// kube-icl:"))
     assert source.read_text().strip() in body
