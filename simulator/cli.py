@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "simulator.topo_cli",
     "simulator.demo_cli",
     "deviceplugin.cli",
+    "deviceplugin.dra.cli",
     "simulator.kubelet_cli",
     "deviceplugin.probe_cli",
     "scheduler.cli",

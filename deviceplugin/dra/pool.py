@@ -42,9 +42,11 @@ __all__ = [
     "PoolPlan",
     "ShapeDevice",
     "ShapeSummary",
+    "compact_subset",
     "device_name",
     "parse_device_name",
     "plan_pool",
+    "publishable",
     "shape_slug",
 ]
 
@@ -271,7 +273,7 @@ class PoolPlan:
 
     def counter_sets(self) -> list[dict[str, Any]]:
         sets: dict[str, dict[str, Any]] = {}
-        for chip in self.chips:
+        for chip in sorted(self.chips, key=lambda c: c.index):
             sets.setdefault(_counter_set(chip.index), {})[_counter(chip.index)] = {"value": "1"}
         return [{"name": name, "counters": counters} for name, counters in sorted(sets.items())]
 
@@ -325,7 +327,7 @@ class PoolPlan:
         return out
 
 
-def _compact_subset(topo: NodeTopology, placer: Placer, shape: Shape, cap: int) -> tuple[list[int], str]:
+def compact_subset(topo: NodeTopology, placer: Placer, shape: Shape, cap: int) -> tuple[list[int], str]:
     """Table indices to publish: all when they fit ``cap``, else the ``cap`` most compact (fewest summed hops)."""
     table = placer.table(shape)
     n = len(table.masks)
@@ -343,6 +345,25 @@ def _compact_subset(topo: NodeTopology, placer: Placer, shape: Shape, cap: int) 
     chosen = sorted(ranked[:cap])
     extra = f"; published the {cap} most compact of {n} (max_per_shape)"
     return chosen, (note + extra).lstrip("; ")
+
+
+def publishable(topo: NodeTopology, placer: Placer, shape: Shape, cap: int) -> tuple[set[int], str]:
+    """The table indices of ``shape`` that the pool publishes, and a note on what it leaves out.
+
+    At most ``cap`` (:func:`compact_subset`), and none that would consume from more than
+    :data:`limits.CONSUMPTIONS_PER_DEVICE` counter sets (chips 0-31, 32-63, ... are one set each).
+    """
+    table = placer.table(shape)
+    subset, note = compact_subset(topo, placer, shape, cap)
+    keep = set(subset)
+    spanning = [i for i in subset if _sets_spanned(table.masks[i]) > limits.CONSUMPTIONS_PER_DEVICE]
+    if spanning:
+        keep -= set(spanning)
+        note = (note + "; " if note else "") + (
+            f"{len(spanning)} span more than {limits.CONSUMPTIONS_PER_DEVICE} counter sets of "
+            f"{limits.COUNTERS_PER_SET} chips (API limit) and are left out"
+        )
+    return keep, note
 
 
 def _coords(topo: NodeTopology, index: int) -> str:
@@ -374,15 +395,7 @@ def plan_pool(topo: NodeTopology, node: str, config: DraConfig | None = None, bu
             summary.append(ShapeSummary(str(shape), 0, 0, f"needs {shape.size} chips; the node has {len(topo.ids)}"))
             continue
         table = placer.table(shape)
-        subset, note = _compact_subset(topo, placer, shape, config.max_per_shape)
-        keep = set(subset)
-        spanning = [i for i in subset if _sets_spanned(table.masks[i]) > limits.CONSUMPTIONS_PER_DEVICE]
-        if spanning:
-            keep -= set(spanning)
-            note = (note + "; " if note else "") + (
-                f"{len(spanning)} span more than {limits.CONSUMPTIONS_PER_DEVICE} counter sets of "
-                f"{limits.COUNTERS_PER_SET} chips (API limit) and are left out"
-            )
+        keep, note = publishable(topo, placer, shape, config.max_per_shape)
         order = [i for i in placer.preference(shape, free, config.policy) if i in keep]
         shapes += [ShapeDevice(shape, table.masks[i], table.orders[i]) for i in order]
         summary.append(ShapeSummary(str(shape), len(table.masks), len(order), note))
