@@ -177,3 +177,16 @@ def test_mirrors_come_from_the_hosts_apt_sources(tmp_path: Path) -> None:
     (tmp_path / "sources.list").write_text("# nothing\n")
     with pytest.raises(builder.BuildError, match="no Debian archive"):
         builder.host_mirrors(tmp_path)
+
+
+def test_build_without_root_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ICL_IMAGE_CACHE", str(tmp_path))
+    monkeypatch.setattr(builder.os, "geteuid", lambda: 1000)
+    assert builder.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs root" in err and "docker build" in err
+    assert list(tmp_path.iterdir()) == []  # nothing started
+    assert builder.main(["--print-dir"]) == 0
+    assert capsys.readouterr().out.startswith(str(tmp_path / "image-"))
