@@ -101,7 +101,7 @@ def _template(plane: ControlPlane, namespace: str, name: str, family: str, expre
     _custom(plane).create_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaimtemplates", body)
 
 
-def _pod(plane: ControlPlane, namespace: str, name: str, template: str) -> None:
+def _pod(plane: ControlPlane, namespace: str, name: str, template: str, where: str = "e2e") -> None:
     body: Any = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -116,7 +116,7 @@ def _pod(plane: ControlPlane, namespace: str, name: str, template: str) -> None:
             ],
             "resourceClaims": [{"name": "accel", "resourceClaimTemplateName": template}],
             "tolerations": KWOK_TOLERATIONS,
-            "nodeSelector": {"kube-icl.io/dra": "e2e"},
+            "nodeSelector": {"kube-icl.io/dra": where},
             "terminationGracePeriodSeconds": 0,
         },
     }
@@ -245,3 +245,120 @@ def test_dead_chip_withdraws_its_shapes_and_mesh_claims_avoid_it(plane: ControlP
         assert "3" not in chips and placer.is_valid(parse_shape("mesh:2x2"), chips)
     for pub in pubs.values():  # healthy again for the other tests
         pub.sync(topo)
+
+
+def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: ControlPlane, ns: str) -> None:
+    """``icl dra run`` as a process for a torus:4x4 node; the test plays the kubelet on its sockets."""
+    import asyncio
+    import json
+    import signal
+    import subprocess
+
+    import grpc.aio
+
+    from deviceplugin.allocation import ENV_COORDS, ENV_SHAPE, ENV_VISIBLE
+    from deviceplugin.dra.pluginregistration.v1 import api_pb2 as reg_pb2
+    from deviceplugin.dra.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+    from deviceplugin.dra.v1 import api_pb2 as dra_pb2
+    from deviceplugin.dra.v1 import api_pb2_grpc as dra_grpc
+    from deviceplugin.testing import short_tmpdir
+
+    from .scenario import _icl_command
+
+    topo = build_preset("torus:4x4")
+    node = "dra-solo"
+    plane.create_node(node, labels={"kube-icl.io/dra": "solo"})
+    with short_tmpdir() as d:
+        log = (d / "driver.log").open("w")
+        proc = subprocess.Popen(
+            [
+                *_icl_command(),
+                "dra",
+                "run",
+                "--node-name",
+                node,
+                "--topology",
+                "torus:4x4",
+                "--kubeconfig",
+                str(plane.kubeconfig),
+                "--plugin-dir",
+                str(d / "plugins"),
+                "--registry-dir",
+                str(d / "registry"),
+                "--cdi-dir",
+                str(d / "cdi"),
+                "--resync",
+                "0.5",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+
+            def pool(min_generation: int) -> list[dict[str, Any]] | None:
+                items = _custom(plane).list_cluster_custom_object(
+                    GROUP, VERSION, "resourceslices", field_selector=f"spec.pool.name={node}"
+                )["items"]
+                gens = {s["spec"]["pool"]["generation"] for s in items}
+                complete = items and len(items) == items[0]["spec"]["pool"]["resourceSliceCount"] and len(gens) == 1
+                return items if complete and min(gens) >= min_generation else None
+
+            first = wait_for(lambda: pool(1), what=f"{node}'s pool published", timeout=60)
+            assert sum(len(s["spec"].get("devices", [])) for s in first) == 16 + 32 + 24 + 656 + 24 + 104 + 1 + 1
+            gen = first[0]["spec"]["pool"]["generation"]
+
+            _template(plane, ns, "mesh2x4", "mesh", f'device.attributes["{DRIVER}"].shape == "mesh:2x4"')
+            body_pod = "mesh-solo"
+            _pod(plane, ns, body_pod, "mesh2x4", where="solo")
+            claim = wait_for(partial(_claim_of, plane, ns, body_pod), what="mesh claim allocated", timeout=60)
+            ((pool_name, device),) = _devices(claim)
+            chips = _chips(topo, device)
+            assert pool_name == node and Placer.for_topology(topo).is_valid(parse_shape("mesh:2x4"), chips)
+            # the allocation re-orders the pool: a new generation follows within a resync or two
+            wait_for(lambda: pool(gen + 1), what="the pool re-published after the allocation", timeout=30)
+
+            async def kubelet() -> tuple[reg_pb2.PluginInfo, dra_pb2.NodePrepareResourcesResponse, str]:
+                reg = d / "registry" / f"{DRIVER}-reg.sock"
+                async with grpc.aio.insecure_channel(f"unix://{reg}") as channel:
+                    info = await reg_grpc.RegistrationStub(channel).GetInfo(reg_pb2.InfoRequest(), timeout=10)
+                    await reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(
+                        reg_pb2.RegistrationStatus(plugin_registered=True), timeout=10
+                    )
+                meta = claim["metadata"]
+                ref = dra_pb2.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+                async with grpc.aio.insecure_channel(f"unix://{info.endpoint}") as channel:
+                    stub = dra_grpc.DRAPluginStub(channel)
+                    prepared = await stub.NodePrepareResources(
+                        dra_pb2.NodePrepareResourcesRequest(claims=[ref]), timeout=30
+                    )
+                    spec = (d / "cdi" / f"{DRIVER}-claim_{meta['uid']}.json").read_text()
+                    un = await stub.NodeUnprepareResources(
+                        dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]), timeout=30
+                    )
+                    assert un.claims[meta["uid"]].error == ""
+                return info, prepared, spec
+
+            wait_for(lambda: (d / "registry" / f"{DRIVER}-reg.sock").exists(), what="registration socket", timeout=30)
+            info, prepared, spec_text = asyncio.run(kubelet())
+            assert (info.type, info.name, list(info.supported_versions)) == ("DRAPlugin", DRIVER, ["v1.DRAPlugin"])
+            answer = prepared.claims[claim["metadata"]["uid"]]
+            assert answer.error == "" and [(x.pool_name, x.device_name) for x in answer.devices] == [(node, device)]
+            spec = json.loads(spec_text)
+            env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+            order = env[ENV_VISIBLE].split(",")
+            assert env[ENV_SHAPE] == "mesh:2x4" and set(order) == set(chips)
+            assert env[ENV_COORDS] == ";".join(f"{r},{c}" for r in range(2) for c in range(4))
+            for a, b in parse_shape("mesh:2x4").pattern_edges():  # row-major ranks on real links
+                assert topo.graph.has_edge(order[a], order[b])
+            assert not list((d / "cdi").iterdir())  # unprepared
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            log.close()
+            output = (d / "driver.log").read_text()
+        assert code == 0, output
+        assert not (d / "registry" / f"{DRIVER}-reg.sock").exists()
