@@ -80,11 +80,19 @@ def run(args: argparse.Namespace) -> int:
     except (KubeError, KubeAuthError, OSError) as exc:
         print(f"icl extender: cannot reach the API server: {exc}", file=sys.stderr)
         return 2
+    api.page_size = kube.page_size
     log.info("API server %s, %s (%s)", api.credentials.server, api.credentials.method.name, api.credentials.source)
     cache = ClusterCache(cfg.resource_name)
     events = EventRecorder(api, cfg.event_component, enabled=cfg.events)
     extender = Extender(cfg, cache, api, events=events)
-    informer = Informer(api, cache, watch_timeout_s=kube.watch_timeout_s)
+    informer = Informer(
+        api,
+        cache,
+        watch_timeout_s=kube.watch_timeout_s,
+        selection=kube.pod_selection,
+        namespace=cfg.leader_election.namespace,
+        guard_interval_s=kube.guard_interval_s,
+    )
     try:
         server = ExtenderServer(extender, cfg)
     except ConfigError as exc:

@@ -64,6 +64,11 @@ class KubeConfig:
     insecure: bool = False
     request_timeout_s: float = 10.0
     watch_timeout_s: int = 300
+    # "all": list/watch every pod; "labelled": only kube-icl.io/managed=true pods while the admission
+    # policy that guarantees the label is in place (scheduler/selection.py; docs/scheduler.md, "Scale").
+    pod_selection: str = "all"
+    page_size: int = 500  # objects per list page (limit/continue)
+    guard_interval_s: float = 30.0  # how often "labelled" re-checks the admission policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +192,12 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _pod_selection(value: Any) -> str:
+    if value not in ("all", "labelled"):
+        raise ConfigError(f"kube.podSelection: {value!r} is not 'all' or 'labelled'")
+    return str(value)
+
+
 def parse_config(raw: Any) -> ExtenderConfig:
     """Build an :class:`ExtenderConfig` from decoded YAML."""
     top = _map(raw, "config")
@@ -300,7 +311,18 @@ def parse_config(raw: Any) -> ExtenderConfig:
     kube = _map(top.get("kube"), "kube")
     _check_keys(
         kube,
-        {"server", "kubeconfig", "tokenFile", "caFile", "insecure", "requestTimeoutSeconds", "watchTimeoutSeconds"},
+        {
+            "server",
+            "kubeconfig",
+            "tokenFile",
+            "caFile",
+            "insecure",
+            "requestTimeoutSeconds",
+            "watchTimeoutSeconds",
+            "podSelection",
+            "pageSize",
+            "guardIntervalSeconds",
+        },
         "kube",
     )
     kw["kube"] = KubeConfig(
@@ -315,6 +337,11 @@ def parse_config(raw: Any) -> ExtenderConfig:
         watch_timeout_s=_int(kube["watchTimeoutSeconds"], "kube.watchTimeoutSeconds", minimum=1)
         if "watchTimeoutSeconds" in kube
         else 300,
+        pod_selection=_pod_selection(kube.get("podSelection", "all")),
+        page_size=_int(kube["pageSize"], "kube.pageSize", minimum=1, maximum=100_000) if "pageSize" in kube else 500,
+        guard_interval_s=_num(kube["guardIntervalSeconds"], "kube.guardIntervalSeconds", strict=True)
+        if "guardIntervalSeconds" in kube
+        else 30.0,
     )
     cfg = ExtenderConfig(**kw)
     if election.enabled and election.lease_duration_s <= cfg.kube.request_timeout_s + election.renew_interval_s:

@@ -10,8 +10,12 @@ by the ``kubernetes`` package's own loader through :mod:`kubeauth`.
 
 Paths used (all core/v1 or policy/v1):
 
-- ``GET  /api/v1/nodes``, ``GET /api/v1/pods`` (list, paged with ``limit``/``continue``)
-- ``GET  /api/v1/{nodes,pods}?watch=1&resourceVersion=RV&allowWatchBookmarks=true``
+- ``GET  /api/v1/nodes``, ``GET /api/v1/pods`` (list, paged with ``limit``/``continue``, each page
+  decoded and applied on its own; pods with ``labelSelector=kube-icl.io/managed=true`` when the
+  extender selects, see :mod:`scheduler.selection`)
+- ``GET  /api/v1/{nodes,pods}?watch=1&resourceVersion=RV&allowWatchBookmarks=true`` (pods: same selector)
+- ``GET  /apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies[bindings]/NAME`` (the guard
+  that makes the selector safe)
 - ``GET  /api/v1/namespaces/NS/pods/NAME``
 - ``POST /api/v1/namespaces/NS/pods/NAME/binding`` (carrying the ``kube-icl.io/devices`` annotation,
   which the API server copies onto the pod in the same write that sets ``spec.nodeName``)
@@ -27,9 +31,11 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import http.client
 import json
 import os
+import socket
 import ssl
 import threading
 import urllib.parse
@@ -73,6 +79,24 @@ class KubeAPI(Protocol):
 
     def watch(self, resource: Resource, resource_version: str, timeout_s: int) -> Iterator[tuple[str, JsonObj]]:
         """Watch events (``ADDED``/``MODIFIED``/``DELETED``/``BOOKMARK``/``ERROR``) until the server ends it."""
+        ...
+
+    def list_pages(self, resource: Resource) -> Iterator[tuple[builtins.list[JsonObj], str]]:
+        """The list one page at a time, each decoded on its own; the last page carries the list's
+        resourceVersion (the others ""). Every page is of the same snapshot (``continue``)."""
+        ...
+
+    def select_pods(self, label_selector: str) -> None:
+        """From now on, pod lists and watches (``list``, ``list_pages``, ``watch``) carry this label
+        selector ("" = every pod). See :mod:`scheduler.selection`."""
+        ...
+
+    def abort_watches(self) -> None:
+        """End the pod watches in progress (the informer then lists again)."""
+        ...
+
+    def get_cluster_object(self, path: str) -> JsonObj | None:
+        """GET a cluster-scoped object by its API path (admission policies); None when absent."""
         ...
 
     def get_pod(self, namespace: str, name: str) -> JsonObj | None: ...
@@ -284,8 +308,13 @@ class RestKubeAPI:
     request at a time. New TLS material (a rotated client certificate) empties the pool.
     """
 
-    def __init__(self, credentials: Credentials, timeout_s: float = 10.0, *, max_idle: int = 16) -> None:
+    def __init__(
+        self, credentials: Credentials, timeout_s: float = 10.0, *, max_idle: int = 16, page_size: int = 500
+    ) -> None:
         self.credentials = credentials
+        self.page_size = page_size
+        self.pod_selector = ""  # label selector on pod lists and watches (see select_pods)
+        self._watch_conns: set[http.client.HTTPConnection] = set()
         self._timeout = timeout_s
         self._idle: list[tuple[http.client.HTTPConnection, tuple[Any, ...]]] = []
         self._idle_lock = threading.Lock()
@@ -438,19 +467,55 @@ class RestKubeAPI:
 
     # ---- KubeAPI
 
+    def _selection(self, resource: Resource, query: dict[str, str]) -> dict[str, str]:
+        if resource == "pods" and self.pod_selector:
+            query["labelSelector"] = self.pod_selector
+        return query
+
+    def select_pods(self, label_selector: str) -> None:
+        self.pod_selector = label_selector
+
     def list(self, resource: Resource) -> tuple[list[JsonObj], str]:
         items: list[JsonObj] = []
+        rv = ""
+        for page, page_rv in self.list_pages(resource):
+            items.extend(page)
+            rv = page_rv or rv
+        return items, rv
+
+    def list_pages(self, resource: Resource) -> Iterator[tuple[builtins.list[JsonObj], str]]:
         cont = ""
         while True:
-            query = {"limit": "500"}
+            query = self._selection(resource, {"limit": str(self.page_size)})
             if cont:
                 query["continue"] = cont
             page = self._request("GET", f"/api/v1/{resource}?{urllib.parse.urlencode(query)}")
-            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             cont = meta.get("continue") or ""
+            items = page.get("items") or []
+            del page  # only this page's objects stay alive while the caller applies them
             if not cont:
-                return items, str(meta.get("resourceVersion") or "")
+                yield items, str(meta.get("resourceVersion") or "")
+                return
+            yield items, ""
+
+    def abort_watches(self) -> None:
+        with self._idle_lock:
+            conns = list(self._watch_conns)
+        for conn in conns:
+            sock = conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def get_cluster_object(self, path: str) -> JsonObj | None:
+        try:
+            obj: JsonObj = self._request("GET", path)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj
 
     def watch(self, resource: Resource, resource_version: str, timeout_s: int) -> Iterator[tuple[str, JsonObj]]:
         query = {
@@ -459,11 +524,14 @@ class RestKubeAPI:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_s),
         }
-        path = f"/api/v1/{resource}?{urllib.parse.urlencode(query)}"
+        path = f"/api/v1/{resource}?{urllib.parse.urlencode(self._selection(resource, query))}"
         snap = self.credentials.snapshot()
         for attempt in (0, 1):
             route = self._route_for(snap)
             conn = route.connect(timeout_s + 30)
+            if resource == "pods":
+                with self._idle_lock:
+                    self._watch_conns.add(conn)
             try:
                 conn.request("GET", route.target(path), headers=self._headers(None, snap, route))
                 resp = conn.getresponse()
@@ -489,6 +557,8 @@ class RestKubeAPI:
             except (OSError, http.client.HTTPException) as exc:
                 raise KubeError(0, f"watch {resource}: {exc}") from None
             finally:
+                with self._idle_lock:
+                    self._watch_conns.discard(conn)
                 conn.close()
 
     def get_pod(self, namespace: str, name: str) -> JsonObj | None:

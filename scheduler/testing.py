@@ -856,6 +856,19 @@ class MemoryKubeAPI:
     def watch(self, resource: str, resource_version: str, timeout_s: int) -> Any:
         return iter(())
 
+    def list_pages(self, resource: str) -> Any:
+        items, rv = self.list(resource)
+        yield items, rv
+
+    def select_pods(self, label_selector: str) -> None:
+        pass  # every pod, always (the selection is tested against the real API server)
+
+    def abort_watches(self) -> None:
+        pass
+
+    def get_cluster_object(self, path: str) -> JsonObj | None:
+        return None
+
     def get_pod(self, namespace: str, name: str) -> JsonObj | None:
         with self.lock:
             pod = self.pods.get((namespace, name))
