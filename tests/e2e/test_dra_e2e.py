@@ -289,6 +289,10 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
                 str(d / "cdi"),
                 "--resync",
                 "0.5",
+                "--fault-file",
+                str(d / "faults.json"),
+                "--probe-interval",
+                "0.2",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -351,6 +355,27 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
             for a, b in parse_shape("mesh:2x4").pattern_edges():  # row-major ranks on real links
                 assert topo.graph.has_edge(order[a], order[b])
             assert not list((d / "cdi").iterdir())  # unprepared
+
+            # a chip dies (the sim backend's fault file): the driver withdraws every shape through it at once
+            (d / "faults.json").write_text(json.dumps({"devices": ["5"]}))
+
+            def withdrawn() -> list[dict[str, Any]] | None:
+                items = pool(1)
+                if not items:
+                    return None
+                devices = [x for s in items for x in s["spec"].get("devices", [])]
+                shapes = [x for x in devices if x["attributes"]["type"]["string"] == "shape"]
+                chip5 = [x for x in devices if x["name"] == "chip-5"]
+                if any("5" in _chips(topo, x["name"]) for x in shapes) or not chip5 or "taints" not in chip5[0]:
+                    return None
+                return devices
+
+            devices = wait_for(withdrawn, what="shapes through chip 5 withdrawn", timeout=30)
+            sick = Placer.for_topology(topo.with_health(devices={"5": Health.UNHEALTHY}))
+            assert len([x for x in devices if x["attributes"]["type"]["string"] == "shape"]) == sum(
+                len(sick.table(parse_shape(s)).masks)
+                for s in ("ring:2", "ring:4", "ring:8", "mesh:2x2", "mesh:2x4", "mesh:4x4", "torus:4x4")
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
