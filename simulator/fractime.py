@@ -12,11 +12,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from simulator.fill import FracCluster, Scorer, never_fits
+from simulator.fill import FracCluster, Scorer, never_fits, node_order
 from simulator.jobs import Job
 from simulator.timesim import FailureRates, _Alloc
 from topology.gpushare import MILLI, GpuNodeSpec, TargetWorkload, TaskRequest
-from topology.policies import make_policy
+from topology.policies import TieBreak, make_policy
 
 __all__ = ["FracBackend", "task_of"]
 
@@ -34,7 +34,10 @@ class FracBackend:
         self.index = {n.name: i for i, n in enumerate(self.specs)}
         tasks = [task_of(j) for j in jobs] or [TaskRequest(0)]
         self.policy = make_policy(policy, self.specs, TargetWorkload.from_tasks(tasks))
-        self.cluster = FracCluster(self.specs)
+        # FGD and BestFit break ties towards the first node of a random order fixed for the run (as in the
+        # FGD authors' simulator, see simulator.fill.node_order); the other policies toss a coin per decision
+        rank = node_order(self.specs, rng.randrange(2**31)) if self.policy.tie_break is TieBreak.FIRST else None
+        self.cluster = FracCluster(self.specs, ordered_devices=self.policy.ordered_devices, rank=rank)
         self.scorer = Scorer(self.policy)
         self.rng = rng
         self.total = sum(n.gpus for n in self.specs)

@@ -8,13 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.fill import FracCluster, Scorer
+from simulator.fill import FracCluster, Scorer, node_order
 from topology.gpushare import MILLI, GpuNodeSpec, NodeState, TargetWorkload, TaskRequest, fits
 from topology.policies import (
     BestFit,
     Capacity,
     FracPolicy,
     FracPolicyName,
+    TieBreak,
     brute_force_best,
     gradient_score,
     make_policy,
@@ -56,7 +57,7 @@ def test_engine_choice_is_a_brute_force_argmin(
     specs, history = setup
     workload = TargetWorkload.from_tasks(TASK_MIX)
     policy = make_policy(name, specs, workload)
-    cluster = FracCluster(specs)
+    cluster = FracCluster(specs, ordered_devices=policy.ordered_devices, rank=node_order(specs, seed))
     rng = random.Random(seed)
     scorer = Scorer(policy)
     for past in history:  # bring the cluster to some state with the same engine
@@ -72,6 +73,8 @@ def test_engine_choice_is_a_brute_force_argmin(
     node, (score, take) = picked
     assert (node, take) in best
     assert score == pytest.approx(policy.score(cluster.states[node], task)[0])  # type: ignore[index]
+    if policy.tie_break is TieBreak.FIRST:  # of the tied nodes, the first in the run's order
+        assert cluster.rank[node] == min(cluster.rank[i] for i, _ in best)
 
 
 def test_fgd_prefers_the_placement_that_keeps_whole_devices() -> None:
@@ -135,7 +138,7 @@ def _fgd_icl_after(
 ) -> tuple[FracPolicy, FracPolicy, FracCluster]:
     """FGD and icl for ``workload``, and the cluster after FGD placed ``history`` (seeded ties)."""
     fgd, icl = make_policy("fgd", specs, workload), make_policy("icl", specs, workload)
-    cluster = FracCluster(specs)
+    cluster = FracCluster(specs, ordered_devices=fgd.ordered_devices)
     scorer = Scorer(fgd)
     rng = random.Random(0)
     for past in history:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "MILLI",
+    "TYPICAL_THRESHOLD",
     "FragmentationModel",
     "GpuNodeSpec",
     "NodeState",
@@ -54,6 +55,9 @@ __all__ = [
 
 MILLI = 1000
 """Milli-units in one whole device."""
+
+TYPICAL_THRESHOLD = 0.95
+"""Share of tasks the FGD authors' typical task types cover (their ``podPopularityThreshold``, 95%)."""
 
 StateKey = tuple[str, int, int, int, int, tuple[int, ...]]
 """Canonical, hashable form of a node state: model, CPU/memory capacity and
@@ -159,6 +163,10 @@ class NodeState:
             self.mem_free,
             tuple(sorted(self.gpu_free)),
         )
+
+    def ordered_key(self) -> StateKey:
+        """As ``key`` with the devices in index order: for policies whose choice depends on that order."""
+        return (self.model, self.cpu_total, self.mem_total, self.cpu_free, self.mem_free, self.gpu_free)
 
     @property
     def gpu_free_total(self) -> int:
@@ -292,6 +300,50 @@ class TargetWorkload:
         if n == 0:
             raise ValueError("target workload: no tasks given")
         return cls(tuple((t, c / n) for t, c in counts.items()))
+
+    def typical(self, threshold: float = TYPICAL_THRESHOLD) -> TargetWorkload:
+        """The FGD authors' "typical pods": the most popular task types covering ``threshold`` of the tasks.
+
+        Re-implemented from the FGD paper's simulator (github.com/hkust-adsl/kubernetes-scheduler-simulator,
+        ``pkg/utils/frag.go``, ``GetTypicalPods``, run with ``typicalPodsConfig`` isInvolvedCpuPods true,
+        podPopularityThreshold 95, podIncreaseStep 1, gpuResWeight 0 as ``scripts/generate_config_and_run.py``
+        sets them):
+
+        - a task type is (CPU, per-device milli, device count, allowed models): memory is not part of it
+          (their ``PodResource`` has no memory), so types that differ only in memory merge, and the
+          typical tasks ask no memory (``F_n`` then never depends on free memory);
+        - types sorted by popularity, most popular first; equal popularity: the larger
+          (CPU, milli, count, models) first (``sort.Reverse`` of ``TargetPodList.Less``);
+        - types are taken one at a time until their cumulative popularity reaches ``threshold``;
+          the kept types' popularities are renormalised to sum to 1.
+
+        >>> a, b = TaskRequest(1000, 5, 1, 1000), TaskRequest(1000, 9, 1, 1000)
+        >>> rare = TaskRequest(2000, 0, 0, 0)
+        >>> w = TargetWorkload(((a, 0.5), (b, 0.47), (rare, 0.03))).typical()
+        >>> [(t.cpu_milli, t.memory_mib, p) for t, p in w.types]
+        [(1000, 0, 1.0)]
+        """
+        if not 0 < threshold <= 1:
+            raise ValueError(f"typical: threshold must be in (0, 1], got {threshold}")
+        merged: dict[tuple[int, int, int, tuple[str, ...]], float] = {}
+        for task, p in self.types:
+            key = (task.cpu_milli, task.gpu_milli, task.num_gpu, tuple(sorted(task.gpu_spec)))
+            merged[key] = merged.get(key, 0.0) + p
+        # popularities are counts / n: compare them at a precision that keeps equal counts equal
+        ranked = sorted(merged.items(), key=lambda kv: (round(kv[1], 12), kv[0]), reverse=True)
+        kept: list[tuple[tuple[int, int, int, tuple[str, ...]], float]] = []
+        cumulative = 0.0
+        for key, p in ranked:
+            if cumulative >= threshold - 1e-12:
+                break
+            kept.append((key, p))
+            cumulative += p
+        return TargetWorkload(
+            tuple(
+                (TaskRequest(cpu, 0, num, milli, frozenset(models)), p / cumulative)
+                for (cpu, milli, num, models), p in kept
+            )
+        )
 
 
 class FragmentationModel:

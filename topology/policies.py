@@ -52,11 +52,13 @@ from enum import StrEnum
 from typing import Protocol
 
 from topology.gpushare import (
+    MILLI,
     FragmentationModel,
     GpuNodeSpec,
     NodeState,
     TargetWorkload,
     TaskRequest,
+    fits,
     options,
 )
 
@@ -70,6 +72,7 @@ __all__ = [
     "IclPack",
     "RandomFit",
     "Spread",
+    "TieBreak",
     "brute_force_best",
     "make_policy",
     "model_pressure",
@@ -77,6 +80,23 @@ __all__ = [
 
 Choice = tuple[float, tuple[int, ...]]
 """A node's best option: its score (lower is better) and the devices, as free values."""
+
+
+class TieBreak(StrEnum):
+    """How the caller picks among nodes whose scores are equal.
+
+    ``random``: uniformly at random with the run's seed (stock kube-scheduler's ``selectHost``).
+    ``first``: the node that comes first in an order the caller fixes for the whole run. The FGD
+    paper's simulator runs a kube-scheduler fork whose ``selectHost`` keeps "the smallest
+    lexicographical order if the score remains the same" (github.com/hkust-adsl/kubernetes-scheduler-simulator,
+    vendored ``k8s.io/kubernetes/pkg/scheduler/core/generic_scheduler.go``, ``selectHost``) after
+    prefixing every node name with a random permutation index (``pkg/simulator/simulator.go``,
+    ``syncClusterResourceList``): equal scores go to the first node of a random order fixed per run
+    (``simulator.fill.node_order``). Every published figure of its policies was made so.
+    """
+
+    RANDOM = "random"
+    FIRST = "first"
 
 
 class FracPolicyName(StrEnum):
@@ -96,6 +116,16 @@ class FracPolicy(Protocol):
     @property
     def uniform_devices(self) -> bool:
         """True when the caller should pick the devices uniformly among those that fit."""
+        ...
+
+    @property
+    def tie_break(self) -> TieBreak:
+        """How the caller picks among nodes with equal scores."""
+        ...
+
+    @property
+    def ordered_devices(self) -> bool:
+        """True when the choice depends on the devices' index order (the caller keeps it in the state)."""
         ...
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None: ...
@@ -125,6 +155,8 @@ class RandomFit:
 
     name: str = FracPolicyName.RANDOM.value
     uniform_devices: bool = True
+    tie_break: TieBreak = TieBreak.RANDOM
+    ordered_devices: bool = False
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
@@ -138,6 +170,8 @@ class Spread:
     capacity: Capacity
     name: str = FracPolicyName.SPREAD.value
     uniform_devices: bool = False
+    tie_break: TieBreak = TieBreak.RANDOM
+    ordered_devices: bool = False
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
@@ -149,18 +183,35 @@ class Spread:
 
 @dataclass(frozen=True, slots=True)
 class BestFit:
-    """The node left with the least weighted remaining resources; the tightest device."""
+    """The node left with the least weighted remaining resources; the tightest device.
+
+    As the FGD paper's ``BestFitScore`` plugin (github.com/hkust-adsl/kubernetes-scheduler-simulator,
+    ``pkg/simulator/plugin/best_fit_score.go``, ``getBestFitScore``): the node score is the integer
+    ``floor(levels * (1 - remaining / 2))`` with ``remaining`` the free CPU plus free device units
+    after placement, each over the largest node's (their ``MaxSpecCpu`` 128 cores and ``MaxSpecGpu``
+    8 devices, which are openb's largest node), weights 0.5 each; equal integer scores tie and go to
+    the first node of the run's order (``TieBreak.FIRST``); on the node the tightest device, the lowest
+    index among equals (``allocateGpuIdBasedOnBestFit``). Their ``NormalizeScore`` maps the scores
+    onto 0..100 monotonically and one-to-one, so it changes no choice. ``levels=0`` keeps the real
+    value ``remaining`` (and, with ``TieBreak.RANDOM``, is the previous kube-icl BestFit).
+    """
 
     capacity: Capacity
+    levels: int = 100
     name: str = FracPolicyName.BESTFIT.value
     uniform_devices: bool = False
+    tie_break: TieBreak = TieBreak.FIRST
+    ordered_devices: bool = False
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
         if not opts:
             return None
         take = opts[0]
-        return (self.capacity.remaining(state.apply(task, take)), take)
+        remaining = self.capacity.remaining(state.apply(task, take))
+        if self.levels <= 0:
+            return (remaining, take)
+        return (-float(math.floor(self.levels * (1.0 - remaining / 2.0))), take)
 
 
 def gradient_score(delta: float, levels: int, scale: float) -> float:
@@ -185,9 +236,23 @@ def gradient_score(delta: float, levels: int, scale: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Fgd:
-    """Fragmentation gradient descent: minimise ``F_n(M)`` growth.
+    """Fragmentation gradient descent: minimise ``F_n(M)`` growth, as the FGD authors' simulator does.
 
-    Among a node's device options with the same score the tightest device wins.
+    Re-implemented from github.com/hkust-adsl/kubernetes-scheduler-simulator,
+    ``pkg/simulator/plugin/fgd_score.go``, ``calculateGpuShareFragExtendScore``:
+
+    - the node score is the integer ``floor(levels * sigmoid((F_before - F_after) / scale))``
+      (``gradient_score``), ``F`` the node's fragmentation against the target workload ``frag``
+      (``make_policy`` gives it the typical task types, ``TargetWorkload.typical``);
+    - a task asking a share of one device tries every device that can hold it *in device index
+      order* and keeps the first with the best integer score (``fragScore > score``): not the
+      tightest one. ``ordered_devices`` asks the caller to keep the index order in the state;
+    - whole devices: the lowest-index free ones (``AllocateExclusiveGpuId``); a task without
+      devices takes only CPU and memory;
+    - equal node scores go to the first node of the run's order (``TieBreak.FIRST``, the scheduler
+      fork's ``selectHost`` on randomly prefixed node names).
+
+    ``levels=0`` keeps the exact real-valued gradient (and the first device with the least).
     """
 
     frag: FragmentationModel
@@ -195,17 +260,25 @@ class Fgd:
     scale: float = 1000.0
     name: str = FracPolicyName.FGD.value
     uniform_devices: bool = False
+    tie_break: TieBreak = TieBreak.FIRST
+    ordered_devices: bool = True
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
-        opts = options(state, task)
-        if not opts:
+        if not fits(state, task):
             return None
         before = self.frag(state)
+        if not task.fractional:
+            take = (MILLI,) * task.num_gpu
+            return (gradient_score(self.frag(state.apply(task, take)) - before, self.levels, self.scale), take)
         best: Choice | None = None
-        for take in opts:
-            value = gradient_score(self.frag(state.apply(task, take)) - before, self.levels, self.scale)
+        seen: set[int] = set()
+        for free in state.gpu_free:  # device index order: the first best device wins
+            if free < task.gpu_milli or free in seen:
+                continue  # a later device with the same free units scores the same and loses the tie
+            seen.add(free)
+            value = gradient_score(self.frag(state.apply(task, (free,))) - before, self.levels, self.scale)
             if best is None or value < best[0] - 1e-9:
-                best = (value, take)
+                best = (value, (free,))
         return best
 
 
@@ -305,6 +378,8 @@ class IclPack:
     strand_weight: float = 100.0
     name: str = FracPolicyName.ICL.value
     uniform_devices: bool = False
+    tie_break: TieBreak = TieBreak.RANDOM
+    ordered_devices: bool = False
 
     def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
         opts = options(state, task)
@@ -346,9 +421,10 @@ def make_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkloa
         return BestFit(capacity)
     if workload is None:
         raise ValueError(f"policy {name!r}: needs a target workload")
-    frag = FragmentationModel(workload)
     if which is FracPolicyName.FGD:
-        return Fgd(frag)
+        # the FGD authors measure fragmentation against the typical task types (95% of the tasks)
+        return Fgd(FragmentationModel(workload.typical()))
+    frag = FragmentationModel(workload)
     return IclPack(frag, capacity, model_pressure(specs, workload), Balance.of(workload))
 
 
