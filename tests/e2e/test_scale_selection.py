@@ -61,7 +61,7 @@ def _apply_policies(plane: ControlPlane, workdir: Path) -> None:
 
     # Admission policies take effect a moment after they are stored: wait until a dry-run pod is labelled.
     def labelled() -> bool:
-        pod = plane.core.create_namespaced_pod("default", _pod(f"probe-{uuid.uuid4().hex[:6]}", count=1),
+        pod = _core(plane).create_namespaced_pod("default", _pod(f"probe-{uuid.uuid4().hex[:6]}", count=1),
                                                dry_run="All")  # fmt: skip
         return bool((pod.metadata.labels or {}).get(selection.LABEL) == "true")
 
@@ -113,12 +113,17 @@ def _holdings(extender: ExtenderProcess, names: list[str], namespace: str) -> di
     return out
 
 
+def _core(plane: ControlPlane) -> Any:
+    """The typed client's CoreV1Api, untyped: these tests pass plain JSON bodies."""
+    return plane.core
+
+
 def _log(extender: ExtenderProcess) -> str:
     return extender.log_path.read_text(errors="replace")
 
 
 def _uid(plane: ControlPlane, namespace: str, name: str) -> str:
-    return str(plane.core.read_namespaced_pod(name, namespace).metadata.uid)
+    return str(_core(plane).read_namespaced_pod(name, namespace).metadata.uid)
 
 
 # --------------------------------------------------------------------------- paging
@@ -126,7 +131,7 @@ def _uid(plane: ControlPlane, namespace: str, name: str) -> str:
 
 def test_list_pages_with_a_small_limit_are_one_snapshot(control_plane: ControlPlane, namespace: str) -> None:
     for i in range(7):
-        control_plane.core.create_namespaced_pod(namespace, _pod(f"page-{i}"))
+        _core(control_plane).create_namespaced_pod(namespace, _pod(f"page-{i}"))
     api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
     api.page_size = 2
     pages = list(api.list_pages("pods"))
@@ -138,7 +143,7 @@ def test_list_pages_with_a_small_limit_are_one_snapshot(control_plane: ControlPl
     whole, rv = api.list("pods")
     assert {p["metadata"]["uid"] for p in whole} == paged and int(rv) >= int(pages[-1][1])
     # The same with a selector: only labelled pods, still paged.
-    control_plane.core.patch_namespaced_pod("page-3", namespace, {"metadata": {"labels": {selection.LABEL: "true"}}})
+    _core(control_plane).patch_namespaced_pod("page-3", namespace, {"metadata": {"labels": {selection.LABEL: "true"}}})
     api.page_size = 1
     api.select_pods(selection.LABEL_SELECTOR)
     selected = [p["metadata"]["name"] for items, _ in api.list_pages("pods") for p in items]
@@ -149,12 +154,12 @@ def test_extender_with_page_size_two_holds_every_pod(
     control_plane: ControlPlane, namespace: str, nodes: list[str], tmp_path: Path
 ) -> None:
     for i in range(5):
-        control_plane.core.create_namespaced_pod(
+        _core(control_plane).create_namespaced_pod(
             namespace,
             _pod(f"held-{i}", node=nodes[i % 2], count=1, annotations={"kube-icl.io/devices": f"{i // 2}"}),
         )
     for i in range(6):
-        control_plane.core.create_namespaced_pod(namespace, _pod(f"plain-{i}", node=nodes[i % 2]))
+        _core(control_plane).create_namespaced_pod(namespace, _pod(f"plain-{i}", node=nodes[i % 2]))
     extender = ExtenderProcess(control_plane, tmp_path, {"kube": {"kubeconfig": str(control_plane.kubeconfig),
                                                                   "pageSize": 2}}).start()  # fmt: skip
     try:
@@ -187,9 +192,9 @@ def test_cel_predicate_labels_exactly_what_the_python_predicate_names(
     cases["zero"]["spec"]["containers"][0]["resources"]["limits"] = {RESOURCE: "0"}
     cases["other-resource"]["spec"]["containers"][0]["resources"]["limits"] = {"example.com/other": "1"}
     for what, body in cases.items():
-        created = control_plane.core.create_namespaced_pod(namespace, body, dry_run="All")
+        created = _core(control_plane).create_namespaced_pod(namespace, body, dry_run="All")
         got = (created.metadata.labels or {}).get(selection.LABEL) == "true"
-        as_json = control_plane.api_client.sanitize_for_serialization(created)
+        as_json = _core(control_plane).api_client.sanitize_for_serialization(created)
         assert got == selection.needs_label(body, RESOURCE) == selection.needs_label(as_json, RESOURCE), what
     assert selection.needs_label(cases["zero"], RESOURCE), "a named resource is labelled even at 0 (a superset)"
 
@@ -198,29 +203,31 @@ def test_label_cannot_be_taken_off_a_device_pod(
     control_plane: ControlPlane, namespace: str, tmp_path: Path, clean_policies: None
 ) -> None:
     _apply_policies(control_plane, tmp_path)
-    control_plane.core.create_namespaced_pod(namespace, _pod("dev", count=1))
-    control_plane.core.create_namespaced_pod(namespace, _pod("plain"))
+    _core(control_plane).create_namespaced_pod(namespace, _pod("dev", count=1))
+    _core(control_plane).create_namespaced_pod(namespace, _pod("plain"))
     # The mutating policy runs on UPDATE too: taking the label off puts it back.
-    control_plane.core.patch_namespaced_pod("dev", namespace, {"metadata": {"labels": {selection.LABEL: None}}})
-    pod = control_plane.core.read_namespaced_pod("dev", namespace)
+    _core(control_plane).patch_namespaced_pod("dev", namespace, {"metadata": {"labels": {selection.LABEL: None}}})
+    pod = _core(control_plane).read_namespaced_pod("dev", namespace)
     assert pod.metadata.labels[selection.LABEL] == "true"
     # Without the mutating policy, the validating one refuses it.
     control_plane.kubectl("delete", "mutatingadmissionpolicybinding", selection.POLICY_NAME)
 
     def refused() -> str | None:
         try:
-            control_plane.core.patch_namespaced_pod("dev", namespace, {"metadata": {"labels": {selection.LABEL: None}}})
+            _core(control_plane).patch_namespaced_pod(
+                "dev", namespace, {"metadata": {"labels": {selection.LABEL: None}}}
+            )
         except k8s.ApiException as exc:
-            return str(json.loads(exc.body)["message"]) if exc.status in (403, 422) else None
+            return str(json.loads(str(exc.body))["message"]) if exc.status in (403, 422) else None
         control_plane.kubectl("label", "pod", "-n", namespace, "dev", f"{selection.LABEL}=true", "--overwrite")
         return None
 
     assert selection.LABEL in wait_for(refused, what="the validating policy refusing the label's removal")
     with pytest.raises(k8s.ApiException) as err:
-        control_plane.core.create_namespaced_pod(namespace, _pod("dev2", count=1))
+        _core(control_plane).create_namespaced_pod(namespace, _pod("dev2", count=1))
     assert err.value.status in (403, 422), "a device pod without the label is refused too"
     # A pod that asks for nothing may carry it or not.
-    control_plane.core.patch_namespaced_pod("plain", namespace, {"metadata": {"labels": {selection.LABEL: "x"}}})
+    _core(control_plane).patch_namespaced_pod("plain", namespace, {"metadata": {"labels": {selection.LABEL: "x"}}})
 
 
 # --------------------------------------------------------------------------- the extender, labelled
@@ -231,7 +238,7 @@ def test_labelled_extender_never_misses_a_device_pod(
 ) -> None:
     plane = control_plane
     # 1. Before the policies: a device pod bound by another path, no label (as on an older cluster).
-    plane.core.create_namespaced_pod(namespace, _pod("old", node=nodes[0], count=2))
+    _core(plane).create_namespaced_pod(namespace, _pod("old", node=nodes[0], count=2))
     old_uid = _uid(plane, namespace, "old")
     _apply_policies(plane, tmp_path)
     settings = {"kube": {"kubeconfig": str(plane.kubeconfig), "podSelection": "labelled", "guardIntervalSeconds": 1}}
@@ -243,7 +250,7 @@ def test_labelled_extender_never_misses_a_device_pod(
         assert "lack it" in _log(extender)
         assert plane.kubectl("get", "lease", "-n", "kube-system", selection.AUDIT_LEASE, check=False).returncode != 0
         # 2. Another path creates a device pod without the label, bound with devices: the policy labels it.
-        plane.core.create_namespaced_pod(
+        _core(plane).create_namespaced_pod(
             namespace, _pod("other-path", node=nodes[1], count=2, annotations={"kube-icl.io/devices": "0,1"})
         )
         wait_for(lambda: _holdings(extender, nodes, namespace).get("other-path") == ["0", "1"], what="other-path held")
@@ -272,12 +279,12 @@ def test_labelled_extender_never_misses_a_device_pod(
 
         def unlabelled_pod() -> str | None:
             """A device pod without the label (a deleted binding may take a moment to stop admitting)."""
-            pod = plane.core.create_namespaced_pod(
+            pod = _core(plane).create_namespaced_pod(
                 namespace, _pod(f"late-{uuid.uuid4().hex[:4]}", node=nodes[1], count=1)
             )
             if selection.LABEL not in (pod.metadata.labels or {}):
                 return str(pod.metadata.uid)
-            plane.core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+            _core(plane).delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
             return None
 
         late_uid = wait_for(unlabelled_pod, what="an unlabelled device pod", interval=1.0)
