@@ -198,6 +198,8 @@ class ExtenderProcess:
             "listen": {"host": "127.0.0.1", "port": self.port},
             "kube": {"kubeconfig": str(plane.kubeconfig)},
             "debugState": True,  # the tests read /debug/state
+            # One extender Lease per port (a restart on the same port is the same replica's successor).
+            "leaderElection": {"leaseName": f"kube-icl-extender-{self.port}"},
             **(settings or {}),
         }
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))

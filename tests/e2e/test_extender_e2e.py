@@ -20,7 +20,7 @@ import yaml
 from tls_pair import self_signed_pair
 
 from scheduler.cache import ClusterCache
-from scheduler.config import ExtenderConfig
+from scheduler.config import ExtenderConfig, LeaderElectionConfig
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.informer import Informer
@@ -49,7 +49,9 @@ class Running:
 @pytest.fixture(scope="module")
 def extender(control_plane: ControlPlane) -> Iterator[Running]:
     api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
-    cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False)
+    # Its own extender Lease: the HTTPS test below runs a second extender while this one holds its.
+    lease = LeaderElectionConfig(name=f"kube-icl-{uuid.uuid4().hex[:6]}")
+    cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False, leader_election=lease)
     cache = ClusterCache(cfg.resource_name)
     events = EventRecorder(api, cfg.event_component)
     ext = Extender(cfg, cache, api, events=events)
@@ -279,7 +281,10 @@ def test_https_and_a_gang_across_a_link_domain(control_plane: ControlPlane, name
 
     cert, key = self_signed_pair(tmp_path)
     api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
-    cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False, tls_cert=str(cert), tls_key=str(key))
+    lease = LeaderElectionConfig(name=f"kube-icl-{uuid.uuid4().hex[:6]}")
+    cfg = ExtenderConfig(
+        host="127.0.0.1", port=0, fair_share=False, tls_cert=str(cert), tls_key=str(key), leader_election=lease
+    )
     cache = ClusterCache(cfg.resource_name)
     ext = Extender(cfg, cache, api)
     informer = Informer(api, cache, watch_timeout_s=60)
