@@ -35,7 +35,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_INPUT=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv \
+ && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*
 # Dependencies before the sources, so that a source change reuses this layer. Every file pip fetches is checked
 # against the sha256 of the lock files (make lock regenerates them from pyproject.toml).

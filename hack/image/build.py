@@ -497,15 +497,29 @@ def chroot_argv(
     workdir: str = "/",
     network_files: bool = False,
     keep_caps: bool = True,
+    read_only: bool = False,
+    writable: Sequence[str] = (),
 ) -> list[str]:
     """A command line that runs ``argv`` inside ``rootfs`` as ``user``, with exactly ``env``.
 
     A private mount and PID namespace (``unshare``) holds ``/proc``, ``/dev`` and, with
-    ``network_files``, the host's ``/etc/resolv.conf``; all vanish with the command, and killing
-    the ``unshare`` process ends every process of the step. ``keep_caps=False`` runs the command
-    with an empty capability bounding set (as a Kubernetes container with ``drop: [ALL]``).
+    ``network_files``, the host's ``/etc/resolv.conf``; all vanish with the command. To stop it,
+    signal the whole process group: a uid change clears the parent-death signal ``unshare`` sets.
+    ``keep_caps=False`` runs the command with an empty capability bounding set (as a Kubernetes
+    container with ``drop: [ALL]``).
+    ``read_only`` makes the root filesystem read-only with a fresh tmpfs on ``/tmp`` (as
+    ``readOnlyRootFilesystem: true`` with an emptyDir there), except the image paths in
+    ``writable`` (as hostPath volumes), which must exist.
     """
-    mounts = 'mount -t proc proc "$R/proc" && mount --rbind /dev "$R/dev"'
+    mounts = ""
+    if read_only:
+        mounts = 'mount --bind "$R" "$R" && '
+        for path in writable:
+            if not re.fullmatch(r"(/[A-Za-z0-9._-]+)+", path):
+                raise BuildError(f"writable path {path!r}: want an absolute path of plain names")
+            mounts += f'mount --bind "$R{path}" "$R{path}" && '
+        mounts += 'mount -o remount,bind,ro "$R" && mount -t tmpfs -o size=64m,mode=1777 tmpfs "$R/tmp" && '
+    mounts += 'mount -t proc proc "$R/proc" && mount --rbind /dev "$R/dev"'
     if network_files:
         mounts += ' && mount --bind /etc/resolv.conf "$R/etc/resolv.conf"'
         if HOST_CA_BUNDLE.is_file():

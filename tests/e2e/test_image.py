@@ -81,12 +81,20 @@ class Image:
         return env
 
     def argv(
-        self, args: Sequence[str], *, user: str = IMAGE_USER, keep_caps: bool = False, workdir: str = "/"
+        self, args: Sequence[str], *, user: str = IMAGE_USER, writable: Sequence[str] = (), workdir: str = "/"
     ) -> list[str]:
-        """``args`` inside the image, as ``user``, with the image's environment and no capabilities."""
+        """``args`` inside the image as the manifests run it: ``user``, the image's environment, no
+        capabilities, a read-only root filesystem with a tmpfs on /tmp, ``writable`` as host volumes."""
         ids = builder.resolve_user(self.rootfs, user)
         argv: list[str] = builder.chroot_argv(
-            self.rootfs, list(args), user=ids, env=self.env, workdir=workdir, keep_caps=keep_caps
+            self.rootfs,
+            list(args),
+            user=ids,
+            env=self.env,
+            workdir=workdir,
+            keep_caps=False,
+            read_only=True,
+            writable=writable,
         )
         return argv
 
@@ -214,9 +222,9 @@ def test_sim_without_matplotlib_refuses_plots_and_runs_without(image: Image) -> 
     os.chown(host_dir, *builder.resolve_user(image.rootfs, IMAGE_USER))
     small = ["icl", "sim", "--mode", "fill", "--tasks", "30", "--seeds", "1", "--policies", "icl", "--no-progress"]
     try:
-        refused = image.run([*small, "--out", str(inside / "plots")])
+        refused = image.run([*small, "--out", str(inside / "plots")], writable=[str(inside)])
         assert refused.returncode == 2 and "kube-icl[plot]" in refused.stderr, refused.stderr
-        ran = image.run([*small, "--out", str(inside / "data"), "--no-plots"])
+        ran = image.run([*small, "--out", str(inside / "data"), "--no-plots"], writable=[str(inside)])
         assert ran.returncode == 0, ran.stderr[-2000:]
         assert (host_dir / "data" / "fill_runs.csv").exists() and not (host_dir / "plots").exists()
     finally:
@@ -252,7 +260,7 @@ def test_plugin_as_uid_0_without_capabilities_serves_the_kubelet(
 ) -> None:
     """The DaemonSet's settings: uid 0 (owner of the kubelet's directory), every capability dropped."""
     emulator = _start_kubelet_emu(device_plugin_dir, tmp_path, [2, 4])
-    argv = image.argv(["icl", "plugin", "--backend", "sim", "--topology", "ring:8"], user="0:0", keep_caps=False)
+    argv = image.argv(["icl", "plugin", "--backend", "sim", "--topology", "ring:8"], user="0:0", writable=[PLUGIN_DIR])
     plugin = Component("image-plugin", argv, tmp_path / "plugin.log").start()
     try:
         out, _ = emulator.communicate(timeout=90)
@@ -281,7 +289,7 @@ def test_plugin_as_the_image_user_cannot_use_the_kubelets_directory(
     The plugin keeps retrying (as it does while the kubelet restarts) and logs the refusal each time.
     """
     emulator = _start_kubelet_emu(device_plugin_dir, tmp_path, [1])
-    argv = image.argv(["icl", "plugin", "--backend", "sim", "--topology", "ring:8"])
+    argv = image.argv(["icl", "plugin", "--backend", "sim", "--topology", "ring:8"], writable=[PLUGIN_DIR])
     plugin = Component("image-plugin-non-root", argv, tmp_path / "plugin.log").start()
     try:
         wait_for(
