@@ -22,7 +22,11 @@ observation is fresh when their kube-scheduler becomes leader and calls them.
 A replica never takes the Lease on its own initiative: only a verb that needs it
 (bind, a gang's first filter) asks for it, and any verb call (:meth:`want`)
 makes the background loop try to take it for a while, so the Lease follows
-kube-scheduler's leader and never a standby.
+kube-scheduler's leader and never a standby. A holder renews only while it is
+called: one that has not been called for ``leaseDurationSeconds`` (its
+kube-scheduler stopped leading, though this process lives on) hands the Lease
+back, so the new leader's sidecar is not locked out. Taking back a Lease that
+nobody else wrote since this replica released it skips the reconcile.
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ __all__ = ["LeaseElector", "default_identity", "micro_time"]
 log = logging.getLogger(__name__)
 
 JsonObj = dict[str, Any]
+
+
+def _rv(obj: JsonObj | None) -> str:
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
 def micro_time(at: float) -> str:
@@ -86,7 +94,8 @@ class LeaseElector:
         self._observed: tuple[tuple[str, str, str], float] | None = None  # (holder, renewTime, rv), first seen
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._wanted_until = 0.0  # clock(): until then the loop tries to take the Lease, not only read it
+        self._wanted_until = 0.0  # clock(): until then the loop takes or renews the Lease, not only reads it
+        self._written_rv = ""  # resourceVersion of our last write of the Lease
         self.acquisitions = 0
         self.last_acquired_at = 0.0  # clock() of the last acquisition
 
@@ -140,6 +149,7 @@ class LeaseElector:
             spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time(self.wall()))
             try:
                 self._record = self.api.replace_lease(self.cfg.namespace, self.cfg.name, {**record, "spec": spec})
+                self._written_rv = _rv(self._record)
                 log.info("lease %s/%s released by %s", self.cfg.namespace, self.cfg.name, self.identity)
             except KubeError as exc:
                 log.warning("lease %s/%s: release failed: %s", self.cfg.namespace, self.cfg.name, exc)
@@ -148,9 +158,18 @@ class LeaseElector:
         while not self._stop.wait(self.cfg.renew_interval_s):
             try:
                 with self._lock:
-                    if self._leading:
+                    wanted = self.clock() < self._wanted_until
+                    if self._leading and wanted:
                         self._renew()
-                    elif self.clock() < self._wanted_until:
+                    elif self._leading:
+                        log.info(
+                            "lease %s/%s: not called for %.0fs, handing it back",
+                            self.cfg.namespace,
+                            self.cfg.name,
+                            self.cfg.lease_duration_s,
+                        )
+                        self.release()
+                    elif wanted:
                         why = self._try_acquire()
                         if why:
                             log.debug("lease: %s", why)
@@ -200,6 +219,7 @@ class LeaseElector:
         sent = self.clock()
         try:
             self._record = self.api.replace_lease(self.cfg.namespace, self.cfg.name, {**record, "spec": spec})
+            self._written_rv = _rv(self._record)
         except KubeError as exc:
             if exc.status in (404, 409):
                 log.warning("lease %s/%s lost: %s", self.cfg.namespace, self.cfg.name, exc.message)
@@ -254,11 +274,14 @@ class LeaseElector:
             if exc.status == 409:
                 return f"another extender replica took the lease {self.cfg.namespace}/{self.cfg.name} first"
             return f"cannot take the extender lease {self.cfg.namespace}/{self.cfg.name}: {exc}"
+        untouched = record is not None and bool(self._written_rv) and _rv(record) == self._written_rv
         self._record = written
+        self._written_rv = _rv(written)
         self._observe(written)
         self._renewed_at = sent
         try:
-            self.on_acquire()  # reconcile before the first decision
+            if not untouched:  # nobody else held it since our last write: our state is complete
+                self.on_acquire()  # reconcile before the first decision
         except Exception as exc:
             log.exception("reconcile after taking the lease")
             self._leading = True
@@ -275,6 +298,7 @@ class LeaseElector:
 
         Returns "" when this replica may decide now, else a one-line reason.
         """
+        self._wanted_until = self.clock() + self.cfg.lease_duration_s
         if self._leading and self.clock() < self._safe_until():
             return ""  # the hot path: no lock, no I/O
         deadline = time.monotonic() + wait_s  # real time: a test's clock may stand still

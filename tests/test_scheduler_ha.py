@@ -270,12 +270,31 @@ def test_only_the_lease_holder_binds_and_a_graceful_stop_hands_it_over(fake: Fak
     two = replica(fake, _config(), watch=True, identity="two")
     try:
         assert one.bind(pods[0], "a") == ""
-        error = two.bind(pods[1], "a")  # waits up to 5 s, but one keeps renewing
+        error = two.ext._lead(0.5)  # one holds it and renews (it was called just now)
         assert "extender replica one holds the lease" in error
         one.stop()  # graceful: releases
         assert two.bind(pods[1], "a") == ""
         assert held_twice(fake) == []
     finally:
+        two.stop()
+
+
+def test_a_holder_no_longer_called_hands_the_lease_back(fake: FakeAPIServer) -> None:
+    """Its kube-scheduler stopped leading but the sidecar lives on: it must not lock the new leader's
+    sidecar out by renewing forever."""
+    fake.put_node(node_obj("a", "ring:8"))
+    pods = [fake.put_pod(pod_obj(f"p{i}", 2, "ring")) for i in range(2)]
+    one = replica(fake, _config(), watch=True, identity="one")
+    two = replica(fake, _config(), watch=True, identity="two")
+    try:
+        assert one.bind(pods[0], "a") == ""
+        wait_for(lambda: two.bind(pods[1], "a") == "", timeout_s=20, what="the idle holder to hand the lease back")
+        assert not one.ext.leader.leading if one.ext.leader else False
+        lease = fake.leases.get("kube-system", "kube-icl-extender")
+        assert lease is not None and lease["spec"]["holderIdentity"] == "two"
+        assert held_twice(fake) == []
+    finally:
+        one.stop()
         two.stop()
 
 
