@@ -25,6 +25,7 @@ from scheduler.kube import RestKubeAPI
 
 from .harness import ControlPlane, wait_for
 from .scenario import RESOURCE, ExtenderProcess, NodeSpec, delete_nodes, node_labels, publish_nodes
+from .test_chart import helm_path, objects, template
 
 pytestmark = pytest.mark.e2e
 
@@ -291,3 +292,35 @@ def test_labelled_extender_never_misses_a_device_pod(
         wait_for(lambda: _holdings(extender, nodes, namespace).get(f"uid:{late_uid}") == 1, what="the late pod held")
     finally:
         extender.stop()
+
+
+# --------------------------------------------------------------------------- the chart
+
+
+def test_chart_ships_exactly_these_policies_and_the_rbac_to_read_them() -> None:
+    helm = helm_path()
+    labelled = objects(
+        template(helm, None, sets=["extender.config.kube.podSelection=labelled", "resourceName=example.com/chip"])
+    )
+    shipped = [o for o in labelled if "AdmissionPolicy" in o["kind"] and o["metadata"]["name"] == selection.POLICY_NAME]
+    want = selection.policies("example.com/chip")
+    assert [(o["kind"], o["metadata"]["name"], o["spec"]) for o in shipped] == [
+        (o["kind"], o["metadata"]["name"], o["spec"]) for o in want
+    ]
+    policy = next(o for o in shipped if o["kind"] == "ValidatingAdmissionPolicy")
+    binding = next(o for o in shipped if o["kind"] == "ValidatingAdmissionPolicyBinding")
+    assert selection.guard_problem(policy, binding, "example.com/chip") == ""
+    role = next(o for o in labelled if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("extender"))
+    assert {
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["validatingadmissionpolicies", "validatingadmissionpolicybindings"],
+        "resourceNames": [selection.POLICY_NAME],
+        "verbs": ["get"],
+    } in role["rules"]
+    config = next(o for o in labelled if o["kind"] == "ConfigMap" and "extender.yaml" in (o.get("data") or {}))
+    assert yaml.safe_load(config["data"]["extender.yaml"])["kube"]["podSelection"] == "labelled"
+    # The default (every pod) ships neither.
+    default = objects(template(helm, None))
+    assert not [o for o in default if o["metadata"]["name"] == selection.POLICY_NAME]
+    role = next(o for o in default if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("extender"))
+    assert not [r for r in role["rules"] if "admissionregistration.k8s.io" in r["apiGroups"]]
