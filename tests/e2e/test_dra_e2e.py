@@ -387,3 +387,76 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
             output = (d / "driver.log").read_text()
         assert code == 0, output
         assert not (d / "registry" / f"{DRIVER}-reg.sock").exists()
+
+
+def _dramanager_binary() -> Path:
+    from .dramanager import build as dm_build
+    from .harness import e2e_required
+
+    try:
+        return dm_build.build()
+    except dm_build.BuildError as exc:
+        if e2e_required():
+            pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {exc}", pytrace=False)
+        pytest.skip(str(exc))
+
+
+@pytest.mark.timeout(1500)  # the first run builds icl-dramanager (minutes on a cold Go build cache)
+def test_the_kubelets_own_dra_manager_prepares_a_ring_through_icl_dra_run(plane: ControlPlane, ns: str) -> None:
+    """The kubelet's DRA manager and plugin watcher (pkg/kubelet/cm/dra, pkg/kubelet/pluginmanager v1.37.2,
+    driven by tests/e2e/dramanager/main.go) register ``icl dra run`` through its registration socket and
+    prepare a ring-of-4 claim kube-scheduler allocated: the container gets the driver's CDI device, whose spec
+    lists the ring's chips in ring order."""
+    import json
+    import signal
+    import subprocess
+
+    from deviceplugin.allocation import ENV_SHAPE, ENV_VISIBLE
+    from deviceplugin.testing import short_tmpdir
+
+    from .scenario import _icl_command
+
+    manager = _dramanager_binary()
+    topo = build_preset("hcm:8")
+    node = "dra-kubelet"
+    plane.create_node(node, labels={"kube-icl.io/dra": "kubelet"})
+    with short_tmpdir() as d:
+        log = (d / "driver.log").open("w")
+        driver = [*_icl_command(), "dra", "run", "--node-name", node, "--topology", "hcm:8"]
+        driver += ["--kubeconfig", str(plane.kubeconfig), "--plugin-dir", str(d / "plugins")]
+        driver += ["--registry-dir", str(d / "registry"), "--cdi-dir", str(d / "cdi"), "--resync", "0.5"]
+        proc = subprocess.Popen(driver, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _template(plane, ns, "ring4k", "ring", f'device.attributes["{DRIVER}"].size == 4')
+            _pod(plane, ns, "ring-kubelet", "ring4k", where="kubelet")
+            claim = wait_for(partial(_claim_of, plane, ns, "ring-kubelet"), what="ring claim allocated", timeout=90)
+            ((pool_name, device),) = _devices(claim)
+            assert pool_name == node
+            uid = claim["metadata"]["uid"]
+            base = [str(manager), "-registry-dir", str(d / "registry"), "-state-dir", str(d / "kubelet")]
+            base += ["-kubeconfig", str(plane.kubeconfig), "-node", node, "-namespace", ns, "-pod", "ring-kubelet"]
+            (d / "kubelet").mkdir()
+            prepared = subprocess.run(base, capture_output=True, text=True, timeout=120, check=False)
+            assert prepared.returncode == 0, prepared.stderr[-3000:]
+            (row,) = [json.loads(x) for x in prepared.stdout.splitlines()]
+            assert row == {"pod": "ring-kubelet", "container": "main", "cdiDevices": [f"kube-icl.io/accelerator={uid}"]}
+            spec = json.loads((d / "cdi" / f"{DRIVER}-claim_{uid}.json").read_text())
+            env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+            order = env[ENV_VISIBLE].split(",")
+            assert env[ENV_SHAPE] == "ring:4" and set(order) == set(_chips(topo, device))
+            assert all(topo.graph.has_edge(order[i], order[(i + 1) % 4]) for i in range(4))
+            # a second kubelet run from the same checkpoint: already prepared, then unprepared through the driver
+            again = subprocess.run([*base, "-unprepare"], capture_output=True, text=True, timeout=120, check=False)
+            assert again.returncode == 0, again.stderr[-3000:]
+            assert [json.loads(x) for x in again.stdout.splitlines()][-1]["unprepared"] is True
+            assert not (d / "cdi" / f"{DRIVER}-claim_{uid}.json").exists()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            log.close()
+            output = (d / "driver.log").read_text()
+        assert code == 0, output
