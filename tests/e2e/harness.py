@@ -582,6 +582,7 @@ class ControlPlane:
                 f"--initial-advertise-peer-urls={peer_url}",
                 f"--initial-cluster=e2e={peer_url}",
                 "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=8589934592",  # bench/scale.py stores 150,000 pods (default quota: 2 GiB)
                 "--log-level=warn",
             ],
         )
