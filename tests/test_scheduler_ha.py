@@ -388,3 +388,19 @@ def test_an_expired_record_restores_nothing_and_is_deleted(fake: FakeAPIServer) 
 def old_expiry(fake: FakeAPIServer) -> float:
     records = fake.leases.list("kube-system", f"{RECORD_LABEL}=true")
     return max(json.loads(r["metadata"]["annotations"]["kube-icl.io/reservation"])["expiresAt"] for r in records)
+
+
+def test_a_fresh_list_merged_after_takeover_never_rolls_the_watch_back() -> None:
+    """The reconcile's list adds what the watch has not shown yet, and nothing older than it has."""
+    cache = ClusterCache("kube-icl.io/accelerator")
+    cache.replace_nodes([node_obj("a", "ring:8")])
+    old = pod_obj("old", 2, "ring", node="a", annotations={"kube-icl.io/devices": "0,1"})
+    old["metadata"]["resourceVersion"] = "10"
+    cache.upsert_pod(old)
+    cache.delete_pod({**old, "metadata": {**old["metadata"], "resourceVersion": "12"}})  # the watch: deleted
+    new = pod_obj("new", 2, "ring", node="a", annotations={"kube-icl.io/devices": "2,3"})
+    new["metadata"]["resourceVersion"] = "11"  # bound, but its watch event has not arrived
+    assert cache.merge_pods([old, new]) == 1
+    assert old["metadata"]["uid"] not in cache.allocated, "a deleted pod is not brought back by an older list"
+    assert cache.allocated[new["metadata"]["uid"]] == ("a", ("2", "3"))
+    cache.check_invariants()
