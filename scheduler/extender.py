@@ -1025,6 +1025,8 @@ class Extender:
         self.metrics.gang_reservations.set(len(self.gangs.reservations))
         if self._unsure:
             self._settle_unsure()
+        self.metrics.unsure_binds.set(len(self._unsure))
+        self.metrics.lease_holder.set(1 if self.leader is None or self.leader.leading else 0)
 
     def _gang_event(self, outcome: str, key: str) -> None:
         self.metrics.gang_events.labels(outcome).inc()

@@ -7,6 +7,8 @@
 - ``kube_icl_queue_dominant_share{queue}``, ``kube_icl_queue_devices{queue}``: fair share state.
 - ``kube_icl_node_free_shapes{node,shape}``: how many disjoint rings of each size still fit
   on each node's free devices (computed at scrape time, cached per topology and free set).
+- ``kube_icl_extender_lease_holder``: 1 while this replica holds the extender Lease (it binds);
+  ``kube_icl_extender_unsure_binds``: Bindings whose outcome is not known yet (devices held).
 """
 
 from __future__ import annotations
@@ -72,6 +74,16 @@ class Metrics:
         )
         self.gang_events = Counter(
             "kube_icl_gang_reservation_events", "Gang reservation outcomes", ["outcome"], registry=self.registry
+        )
+        self.lease_holder = Gauge(
+            "kube_icl_extender_lease_holder",
+            "1 while this replica holds the extender Lease (only the holder binds)",
+            registry=self.registry,
+        )
+        self.unsure_binds = Gauge(
+            "kube_icl_extender_unsure_binds",
+            "Bindings whose outcome is not known yet; their devices stay held",
+            registry=self.registry,
         )
 
     def attach_state(

@@ -272,6 +272,10 @@ def test_only_the_lease_holder_binds_and_a_graceful_stop_hands_it_over(fake: Fak
         assert one.bind(pods[0], "a") == ""
         error = two.ext._lead(0.5)  # one holds it and renews (it was called just now)
         assert "extender replica one holds the lease" in error
+        for r in (one, two):
+            r.ext.sweep()
+        assert b"kube_icl_extender_lease_holder 1.0" in one.ext.metrics.render()
+        assert b"kube_icl_extender_lease_holder 0.0" in two.ext.metrics.render()
         one.stop()  # graceful: releases
         assert two.bind(pods[1], "a") == ""
         assert held_twice(fake) == []
