@@ -320,6 +320,14 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
             assert pool_name == node and Placer.for_topology(topo).is_valid(parse_shape("mesh:2x4"), chips)
             # the allocation re-orders the pool: a new generation follows within a resync or two
             wait_for(lambda: pool(gen + 1), what="the pool re-published after the allocation", timeout=30)
+            # a ring of 8 beside it: only the other half of the torus is left, and it must not overlap
+            _template(plane, ns, "ring8", "ring", f'device.attributes["{DRIVER}"].size == 8')
+            _pod(plane, ns, "ring8-solo", "ring8", where="solo")
+            ring_claim = wait_for(partial(_claim_of, plane, ns, "ring8-solo"), what="ring-8 claim", timeout=60)
+            ((_, ring_device),) = _devices(ring_claim)
+            ring_chips = _chips(topo, ring_device)
+            assert Placer.for_topology(topo).is_valid(parse_shape("ring:8"), ring_chips)
+            assert not set(ring_chips) & set(chips) and len(set(ring_chips) | set(chips)) == 16
 
             async def kubelet() -> tuple[reg_pb2.PluginInfo, dra_pb2.NodePrepareResourcesResponse, str]:
                 reg = d / "registry" / f"{DRIVER}-reg.sock"
