@@ -258,9 +258,10 @@ def inflate(tasks: Sequence[TaskRequest], capacity_milli: int, inflation: float,
     rng.shuffle(out)
     demand = sum(t.gpu_demand for t in out)
     goal = inflation * capacity_milli
-    while demand > goal and out:
-        demand -= out.pop(rng.randrange(len(out))).gpu_demand
-    if demand < goal:
+    if demand > goal:  # one or the other, never both (TunePodsByNodeTotalResource)
+        while demand > goal and out:
+            demand -= out.pop(rng.randrange(len(out))).gpu_demand
+    elif demand < goal:
         while True:
             t = tasks[rng.randrange(len(tasks))]
             if demand + t.gpu_milli > goal:
