@@ -31,6 +31,7 @@ Run: ``.venv/bin/python bench/scale.py [--sizes 1000,2000,5000] [--pods-per-node
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
@@ -107,8 +108,9 @@ class Creator:
         self.workers = workers
         self.errors: list[str] = []
 
-    def create(self, bodies: list[tuple[str, dict[str, Any]]], progress: Callable[[int], None]) -> int:
-        """Create (namespace, body) pods; returns how many were created. Stops early after 20 errors."""
+    def create(self, bodies: list[tuple[str, dict[str, Any]]], progress: Callable[[int], None], deadline: float) -> int:
+        """Create (namespace, body) pods; returns how many were created. Stops early after 20 errors or at
+        ``deadline`` (monotonic seconds)."""
         work: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
         for item in bodies:
             work.put(item)
@@ -117,7 +119,7 @@ class Creator:
 
         def worker() -> None:
             conn = http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=60)
-            while len(self.errors) < 20:
+            while len(self.errors) < 20 and time.monotonic() < deadline:
                 try:
                     item = work.get_nowait()
                 except queue.Empty:
@@ -322,6 +324,7 @@ def grow_pods(
     per_node: int,
     first: int,
     idle: dict[str, float],
+    deadline: float,
 ) -> tuple[int, dict[str, float], int]:
     """Create ``per_node`` pods on each node (from index ``first``); returns (created, extender CPU per
     mode less idle, events the cluster produced)."""
@@ -341,7 +344,7 @@ def grow_pods(
         elapsed = time.monotonic() - t0
         _say(f"  {kind} pods {done}/{total} ({done / elapsed if elapsed else 0:.0f}/s), events seen {counter.counts}")
 
-    created = creator.create(bodies, progress)
+    created = creator.create(bodies, progress, deadline)
     counter.settle()
     elapsed = time.monotonic() - t0
     cpu = {e.mode: max(0.0, e.cpu() - cpu0[e.mode] - idle[e.mode] * elapsed) for e in exts}
@@ -356,6 +359,16 @@ def restart(ext: Extender) -> tuple[float, float]:
     ext.proc.start(timeout=600)
     ready = time.monotonic() - t0
     return ready, proc_status(ext.pid).get("VmHWM", 0) / 2**20
+
+
+def cluster_state(plane: ControlPlane, nodes: int, pods: int) -> dict[str, Any]:
+    """RSS of the control plane's processes and the machine's load, at one size."""
+    state: dict[str, Any] = {"nodes": nodes, "pods": pods, "loadavg": os.getloadavg()}
+    for c in plane.components:
+        if c.pid is not None:
+            with contextlib.suppress(OSError):
+                state[f"{c.name}_rss_mb"] = round(proc_status(c.pid).get("VmRSS", 0) / 2**20)
+    return state
 
 
 def reconcile_list(plane: ControlPlane, mode: str) -> float:
@@ -483,13 +496,23 @@ def main(argv: list[str] | None = None) -> int:
                 counter.settle()
                 idle = idle_rate(exts, 10.0)
                 _say(f"extender idle CPU rate {idle}")
-                made, cpu_accel, ev_accel = grow_pods(plane, creator, counter, exts, new, True, args.accel, 0, idle)
+                deadline = started + args.budget_min * 60
+                made, cpu_accel, ev_accel = grow_pods(
+                    plane, creator, counter, exts, new, True, args.accel, 0, idle, deadline
+                )
                 accel_total += made
                 pods_total += made
+                plain_per_node = args.pods_per_node - args.accel
                 made, cpu_plain, ev_plain = grow_pods(
-                    plane, creator, counter, exts, new, False, args.pods_per_node - args.accel, 0, idle
+                    plane, creator, counter, exts, new, False, plain_per_node, 0, idle, deadline
                 )
                 pods_total += made
+                if made < plain_per_node * len(new) and not creator.errors:
+                    stopped = (
+                        f"time budget of {args.budget_min:g} min spent at {pods_total} pods on {len(names)} nodes "
+                        f"(creating about {made / max(1.0, time.monotonic() - started):.0f} pods/s here)"
+                    )
+                meta.setdefault("cluster", []).append(cluster_state(plane, len(names), pods_total))
                 if creator.errors:
                     stopped = f"pod creation failed at {target} nodes: {creator.errors[:3]}"
                 for e in exts:
