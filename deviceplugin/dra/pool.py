@@ -383,7 +383,8 @@ def plan_pool(topo: NodeTopology, node: str, config: DraConfig | None = None, bu
     """
     config = config or DraConfig()
     placer = Placer.for_topology(topo)
-    free = [d for d in topo.ids if d not in set(busy) and d in topo.healthy_ids]
+    held = set(busy)
+    free = [d for d in topo.ids if d not in held and d in topo.healthy_ids]
     ring1 = Shape(ShapeKind.RING, 1, (1,))
     healthy_order = [placer.table(ring1).orders[i][0] for i in placer.preference(ring1, free, config.policy)]
     healthy_order += [d.index for d in topo.devices if not d.healthy]
