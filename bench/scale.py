@@ -383,14 +383,45 @@ def reconcile_list(plane: ControlPlane, mode: str) -> float:
 
 def write_outputs(out: Path, points: list[Point], stopped: str, meta: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scale.json").write_text(
-        json.dumps({"meta": meta, "stopped": stopped, "points": [asdict(p) for p in points]}, indent=1)
-    )
+    document = {
+        "meta": meta,
+        "stopped": stopped,
+        "points": [asdict(p) | {"ratio": p.ratio} for p in points],
+        f"linear_fit_at_{TARGET_PODS}_pods": extrapolate(points),
+    }
+    (out / "scale.json").write_text(json.dumps(document, indent=1))
     (out / "scale.md").write_text(table(points, stopped) + "\n")
     try:
         plot(out / "scale.png", points)
     except ImportError:
         _say("matplotlib is not installed: no plot")
+
+
+TARGET_PODS = 150_000
+GROWTH = ("rss_mb", "rebuild_peak_mb", "ready_s", "reconcile_list_s", "verbs_ms", "json_floor_ms")
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """Least-squares line (intercept, slope) through the points; None with fewer than two sizes."""
+    pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y == y]  # drop NaN
+    if len({x for x, _ in pts}) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return my - slope * mx, slope
+
+
+def extrapolate(points: list[Point]) -> dict[str, dict[str, float]]:
+    """Per mode and figure, the linear fit's value at 150,000 pods (the growth measured, carried on)."""
+    out: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        mine = [p for p in points if p.mode == mode]
+        for attr in GROWTH:
+            line = fit([float(p.pods) for p in mine], [float(getattr(p, attr)) for p in mine])
+            if line is not None:
+                out.setdefault(mode, {})[attr] = line[0] + line[1] * TARGET_PODS
+    return out
 
 
 def table(points: list[Point], stopped: str) -> str:
@@ -406,6 +437,11 @@ def table(points: list[Point], stopped: str) -> str:
             f"| {p.cpu_per_plain_event_us:.1f} | {p.cpu_per_accel_event_us:.1f} | {p.verbs_ms:.2f} "
             f"| {p.json_floor_ms:.2f} | {p.ratio:.2f} | {p.ready_s:.1f} | {p.reconcile_list_s:.2f} |"
         )
+    reached = max((p.pods for p in points), default=0)
+    if reached < TARGET_PODS:
+        for mode, figures in extrapolate(points).items():
+            text = ", ".join(f"{k} {v:.2f}" for k, v in figures.items())
+            lines.append(f"| {TARGET_PODS} (linear fit) | | {mode} | {text} |")
     if stopped:
         lines += ["", f"stopped: {stopped}"]
     return "\n".join(lines)
@@ -429,9 +465,13 @@ def plot(path: Path, points: list[Point]) -> None:
             xs = [p.pods for p in points if p.mode == mode]
             ys = [getattr(p, attr) for p in points if p.mode == mode]
             if xs:
-                ax.plot(xs, ys, style, label=f"podSelection: {mode}")
+                line = ax.plot(xs, ys, style, label=f"podSelection: {mode}")[0]
+                fitted = fit([float(x) for x in xs], [float(y) for y in ys])
+                if fitted is not None and max(xs) < TARGET_PODS:
+                    end = fitted[0] + fitted[1] * TARGET_PODS
+                    ax.plot([xs[-1], TARGET_PODS], [ys[-1], end], "--", color=line.get_color(), alpha=0.6)
         ax.set_title(title)
-        ax.set_xlabel("pods in the cluster")
+        ax.set_xlabel("pods in the cluster (dashed: linear fit carried to 150,000)")
         ax.grid(True, alpha=0.3)
         ax.legend()
     fig.suptitle("kube-icl extender vs cluster size (30 pods per node)")
