@@ -353,7 +353,9 @@ class ClusterCache:
             self._bad_pod(uid, obj, str(exc))
             return
         with self.lock:
-            self.bad_pods.pop(uid, None)
+            was_bad = self.bad_pods.pop(uid, None) is not None
+            if info.count == 0 and info.gang is None and not was_bad and not self._tracked(uid):
+                return  # asks for no device, names no gang, never held any: nothing to do (most pods)
             change = self._apply_pod(info)
             self._dirty.add(uid)
             self.generation += 1
@@ -456,11 +458,22 @@ class ClusterCache:
             if held is not None:
                 break
 
+    def _tracked(self, uid: str) -> bool:
+        """The cache knows this pod: kept, holding (or assumed to hold) devices, or unreadable."""
+        return uid in self.pods or uid in self.allocated or uid in self.assumed or uid in self.bad_pods
+
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         with self.lock:
             self._note_rv(uid, meta)
+            if not self._tracked(uid):
+                try:
+                    untracked = requested_count(obj, self.resource) == 0
+                except PodSpecError:
+                    untracked = False
+                if untracked:  # never held a device here: no walk over every node for it
+                    return
             self._dirty.add(uid)
             info = self.pods.pop(uid, None)
             held = self.allocated.get(uid)

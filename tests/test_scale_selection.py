@@ -173,3 +173,32 @@ def test_pod_selection_config() -> None:
             assert word in str(exc) and "\n" not in str(exc)
         else:
             raise AssertionError(f"{bad} accepted")
+
+
+def test_a_pod_that_asks_for_nothing_costs_no_walk_over_the_nodes() -> None:
+    """In ``podSelection: all`` most events are such pods: before, each one released its uid on every node."""
+    cache = _cache()
+    walked: list[str] = []
+    release = cache._release
+
+    def spy(uid: str) -> None:
+        walked.append(uid)
+        release(uid)
+
+    cache._release = spy  # type: ignore[method-assign]
+    plain: dict[str, Any] = {
+        "metadata": {"uid": "plain", "name": "web", "namespace": "alpha", "resourceVersion": "5"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}], "nodeName": "n0"},
+        "status": {"phase": "Running"},
+    }
+    cache.upsert_pod(plain)
+    cache.delete_pod(plain)
+    assert walked == []
+    # A device pod still releases its devices when it goes.
+    held = copy.deepcopy(plain)
+    held["metadata"] |= {"uid": "dev", "annotations": {"kube-icl.io/devices": "0,1"}}
+    held["spec"]["containers"][0]["resources"]["limits"] = {RESOURCE: "2"}
+    cache.upsert_pod(held)
+    assert cache.allocated["dev"] == ("n0", ("0", "1"))
+    cache.delete_pod(held)
+    assert "dev" not in cache.allocated and "0" in cache.nodes["n0"].free
