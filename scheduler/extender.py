@@ -429,18 +429,33 @@ class Extender:
         waiting: dict[str, str] = {}
         if self.cfg.fair_share:
             mine = fairshare.dominant_share(used.get(info.queue, {}), capacity, qcfg.weight)
+            if self.gangs.is_surplus(info):
+                # Above its gang's minimum: joins only while no other queue has a pod waiting that fits.
+                waiting = self._waiting_below(info, float("inf"), used, capacity, surplus=True)
+                return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting, surplus=True)
             if mine > 0:
                 waiting = self._waiting_below(info, mine, used, capacity)
         return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting)
 
     def _waiting_below(
-        self, info: PodInfo, mine: float, used: Mapping[str, Mapping[str, int]], capacity: Mapping[str, int]
+        self,
+        info: PodInfo,
+        mine: float,
+        used: Mapping[str, Mapping[str, int]],
+        capacity: Mapping[str, int],
+        *,
+        surplus: bool = False,
     ) -> dict[str, str]:
-        """Other queues below ``mine`` that have a pending pod which fits some node now."""
+        """Other queues below ``mine`` that have a pending pod which fits some node now.
+
+        For a ``surplus`` member, other queues' surplus members do not count (two elastic gangs
+        would hold each other back forever)."""
         lower: dict[str, list[PodInfo]] = {}
         for p in self.cache.pending(other_than=info.queue):
             if p.uid == info.uid or p.unschedulable:
                 continue  # a pod kube-scheduler could not place holds nobody back
+            if surplus and p.gang is not None and self.gangs.is_surplus(p):
+                continue
             if self._last_fit.get(p.uid) is False:
                 continue  # our last filter for it found no node either
             share = fairshare.dominant_share(used.get(p.queue, {}), capacity, self.cfg.queue(p.queue).weight)
@@ -529,7 +544,7 @@ class Extender:
                 return self._result(args, [], dict.fromkeys(names, reason), {}), "unschedulable"
             if allowed is not None:
                 where = ", ".join(sorted(allowed))
-                msg = f"gang {info.gang.name!r} has its reserved devices on {where}"
+                msg = f"gang {info.gang.name!r} places this member on {where} (reserved, or next to its members)"
                 elsewhere = {n: msg for n in names if n not in allowed}
                 return self._result(args, [n for n in names if n in allowed], {}, elsewhere), "gang"
 
@@ -621,6 +636,11 @@ class Extender:
                 return info, f"gang {gang.name!r}: cannot read its {group.kind} object: {exc.message}"
             hit = (size, now)
             self._group_sizes[key] = hit
+        if hit[0] is not None and gang.max_size and gang.max_size < hit[0]:
+            return info, (
+                f"gang {gang.name!r}: annotation kube-icl.io/gang-max {gang.max_size} is below the "
+                f"minimum {hit[0]} of its {group.kind} object"
+            )
         if hit[0] is None:
             where = f"{group.kind} {gang.namespace}/{group.name}" + (f" ({group.pod_group})" if group.pod_group else "")
             return info, (
@@ -877,9 +897,11 @@ class Extender:
                 return held[1], None, False, ""  # a retried bind: same devices again
             if info.gang is not None and info.gang.key in self.gangs.reservations:
                 slot = self.gangs.claim(info, node)
-                if slot is None:
+                if slot is not None:
+                    return slot.devices, slot, True, ""
+                if not self.gangs.is_elastic(info.gang):
                     return (), None, False, f"gang {info.gang.name!r} has no reserved slot on {node}"
-                return slot.devices, slot, True, ""
+                # an elastic gang's member above the reserved minimum: placed on its own, below
             rec = self.cache.nodes.get(node)
             if rec is None or rec.view is None:
                 why = rec.error if rec is not None else "node is not known to kube-icl"
@@ -979,14 +1001,45 @@ class Extender:
             }
             if any(u not in allowed for u in taken if u in queues):
                 continue  # a victim the scheduler needs may not be taken: this node cannot be freed
+            if self._elastic_victims(uids) is None:
+                continue  # the scheduler's victims would take an elastic gang below its minimum
             if fits(frozenset()):
                 out[node] = _victims(uids, pdb)
                 continue
-            chosen = self._fewest_victims([u for u in sorted(extra) if u in allowed], extra, fits, priority)
+
+            def keeps_minimum(combo: tuple[str, ...], uids: tuple[str, ...] = uids) -> bool:
+                return self._elastic_victims((*uids, *combo)) is not None
+
+            pool_of = [u for u in sorted(extra) if u in allowed]
+            surplus = [u for u in pool_of if self._elastic_victims((u,)) is True]
+            chosen = self._fewest_victims(surplus, extra, fits, priority, keeps_minimum) if surplus else None
+            if chosen is None:
+                chosen = self._fewest_victims(pool_of, extra, fits, priority, keeps_minimum)
             if chosen is None:
                 continue
             out[node] = _victims((*uids, *chosen), pdb)
+        # Surplus members of elastic gangs go first: when some node is freed by taking only those,
+        # the nodes whose victims include anybody else are left out.
+        spare_only = {n for n, v in out.items() if self._elastic_victims(tuple(p.uid for p in v.pods)) is True}
+        if spare_only:
+            out = {n: v for n, v in out.items() if n in spare_only}
         return ExtenderPreemptionResult(out)
+
+    def _elastic_victims(self, uids: tuple[str, ...]) -> bool | None:
+        """None when these victims would take some elastic gang below its minimum; True when every one
+        is a member above its elastic gang's minimum (surplus), False otherwise."""
+        per_gang: dict[str, int] = {}
+        only_surplus = bool(uids)
+        for u in dict.fromkeys(uids):
+            p = self.cache.pods.get(u)
+            if p is None or p.gang is None or not self.gangs.is_elastic(p.gang):
+                only_surplus = False
+                continue
+            per_gang[p.gang.key] = per_gang.get(p.gang.key, 0) + 1
+        for key, n in per_gang.items():
+            if n > self.gangs.spare(key):
+                return None
+        return only_surplus
 
     @staticmethod
     def _fewest_victims(
@@ -994,6 +1047,7 @@ class Extender:
         held: Mapping[str, tuple[str, ...]],
         fits: Callable[[frozenset[str]], bool],
         priority: Mapping[str, int],
+        allowed: Callable[[tuple[str, ...]], bool] = lambda combo: True,
     ) -> tuple[str, ...] | None:
         """The smallest set of ``candidates`` whose devices make the shape fit.
 
@@ -1008,7 +1062,7 @@ class Extender:
                 if tried > _MAX_VICTIM_SETS:
                     return best[1] if best else None
                 freed = frozenset(d for u in combo for d in held[u])
-                if not fits(freed):
+                if not fits(freed) or not allowed(combo):
                     continue
                 prios = [priority.get(u, 0) for u in combo]
                 cost = (max(prios), len(freed), sum(prios))

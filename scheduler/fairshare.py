@@ -54,11 +54,14 @@ def admit(
     capacity: Mapping[str, int],
     cfg: ExtenderConfig,
     waiting: Mapping[str, str],
+    *,
+    surplus: bool = False,
 ) -> Verdict | None:
     """``None`` when a pod of ``queue`` asking for ``count`` devices may go now, else why not.
 
     ``waiting`` maps each other queue that has a pending pod which would fit now to a
-    short description of that pod (for the message).
+    short description of that pod (for the message). A ``surplus`` pod (an elastic gang's
+    member above its minimum) is held back while any other queue waits, whatever the shares.
     """
     qcfg = cfg.queue(queue)
     held = _total(used.get(queue))
@@ -72,6 +75,11 @@ def admit(
     for other, pod in sorted(waiting.items()):
         if other == queue:
             continue
+        if surplus:
+            return Verdict(
+                f"queue {queue!r}: this member is above its elastic gang's minimum and waits while queue "
+                f"{other!r} has {pod} waiting that fits"
+            )
         theirs = dominant_share(used.get(other, {}), capacity, cfg.queue(other).weight)
         if theirs < mine:
             return Verdict(

@@ -9,6 +9,14 @@ released when the reservation times out. A member that fails, or whose node
 goes away, fails the gang: the remaining members are evicted so the job's
 controller requeues the gang whole.
 
+Elastic gangs (``kube-icl.io/gang-min`` .. ``gang-max``): the reservation covers the
+minimum only, all or nothing, as above. Once the minimum runs, each further member
+up to the maximum is placed on its own, only next to the running members
+(:func:`topology.extend_gang`: a node holding a member, else one linked to one).
+Losing members (failure, deletion, node gone) shrinks the gang while at least its
+minimum survives; below it the gang fails whole. A gang that is still starting (its
+reservation open) fails whole on any loss, as a rigid one does.
+
 Reservations survive a restart or a failover: before the first member binds,
 the extender writes the reservation as a ``coordination.k8s.io/v1`` Lease in its
 own namespace (:func:`lease_record`: slots with node and devices, the expiry as
@@ -36,9 +44,11 @@ from topology import (
     DOMAIN_LABEL,
     AllocationError,
     ClusterView,
+    NodeTopology,
     Policy,
     Shape,
     TopologyError,
+    extend_gang,
     place_gang,
 )
 
@@ -152,6 +162,8 @@ class GangManager:
         self.on_forget = on_forget  # a persisted reservation ended: delete its record (called under the lock)
         self.wall = wall
         self.reservations: dict[str, Reservation] = {}
+        self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
+        self.on_resize: Callable[[str], None] = lambda key: None  # an elastic gang grew or shrank
         self._evicted: set[str] = set()
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
@@ -166,6 +178,47 @@ class GangManager:
                 if p.gang is not None and p.gang.key == gang.key and uid in self.cache.allocated
             ]
 
+    def limits_of(self, gang: GangRef) -> tuple[int, int]:
+        """(minimum, maximum) of the gang; (0, 0) when its size is known only from a group object not read yet."""
+        if gang.size > 0:
+            return gang.size, gang.maximum
+        return self.limits.get(gang.key, (0, 0))
+
+    def is_elastic(self, gang: GangRef) -> bool:
+        least, most = self.limits_of(gang)
+        return most > least > 0
+
+    def survivors(self, key: str, lost: Iterable[str] = ()) -> list[PodInfo]:
+        """Members that hold devices on a node that exists and have not ended or been lost (lock held)."""
+        gone = set(lost)
+        out = []
+        for uid, (node, _devs) in self.cache.allocated.items():
+            p = self.cache.pods.get(uid)
+            if p is None or p.gang is None or p.gang.key != key or uid in gone:
+                continue
+            if p.terminal or p.deleting or node not in self.cache.nodes:
+                continue
+            out.append(p)
+        return out
+
+    def is_surplus(self, info: PodInfo) -> bool:
+        """A member of an elastic gang that has its minimum running without it (joins only if nothing waits)."""
+        gang = info.gang
+        if gang is None or not self.is_elastic(gang):
+            return False
+        least, _most = self.limits_of(gang)
+        with self.cache.lock:
+            return len([p for p in self.survivors(gang.key) if p.uid != info.uid]) >= least
+
+    def spare(self, key: str) -> int:
+        """How many members an elastic gang may lose and still run (0 for a rigid or starting gang)."""
+        with self.cache.lock:
+            alive = self.survivors(key)
+            least, most = self.limits_of(alive[0].gang) if alive and alive[0].gang is not None else (0, 0)
+            if not most > least > 0 or key in self.reservations:
+                return 0
+            return max(0, len(alive) - least)
+
     def plan(self, info: PodInfo, shape: Shape, candidates: Iterable[str]) -> tuple[set[str] | None, str]:
         """Nodes where this member may go, or (None, reason) when the gang cannot be placed.
 
@@ -175,8 +228,11 @@ class GangManager:
         gang = info.gang
         assert gang is not None
         now = self.cache.clock()
+        elastic = gang.elastic
         with self.cache.lock:
             self.sweep(now)
+            if gang.size > 0:
+                self.limits[gang.key] = (gang.size, gang.maximum)
             res = self.reservations.get(gang.key)
             if res is not None:
                 if res.shape != str(shape) or res.count != info.count:
@@ -186,10 +242,16 @@ class GangManager:
                 nodes = res.open_nodes(info.uid)
                 if nodes:
                     return nodes, ""
-                return None, f"gang {gang.name!r}: all {res.size} reserved slots are claimed"
+                if not elastic:
+                    return None, f"gang {gang.name!r}: all {res.size} reserved slots are claimed"
             bound = self.members_bound(gang)
             if info.uid in {p.uid for p in bound}:
                 return {self.cache.allocated[info.uid][0]}, ""
+            if elastic:
+                alive = self.survivors(gang.key)
+                if len(alive) >= gang.size or res is not None:
+                    return self._grow(info, shape, candidates, alive)
+                bound = alive
             remaining = gang.size - len(bound)
             if remaining <= 0:
                 return None, ""
@@ -231,19 +293,51 @@ class GangManager:
             self.on_event("reserved", gang.key)
             return res.open_nodes(info.uid), ""
 
-    def _place(
-        self, records: Mapping[str, NodeRecord], shape: Shape, members: int
-    ) -> tuple[str, list[tuple[str, tuple[str, ...]]]] | None:
+    def _grow(
+        self, info: PodInfo, shape: Shape, candidates: Iterable[str], alive: list[PodInfo]
+    ) -> tuple[set[str] | None, str]:
+        """Nodes for one more member of a running elastic gang: the best adjacent tier (lock held)."""
+        gang = info.gang
+        assert gang is not None
+        most = gang.maximum
+        if len(alive) >= most:
+            return None, f"gang {gang.name!r} runs its maximum of {most} members (annotation kube-icl.io/gang-max)"
+        records = {n: self.cache.nodes[n] for n in candidates if n in self.cache.nodes}
+        usable = {n: r for n, r in records.items() if r.view is not None and r.ready and not r.unschedulable}
+        cluster, topologies, free_by_node = self._inputs(usable, shape, every_node=True)
+        held = [self.cache.allocated[p.uid][0] for p in alive]
+        ranked = extend_gang(cluster, topologies, free_by_node, shape, held, self.policy)
+        if not ranked:
+            where = ",".join(sorted(set(held))) or "no node"
+            return None, (
+                f"gang {gang.name!r} (elastic, {len(alive)} running, {gang.size}..{most}): no node holding a member "
+                f"({where}) or linked to one has {shape.describe()} free; this member waits"
+            )
+        tier = ranked[0][1]
+        return {n for n, t in ranked if t == tier}, ""
+
+    def _inputs(
+        self, records: Mapping[str, NodeRecord], shape: Shape, every_node: bool = False
+    ) -> tuple[ClusterView, dict[str, NodeTopology], dict[str, frozenset[str]]]:
+        """The link domains, topologies and free devices of the nodes where ``shape`` may fit.
+
+        The domains are built from those nodes, or with ``every_node`` from every node in the cache
+        (a growing gang's own nodes are full, yet they say what is adjacent)."""
         topologies = {}
         free_by_node = {}
         labels: dict[str, dict[str, str]] = {}
+        for name, rec in (self.cache.nodes if every_node else records).items():
+            if rec.domain and every_node:
+                labels[name] = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
+                if rec.domain_kind:
+                    labels[name][DOMAIN_KIND_LABEL] = rec.domain_kind
         for name, rec in records.items():
             view = rec.view
             if view is None or len(view.free) - view.unattributed < shape.size:
                 continue
             topologies[name] = view.topology
             free_by_node[name] = view.free
-            if rec.domain:
+            if rec.domain and not every_node:
                 labels[name] = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
                 if rec.domain_kind:
                     labels[name][DOMAIN_KIND_LABEL] = rec.domain_kind
@@ -252,6 +346,12 @@ class GangManager:
         except TopologyError as exc:
             log.warning("link-domain labels are inconsistent, placing gangs on single nodes only: %s", exc)
             cluster = ClusterView()
+        return cluster, topologies, free_by_node
+
+    def _place(
+        self, records: Mapping[str, NodeRecord], shape: Shape, members: int
+    ) -> tuple[str, list[tuple[str, tuple[str, ...]]]] | None:
+        cluster, topologies, free_by_node = self._inputs(records, shape)
         found = place_gang(cluster, topologies, free_by_node, shape, members, self.policy)
         if found is None:
             return None
@@ -456,7 +556,26 @@ class GangManager:
         if info.gang is None or not change.failed or info.uid in self._evicted:
             return
         what = "failed" if info.phase == "Failed" else "was deleted"
+        if self._shrink(info.gang, f"member {info.name} {what}", lost={info.uid}):
+            return
         self.fail(info.gang.key, f"member {info.name} {what}", except_uid=info.uid)
+
+    def _shrink(self, gang: GangRef, why: str, lost: Iterable[str] = ()) -> bool:
+        """True when an elastic gang that runs (no open reservation) keeps at least its minimum after the loss."""
+        least, most = self.limits_of(gang)
+        if not most > least > 0:
+            return False
+        with self.cache.lock:
+            if gang.key in self.reservations:
+                return False  # still starting: all or nothing, as a rigid gang
+            left = len(self.survivors(gang.key, lost))
+        if left < least:
+            log.warning("gang %s: %s leaves %d of its minimum %d: the gang fails", gang.key, why, left, least)
+            return False
+        log.info("gang %s shrinks to %d members (%s); minimum %d", gang.key, left, why, least)
+        self.on_event("shrunk", gang.key)
+        self.on_resize(gang.key)
+        return True
 
     def _node_changed(self, name: str, rec: NodeRecord | None) -> None:
         """A node that is gone fails the gangs with members there.
@@ -485,7 +604,17 @@ class GangManager:
                     log.info("gang %s: reservation dropped, %s", res.key, why)
                     self._drop(res)
         for key in sorted(keys):
+            gang = self._gang_ref(key)
+            if gang is not None and self._shrink(gang, why):
+                continue  # survivors() leaves out members on a node that is gone
             self.fail(key, why)
+
+    def _gang_ref(self, key: str) -> GangRef | None:
+        with self.cache.lock:
+            for p in self.cache.pods.values():
+                if p.gang is not None and p.gang.key == key:
+                    return p.gang
+        return None
 
     def snapshot(self) -> dict[str, Any]:
         now = self.cache.clock()

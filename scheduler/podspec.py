@@ -14,6 +14,9 @@ from typing import Any
 __all__ = [
     "ANN_DEVICES",
     "ANN_GANG",
+    "ANN_GANG_LAYOUT",
+    "ANN_GANG_MAX",
+    "ANN_GANG_MIN",
     "ANN_GANG_SIZE",
     "ANN_QUEUE",
     "ANN_SHAPE",
@@ -34,6 +37,9 @@ ANN_TOPOLOGY = "kube-icl.io/topology"
 ANN_SHAPE = "kube-icl.io/shape"
 ANN_GANG = "kube-icl.io/gang"
 ANN_GANG_SIZE = "kube-icl.io/gang-size"
+ANN_GANG_MIN = "kube-icl.io/gang-min"  # elastic gang: the all-or-nothing minimum (instead of gang-size)
+ANN_GANG_MAX = "kube-icl.io/gang-max"  # elastic gang: members up to this many join when they fit
+ANN_GANG_LAYOUT = "kube-icl.io/gang-layout"  # written by the extender: the member's place in its gang (JSON)
 ANN_QUEUE = "kube-icl.io/queue"
 ANN_DEVICES = "kube-icl.io/devices"
 LABEL_LINK_DOMAIN = "kube-icl.io/link-domain"
@@ -71,13 +77,23 @@ class GroupRef:
 class GangRef:
     namespace: str
     name: str
-    size: int  # 0: not on the pod; read from ``group``
+    size: int  # the all-or-nothing minimum; 0: not on the pod, read from ``group``
     source: str  # which field named the gang: annotation, pod-group label, schedulingGroup, workloadRef
     group: GroupRef | None = None
+    max_size: int = 0  # kube-icl.io/gang-max; 0: rigid (the maximum is the minimum)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def maximum(self) -> int:
+        return max(self.size, self.max_size)
+
+    @property
+    def elastic(self) -> bool:
+        """Members above the minimum may join and leave (``gang-max`` above the minimum)."""
+        return self.size > 0 and self.max_size > self.size
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,10 +222,32 @@ def group_min_count(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> i
 
 def _gang(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> GangRef | None:
     """The gang this pod belongs to: kube-icl's annotation first, then the cluster's native grouping."""
+    ref = _gang_ref(meta, spec, namespace)
+    ann = meta.get("annotations") or {}
+    raw_max = ann.get(ANN_GANG_MAX)
+    if raw_max is None:
+        return ref
+    if ref is None:
+        raise PodSpecError(f"annotation {ANN_GANG_MAX}: {raw_max!r} needs a gang (annotation {ANN_GANG})")
+    top = _size(raw_max, f"annotation {ANN_GANG_MAX}")
+    if ref.size and top < ref.size:
+        raise PodSpecError(f"annotation {ANN_GANG_MAX}: {top} is below the gang's minimum {ref.size}")
+    return GangRef(ref.namespace, ref.name, ref.size, ref.source, ref.group, top)
+
+
+def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> GangRef | None:
     ann = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
     explicit = ann.get(ANN_GANG_SIZE)
     size = _size(explicit, f"annotation {ANN_GANG_SIZE}") if explicit is not None else 0
+    raw_min = ann.get(ANN_GANG_MIN)
+    if raw_min is not None:
+        least = _size(raw_min, f"annotation {ANN_GANG_MIN}")
+        if size and size != least:
+            raise PodSpecError(
+                f"annotation {ANN_GANG_MIN}: {least} disagrees with {ANN_GANG_SIZE} {size}; set one of them"
+            )
+        size = least
     if ann.get(ANN_GANG):
         if not size:
             raise PodSpecError(f"gang {ann[ANN_GANG]!r} needs annotation {ANN_GANG_SIZE} with the member count")

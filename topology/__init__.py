@@ -14,8 +14,10 @@ from topology.cluster import (
     DomainKind,
     GangPlacement,
     LinkDomain,
+    extend_gang,
     pack_node,
     place_gang,
+    ring_order,
 )
 from topology.encoding import ANNOTATION_VERSION, decode_annotation, encode_annotation
 from topology.errors import AllocationError, ShapeError, TopologyError
@@ -67,6 +69,7 @@ __all__ = [
     "decode_annotation",
     "dump_topology",
     "encode_annotation",
+    "extend_gang",
     "is_preset",
     "load_topology",
     "loads_topology",
@@ -74,5 +77,6 @@ __all__ = [
     "parse_shape",
     "place_gang",
     "render",
+    "ring_order",
     "topology_from_mapping",
 ]

@@ -32,8 +32,10 @@ __all__ = [
     "DomainKind",
     "GangPlacement",
     "LinkDomain",
+    "extend_gang",
     "pack_node",
     "place_gang",
+    "ring_order",
 ]
 
 DOMAIN_LABEL = "kube-icl.io/link-domain"
@@ -207,3 +209,67 @@ def _runs(
             held += len(capacity[nxt])
         if held >= members:
             yield run
+
+
+def extend_gang(
+    cluster: ClusterView,
+    topologies: Mapping[str, NodeTopology],
+    free_by_node: Mapping[str, Collection[str]],
+    shape: Shape,
+    member_nodes: Collection[str],
+    policy: Policy = Policy.FRAGMENTATION,
+) -> list[tuple[str, int]]:
+    """Where one more member of a running gang may go: ``(node, tier)`` pairs, best first.
+
+    Adjacent places only: tier 0 is a node that already holds a member, tier 1 a node one
+    link away (in its link domain's graph) from a node that does; for a ring of nodes that
+    extends the run at one of its ends. Nodes elsewhere are not offered: an elastic gang
+    grows next to itself or waits. Within a tier: the node linked to the most member
+    nodes first (closes a ring), then the fullest (fewest free devices), then the name.
+    ``member_nodes`` may repeat a node (one entry per member).
+    """
+    held = set(member_nodes)
+    domain_of = cluster.domain_of
+    ranked: list[tuple[tuple[int, int, int, str], str, int]] = []
+    for node in sorted(free_by_node):
+        topo = topologies.get(node)
+        if topo is None or shape.size > len(topo.devices):
+            continue
+        if node in held:
+            tier, links = 0, 0
+        else:
+            dom = cluster.domains.get(domain_of.get(node, ""))
+            if dom is None:
+                continue
+            links = sum(1 for m in dom.graph.neighbors(node) if m in held)
+            if not links:
+                continue
+            tier = 1
+        if not pack_node(topo, free_by_node[node], shape, 1, policy):
+            continue
+        ranked.append(((tier, -links, len(free_by_node[node]), node), node, tier))
+    ranked.sort()
+    return [(node, tier) for _key, node, tier in ranked]
+
+
+def ring_order(cluster: ClusterView, nodes: Iterable[str]) -> list[str]:
+    """``nodes`` (distinct) in the order a ring across them follows its link domain.
+
+    A ring domain by its coordinate; a mesh or torus row by row, every other row reversed
+    (a snake, so consecutive nodes are linked); nodes of one domain together, domains by
+    name, nodes outside any domain last, by name.
+    """
+    domain_of = cluster.domain_of
+
+    def key(node: str) -> tuple[int, str, tuple[int, ...], str]:
+        name = domain_of.get(node)
+        if name is None:
+            return (1, "", (), node)
+        coords = cluster.domains[name].nodes[node]
+        snake = list(coords)
+        for i in range(len(snake) - 1, 0, -1):
+            if sum(coords[:i]) % 2 == 1:
+                snake[i] = -snake[i]  # odd rows (planes) run backwards
+        return (0, name, tuple(snake), node)
+
+    return sorted(dict.fromkeys(nodes), key=key)

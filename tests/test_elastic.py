@@ -1,0 +1,286 @@
+"""Elastic gangs (kube-icl.io/gang-min .. gang-max): start at the minimum, grow next to the running
+members, shrink instead of failing, surplus members preempted first and held back by fair share.
+
+Driven through the extender's verbs on an in-memory API with a fake clock (as test_scheduler_policies);
+the adjacency rule is checked against brute force on small link domains.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import networkx as nx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_scheduler_policies import Cluster, _preempt
+
+from scheduler.config import ExtenderConfig, QueueConfig
+from scheduler.podspec import PodSpecError, pod_info
+from scheduler.testing import pod_obj
+from topology import (
+    COORDS_LABEL,
+    DOMAIN_KIND_LABEL,
+    DOMAIN_LABEL,
+    ClusterView,
+    Placer,
+    build_preset,
+    extend_gang,
+    parse_shape,
+    ring_order,
+)
+
+LINE = {"kube-icl.io/link-domain": "rack", "kube-icl.io/link-domain-kind": "mesh"}  # a line: no wrap-around
+RESOURCE = "kube-icl.io/accelerator"
+
+
+def elastic_pod(name: str, gang: str, least: int, most: int, count: int = 8, shape: str = "ring", **kw: Any) -> Any:
+    ann = {"kube-icl.io/gang": gang, "kube-icl.io/gang-min": str(least), "kube-icl.io/gang-max": str(most)}
+    ann.update(kw.pop("annotations", {}))
+    return pod_obj(name, count, shape, annotations=ann, **kw)
+
+
+def line_cluster(n: int, cfg: ExtenderConfig | None = None) -> Cluster:
+    nodes = {f"n{i}": "ring:8" for i in range(n)}
+    labels = {f"n{i}": {**LINE, "kube-icl.io/link-coords": str(i)} for i in range(n)}
+    return Cluster(nodes, cfg or ExtenderConfig(fair_share=False), labels=labels)
+
+
+def fill(c: Cluster, node: str, name: str, **kw: Any) -> Any:
+    return c.add(pod_obj(name, 8, "ring", node=node, annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}, **kw))
+
+
+def evicted(c: Cluster) -> list[str]:
+    c.ext.flush()
+    return sorted(name for call, _ns, name in c.api.calls if call == "evict")
+
+
+# ---------------------------------------------------------------------- annotations
+
+
+def test_gang_min_and_max_are_read_and_checked() -> None:
+    info = pod_info(elastic_pod("w", "job", 2, 4), RESOURCE)
+    assert info.gang is not None and (info.gang.size, info.gang.maximum, info.gang.elastic) == (2, 4, True)
+    rigid = pod_info(
+        pod_obj("r", 8, "ring", annotations={"kube-icl.io/gang": "g", "kube-icl.io/gang-size": "3"}), RESOURCE
+    )
+    assert rigid.gang is not None and (rigid.gang.maximum, rigid.gang.elastic) == (3, False)
+    # gang-size with gang-max: gang-size is the minimum
+    both = {"kube-icl.io/gang": "g", "kube-icl.io/gang-size": "2", "kube-icl.io/gang-max": "5"}
+    g = pod_info(pod_obj("b", 8, "ring", annotations=both), RESOURCE).gang
+    assert g is not None and (g.size, g.maximum) == (2, 5)
+    bad = [
+        (
+            {"kube-icl.io/gang": "g", "kube-icl.io/gang-min": "3", "kube-icl.io/gang-max": "2"},
+            "below the gang's minimum 3",
+        ),
+        ({"kube-icl.io/gang": "g", "kube-icl.io/gang-min": "x", "kube-icl.io/gang-max": "2"}, "gang-min: 'x'"),
+        ({"kube-icl.io/gang": "g", "kube-icl.io/gang-min": "2", "kube-icl.io/gang-size": "3"}, "disagrees"),
+        ({"kube-icl.io/gang-max": "4"}, "needs a gang"),
+    ]
+    for ann, message in bad:
+        with pytest.raises(PodSpecError, match=message):
+            pod_info(pod_obj("w", 8, "ring", annotations=ann), RESOURCE)
+
+
+def test_native_group_min_with_gang_max_is_elastic() -> None:
+    c = line_cluster(4)
+    labels = {"pod-group.scheduling.sigs.k8s.io/name": "pg", "pod-group.scheduling.sigs.k8s.io/min-available": "2"}
+    pods = [
+        c.add(pod_obj(f"w{i}", 8, "ring", labels=labels, annotations={"kube-icl.io/gang-max": "3"})) for i in range(3)
+    ]
+    assert c.schedule(pods[0]) is not None
+    assert len(c.ext.gangs.reservations["default/podgroup:pg"].slots) == 2, "the minimum is reserved, not the max"
+    assert c.schedule(pods[1]) is not None
+    c.ext.sweep()
+    assert c.schedule(pods[2]) is not None, "the third joins above the minimum"
+
+
+# ---------------------------------------------------------------------- start and grow
+
+
+def test_elastic_gang_starts_at_its_minimum_and_grows_next_to_itself() -> None:
+    c = line_cluster(5)
+    blockers = [fill(c, f"n{i}", f"busy{i}") for i in (2, 3)]
+    members = [c.add(elastic_pod(f"w{i}", "job", 2, 4)) for i in range(4)]
+    placed = [c.schedule(m) for m in members[:2]]
+    assert sorted(placed) == ["n0", "n1"], "the minimum fits at once on n0, n1"
+    assert len(c.ext.gangs.reservations["default/job"].slots) == 2
+    c.ext.sweep()
+    assert "default/job" not in c.ext.gangs.reservations
+    # n4 is free but not next to the gang: the third member waits rather than go there.
+    result = c.filter(members[2])
+    assert result.node_names == []
+    assert "no node holding a member (n0,n1) or linked to one" in result.failed_nodes["n4"]
+    # busy2 finishes: n2 is next to n1, the gang grows there.
+    blockers[0]["status"]["phase"] = "Succeeded"
+    c.sync()
+    assert c.schedule(members[2]) == "n2"
+    assert c.filter(members[3]).node_names == [], "n3 is still busy, n4 is not linked to n0..n2"
+    blockers[1]["status"]["phase"] = "Succeeded"
+    c.sync()
+    assert c.schedule(members[3]) == "n3"
+    extra = c.add(elastic_pod("w4", "job", 2, 4))
+    result = c.filter(extra)
+    assert result.node_names == [] and "runs its maximum of 4 members" in result.failed_nodes["n4"]
+
+
+def test_surplus_members_prefer_a_node_that_already_holds_the_gang() -> None:
+    c = Cluster({"a": "torus:4x4", "b": "torus:4x4"}, ExtenderConfig(fair_share=False))
+    members = [c.add(elastic_pod(f"w{i}", "job", 1, 3, count=4, shape="mesh:2x2")) for i in range(3)]
+    first = c.schedule(members[0])
+    c.ext.sweep()
+    assert c.filter(members[1]).node_names == [first], "grows on the node it runs on"
+    assert c.schedule(members[1]) == first
+
+
+# ---------------------------------------------------------------------- shrink and requeue
+
+
+def _running(c: Cluster, n: int, least: int, most: int) -> list[Any]:
+    members = [c.add(elastic_pod(f"w{i}", "job", least, most)) for i in range(n)]
+    for m in members[:least]:
+        assert c.schedule(m) is not None
+    c.ext.sweep()
+    for m in members[least:]:
+        assert c.schedule(m) is not None
+    return members
+
+
+def test_a_failed_member_shrinks_the_gang_while_its_minimum_survives() -> None:
+    c = line_cluster(4)
+    members = _running(c, 4, 2, 4)
+    c.ext.start()
+    try:
+        c.api.pods[("default", "w3")]["status"]["phase"] = "Failed"
+        c.sync()
+        assert evicted(c) == [], "3 of minimum 2 remain: shrink, no eviction"
+        del c.api.pods[("default", "w2")]
+        c.cache.delete_pod(members[2])
+        assert evicted(c) == []
+        # The replacement goes next to the survivors (n0, n1), onto a freed node.
+        repl = c.add(elastic_pod("w2b", "job", 2, 4))
+        assert c.filter(repl).node_names == ["n2"]
+        # Below the minimum: the gang fails whole, as a rigid one does.
+        c.api.pods[("default", "w0")]["status"]["phase"] = "Failed"
+        c.sync()
+        assert evicted(c) == ["w1", "w2b"]
+    finally:
+        c.ext.stop()
+
+
+def test_a_dead_node_shrinks_the_gang_or_fails_it_below_the_minimum() -> None:
+    c = line_cluster(4)
+    _running(c, 3, 2, 4)
+    c.ext.start()
+    try:
+        c.cache.delete_node("n2")
+        assert evicted(c) == [], "n0, n1 keep the minimum"
+        c.cache.delete_node("n1")
+        assert evicted(c) == ["w0", "w1", "w2"], "one survivor of minimum 2: every member is evicted"
+    finally:
+        c.ext.stop()
+
+
+def test_a_starting_elastic_gang_fails_whole_on_a_loss() -> None:
+    c = line_cluster(3, ExtenderConfig(fair_share=False, gang_timeout_s=100))
+    members = [c.add(elastic_pod(f"w{i}", "job", 2, 3)) for i in range(3)]
+    assert c.schedule(members[0]) is not None
+    c.ext.start()
+    try:
+        c.api.pods[("default", "w0")]["status"]["phase"] = "Failed"
+        c.sync()
+        assert evicted(c) == ["w1", "w2"]
+    finally:
+        c.ext.stop()
+
+
+# ---------------------------------------------------------------------- preemption and fair share
+
+
+def test_preemption_takes_surplus_members_first_and_never_below_the_minimum() -> None:
+    c = line_cluster(4)
+    members = _running(c, 3, 2, 3)  # n0, n1, n2
+    fill(c, "n3", "rigid")
+    uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in c.api.pods.values()}
+    hi = c.add(pod_obj("hi", 8, "ring", priority=100))
+    # kube-scheduler offers the rigid pod on n3 and the elastic member on n2: only n2 comes back.
+    out = _preempt(c, hi, {"n3": [uid["rigid"]], "n2": [uid["w2"]]})
+    assert out == {"n2": [uid["w2"]]}
+    # Without a surplus node on offer, the rigid pod may still be taken.
+    assert _preempt(c, hi, {"n3": [uid["rigid"]]}) == {"n3": [uid["rigid"]]}
+    # Once w2 is gone the gang is at its minimum: its members are never offered up.
+    del c.api.pods[("default", "w2")]
+    c.cache.delete_pod(members[2])
+    assert _preempt(c, hi, {"n1": [uid["w1"]], "n3": [uid["rigid"]]}) == {"n3": [uid["rigid"]]}
+
+
+def test_preemption_adds_a_surplus_holder_before_another_holder() -> None:
+    c = Cluster({"a": "ring:8"}, ExtenderConfig(fair_share=False))
+    members = [c.add(elastic_pod(f"w{i}", "job", 1, 2, count=4, shape="any")) for i in range(2)]
+    assert c.schedule(members[0]) == "a"
+    c.ext.sweep()
+    assert c.schedule(members[1]) == "a"
+    free = sorted(c.cache.nodes["a"].free)
+    assert free == []
+    hi = c.add(pod_obj("hi", 4, "any", priority=100))
+    out = _preempt(c, hi, {"a": ["not-a-holder"]})
+    assert len(out["a"]) == 2 and out["a"][0] == "not-a-holder"
+    assert out["a"][1] in {m["metadata"]["uid"] for m in members}, "one surplus member frees the ring of 4"
+    # both members are of one gang with minimum 1: a victim set of both would go below it
+    hi8 = c.add(pod_obj("hi8", 8, "ring", priority=100))
+    assert _preempt(c, hi8, {"a": ["not-a-holder"]}) == {}
+
+
+def test_surplus_members_wait_while_another_queue_has_work_that_fits() -> None:
+    cfg = ExtenderConfig(fair_share=True, queues={q: QueueConfig(q, weight=1.0) for q in "ab"})
+    c = line_cluster(4, cfg)
+    q = {"kube-icl.io/queue": "a"}
+    members = [c.add(elastic_pod(f"w{i}", "job", 1, 3, annotations=q)) for i in range(3)]
+    assert c.schedule(members[0]) is not None
+    c.ext.sweep()
+    other = c.add(pod_obj("b1", 8, "ring", annotations={"kube-icl.io/queue": "b"}))
+    result = c.filter(members[1])
+    assert result.node_names == []
+    reason = next(iter(result.failed_and_unresolvable_nodes.values()))
+    assert "above its elastic gang's minimum" in reason and "'b'" in reason
+    assert "n3" in (c.filter(other).node_names or [])
+    assert c.bind(other, "n3") == ""
+    assert c.schedule(members[1]) is not None, "nothing else waits: the surplus member joins"
+
+
+# ---------------------------------------------------------------------- extend_gang against brute force
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n=st.integers(2, 6),
+    kind=st.sampled_from(["ring", "mesh"]),
+    data=st.data(),
+)
+def test_extend_gang_offers_exactly_the_adjacent_nodes_that_fit(n: int, kind: str, data: st.DataObject) -> None:
+    names = [f"n{i}" for i in range(n)]
+    cluster = ClusterView.from_labels(
+        {m: {DOMAIN_LABEL: "d", COORDS_LABEL: str(i), DOMAIN_KIND_LABEL: kind} for i, m in enumerate(names)}
+    )
+    topo = build_preset("ring:4")
+    topos = {m: topo for m in names}
+    free = {m: set(data.draw(st.sets(st.sampled_from(topo.ids)), label=f"free {m}")) for m in names}
+    held = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=4), label="members on")
+    k = data.draw(st.sampled_from([1, 2, 4]), label="k")
+    shape = parse_shape("ring", k)
+    got = extend_gang(cluster, topos, free, shape, held)
+    g = cluster.domains["d"].graph
+    dist = nx.multi_source_dijkstra_path_length(g, set(held))
+    placer = Placer.for_topology(topo)
+    expect = {m for m in names if dist.get(m, 99) <= 1 and placer.fits(shape, free[m])}
+    assert {m for m, _t in got} == expect
+    assert all(t == (0 if m in held else 1) for m, t in got)
+    assert [t for _m, t in got] == sorted(t for _m, t in got), "members' nodes come first"
+
+
+def test_ring_order_follows_the_domain() -> None:
+    labels = {f"m{x}{y}": {DOMAIN_LABEL: "p", COORDS_LABEL: f"{x}.{y}"} for x in range(2) for y in range(3)}
+    labels["lone"] = {}
+    order = ring_order(ClusterView.from_labels(labels), [*labels, "m00"])
+    assert order == ["m00", "m01", "m02", "m12", "m11", "m10", "lone"], "a snake: consecutive nodes are linked"
