@@ -259,6 +259,45 @@ def test_bad_values_fail_with_one_line_naming_the_value(
     assert any(message in line for line in result.stderr.splitlines()), result.stderr
 
 
+def _checksums(helm: str, values: dict[str, Any], directory: Path) -> dict[str, str]:
+    """``checksum/config`` of every pod template, by workload name."""
+    path = directory / f"values-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        for d in objects(template(helm, path))
+        if d["kind"] in ("Deployment", "DaemonSet")
+    }
+
+
+def test_a_config_change_rolls_exactly_the_pods_that_read_it(helm: str, tmp_path: Path) -> None:
+    """What docs/deploy.md says about upgrades: helm upgrade restarts only what must re-read its config."""
+    assert VALUES["multipool-nvml"] is not None
+    original = yaml.safe_load(VALUES["multipool-nvml"].read_text())
+    base = _checksums(helm, original, tmp_path)
+    scheduler = "kube-icl-scheduler"
+    pools = {f"kube-icl-device-plugin-{p['name']}" for p in original["devicePlugin"]["pools"]}
+    assert set(base) == {scheduler, *pools}
+
+    def changed(edit: Any) -> set[str]:
+        values = yaml.safe_load(VALUES["multipool-nvml"].read_text())  # type: ignore[union-attr]
+        edit(values)
+        after = _checksums(helm, values, tmp_path)
+        return {name for name in base if after[name] != base[name]}
+
+    assert changed(lambda v: v["scheduler"].update(replicas=5)) == set(), "scaling restarts nothing"
+    assert changed(lambda v: v["extender"]["config"].update(keepBestNodes=8)) == {scheduler}
+    assert changed(lambda v: v["scheduler"]["extraConfig"].update(parallelism=32)) == {scheduler}
+    assert changed(lambda v: v["devicePlugin"]["pools"][0].update(linkDomain="rack-9")) == {
+        "kube-icl-device-plugin-dgx-rack1"
+    }
+    trn = next(p for p in original["devicePlugin"]["pools"] if "topologyFile" in p)["name"]
+    assert changed(
+        lambda v: next(p for p in v["devicePlugin"]["pools"] if p["name"] == trn)["topologyFile"]["links"].pop()
+    ) == {f"kube-icl-device-plugin-{trn}"}, "the pool's topology file is part of its config"
+    assert changed(lambda v: v["devicePlugin"].update(config={"probeInterval": 7})) == pools
+
+
 # ----------------------------------------------------------------------------- RBAC
 
 
