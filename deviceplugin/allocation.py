@@ -18,7 +18,10 @@ from enum import StrEnum
 import networkx as nx
 
 from deviceplugin.pods import PodInfo, find_scheduled_pod
-from topology import NodeTopology, Placement, Placer, Policy, Shape, ShapeError, ShapeKind, TopologyError, parse_shape
+from topology import NodeTopology, Placement, Placer, Shape, ShapeError, ShapeKind, TopologyError, parse_shape
+from topology.policy import LinkedPolicy, PolicyName, linked_policy
+
+_ICL = linked_policy(PolicyName.ICL)
 
 __all__ = [
     "Choice",
@@ -84,20 +87,19 @@ def preferred_allocation(
     *,
     pods: Sequence[PodInfo] = (),
     node: str = "",
-    policy: Policy = Policy.FRAGMENTATION,
+    policy: LinkedPolicy = _ICL,
     exclude_uids: Collection[str] = (),
 ) -> Choice:
     """The devices to prefer for one container request (see the module docstring)."""
     check_preferred_request(topo, available, must_include, size)
     pod = find_scheduled_pod(pods, node, available, size, must_include, exclude_uids) if node else None
-    placer = Placer.for_topology(topo)
     if pod is not None:
         return Choice(pod.devices, ChoiceSource.SCHEDULER, None, pod)
     healthy = [d for d in dict.fromkeys(available) if d in topo.healthy_ids]
     must = list(dict.fromkeys(must_include))
     if set(must) <= set(healthy) and len(healthy) >= size:
         shape = parse_shape("any", count=size)
-        placement = placer.place(shape, healthy, policy, must_include=must)
+        placement = policy.devices(topo, healthy, shape, must_include=must)
         if placement is not None:
             return Choice(placement.devices, ChoiceSource.TOPOLOGY, placement)
     # No connected set: must_include first, then the lowest device indices (what a stock kubelet does).

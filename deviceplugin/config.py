@@ -16,7 +16,7 @@ A config file looks like::
     publish: true                    # patch the node's kube-icl.io/topology annotation
     linkDomain: rack-1               # kube-icl.io/link-domain label (optional)
     linkCoords: "0.1"                # kube-icl.io/link-coords label: x, x.y or x.y.z (optional)
-    policy: fragmentation            # fallback placement policy
+    policy: icl                      # fallback choice (icl, icl-binpack, kubelet; fragmentation = icl)
     faultFile: /run/kube-icl/faults.json   # sim: fault injection file
     udev: {subsystem: accel, namePattern: "accel[0-9]*", linkTool: "", linkAdapter: generic}
     events: true                     # post Events on the node (with API access: pods, publish or kubeconfig)
@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from topology.policy import LINKED, policy_name
 
 if TYPE_CHECKING:
     from deviceplugin.nvidia import RuntimeOptions
@@ -125,7 +127,7 @@ class PluginConfig:
     publish: bool = False
     link_domain: str = ""
     link_coords: str = ""
-    policy: str = "fragmentation"
+    policy: str = "icl"  # the fallback choice: a topology.policy name with a linked form
     fault_file: str = ""
     events: bool = True  # post Events on this node (registration, health) when API access is configured
     udev: UdevConfig = field(default_factory=UdevConfig)
@@ -154,6 +156,10 @@ class PluginConfig:
             raise ConfigError("nodeName: reading pods from the API server needs the node name (set $NODE_NAME)")
         if self.metrics_address:
             _split_address(self.metrics_address)
+        try:
+            policy_name(self.policy, allowed=LINKED)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (former names: fragmentation = icl, binpack = icl-binpack)") from None
         if self.link_coords and not re.fullmatch(r"\d+([.,]\d+){0,2}", self.link_coords):
             raise ConfigError(f"linkCoords: {self.link_coords!r} must be x, x.y or x.y.z (integers), e.g. 0.1")
 

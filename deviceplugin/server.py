@@ -44,7 +44,8 @@ from deviceplugin.metrics import PluginMetrics
 from deviceplugin.pods import DEVICES_ANNOTATION, NoPods, PodInfo, PodSource
 from deviceplugin.publisher import NodePublisher
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from topology import NodeTopology, Policy
+from topology import NodeTopology
+from topology.policy import linked_policy
 
 __all__ = ["API_VERSION", "HEALTHY", "UNHEALTHY", "DevicePlugin", "DevicePluginService", "device_list"]
 
@@ -196,7 +197,7 @@ class DevicePlugin:
         self.watch_interval = watch_interval
         self.backoff = backoff
         self.grace = grace
-        self.policy = Policy(config.policy)
+        self.policy = linked_policy(config.policy)
         self._server: grpc.aio.Server | None = None
         self._registered = False
         # devices -> (shape, rank order) of recent GetPreferredAllocation answers, for Allocate

@@ -11,8 +11,8 @@ Example::
     debugState: false
     leaderElection: {namespace: kube-system, leaseName: kube-icl-extender, leaseDurationSeconds: 15}
     resourceName: kube-icl.io/accelerator
-    policy: fragmentation
-    weights: {fragmentation: 2, binpack: 1}
+    policy: icl                 # or icl-binpack; former names fragmentation, binpack still read
+    weights: {fragmentation: 2, binpack: 1, stranding: 1}
     gangTimeoutSeconds: 120
     keepBestNodes: 64
     events: {enabled: true, onBind: false}
@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from topology.policy import PolicyName, policy_name
 
 __all__ = [
     "ConfigError",
@@ -99,9 +101,10 @@ class ExtenderConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     request_timeout_s: float = 30.0
     resource_name: str = DEFAULT_RESOURCE
-    policy: str = "fragmentation"
+    policy: str = "icl"  # a topology.policy.PolicyName with a linked form (former names are mapped)
     fragmentation_weight: float = 1.0
     binpack_weight: float = 1.0
+    stranding_weight: float = 1.0
     gang_timeout_s: float = 120.0
     fair_share: bool = True
     queues: Mapping[str, QueueConfig] = field(default_factory=dict)
@@ -245,19 +248,21 @@ def parse_config(raw: Any) -> ExtenderConfig:
         kw["resource_name"] = name
     if "policy" in top:
         policy = _str(top["policy"], "policy")
-        if policy not in ("fragmentation", "binpack"):
-            raise ConfigError(
-                f"policy: {policy!r} is not one of fragmentation, binpack "
-                "(kubelet is the simulator's topology-unaware baseline)"
-            )
-        kw["policy"] = policy
+        # icl or icl-binpack; the former names fragmentation and binpack mean them. kubelet is the
+        # simulator's topology-unaware baseline, never the product's.
+        try:
+            kw["policy"] = policy_name(policy, allowed=(PolicyName.ICL, PolicyName.ICL_BINPACK)).value
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (former names: fragmentation = icl, binpack = icl-binpack)") from None
     weights = _map(top.get("weights"), "weights")
-    _check_keys(weights, {"fragmentation", "binpack"}, "weights")
+    _check_keys(weights, {"fragmentation", "binpack", "stranding"}, "weights")
     if "fragmentation" in weights:
         kw["fragmentation_weight"] = _num(weights["fragmentation"], "weights.fragmentation")
     if "binpack" in weights:
         kw["binpack_weight"] = _num(weights["binpack"], "weights.binpack")
-    if weights and kw.get("fragmentation_weight", 1.0) + kw.get("binpack_weight", 1.0) <= 0:
+    if "stranding" in weights:
+        kw["stranding_weight"] = _num(weights["stranding"], "weights.stranding")
+    if weights and sum(kw.get(f"{w}_weight", 1.0) for w in ("fragmentation", "binpack", "stranding")) <= 0:
         raise ConfigError("weights: at least one weight must be positive")
     if "gangTimeoutSeconds" in top:
         kw["gang_timeout_s"] = _num(top["gangTimeoutSeconds"], "gangTimeoutSeconds", strict=True)

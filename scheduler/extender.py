@@ -65,24 +65,22 @@ from scheduler.wire import (
     MetaVictims,
 )
 from topology import (
-    DEFAULT_MIX,
     AllocationError,
     Placer,
-    Policy,
     Shape,
     ShapeError,
     ShapeKind,
     TopologyError,
-    binpack_node_score,
     pack_node,
     parse_shape,
 )
+from topology.policy import Ask as PolicyAsk
+from topology.policy import NodeInput, Weights, linked_policy
 
 __all__ = ["Extender", "NodeEval"]
 
 log = logging.getLogger(__name__)
 
-_MIX_TOTAL = sum(w for _, w in DEFAULT_MIX) or 1.0
 _MEMO_LIMIT = 200_000
 _FIT_INDEX_LIMIT = 256  # shapes whose fitting nodes are indexed (oldest dropped first)
 _MAX_VICTIM_SETS = 4096
@@ -194,13 +192,15 @@ class Extender:
         self.cfg = cfg
         self.cache = cache
         self.api = api
-        self.policy = Policy(cfg.policy)
+        self.policy = linked_policy(
+            cfg.policy, Weights(cfg.fragmentation_weight, cfg.binpack_weight, cfg.stranding_weight)
+        )
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
         self.gangs = GangManager(
             cache,
             cfg.gang_timeout_s,
-            self.policy,
+            self.policy.rank,
             self._queue_eviction,
             self._gang_event,
             on_forget=self._queue_record_deletion,
@@ -392,31 +392,10 @@ class Extender:
         return hit
 
     def _evaluate(self, view: NodeView, shape: Shape) -> NodeEval:
-        topo = view.topology
-        placer = Placer.for_topology(topo)
-        healthy = len(topo.healthy_ids)
-        if shape.size > healthy:
-            return NodeEval(False, placer.explain(shape, view.free), 0, unresolvable=True)
-        if 0 <= view.admits < shape.size:
-            return NodeEval(
-                False,
-                f"{shape.describe()} needs {shape.size} devices; the node's allocatable "
-                f"{self.cfg.resource_name} admits {view.admits} more",
-                0,
-            )
-        usable = len(view.free) - view.unattributed
-        if usable < shape.size:
-            held = f" ({view.unattributed} more held by pods without a device list)" if view.unattributed else ""
-            return NodeEval(False, f"{shape.describe()} needs {shape.size} free devices; {usable} are free{held}", 0)
-        best = placer.place(shape, view.free, Policy.FRAGMENTATION)
-        if best is None:
-            return NodeEval(False, placer.explain(shape, view.free) or f"{shape.describe()} does not fit", 0)
-        loss = min(1.0, max(0.0, best.score / _MIX_TOTAL))
-        pack = binpack_node_score(healthy, usable, shape.size)
-        wf, wb = self.cfg.fragmentation_weight, self.cfg.binpack_weight
-        total = wf + wb
-        raw = (wf * (1.0 - loss) + wb * pack) / total if total > 0 else 0.0
-        return NodeEval(True, "", max(0, min(MAX_PRIORITY, round(raw * MAX_PRIORITY))))
+        """The shared policy's verdict (:meth:`topology.policy.LinkedPolicy.evaluate`) on this view."""
+        node = NodeInput(view.topology, view.free, view.unattributed, view.admits)
+        v = self.policy.evaluate(node, PolicyAsk(shape), resource=self.cfg.resource_name)
+        return NodeEval(v.ok, v.reason, v.score, v.unresolvable)
 
     # ------------------------------------------------------------------ fair share
 
@@ -910,7 +889,7 @@ class Extender:
             gone = f"{node}: {shape.describe()} no longer fits"
             if len(view.free) - view.unattributed < shape.size:
                 return (), None, False, f"{gone}: {self.evaluate(view, shape).reason}"
-            placement = Placer.for_topology(view.topology).place(shape, view.free, self.policy)
+            placement = self.policy.devices(view.topology, view.free, shape)
             if placement is None:
                 return (), None, False, f"{gone}: {self.evaluate(view, shape).reason}"
             self.cache.assume(uid, node, placement.devices, info)
@@ -1139,7 +1118,9 @@ class Extender:
                 hit = self._memo.get(key)
                 if hit is None:
                     shape = Shape(ShapeKind.RING, k, (k,))
-                    count = len(pack_node(view.topology, view.free, shape, max(1, len(view.free) // k), self.policy))
+                    count = len(
+                        pack_node(view.topology, view.free, shape, max(1, len(view.free) // k), self.policy.rank)
+                    )
                     hit = NodeEval(True, "", count)
                     self._memo[key] = hit
                 out[(name, f"ring:{k}")] = hit.score

@@ -396,7 +396,8 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
     from simulator.fill import never_fits, run_fill
     from simulator.report import Progress
     from topology.gpushare import FragmentationModel, TargetWorkload
-    from topology.policies import FracPolicyName, make_policy
+    from topology.policies import make_policy
+    from topology.policy import SHARE
 
     nodes: list[GpuNodeSpec]
     if args.nodes:
@@ -433,7 +434,7 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
     tasks = [t for _, t in named]
     published = bool(args.pods) and bool(args.nodes) and is_published_experiment(nodes, tasks)
     seeds = _seeds(args.seeds) if args.seeds else (list(PUBLISHED_SEEDS) if args.pods else [1, 2, 3])
-    names = _policy_names(args, [p.value for p in FracPolicyName], [p.value for p in FracPolicyName])
+    names = _policy_names(args, [p.value for p in SHARE], [p.value for p in SHARE])
     workload = TargetWorkload.from_tasks(tasks)
     policies = [make_policy(n, nodes, workload) for n in names]
     frag = FragmentationModel(workload)
@@ -478,7 +479,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
     from simulator.clusterspec import ClusterSpec, builtin_cluster, load_cluster
     from simulator.jobs import read_jobs, synthetic_jobs, unknown_name
     from simulator.report import Progress
-    from simulator.timesim import SHARE_POLICIES, TIME_POLICIES, TimePolicy, run_time, summarise
+    from simulator.timesim import SHARE_POLICIES, TIME_POLICIES, TOPOLOGY_POLICIES, run_time, summarise
 
     cluster: ClusterSpec | list[GpuNodeSpec]
     if args.nodes:
@@ -506,7 +507,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
         what = f"{len(jobs)} synthetic jobs (ring, mesh, any; gangs of 2 and 4; no --trace or --pods)"
     share_default = [p for p in SHARE_POLICIES if p != "share:spread"]
     if isinstance(cluster, ClusterSpec):
-        default = share_default if args.pods else [p.value for p in TimePolicy]
+        default = share_default if args.pods else list(TOPOLOGY_POLICIES)
         names = _policy_names(args, TIME_POLICIES, default)
     else:
         names = _policy_names(args, SHARE_POLICIES, share_default, " (--nodes has no node topologies)")

@@ -1,18 +1,24 @@
 """Time mode: a discrete-event run with arrivals, durations, departures, queues,
 gangs, fair share and failures, on a cluster of topology nodes.
 
-Placement is ``topology``'s (``Placer``, ``place_gang``); this module only
-drives time. Policies:
+Decisions are ``topology``'s (the policy registry ``topology.policy``, ``place_gang``);
+this module only drives time. Policies (their linked forms, ``topology.policy.LINKED``):
 
 - ``kubelet``: the stock stack. The scheduler counts devices only and spreads
   (``LeastAllocated``: the node with the most free devices); the kubelet hands
-  out the lowest free device ids (``Policy.KUBELET``). Gang members go one by
+  out the lowest free device ids (``DeviceRank.KUBELET``). Gang members go one by
   one, each where it fits, so a gang may straddle non-adjacent nodes.
-- ``icl``: kube-icl. Only placements that form the asked shape; the node whose
-  placement loses the least placeable capacity (``Policy.FRAGMENTATION``),
-  then the fullest node; gangs through ``place_gang`` (one node, or adjacent
-  nodes of one link domain).
-- ``icl-binpack``: as ``icl`` with ``Policy.BINPACK`` on the node.
+- ``icl``: kube-icl, the extender's own decision: every node where CPU, memory and
+  the device model allow is scored by ``LinkedPolicy.evaluate`` (what the extender's
+  filter and prioritize answer), the first of the best-scored nodes in the cluster's
+  order wins (kube-scheduler picks one of them at random), and the devices are
+  ``LinkedPolicy.devices`` (what the extender's bind writes); the stranding term's
+  ratios are the trace's (``Balance.of_pods`` over its jobs). Gangs through
+  ``place_gang`` (one node, or adjacent nodes of one link domain).
+- ``icl-binpack``: as ``icl`` with ``DeviceRank.BINPACK`` on the node.
+
+The ``share:NAME`` policies are the share forms (``topology.policy.SHARE``) on a
+cluster of shared devices (``simulator.fractime``).
 
 Queues share the cluster by weighted dominant-resource fairness: at each
 scheduling pass the queue with the lowest (devices in use / weight) goes
@@ -34,7 +40,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
 import networkx as nx
@@ -46,9 +51,7 @@ from topology import (
     ClusterView,
     Health,
     NodeTopology,
-    Placement,
     Placer,
-    Policy,
     Shape,
     ShapeError,
     TopologyError,
@@ -56,20 +59,26 @@ from topology import (
     place_gang,
 )
 from topology.gpushare import GpuNodeSpec, TaskRequest
-from topology.policies import FracPolicyName
+from topology.policy import LINKED, SHARE, Ask, Balance, LinkedPolicy, NodeInput, PolicyName, best_nodes, linked_policy
 
-__all__ = ["SHARE_POLICIES", "TIME_POLICIES", "FailureRates", "JobRecord", "TimePolicy", "TimeResult", "run_time"]
+__all__ = [
+    "SHARE_POLICIES",
+    "TIME_POLICIES",
+    "TOPOLOGY_POLICIES",
+    "FailureRates",
+    "JobRecord",
+    "TimeResult",
+    "run_time",
+]
 
 
-class TimePolicy(StrEnum):
-    KUBELET = "kubelet"
-    ICL = "icl"
-    ICL_BINPACK = "icl-binpack"
+_KUBELET = linked_policy(PolicyName.KUBELET)
 
-
-SHARE_POLICIES: tuple[str, ...] = tuple(f"share:{p.value}" for p in FracPolicyName)
-"""Time-mode names of the fractional-device policies (``share:fgd``, ...)."""
-TIME_POLICIES: tuple[str, ...] = (*(p.value for p in TimePolicy), *SHARE_POLICIES)
+TOPOLOGY_POLICIES: tuple[str, ...] = tuple(p.value for p in LINKED)
+"""Time-mode names of the policies' linked forms (``kubelet``, ``icl``, ``icl-binpack``)."""
+SHARE_POLICIES: tuple[str, ...] = tuple(f"share:{p.value}" for p in SHARE)
+"""Time-mode names of the policies' share forms (``share:fgd``, ...)."""
+TIME_POLICIES: tuple[str, ...] = (*TOPOLOGY_POLICIES, *SHARE_POLICIES)
 """Every policy name ``run_time`` accepts."""
 
 
@@ -158,9 +167,11 @@ class _Backend(Protocol):
 class _TopoCluster:
     """Whole devices on topology nodes: free devices per node, with health; placement through ``topology``."""
 
-    def __init__(self, spec: ClusterSpec, policy: TimePolicy = TimePolicy.ICL) -> None:
+    def __init__(self, spec: ClusterSpec, policy: PolicyName = PolicyName.ICL, balance: Balance | None = None) -> None:
         self.spec = spec
         self.policy = policy
+        self.linked = linked_policy(policy)
+        self.balance = balance or Balance()
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in spec.nodes}
         self.order = [n.name for n in spec.nodes]
         self.base: dict[str, NodeTopology] = {n.name: n.topology for n in spec.nodes}
@@ -197,7 +208,7 @@ class _TopoCluster:
         why = never_fits(task, self._specs)
         if why:
             return why + (" (per gang member)" if job.gang > 1 else "")
-        if job.count and self.policy is not TimePolicy.KUBELET:
+        if job.count and self.policy is not PolicyName.KUBELET:
             shape = self.shape(job)
             if not any(Placer.for_topology(t).fits(shape, t.ids) for t in self._distinct):
                 return f"no node's devices can form {job.shape} of {job.count}"
@@ -252,10 +263,9 @@ class _TopoCluster:
         if job.count == 0:
             node = next((n for n in self.order if self.room(n, job)), None)
             return None if node is None else (_Alloc([(node, ())] * job.gang), True)
-        if self.policy is TimePolicy.KUBELET:
+        if self.policy is PolicyName.KUBELET:
             return _place_kubelet(self, job, self.shape(job))
-        pol = Policy.BINPACK if self.policy is TimePolicy.ICL_BINPACK else Policy.FRAGMENTATION
-        return _place_icl(self, job, self.shape(job), pol)
+        return _place_icl(self, job, self.shape(job))
 
     def failure_items(self, rates: FailureRates) -> list[tuple[str, str, str, float]]:
         items: list[tuple[str, str, str, float]] = []
@@ -331,11 +341,7 @@ def _place_kubelet(c: _TopoCluster, job: Job, shape: Shape) -> tuple[_Alloc, boo
             free = c.usable_free(node)
             if len(free) >= job.count and c.room(node, job) and len(free) > best_free:
                 best, best_free = node, len(free)
-        p = (
-            None
-            if best is None
-            else Placer.for_topology(c.topo[best]).place(shape, c.usable_free(best), Policy.KUBELET)
-        )
+        p = None if best is None else _KUBELET.devices(c.topo[best], c.usable_free(best), shape)
         if best is None or p is None:
             ok = False
             break
@@ -351,25 +357,30 @@ def _place_kubelet(c: _TopoCluster, job: Job, shape: Shape) -> tuple[_Alloc, boo
     return _Alloc(members), valid
 
 
-def _place_icl(c: _TopoCluster, job: Job, shape: Shape, policy: Policy) -> tuple[_Alloc, bool] | None:
-    """kube-icl: exact shapes only, fullest fitting node first; gangs on one node or adjacent nodes of one domain."""
+def _place_icl(
+    c: _TopoCluster, job: Job, shape: Shape, policy: LinkedPolicy | None = None
+) -> tuple[_Alloc, bool] | None:
+    """kube-icl: the extender's verdicts on every node with room, the first best-scored node, the policy's
+    devices there; gangs on one node or adjacent nodes of one domain."""
+    policy = policy or c.linked
     if job.gang == 1:
-        best: tuple[int, float, int, str, Placement] | None = None
-        for pos, node in enumerate(c.order):
+        ask = Ask(shape, job.cpu_milli, job.memory_mib)
+        verdicts = []
+        for node in c.order:
             free = c.usable_free(node)
             if len(free) < job.count or not c.room(node, job):
                 continue
-            p = Placer.for_topology(c.topo[node]).place(shape, free, policy)
-            if p is None:
-                continue
-            key = (len(free) - job.count, round(p.score, 9), pos, node, p)
-            if best is None or key[:3] < best[:3]:
-                best = key
-        if best is None:
+            state = NodeInput(c.topo[node], frozenset(free), cpu_free=c.cpu[node], mem_free=c.mem[node])
+            verdicts.append((node, policy.evaluate(state, ask, c.balance)))
+        best = best_nodes(verdicts)
+        if not best:
             return None
-        return _Alloc([(best[3], best[4].devices)]), True
+        p = policy.devices(c.topo[best[0]], c.usable_free(best[0]), shape)
+        if p is None:
+            return None
+        return _Alloc([(best[0], p.devices)]), True
     free_by_node = {n: c.usable_free(n) for n in c.order if c.room(n, job)}
-    g = place_gang(c.spec.view, {n: c.topo[n] for n in free_by_node}, free_by_node, shape, job.gang, policy)
+    g = place_gang(c.spec.view, {n: c.topo[n] for n in free_by_node}, free_by_node, shape, job.gang, policy.rank)
     if g is None:
         return None
     per_node: dict[str, int] = {}
@@ -432,8 +443,9 @@ def run_time(
     else:
         if not isinstance(spec, ClusterSpec):
             raise ValueError(f"policy {policy!r}: needs a cluster spec with node topologies")
-        pol = TimePolicy(policy)
-        c = _TopoCluster(spec, pol)
+        pol = PolicyName(policy)
+        balance = Balance.of_pods((j.count, j.cpu_milli, j.memory_mib) for j in jobs if j.count)
+        c = _TopoCluster(spec, pol, balance)
         label = pol.value
     records = {j.id: JobRecord(j) for j in jobs}
     if len(records) != len(jobs):

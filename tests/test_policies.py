@@ -14,12 +14,12 @@ from topology.policies import (
     BestFit,
     Capacity,
     FracPolicy,
-    FracPolicyName,
     TieBreak,
     brute_force_best,
     gradient_score,
     make_policy,
 )
+from topology.policy import SHARE
 
 TASK_MIX = (
     TaskRequest(4000, 1024, 1, MILLI),
@@ -49,7 +49,7 @@ def clusters(draw: st.DrawFn) -> tuple[list[GpuNodeSpec], list[TaskRequest]]:
     return specs, history
 
 
-@pytest.mark.parametrize("name", [p.value for p in FracPolicyName])
+@pytest.mark.parametrize("name", [p.value for p in SHARE])
 @given(clusters(), st.sampled_from(TASK_MIX), st.integers(0, 2**16))
 def test_engine_choice_is_a_brute_force_argmin(
     name: str, setup: tuple[list[GpuNodeSpec], list[TaskRequest]], task: TaskRequest, seed: int

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from simulator.fill import FracCluster, Scorer, inflate, run_fill
 from simulator.fracgen import scaled_cluster, synthetic_tasks
 from topology.gpushare import FragmentationModel, TargetWorkload, TaskRequest, fits
-from topology.policies import FracPolicyName, make_policy
+from topology.policies import make_policy
+from topology.policy import SHARE
 
 NODES = scaled_cluster(20)
 TASKS = synthetic_tasks(150, 3)
@@ -20,7 +21,7 @@ WORKLOAD = TargetWorkload.from_tasks(TASKS)
 
 
 @settings(max_examples=15)
-@given(st.integers(0, 10_000), st.sampled_from([p.value for p in FracPolicyName]))
+@given(st.integers(0, 10_000), st.sampled_from([p.value for p in SHARE]))
 def test_fill_is_deterministic_per_seed(seed: int, name: str) -> None:
     a = run_fill(NODES, TASKS, make_policy(name, NODES, WORKLOAD), seed)
     b = run_fill(NODES, TASKS, make_policy(name, NODES, WORKLOAD), seed)

@@ -17,6 +17,7 @@ from simulator.clusterspec import SpecError, load_cluster
 from simulator.jobs import Job, JobFormatError, read_jobs, write_jobs_csv
 from simulator.openb import TraceError, read_nodes, read_pods
 from simulator.timesim import SHARE_POLICIES, TIME_POLICIES, run_time
+from topology.policy import PolicyName
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "openb-gpu-2023"
 needs_data = pytest.mark.skipif(not (DATA / "openb_pod_list_default.csv").exists(), reason="openb data absent")
@@ -329,10 +330,10 @@ def test_topology_policies_honour_gpu_spec() -> None:
     # where each ran: only T4 nodes (t-00, t-01); checked through the free devices of a one-job run
     from simulator import timesim
 
-    c = timesim._TopoCluster(spec, timesim.TimePolicy.ICL)
+    c = timesim._TopoCluster(spec, PolicyName.ICL)
     placed = c.place(jobs[0])
     assert placed is not None and {n for n, _ in placed[0].members} <= {"t-00", "t-01"}
-    c = timesim._TopoCluster(spec, timesim.TimePolicy.KUBELET)
+    c = timesim._TopoCluster(spec, PolicyName.KUBELET)
     placed = c.place(jobs[0])
     assert placed is not None and {n for n, _ in placed[0].members} <= {"t-00", "t-01"}
 

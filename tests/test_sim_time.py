@@ -56,7 +56,7 @@ def test_valid_flag_matches_the_topology_check() -> None:
     alloc, valid = placed
     ((_node, devices),) = alloc.members
     assert valid == Placer.for_topology(SPEC.nodes[0].topology).is_valid(shape, devices)
-    placed_icl = timesim._place_icl(c, job, shape, timesim.Policy.FRAGMENTATION)
+    placed_icl = timesim._place_icl(c, job, shape)
     assert placed_icl is not None
     ((node2, devices2),) = placed_icl[0].members
     topo = next(n.topology for n in SPEC.nodes if n.name == node2)
@@ -71,7 +71,7 @@ def test_gang_members_sit_on_adjacent_nodes_of_one_domain() -> None:
 
     c = timesim._TopoCluster(SPEC)
     job = jobs[0]
-    placed = timesim._place_icl(c, job, parse_shape("ring", count=8), timesim.Policy.FRAGMENTATION)
+    placed = timesim._place_icl(c, job, parse_shape("ring", count=8))
     assert placed is not None
     nodes = {n for n, _ in placed[0].members}
     dom = {SPEC.view.domain_of[n] for n in nodes}

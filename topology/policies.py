@@ -1,4 +1,4 @@
-"""Node-and-device scoring policies for the fractional-device model.
+"""The share forms of the policies (``topology.policy.SHARE``): fractions of unlinked devices.
 
 Each policy is a pure function of one node's state and one task: it returns
 the best device choice on that node with a score (lower is better), or
@@ -61,6 +61,8 @@ from topology.gpushare import (
     fits,
     options,
 )
+from topology.policy import SHARE, PolicyName, policy_name
+from topology.scoring import stranded_units
 
 __all__ = [
     "Balance",
@@ -68,7 +70,6 @@ __all__ = [
     "Choice",
     "Fgd",
     "FracPolicy",
-    "FracPolicyName",
     "IclPack",
     "RandomFit",
     "Spread",
@@ -97,14 +98,6 @@ class TieBreak(StrEnum):
 
     RANDOM = "random"
     FIRST = "first"
-
-
-class FracPolicyName(StrEnum):
-    RANDOM = "random"
-    SPREAD = "spread"
-    BESTFIT = "bestfit"
-    FGD = "fgd"
-    ICL = "icl"
 
 
 class FracPolicy(Protocol):
@@ -153,7 +146,7 @@ class Capacity:
 class RandomFit:
     """All feasible nodes tie; the caller picks node and device uniformly."""
 
-    name: str = FracPolicyName.RANDOM.value
+    name: str = PolicyName.RANDOM.value
     uniform_devices: bool = True
     tie_break: TieBreak = TieBreak.RANDOM
     ordered_devices: bool = False
@@ -168,7 +161,7 @@ class Spread:
     """Stock scheduler (``LeastAllocated``): the emptiest node after placement, the freest device."""
 
     capacity: Capacity
-    name: str = FracPolicyName.SPREAD.value
+    name: str = PolicyName.SPREAD.value
     uniform_devices: bool = False
     tie_break: TieBreak = TieBreak.RANDOM
     ordered_devices: bool = False
@@ -198,7 +191,7 @@ class BestFit:
 
     capacity: Capacity
     levels: int = 100
-    name: str = FracPolicyName.BESTFIT.value
+    name: str = PolicyName.BESTFIT.value
     uniform_devices: bool = False
     tie_break: TieBreak = TieBreak.FIRST
     ordered_devices: bool = False
@@ -258,7 +251,7 @@ class Fgd:
     frag: FragmentationModel
     levels: int = 100
     scale: float = 1000.0
-    name: str = FracPolicyName.FGD.value
+    name: str = PolicyName.FGD.value
     uniform_devices: bool = False
     tie_break: TieBreak = TieBreak.FIRST
     ordered_devices: bool = True
@@ -340,13 +333,9 @@ class Balance:
         return cls(cpu / gpu, mem / gpu)
 
     def stranded(self, state: NodeState) -> float:
-        free = float(state.gpu_free_total)
-        fed = free
-        if self.cpu_per_milli > 0:
-            fed = min(fed, state.cpu_free / self.cpu_per_milli)
-        if self.mem_per_milli > 0:
-            fed = min(fed, state.mem_free / self.mem_per_milli)
-        return free - fed
+        return stranded_units(
+            state.gpu_free_total, state.cpu_free, state.mem_free, self.cpu_per_milli, self.mem_per_milli
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,7 +365,7 @@ class IclPack:
     pack_weight: float = 1e-3
     pressure_weight: float = 10.0
     strand_weight: float = 100.0
-    name: str = FracPolicyName.ICL.value
+    name: str = PolicyName.ICL.value
     uniform_devices: bool = False
     tie_break: TieBreak = TieBreak.RANDOM
     ordered_devices: bool = False
@@ -403,25 +392,22 @@ class IclPack:
 
 
 def make_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkload | None = None) -> FracPolicy:
-    """Build a policy by name for a cluster of ``specs``; ``fgd`` and ``icl`` need the target workload.
+    """The share form of a policy name (``topology.policy.SHARE``) for a cluster of ``specs``;
+    ``fgd`` and ``icl`` need the target workload.
 
-    Raises ``ValueError`` naming the allowed values for an unknown name.
+    Raises ``ValueError`` naming the allowed values for an unknown name (or one without a share form).
     """
-    try:
-        which = FracPolicyName(name)
-    except ValueError:
-        allowed = ", ".join(p.value for p in FracPolicyName)
-        raise ValueError(f"policy: unknown name {name!r}; allowed: {allowed}") from None
-    if which is FracPolicyName.RANDOM:
+    which = policy_name(name, allowed=SHARE)
+    if which is PolicyName.RANDOM:
         return RandomFit()
     capacity = Capacity.of(specs)
-    if which is FracPolicyName.SPREAD:
+    if which is PolicyName.SPREAD:
         return Spread(capacity)
-    if which is FracPolicyName.BESTFIT:
+    if which is PolicyName.BESTFIT:
         return BestFit(capacity)
     if workload is None:
         raise ValueError(f"policy {name!r}: needs a target workload")
-    if which is FracPolicyName.FGD:
+    if which is PolicyName.FGD:
         # the FGD authors measure fragmentation against the typical task types (95% of the tasks)
         return Fgd(FragmentationModel(workload.typical()))
     frag = FragmentationModel(workload)

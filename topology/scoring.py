@@ -11,11 +11,15 @@ from enum import StrEnum
 
 from topology.search import bits
 
-__all__ = ["Policy", "binpack_node_score", "fragmentation_loss", "hop_cost"]
+__all__ = ["DeviceRank", "Policy", "binpack_node_score", "fragmentation_loss", "hop_cost", "stranded_units"]
 
 
-class Policy(StrEnum):
-    """How to choose among fitting placements.
+class DeviceRank(StrEnum):
+    """How :class:`topology.Placer` ranks the fitting placements on one node (device choice only).
+
+    This is a rule inside a policy, not a policy: the user-facing names are
+    :class:`topology.policy.PolicyName` (``icl`` ranks devices by ``fragmentation``,
+    ``icl-binpack`` by ``binpack``, ``kubelet`` by ``kubelet``).
 
     - ``fragmentation``: lose the least placeable capacity for the expected mix of shapes.
     - ``binpack``: tuck the job against busy devices and edges, leaving large free regions whole.
@@ -25,6 +29,10 @@ class Policy(StrEnum):
     FRAGMENTATION = "fragmentation"
     BINPACK = "binpack"
     KUBELET = "kubelet"
+
+
+Policy = DeviceRank
+"""Former name of :class:`DeviceRank` (kept so old call sites read the same rule)."""
 
 
 def hop_cost(dist: Sequence[Sequence[int]], order: Sequence[int]) -> int:
@@ -64,3 +72,22 @@ def binpack_node_score(capacity: int, free_before: int, size: int) -> float:
     if capacity <= 0:
         return 0.0
     return (capacity - free_before + size) / capacity
+
+
+def stranded_units(free: float, cpu_free: float, mem_free: float, cpu_per_unit: float, mem_per_unit: float) -> float:
+    """Free device units that the free CPU and memory could not feed at ``*_per_unit`` each.
+
+    The stranding term of the ``icl`` policy, for whole devices (the extender, time mode) and
+    shares (fill mode) alike. A dimension with a zero (or unknown, negative) ratio strands nothing.
+
+    >>> stranded_units(4, 8000, 0, 4000, 0)
+    2.0
+    >>> stranded_units(4, 8000, 0, 0, 0)
+    0.0
+    """
+    fed = float(free)
+    if cpu_per_unit > 0:
+        fed = min(fed, cpu_free / cpu_per_unit)
+    if mem_per_unit > 0:
+        fed = min(fed, mem_free / mem_per_unit)
+    return float(free) - fed
