@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         selection=kube.pod_selection,
         namespace=cfg.leader_election.namespace,
         guard_interval_s=kube.guard_interval_s,
+        metrics=extender.metrics,
     )
     try:
         server = ExtenderServer(extender, cfg)

@@ -25,6 +25,7 @@ from typing import Any
 from scheduler import selection
 from scheduler.cache import ClusterCache
 from scheduler.kube import KubeAPI, KubeError, Resource
+from scheduler.metrics import Metrics
 
 __all__ = ["Informer"]
 
@@ -47,6 +48,7 @@ class Informer:
         selection: str = "all",
         namespace: str = "kube-system",
         guard_interval_s: float = 30.0,
+        metrics: Metrics | None = None,
     ) -> None:
         if selection not in SELECTIONS:
             raise ValueError(f"kube.podSelection: {selection!r} is not one of {', '.join(SELECTIONS)}")
@@ -58,6 +60,7 @@ class Informer:
         self.selection = selection
         self.namespace = namespace  # where the audit record (a Lease) lives
         self.guard_interval_s = guard_interval_s
+        self.metrics = metrics
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.relists: dict[str, int] = {"nodes": 0, "pods": 0}
@@ -151,6 +154,8 @@ class Informer:
                 log.warning("watching every pod: %s", why_all)
         self.selector, self.why_all = selector, why_all
         self.api.select_pods(selector)
+        if self.metrics is not None:
+            self.metrics.pods_selected.set(1 if selector else 0)
 
     def _guard_loop(self) -> None:
         while not self._stop.wait(self.guard_interval_s):
@@ -237,6 +242,8 @@ class Informer:
         else:
             self.cache.upsert_pod(obj)
         self.events[resource] += 1
+        if self.metrics is not None:
+            self.metrics.watch_events.labels(resource).inc()
         self.on_change()
 
     def _run(self, resource: Resource) -> None:

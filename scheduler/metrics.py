@@ -75,6 +75,18 @@ class Metrics:
         self.gang_events = Counter(
             "kube_icl_gang_reservation_events", "Gang reservation outcomes", ["outcome"], registry=self.registry
         )
+        self.watch_events = Counter(
+            "kube_icl_extender_watch_events",
+            "Watch events applied to the cache, by resource (bookmarks not counted)",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.pods_selected = Gauge(
+            "kube_icl_extender_pods_selected",
+            "1 while only kube-icl.io/managed=true pods are listed and watched (kube.podSelection: labelled "
+            "with its admission policy in place), 0 while every pod is",
+            registry=self.registry,
+        )
         self.lease_holder = Gauge(
             "kube_icl_extender_lease_holder",
             "1 while this replica holds the extender Lease (only the holder binds)",

@@ -11,6 +11,7 @@ until it is labelled); deleting the policy binding makes a running extender fall
 from __future__ import annotations
 
 import json
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,14 @@ def _delete_policies(plane: ControlPlane) -> None:
         plane.kubectl("delete", kind, selection.POLICY_NAME, "--ignore-not-found", "--wait=false")
     plane.kubectl("delete", "lease", "-n", "kube-system", selection.AUDIT_LEASE, "--ignore-not-found")
 
+    # Admission keeps a deleted policy a moment longer: wait until a device pod is admitted untouched.
+    def gone() -> bool:
+        body = _pod(f"probe-{uuid.uuid4().hex[:6]}", count=1)
+        pod = _core(plane).create_namespaced_pod("default", body, dry_run="All")
+        return selection.LABEL not in (pod.metadata.labels or {})
+
+    wait_for(gone, what="the admission policies out of effect", timeout=60)
+
 
 @pytest.fixture
 def nodes(control_plane: ControlPlane) -> Iterator[list[str]]:
@@ -117,6 +126,14 @@ def _holdings(extender: ExtenderProcess, names: list[str], namespace: str) -> di
 def _core(plane: ControlPlane) -> Any:
     """The typed client's CoreV1Api, untyped: these tests pass plain JSON bodies."""
     return plane.core
+
+
+def _metric(extender: ExtenderProcess, name: str) -> float | None:
+    with urllib.request.urlopen(f"{extender.url}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
 
 
 def _log(extender: ExtenderProcess) -> str:
@@ -270,6 +287,7 @@ def test_labelled_extender_never_misses_a_device_pod(
         assert _log(extender).count(AUDIT_LOG) == audits, "no audit once the record names this guard"
         expected = {f"uid:{old_uid}": 2, "other-path": ["0", "1"]}
         wait_for(lambda: _holdings(extender, nodes, namespace) == expected, what="both held after a selected start")
+        assert _metric(extender, "kube_icl_extender_pods_selected") == 1.0
 
         # 4. The guard goes away while it runs: it watches every pod again, and an unlabelled device pod
         # created after that is held.
@@ -277,6 +295,7 @@ def test_labelled_extender_never_misses_a_device_pod(
             plane.kubectl("delete", kind, selection.POLICY_NAME)
         fallbacks = _log(extender).count("is not in the cluster")
         wait_for(lambda: _log(extender).count("is not in the cluster") > fallbacks, what="the fallback to every pod")
+        wait_for(lambda: _metric(extender, "kube_icl_extender_pods_selected") == 0.0, what="the metric saying so")
 
         def unlabelled_pod() -> str | None:
             """A device pod without the label (a deleted binding may take a moment to stop admitting)."""
