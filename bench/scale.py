@@ -188,7 +188,11 @@ class EventCounter:
                     new_rv = (obj.get("metadata") or {}).get("resourceVersion")
                     if new_rv:
                         rv = str(new_rv)
-                    if kind in ("BOOKMARK", "ERROR"):
+                    if kind == "ERROR":  # too old a resourceVersion: start from a fresh list
+                        _say(f"event counter: {obj.get('message')}; listing again (events meanwhile not counted)")
+                        rv = self.api.list("pods")[1]
+                        break
+                    if kind == "BOOKMARK":
                         continue
                     labels = (obj.get("metadata") or {}).get("labels") or {}
                     self.counts["accel" if labels.get(selection.LABEL) == "true" else "plain"] += 1
