@@ -40,6 +40,7 @@ from deviceplugin.allocation import (
 from deviceplugin.backends.base import Backend, HealthChange, RuntimeEdits
 from deviceplugin.config import PluginConfig
 from deviceplugin.events import NodeEventRecorder
+from deviceplugin.gangenv import GANG_LAYOUT_ANNOTATION, GangLayoutError, gang_env
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.pods import DEVICES_ANNOTATION, NoPods, PodInfo, PodSource
 from deviceplugin.publisher import NodePublisher
@@ -202,6 +203,7 @@ class DevicePlugin:
         self._registered = False
         # devices -> (shape, rank order) of recent GetPreferredAllocation answers, for Allocate
         self._hints: OrderedDict[frozenset[str], tuple[str, tuple[str, ...]]] = OrderedDict()
+        self._gang_envs: dict[frozenset[str], dict[str, str]] = {}  # devices -> the gang member's ICL_GANG_* env
         self.allocations: list[AllocationRecord] = []
         self.restarts = 0  # gRPC server (re)starts after the first
         self.registrations = 0
@@ -255,6 +257,13 @@ class DevicePlugin:
             if not hint and choice.placement is not None:
                 hint = str(choice.placement.shape)
             answers.append((choice.devices, hint, choice.source))
+            layout = choice.pod.annotations.get(GANG_LAYOUT_ANNOTATION) if choice.pod is not None else None
+            self._gang_envs.pop(frozenset(choice.devices), None)
+            if layout and choice.pod is not None:
+                try:
+                    self._gang_envs[frozenset(choice.devices)] = gang_env(layout)
+                except GangLayoutError as exc:
+                    log.warning("pod %s: no gang environment: %s", choice.pod.key, exc)
             if choice.pod is not None:
                 log.info("preferred %s for pod %s (scheduler's choice)", ",".join(choice.devices), choice.pod.key)
             else:
@@ -264,7 +273,8 @@ class DevicePlugin:
             self._hints[frozenset(devices)] = (hint, devices)
             self._hints.move_to_end(frozenset(devices))
             while len(self._hints) > self.HINTS_KEPT:
-                self._hints.popitem(last=False)
+                old, _ = self._hints.popitem(last=False)
+                self._gang_envs.pop(old, None)
         return api_pb2.PreferredAllocationResponse(
             container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=d) for d, _, _ in answers]
         )
@@ -307,6 +317,7 @@ class DevicePlugin:
             if edits is not None and not edits.device_specs:
                 unique_specs = []
             envs = container_env(topo, layout)
+            envs.update(self._gang_envs.get(frozenset(ids), {}))
             annotations = {DEVICES_ANNOTATION: ",".join(layout.devices)}
             mounts: list[api_pb2.Mount] = []
             cdi: list[api_pb2.CDIDevice] = []

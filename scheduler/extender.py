@@ -45,6 +45,7 @@ from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
 from scheduler.podspec import (
     ANN_DEVICES,
+    ANN_GANG_LAYOUT,
     ANN_GANG_SIZE,
     ANN_SHAPE,
     PodInfo,
@@ -205,6 +206,7 @@ class Extender:
             self._gang_event,
             on_forget=self._queue_record_deletion,
         )
+        self.gangs.on_resize = self._queue_layouts
         self.leader: LeaseElector | None = None
         if api is not None and cfg.leader_election.enabled:
             self.leader = LeaseElector(
@@ -751,6 +753,8 @@ class Extender:
                 self._event(info, "FailedBinding", err)
                 return ExtenderBindingResult(err)
         annotations = {ANN_DEVICES: format_devices(devices)} if devices else {}
+        if devices and info.gang is not None:
+            annotations[ANN_GANG_LAYOUT] = self.gangs.layout_for(info, node, devices)
         try:
             # One write: the API server copies the Binding's annotations onto the pod together with
             # spec.nodeName, so no unbound pod ever carries a devices annotation, and no bound one lacks it.
@@ -783,6 +787,8 @@ class Extender:
         return self._bound(info, shape, node, devices)
 
     def _bound(self, info: PodInfo, shape: Shape | None, node: str, devices: tuple[str, ...]) -> ExtenderBindingResult:
+        if devices and info.gang is not None and self.gangs.is_elastic(info.gang):
+            self._queue_layouts(info.gang.key)  # the other members learn the new member
         if devices and shape is not None and self.cfg.events_on_bind:
             self._event(info, "DevicesAssigned", f"{shape.describe()} on {node}: {format_devices(devices)}", "Normal")
         return ExtenderBindingResult()
@@ -804,7 +810,7 @@ class Extender:
         if not on:
             return "unbound"
         have = meta.get("annotations") or {}
-        if on == node and all(have.get(k) == v for k, v in annotations.items()):
+        if on == node and all(have.get(k) == v for k, v in annotations.items() if k == ANN_DEVICES):
             return "bound"
         return "elsewhere"
 
@@ -860,7 +866,7 @@ class Extender:
             if pod is None or (pod.get("spec") or {}).get("nodeName") != node or (uid and meta.get("uid") != uid):
                 raise
             have = meta.get("annotations") or {}
-            if any(have.get(k) != v for k, v in annotations.items()):
+            if any(have.get(k) != v for k, v in annotations.items() if k == ANN_DEVICES):
                 raise
 
     def _choose(
@@ -1069,6 +1075,20 @@ class Extender:
         self._event(info, "GangFailed", why)
         if self.api is not None:
             self._evictions.put(lambda: self._evict(info))
+
+    def _queue_layouts(self, key: str) -> None:
+        """Rewrite the layout annotation of every live member of an elastic gang (off the verbs' threads)."""
+        if self.api is not None:
+            self._evictions.put(lambda: self._write_layouts(key))
+
+    def _write_layouts(self, key: str) -> None:
+        assert self.api is not None
+        for info, value in self.gangs.layouts(key):
+            try:
+                self.api.annotate_pod(info.namespace, info.name, info.uid, {ANN_GANG_LAYOUT: value})
+            except KubeError as exc:
+                if exc.status not in (404, 409, 422):  # gone, or a new pod of the same name
+                    log.warning("gang %s: layout of %s not written: %s", key, info.key, exc)
 
     def _evict(self, info: PodInfo) -> None:
         assert self.api is not None

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.cache import ClusterCache, NodeRecord, PodChange
+from scheduler.layout import Member, layout_value, order_members
 from scheduler.podspec import GangRef, PodInfo
 from topology import (
     COORDS_LABEL,
@@ -164,6 +165,7 @@ class GangManager:
         self.reservations: dict[str, Reservation] = {}
         self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
         self.on_resize: Callable[[str], None] = lambda key: None  # an elastic gang grew or shrank
+        self._generations: dict[str, int] = {}
         self._evicted: set[str] = set()
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
@@ -615,6 +617,86 @@ class GangManager:
                 if p.gang is not None and p.gang.key == key:
                     return p.gang
         return None
+
+    # ------------------------------------------------------------------ what the members see
+
+    def _generation(self, key: str) -> int:
+        """A number that grows with every layout written for the gang (wall-clock ms, bumped past the last)."""
+        gen = max(int(self.wall() * 1000), self._generations.get(key, 0) + 1)
+        self._generations[key] = gen
+        if len(self._generations) > 100_000:
+            self._generations.clear()
+        return gen
+
+    def _layout_members(self, key: str, extra: Member | None) -> list[Member]:
+        """Live members, unclaimed reserved slots and ``extra`` (a member being bound), in rank order (lock held)."""
+        members: dict[str, Member] = {}
+        for p in self.survivors(key):
+            node, devs = self.cache.allocated[p.uid]
+            members[p.uid] = Member(p.name, node, devs, p.uid)
+        if extra is not None:
+            members[extra.uid] = extra
+        items = list(members.values())
+        res = self.reservations.get(key)
+        if res is not None:
+            items += [Member("", s.node, s.devices) for s in res.slots if not s.pod_uid]
+        labels: dict[str, dict[str, str]] = {}
+        for m in items:
+            rec = self.cache.nodes.get(m.node)
+            if rec is not None and rec.domain:
+                labels[m.node] = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
+                if rec.domain_kind:
+                    labels[m.node][DOMAIN_KIND_LABEL] = rec.domain_kind
+        try:
+            cluster = ClusterView.from_labels(labels)
+        except TopologyError:
+            cluster = ClusterView()
+
+        def index(node: str, device: str) -> int:
+            rec = self.cache.nodes.get(node)
+            topo = rec.topology if rec is not None else None
+            try:
+                return topo.index_of(device) if topo is not None else 0
+            except (KeyError, ValueError, TopologyError):
+                return 0
+
+        return order_members(cluster, items, index)
+
+    def _where(self, members: list[Member]) -> dict[str, tuple[str, str]]:
+        out = {}
+        for m in members:
+            rec = self.cache.nodes.get(m.node)
+            if rec is not None and rec.domain:
+                out[m.node] = (rec.domain, rec.coords)
+        return out
+
+    def layout_for(self, info: PodInfo, node: str, devices: tuple[str, ...]) -> str:
+        """The ``kube-icl.io/gang-layout`` value for a member being bound to ``node`` with ``devices``."""
+        gang = info.gang
+        assert gang is not None
+        with self.cache.lock:
+            least, most = self.limits_of(gang)
+            ordered = self._layout_members(gang.key, Member(info.name, node, devices, info.uid or info.key))
+            rank = next(i for i, m in enumerate(ordered) if m.uid == (info.uid or info.key))
+            return layout_value(gang.key, least, most, self._generation(gang.key), ordered, rank, self._where(ordered))
+
+    def layouts(self, key: str) -> list[tuple[PodInfo, str]]:
+        """A fresh layout value for every live member of the gang (after it grew or shrank)."""
+        with self.cache.lock:
+            alive = {p.uid: p for p in self.survivors(key)}
+            if not alive:
+                return []
+            gang = next(iter(alive.values())).gang
+            assert gang is not None
+            least, most = self.limits_of(gang)
+            ordered = self._layout_members(key, None)
+            gen = self._generation(key)
+            where = self._where(ordered)
+            return [
+                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where))
+                for rank, m in enumerate(ordered)
+                if m.uid in alive
+            ]
 
     def snapshot(self) -> dict[str, Any]:
         now = self.cache.clock()

@@ -109,6 +109,10 @@ class KubeAPI(Protocol):
 
     def evict_pod(self, namespace: str, name: str, uid: str) -> None: ...
 
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch the pod's annotations; ``uid`` guards against a new pod of the same name."""
+        ...
+
     def create_event(self, namespace: str, event: JsonObj) -> None: ...
 
     def group_size(self, kind: str, namespace: str, name: str, pod_group: str = "") -> int | None:
@@ -584,6 +588,14 @@ class RestKubeAPI:
             "POST",
             f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}/eviction",
             eviction_body(namespace, name, uid),
+        )
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        self._request(
+            "PATCH",
+            f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}",
+            {"metadata": {"uid": uid, "annotations": dict(annotations)}},
+            "application/merge-patch+json",
         )
 
     def create_event(self, namespace: str, event: JsonObj) -> None:

@@ -894,6 +894,16 @@ class MemoryKubeAPI:
             self._maybe_fail("evict", namespace, name)
             self.pods.pop((namespace, name), None)
 
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Any) -> None:
+        with self.lock:
+            self._maybe_fail("annotate", namespace, name)
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                raise self._error(404, f'pods "{name}" not found')
+            if pod["metadata"].get("uid") != uid:
+                raise self._error(409, f"pod {namespace}/{name} has another uid")
+            pod["metadata"].setdefault("annotations", {}).update(annotations)
+
     def create_event(self, namespace: str, event: JsonObj) -> None:
         with self.lock:
             self._maybe_fail("event", namespace, event["metadata"]["name"])

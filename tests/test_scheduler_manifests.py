@@ -122,6 +122,7 @@ def test_extender_rbac_is_least_privilege() -> None:
         ("pods", "get"),
         ("pods", "list"),
         ("pods", "watch"),
+        ("pods", "patch"),
         ("pods/binding", "create"),
         ("pods/eviction", "create"),
         ("events", "create"),

@@ -1,0 +1,81 @@
+"""A gang's layout as its members see it: ranks along the link domain (annotation ``kube-icl.io/gang-layout``).
+
+Pure functions, no I/O. The extender writes the layout on each member at bind (in the
+Binding, with its devices) and rewrites it on every live member when an elastic gang
+grows or shrinks; the device plugin turns it into environment variables at Allocate
+(:mod:`deviceplugin.gangenv`). The value is compact JSON::
+
+    {"v": 1, "gang": "ns/name", "generation": 1764146000123, "rank": 2, "size": 4, "min": 2, "max": 4,
+     "members": [{"pod": "w0", "node": "n0", "domain": "rack", "coords": "0", "devices": ["0", "1"]}, ...]}
+
+``members`` is in rank order: the nodes in the order a ring across them follows their
+link domain (:func:`topology.ring_order`), members on one node by their first device's
+index. A reserved slot whose member has not bound yet has ``"pod": ""``. ``rank`` is
+this pod's index in ``members``; ``generation`` grows with every rewrite.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from topology import ClusterView, ring_order
+
+__all__ = ["LAYOUT_VERSION", "Member", "layout_value", "order_members"]
+
+LAYOUT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    pod: str  # pod name; "" for a reserved slot not claimed yet
+    node: str
+    devices: tuple[str, ...]
+    uid: str = ""
+
+
+def order_members(
+    cluster: ClusterView, members: Iterable[Member], device_index: Callable[[str, str], int]
+) -> list[Member]:
+    """``members`` in rank order (see the module doc); ``device_index(node, device)`` orders one node's members."""
+    items = list(members)
+    position = {n: i for i, n in enumerate(ring_order(cluster, (m.node for m in items)))}
+
+    def key(m: Member) -> tuple[int, int, str]:
+        first = min((device_index(m.node, d) for d in m.devices), default=-1)
+        return (position[m.node], first, m.pod)
+
+    return sorted(items, key=key)
+
+
+def layout_value(
+    gang: str,
+    least: int,
+    most: int,
+    generation: int,
+    ordered: list[Member],
+    rank: int,
+    where: Mapping[str, tuple[str, str]],
+) -> str:
+    """The annotation value for the member at ``rank`` of ``ordered``; ``where[node] = (domain, coords)``."""
+    body = {
+        "v": LAYOUT_VERSION,
+        "gang": gang,
+        "generation": generation,
+        "rank": rank,
+        "size": len(ordered),
+        "min": least,
+        "max": most,
+        "members": [
+            {
+                "pod": m.pod,
+                "node": m.node,
+                "domain": where.get(m.node, ("", ""))[0],
+                "coords": where.get(m.node, ("", ""))[1],
+                "devices": list(m.devices),
+            }
+            for m in ordered
+        ],
+    }
+    return json.dumps(body, separators=(",", ":"))
