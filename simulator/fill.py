@@ -306,6 +306,8 @@ class FillResult:
 
     def allocated_at(self, fraction: float) -> int:
         """Allocated device milli-units when arrived demand first reaches ``fraction`` of capacity."""
+        if not self.allocated_milli:  # no task arrived (every one fits no node): nothing is allocated
+            return 0
         return self.allocated_milli[self._index_at(fraction)]
 
     def unallocated_pct_at(self, fraction: float = 1.0) -> float:
