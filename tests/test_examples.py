@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin import allocation
+from deviceplugin import allocation, gangenv
 from scheduler.config import DEFAULT_RESOURCE
 from scheduler.podspec import pod_info
 from topology import parse_shape
@@ -30,6 +30,9 @@ PLUGIN_ENV = {
     allocation.ENV_SHAPE,
     allocation.ENV_COORDS,
     allocation.ENV_RING,
+    *gangenv.gang_env(
+        '{"v":1,"gang":"g","generation":1,"rank":0,"min":1,"max":1,"members":[{"node":"n","devices":["0"]}]}'
+    ),
 }
 
 
@@ -58,9 +61,13 @@ def test_every_pod_is_read_by_the_extender_as_the_example_says(path: Path) -> No
         shape = parse_shape(info.shape, count=info.count)  # raises on a shape that does not fit the count
         assert shape.size == info.count
         if info.gang is not None:
-            members = job["spec"]["completions"]
-            assert job["spec"]["completionMode"] == "Indexed"
-            assert info.gang.size == members == job["spec"]["parallelism"], "the gang is the whole Job, at once"
+            if info.gang.elastic:
+                assert "completions" not in job["spec"], "an elastic gang's Job ends when its workers do"
+                assert info.gang.size < job["spec"]["parallelism"] == info.gang.maximum, "as many pods as the max"
+            else:
+                members = job["spec"]["completions"]
+                assert job["spec"]["completionMode"] == "Indexed"
+                assert info.gang.size == members == job["spec"]["parallelism"], "the gang is the whole Job, at once"
         tolerated = {t.get("key") for t in pod["spec"].get("tolerations", [])}
         assert "kube-icl.io/accelerator" in tolerated, "the chart's accelerator nodes are tainted"
 
@@ -95,3 +102,32 @@ def test_the_ddp_script_is_python_and_torchrun_gets_one_process_per_device() -> 
     service = next(d for d in docs if d["kind"] == "Service")
     assert job["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
     assert f"--master-addr={job['metadata']['name']}-0.{service['metadata']['name']}" in command
+
+
+def test_the_elastic_example_runs_torchrun_between_the_gangs_minimum_and_maximum() -> None:
+    docs = _documents(EXAMPLES / "pytorch-elastic.yaml")
+    script = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["train.py"]
+    tree = ast.parse(script)
+    names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert {allocation.ENV_VISIBLE, allocation.ENV_RING, "ICL_GANG_RANK", "POD_NAME", "LOCAL_RANK"} <= names
+    job = _jobs(EXAMPLES / "pytorch-elastic.yaml")[0]
+    template = job["spec"]["template"]
+    gang = pod_info(
+        {"metadata": {**template["metadata"], "namespace": "demo", "name": "p"}, "spec": template["spec"]},
+        DEFAULT_RESOURCE,
+    ).gang
+    assert gang is not None and gang.elastic
+    container = template["spec"]["containers"][0]
+    command = " ".join(container["command"])
+    assert f"--nnodes={gang.size}:{gang.maximum}" in command
+    assert "--rdzv-backend=c10d" in command and f'--nproc-per-node="${allocation.ENV_WORLD}"' in command
+    store = next(d for d in docs if d["kind"] == "Service")["metadata"]["name"]
+    assert f"--rdzv-endpoint={store}:29400" in command, "the store outlives any worker"
+    # The layout the extender rewrites reaches the worker through the downward API, where train.py reads it.
+    volume = next(v for v in template["spec"]["volumes"] if "downwardAPI" in v)
+    item = volume["downwardAPI"]["items"][0]
+    assert item["fieldRef"]["fieldPath"] == "metadata.annotations['kube-icl.io/gang-layout']"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    assert f"{mount['mountPath']}/{item['path']}" in names
+    pod_name = next(e for e in container["env"] if e["name"] == "POD_NAME")
+    assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
