@@ -32,6 +32,8 @@ from scheduler.podspec import (
     requested_count,
 )
 from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopology, TopologyError, decode_annotation
+from topology.contract import ContractError, cpu_milli, memory_mib
+from topology.policy import Balance
 
 __all__ = ["ClusterCache", "NodeRecord", "NodeView", "PodChange", "StateKey"]
 
@@ -40,8 +42,9 @@ log = logging.getLogger(__name__)
 JsonObj = dict[str, Any]
 
 # (fingerprint, free mask, devices held by pods whose exact devices are unknown,
-#  devices the kubelet's allocatable still admits, or -1 when the node reports none)
-StateKey = tuple[str, int, int, int]
+#  devices the kubelet's allocatable still admits, or -1 when the node reports none,
+#  free CPU (milli) and free memory (MiB) for new pods, -1 when the node reports none)
+StateKey = tuple[str, int, int, int, int, int]
 
 _VIEW_LOG_LIMIT = 100_000  # view changes kept; a reader further behind rebuilds from ``views``
 
@@ -55,6 +58,8 @@ class NodeView:
     key: StateKey
     unattributed: int
     admits: int = -1  # allocatable minus devices held by pods on the node; -1: allocatable not reported
+    cpu_free: int = -1  # allocatable CPU (milli) minus the requests of the pods bound there; -1: not reported
+    mem_free: int = -1  # the same for memory (MiB)
     # Per-view answers, keyed by shape text; filled by the extender, dropped with the view.
     memo: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -71,6 +76,10 @@ class NodeRecord:
     index: dict[str, int] = field(default_factory=dict)
     healthy: frozenset[str] = frozenset()
     allocatable: int | None = None
+    cpu_alloc: int = -1  # status.allocatable cpu (milli); -1: not reported
+    mem_alloc: int = -1  # status.allocatable memory (MiB); -1: not reported
+    cpu_used: int = 0  # requests of the non-terminal pods bound here (every pod the cache is fed)
+    mem_used: int = 0
     domain: str = ""
     coords: str = ""  # raw kube-icl.io/link-coords label (x, x.y or x.y.z)
     domain_kind: str = ""  # raw kube-icl.io/link-domain-kind label
@@ -109,6 +118,18 @@ def _rv(meta: Mapping[str, Any]) -> int | None:
         return None
 
 
+def _allocatable_cpu_mem(node: Mapping[str, Any]) -> tuple[int, int]:
+    """status.allocatable cpu (milli) and memory (MiB); -1 for one not reported or unreadable."""
+    alloc = (node.get("status") or {}).get("allocatable") or {}
+    out = []
+    for key, read in (("cpu", cpu_milli), ("memory", memory_mib)):
+        try:
+            out.append(read(alloc[key], f"status.allocatable.{key}") if key in alloc else -1)
+        except ContractError:
+            out.append(-1)
+    return out[0], out[1]
+
+
 def _ready(node: Mapping[str, Any]) -> bool:
     for cond in (node.get("status") or {}).get("conditions") or []:
         if isinstance(cond, Mapping) and cond.get("type") == "Ready":
@@ -119,8 +140,12 @@ def _ready(node: Mapping[str, Any]) -> bool:
 class ClusterCache:
     """Nodes, pods and device holdings; thread-safe."""
 
-    def __init__(self, resource: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, resource: str, clock: Callable[[], float] = time.monotonic, *, requests: bool = True) -> None:
+        """``requests``: keep every fed pod's CPU/memory requests on its node (free CPU/memory in the
+        views); off when the cache is fed only some pods (``kube.podSelection: labelled``), whose
+        views then report CPU/memory as unknown."""
         self.resource = resource
+        self.track_requests = requests
         self.clock = clock
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeRecord] = {}
@@ -150,6 +175,9 @@ class ClusterCache:
         # uid -> the newest resourceVersion applied (kept after a delete as a tombstone), so that a fresh
         # list merged into a watched cache (:meth:`merge_pods`) never rolls a pod back.
         self._pod_rv: dict[str, int] = {}
+        self._requests: dict[str, tuple[str, int, int]] = {}  # uid -> (node, CPU milli, memory MiB), bound pods
+        self._device_asks: dict[str, tuple[int, int, int]] = {}  # uid -> (devices, CPU, memory), device pods
+        self._ask_totals: tuple[int, int, int] = (0, 0, 0)
 
     # ------------------------------------------------------------------ listeners
 
@@ -190,12 +218,14 @@ class ClusterCache:
             allocatable = None if alloc_raw is None else parse_quantity(alloc_raw, "status.allocatable")
         except PodSpecError:
             allocatable = 0
+        cpu_alloc, mem_alloc = _allocatable_cpu_mem(obj)
         with self.lock:
             rec = self.nodes.get(name)
             if rec is None:
                 rec = NodeRecord(name)
                 self.nodes[name] = rec
             rec.allocatable = allocatable
+            rec.cpu_alloc, rec.mem_alloc = cpu_alloc, mem_alloc
             rec.domain = str(labels.get(LABEL_LINK_DOMAIN) or "")
             rec.coords = str(labels.get(LABEL_LINK_COORDS) or "")
             rec.domain_kind = str(labels.get(DOMAIN_KIND_LABEL) or "")
@@ -281,10 +311,13 @@ class ClusterCache:
         admits = -1
         if rec.allocatable is not None:
             admits = max(0, rec.allocatable - held - sum(len(d) for d in rec.owners.values()))
-        key = (rec.topology.fingerprint, mask, held, admits)
+        track = self.track_requests
+        cpu_free = max(0, rec.cpu_alloc - rec.cpu_used) if track and rec.cpu_alloc >= 0 else -1
+        mem_free = max(0, rec.mem_alloc - rec.mem_used) if track and rec.mem_alloc >= 0 else -1
+        key = (rec.topology.fingerprint, mask, held, admits, cpu_free, mem_free)
         view = rec.view
         if view is None or view.key != key or view.topology is not rec.topology:
-            view = NodeView(rec.topology, free, key, held, admits)
+            view = NodeView(rec.topology, free, key, held, admits, cpu_free, mem_free)
             rec.view = view
         if rec.ready:
             self.views[rec.name] = view
@@ -353,6 +386,7 @@ class ClusterCache:
             self._bad_pod(uid, obj, str(exc))
             return
         with self.lock:
+            self._charge(uid, info)
             was_bad = self.bad_pods.pop(uid, None) is not None
             if info.count == 0 and info.gang is None and not was_bad and not self._tracked(uid):
                 return  # asks for no device, names no gang, never held any: nothing to do (most pods)
@@ -374,6 +408,8 @@ class ClusterCache:
         except PodSpecError:
             count = 0
         with self.lock:
+            if phase in ("Succeeded", "Failed"):
+                self._charge(uid, None)
             self._dirty.add(uid)
             self.bad_pods[uid] = reason
             prev = self.allocated.get(uid)
@@ -458,6 +494,53 @@ class ClusterCache:
             if held is not None:
                 break
 
+    def _charge(self, uid: str, info: PodInfo | None) -> None:
+        """Keep the pod's CPU/memory requests on its node and its device pod ratios (``None``: it is gone).
+
+        Every pod the cache is fed counts: a bound, non-terminal pod's requests on its node; a
+        non-terminal device pod's (devices, CPU, memory) in the sums behind :meth:`balance`.
+        """
+        old = self._requests.pop(uid, None)
+        new = None
+        if (
+            self.track_requests
+            and info is not None
+            and not info.terminal
+            and info.node_name
+            and (info.cpu_milli or info.mem_mib)
+        ):
+            new = (info.node_name, info.cpu_milli, info.mem_mib)
+        if old != new:
+            for entry, sign in ((old, -1), (new, 1)):
+                if entry is None:
+                    continue
+                rec = self.nodes.get(entry[0])
+                if rec is None and sign > 0:
+                    rec = NodeRecord(entry[0])
+                    rec.error = "node not seen yet"
+                    self.nodes[entry[0]] = rec
+                if rec is not None:
+                    rec.cpu_used += sign * entry[1]
+                    rec.mem_used += sign * entry[2]
+                    self._refresh(rec)
+        if new is not None:
+            self._requests[uid] = new
+        dev_old = self._device_asks.pop(uid, None)
+        dev_new = None
+        if info is not None and not info.terminal and info.count > 0:
+            dev_new = (info.count, info.cpu_milli, info.mem_mib)
+            self._device_asks[uid] = dev_new
+        if dev_old != dev_new:
+            t = self._ask_totals
+            for ask, sign in ((dev_old, -1), (dev_new, 1)):
+                if ask is not None:
+                    self._ask_totals = t = (t[0] + sign * ask[0], t[1] + sign * ask[1], t[2] + sign * ask[2])
+
+    def balance(self) -> Balance:
+        """CPU and memory the device pods (pending and bound) ask per device: the stranding term's ratios."""
+        devices, cpu, mem = self._ask_totals
+        return Balance.of_pods([(devices, cpu, mem)])
+
     def _tracked(self, uid: str) -> bool:
         """The cache knows this pod: kept, holding (or assumed to hold) devices, or unreadable."""
         return uid in self.pods or uid in self.allocated or uid in self.assumed or uid in self.bad_pods
@@ -467,6 +550,7 @@ class ClusterCache:
         uid = str(meta.get("uid") or "")
         with self.lock:
             self._note_rv(uid, meta)
+            self._charge(uid, None)
             if not self._tracked(uid):
                 try:
                     untracked = requested_count(obj, self.resource) == 0
@@ -492,7 +576,7 @@ class ClusterCache:
             self.upsert_pod(obj)
             seen.add(str((obj.get("metadata") or {}).get("uid") or ""))
         with self.lock:
-            gone = [uid for uid in list(self.pods) + list(self.allocated) if uid not in seen]
+            gone = [uid for uid in [*self.pods, *self.allocated, *self._requests] if uid not in seen]
         for uid in dict.fromkeys(gone):
             if uid in self.assumed:
                 continue  # our own bind in flight; the watch will confirm it

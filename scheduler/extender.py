@@ -76,13 +76,14 @@ from topology import (
     parse_shape,
 )
 from topology.policy import Ask as PolicyAsk
-from topology.policy import NodeInput, Weights, linked_policy
+from topology.policy import Balance, NodeInput, Weights, linked_policy
 
 __all__ = ["Extender", "NodeEval"]
 
 log = logging.getLogger(__name__)
 
 _MEMO_LIMIT = 200_000
+_NO_BALANCE = Balance()
 _FIT_INDEX_LIMIT = 256  # shapes whose fitting nodes are indexed (oldest dropped first)
 _MAX_VICTIM_SETS = 4096
 
@@ -373,30 +374,48 @@ class Extender:
 
     # ------------------------------------------------------------------ per-node evaluation
 
-    def evaluate(self, view: NodeView, shape: Shape, skey: str | None = None) -> NodeEval:
+    def need(self, shape: Shape, info: PodInfo | None = None) -> tuple[PolicyAsk, Balance, str]:
+        """The policy's request for ``shape`` (with the pod's CPU/memory), the stranding ratios, and
+        the memo key of both: the shape text alone while no stranding term applies."""
+        balance = self.cache.balance() if self.policy.weights.stranding > 0 else _NO_BALANCE
+        cpu, mem = (info.cpu_milli, info.mem_mib) if info is not None else (0, 0)
+        if balance == _NO_BALANCE:
+            return PolicyAsk(shape, cpu, mem), balance, str(shape)
+        skey = f"{shape}|{cpu}|{mem}|{balance.cpu_per_device:g}|{balance.mem_per_device:g}"
+        return PolicyAsk(shape, cpu, mem), balance, skey
+
+    def evaluate(
+        self,
+        view: NodeView,
+        shape: Shape,
+        skey: str | None = None,
+        need: tuple[PolicyAsk, Balance, str] | None = None,
+    ) -> NodeEval:
         """Whether ``shape`` fits this node view, why not, and its score.
 
         Memoised twice: on the view itself (by shape text; gone when the node changes) and
         globally on (topology fingerprint, free mask, shape), which nodes in the same state share.
         """
-        skey = skey or str(shape)
+        if need is None:
+            need = (PolicyAsk(shape), _NO_BALANCE, str(shape))
+        skey = skey or need[2]
         hit: NodeEval | None = view.memo.get(skey)
         if hit is not None:
             return hit
         key = (view.key, skey)
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._evaluate(view, shape)
+            hit = self._evaluate(view, need[0], need[1])
             if len(self._memo) >= _MEMO_LIMIT:
                 self._memo.clear()
             self._memo[key] = hit
         view.memo[skey] = hit
         return hit
 
-    def _evaluate(self, view: NodeView, shape: Shape) -> NodeEval:
+    def _evaluate(self, view: NodeView, ask: PolicyAsk, balance: Balance) -> NodeEval:
         """The shared policy's verdict (:meth:`topology.policy.LinkedPolicy.evaluate`) on this view."""
-        node = NodeInput(view.topology, view.free, view.unattributed, view.admits)
-        v = self.policy.evaluate(node, PolicyAsk(shape), resource=self.cfg.resource_name)
+        node = NodeInput(view.topology, view.free, view.unattributed, view.admits, view.cpu_free, view.mem_free)
+        v = self.policy.evaluate(node, ask, balance, resource=self.cfg.resource_name)
         return NodeEval(v.ok, v.reason, v.score, v.unresolvable)
 
     # ------------------------------------------------------------------ fair share
@@ -530,11 +549,12 @@ class Extender:
                 return self._result(args, [n for n in names if n in allowed], {}, elsewhere), "gang"
 
         keep = self.cfg.keep_best_nodes
-        skey = str(shape)
+        need = self.need(shape, info)
+        skey = need[2]
         if keep > 0:
             # Only the best pass and no reasons are sent when some node passes: the fit index answers
             # with set operations per score level. When none fits, the full loop below gives every reason.
-            best = self._best_fitting(names, skey, shape, keep)
+            best = self._best_fitting(names, need, shape, keep)
             if best:
                 self._note_fit(info.uid, True)
                 return self._result(args, best, {}, {}), "fit"
@@ -546,7 +566,7 @@ class Extender:
         for name in names:
             view = views_get(name)
             if view is not None:  # hot path: a ready node with a topology
-                ev = view.memo.get(skey) or evaluate(view, shape, skey)
+                ev = view.memo.get(skey) or evaluate(view, shape, skey, need)
                 if ev.ok:
                     passed.append(name)
                 elif ev.unresolvable:
@@ -572,13 +592,16 @@ class Extender:
             self._last_fit.clear()
         self._last_fit[uid] = fit
 
-    def _best_fitting(self, names: list[str], skey: str, shape: Shape, keep: int) -> list[str]:
+    def _best_fitting(
+        self, names: list[str], need: tuple[PolicyAsk, Balance, str], shape: Shape, keep: int
+    ) -> list[str]:
         """The ``keep`` best of ``names`` where ``shape`` fits now (:meth:`FitTiers.best`).
 
         Answered from an index per shape of every ready node where it fits, kept up to date from
         the cache's log of view changes: a bind changes one node, so one evaluation instead of one
         per node of the cluster.
         """
+        skey = need[2]
         with self._fit_lock:
             hit = self._fit_index.get(skey)
             version, changed = self.cache.views_changed_since(hit[0] if hit is not None else -1)
@@ -586,7 +609,7 @@ class Extender:
             if hit is None or changed is None:
                 tiers = FitTiers()
                 for name, view in list(views.items()):
-                    ev = self.evaluate(view, shape, skey)
+                    ev = self.evaluate(view, shape, skey, need)
                     if ev.ok:
                         tiers.put(name, ev.score)
                 if hit is None and len(self._fit_index) >= _FIT_INDEX_LIMIT:
@@ -595,7 +618,7 @@ class Extender:
                 tiers = hit[1]
                 for name in changed:
                     now = views.get(name)
-                    after = self.evaluate(now, shape, skey) if now is not None else None
+                    after = self.evaluate(now, shape, skey, need) if now is not None else None
                     tiers.put(name, after.score if after is not None and after.ok else None)
             self._fit_index[skey] = (version, tiers)
             return tiers.best(names, keep)
@@ -667,7 +690,8 @@ class Extender:
             if open_nodes is not None:
                 return [MAX_PRIORITY if n in open_nodes else 0 for n in names]
         views_get = self.cache.views.get
-        skey = str(shape)
+        need = self.need(shape, info)
+        skey = need[2]
         evaluate = self.evaluate
         out: list[int] = []
         append = out.append
@@ -676,7 +700,7 @@ class Extender:
             if view is None:
                 append(0)
                 continue
-            ev = view.memo.get(skey) or evaluate(view, shape, skey)
+            ev = view.memo.get(skey) or evaluate(view, shape, skey, need)
             append(ev.score if ev.ok else 0)
         return out
 

@@ -6,10 +6,22 @@ annotation and its value; callers turn it into a per-node failure and an Event.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from topology import contract
+from topology.contract import (
+    ANN_DEVICES,
+    ANN_GANG,
+    ANN_GANG_SIZE,
+    ANN_QUEUE,
+    ANN_SHAPE,
+    ANN_TOPOLOGY,
+    LABEL_LINK_COORDS,
+    LABEL_LINK_DOMAIN,
+    format_devices,
+)
 
 __all__ = [
     "ANN_DEVICES",
@@ -33,17 +45,10 @@ __all__ = [
     "pod_info",
 ]
 
-ANN_TOPOLOGY = "kube-icl.io/topology"
-ANN_SHAPE = "kube-icl.io/shape"
-ANN_GANG = "kube-icl.io/gang"
-ANN_GANG_SIZE = "kube-icl.io/gang-size"
+# The wire names and the devices rule are the contract's (topology.contract), re-exported here.
 ANN_GANG_MIN = "kube-icl.io/gang-min"  # elastic gang: the all-or-nothing minimum (instead of gang-size)
 ANN_GANG_MAX = "kube-icl.io/gang-max"  # elastic gang: members up to this many join when they fit
 ANN_GANG_LAYOUT = "kube-icl.io/gang-layout"  # written by the extender: the member's place in its gang (JSON)
-ANN_QUEUE = "kube-icl.io/queue"
-ANN_DEVICES = "kube-icl.io/devices"
-LABEL_LINK_DOMAIN = "kube-icl.io/link-domain"
-LABEL_LINK_COORDS = "kube-icl.io/link-coords"
 
 # Native group names honoured as the gang identity when kube-icl.io/gang is absent.
 LABEL_SCHED_PLUGINS_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins coscheduling (PodGroup CRD)
@@ -52,7 +57,6 @@ LABEL_LIGHT_GROUP = "pod-group.scheduling.sigs.k8s.io/name"  # lightweight cosch
 LABEL_LIGHT_MIN = "pod-group.scheduling.sigs.k8s.io/min-available"
 
 _MAX_GANG = 4096
-_DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
 class PodSpecError(ValueError):
@@ -111,6 +115,8 @@ class PodInfo:
     devices: tuple[str, ...]  # from kube-icl.io/devices, () when absent
     deleting: bool
     unschedulable: bool = False  # kube-scheduler marked it PodScheduled=False/Unschedulable
+    cpu_milli: int = 0  # effective CPU request (topology.contract.pod_requests)
+    mem_mib: int = 0  # effective memory request
 
     @property
     def key(self) -> str:
@@ -164,20 +170,11 @@ def requested_count(pod: Mapping[str, Any], resource: str) -> int:
 
 
 def parse_devices(value: str) -> tuple[str, ...]:
-    """``kube-icl.io/devices``: ordered, comma-separated device ids, no repeats."""
-    if not value.strip():
-        return ()
-    ids = tuple(part.strip() for part in value.split(","))
-    for dev in ids:
-        if not _DEVICE_ID.match(dev):
-            raise PodSpecError(f"annotation {ANN_DEVICES}: {dev!r} is not a device id")
-    if len(set(ids)) != len(ids):
-        raise PodSpecError(f"annotation {ANN_DEVICES}: {value!r} repeats a device")
-    return ids
-
-
-def format_devices(devices: tuple[str, ...] | list[str]) -> str:
-    return ",".join(devices)
+    """``kube-icl.io/devices`` by the contract's rule (:func:`topology.contract.parse_devices`)."""
+    try:
+        return contract.parse_devices(value)
+    except contract.ContractError as exc:
+        raise PodSpecError(str(exc)) from None
 
 
 def _size(raw: Any, where: str) -> int:
@@ -299,6 +296,7 @@ def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:
         if node_name:
             raise  # a bound pod's holding cannot be read: the cache counts it by size
         devices = ()  # a stale list on a pending pod does not matter: bind rewrites it
+    cpu, mem = contract.pod_requests(pod)
     return PodInfo(
         uid=str(meta.get("uid") or ""),
         namespace=namespace,
@@ -313,6 +311,8 @@ def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:
         devices=devices,
         deleting=bool(meta.get("deletionTimestamp")),
         unschedulable=_unschedulable(status),
+        cpu_milli=cpu,
+        mem_mib=mem,
     )
 
 

@@ -88,7 +88,7 @@ def _state(cache: ClusterCache) -> Any:
 
 
 def _cache() -> ClusterCache:
-    cache = ClusterCache(RESOURCE)
+    cache = ClusterCache(RESOURCE, requests=False)  # as icl extender runs it with podSelection labelled
     cache.replace_nodes([node_obj(name, "ring:8") for name in NODES])
     return cache
 

@@ -184,12 +184,13 @@ class BindMachine(RuleBasedStateMachine):
         for count, text in ASKS:
             shape = parse_shape(text, count=count)
             fresh = {}
+            need = self.ext.need(shape)
             for name in NODES:
                 view = self.cache.views.get(name)
-                if view is not None and (ev := self.ext._evaluate(view, shape)).ok:
+                if view is not None and (ev := self.ext._evaluate(view, need[0], need[1])).ok:
                     fresh[name] = ev.score
             for keep in (1, len(NODES)):
-                best = self.ext._best_fitting(list(NODES), str(shape), shape, keep)
+                best = self.ext._best_fitting(list(NODES), need, shape, keep)
                 assert set(best) <= set(fresh) and len(best) == min(keep, len(fresh)), (text, count, best, fresh)
                 assert min((fresh[n] for n in best), default=0) >= max(
                     (fresh[n] for n in fresh if n not in best), default=0
