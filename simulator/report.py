@@ -123,7 +123,7 @@ def summarise_fill(results: Sequence[FillResult]) -> FillSummary:
     if not results:
         raise ValueError("summarise_fill: no results")
     un = [r.paper_unallocated_pct(100) for r in results]  # measured as the FGD paper's figures are
-    placed = [100.0 * p / a for r in results for p, a in [r.placed_at(1.0)]]
+    placed = [100.0 * p / a if a else math.nan for r in results for p, a in [r.placed_at(1.0)]]
     secs = sum(r.seconds for r in results)
     frags = [_frag_at(r, 1.0) for r in results if r.frag_samples]
     decisions = sum(r.tasks for r in results)
