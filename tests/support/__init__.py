@@ -1,0 +1,1 @@
+"""Test doubles and harnesses (fake API server, in-memory KubeAPI, kubelet harness): test code, not product."""
