@@ -106,6 +106,6 @@ def run_plugin(args: argparse.Namespace) -> int:
     except ValueError as e:  # a topology or fixture that does not parse: bad input
         print(f"icl plugin: {e}")
         return 2
-    except RuntimeError as e:  # the backend could not start (e.g. nvml without the library)
+    except (RuntimeError, PermissionError) as e:  # the backend could not start; the socket directory is not ours
         print(f"icl plugin: {e}")
         return 1

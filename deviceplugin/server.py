@@ -359,6 +359,11 @@ class DevicePlugin:
     async def start_server(self) -> None:
         path = self.config.socket_path
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK | os.X_OK):  # permanent: retrying cannot help
+            raise PermissionError(
+                f"cannot create the socket {str(path)!r}: uid {os.getuid()} may not write in {str(path.parent)!r} "
+                "(the kubelet's directory is root's: the DaemonSet runs the plugin as uid 0, docs/image.md)"
+            )
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a stale socket from a previous run
         self.closing = asyncio.Event()
@@ -472,6 +477,8 @@ class DevicePlugin:
                     first = False
                     kubelet_id = self._identity(self.config.kubelet_socket)
                     await self.register()
+                except PermissionError:
+                    raise
                 except (grpc.aio.AioRpcError, OSError, RuntimeError) as e:
                     detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
                     log.warning("start/registration failed: %s; retrying in %.1fs", detail, delay)
