@@ -33,13 +33,18 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from scheduler.cache import ClusterCache
-from scheduler.config import ExtenderConfig
-from scheduler.extender import Extender
-from scheduler.server import ExtenderServer
-from scheduler.testing import node_obj, pod_obj
-from topology import Placer, build_preset, parse_shape
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # tests.support: the node and pod objects the tests use
+
+from scheduler.cache import ClusterCache  # noqa: E402
+from scheduler.config import ExtenderConfig  # noqa: E402
+from scheduler.extender import Extender  # noqa: E402
+from scheduler.server import ExtenderServer  # noqa: E402
+from tests.support.extender import node_obj, pod_obj  # noqa: E402
+from topology import Placer, build_preset, parse_shape  # noqa: E402
 
 TOPOLOGIES = {"8-device": "torus:2x2x2", "16-device": "torus:4x4"}
 KEEP_BEST = 64  # keepBestNodes of the shipped extender config

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.backends.nvml import FixtureNvml, NvmlBackend, NvmlUnavailable, PynvmlApi, record
-from deviceplugin.testing import async_test, fake_pynvml
+from tests.support.plugin import async_test, fake_pynvml
 from topology import LinkKind
 
 FIX = Path(__file__).parent / "fixtures" / "nvml"

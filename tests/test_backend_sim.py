@@ -10,7 +10,7 @@ import pytest
 
 from deviceplugin.backends.sim import FaultError, SimBackend, parse_faults
 from deviceplugin.factory import start_http
-from deviceplugin.testing import async_test, eventually, running_plugin, short_tmpdir
+from tests.support.plugin import async_test, eventually, running_plugin, short_tmpdir
 from topology import build_preset, decode_annotation
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.backends.udev import PyudevSource, SysfsSource, UdevBackend, links_from_tool_output
-from deviceplugin.testing import async_test, running_plugin, short_tmpdir
+from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import TopologyError, load_topology
 
 FIX = Path(__file__).parent / "fixtures" / "plugin"

@@ -22,17 +22,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deviceplugin.backends.sim import SimBackend
-from deviceplugin.testing import async_test, running_plugin, short_tmpdir
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
 from scheduler.informer import Informer
-from scheduler.testing import MemoryKubeAPI, node_obj, pod_obj
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
 from simulator import timesim
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.jobs import Job
+from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
+from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import build_preset, load_topology, parse_shape
 from topology.policy import Balance, linked_policy
 

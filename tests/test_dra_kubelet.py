@@ -19,7 +19,7 @@ from deviceplugin.dra.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from deviceplugin.dra.pool import device_name
 from deviceplugin.dra.v1 import api_pb2 as dra_pb2
 from deviceplugin.dra.v1 import api_pb2_grpc as dra_grpc
-from deviceplugin.testing import async_test, short_tmpdir
+from tests.support.plugin import async_test, short_tmpdir
 from topology import build_preset, parse_shape
 
 TOPO = build_preset("torus:4x4")

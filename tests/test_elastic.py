@@ -17,7 +17,7 @@ from test_scheduler_policies import Cluster, _preempt
 
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.podspec import PodSpecError, pod_info
-from scheduler.testing import pod_obj
+from tests.support.extender import pod_obj
 from topology import (
     COORDS_LABEL,
     DOMAIN_KIND_LABEL,

@@ -27,7 +27,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, ExtenderConfig, parse_config
 from scheduler.extender import Extender
 from scheduler.server import ExtenderServer
-from scheduler.testing import ExtenderHarness, FakeAPIServer, node_obj, pod_obj, wait_for
+from tests.support.extender import ExtenderHarness, FakeAPIServer, node_obj, pod_obj, wait_for
 
 pytest.importorskip("cryptography")
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tls_pair import self_signed_pair
 
 from scheduler.config import ExtenderConfig
-from scheduler.testing import ExtenderHarness, node_obj, pod_obj, wait_for
+from tests.support.extender import ExtenderHarness, node_obj, pod_obj, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Any
 
 from scheduler.podspec import parse_devices
-from scheduler.testing import ExtenderHarness, node_obj, pod_obj
+from tests.support.extender import ExtenderHarness, node_obj, pod_obj
 
 
 def test_concurrent_schedulers_never_double_assign() -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from scheduler import wire
 from scheduler.config import ExtenderConfig
-from scheduler.testing import ExtenderHarness, node_obj, pod_obj
+from tests.support.extender import ExtenderHarness, node_obj, pod_obj
 
 LONE = "\ud800"
 VERBS = ("filter", "prioritize", "bind", "preempt")

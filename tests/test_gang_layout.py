@@ -15,7 +15,7 @@ from test_scheduler_policies import gang_pod
 from deviceplugin.backends.sim import SimBackend
 from deviceplugin.gangenv import GangLayoutError, gang_env
 from deviceplugin.pods import FilePodSource
-from deviceplugin.testing import async_test, running_plugin, short_tmpdir
+from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import build_preset
 
 R = "kube-icl.io/accelerator"
@@ -140,7 +140,7 @@ async def test_the_plugin_hands_the_layout_to_the_container() -> None:
 
 def test_annotate_pod_is_a_merge_patch_guarded_by_the_uid() -> None:
     from scheduler.kube import KubeError, RestKubeAPI
-    from scheduler.testing import FakeAPIServer, pod_obj
+    from tests.support.extender import FakeAPIServer, pod_obj
 
     with FakeAPIServer() as fake:
         fake.put_pod(pod_obj("w0", 4, "any", annotations={"keep": "me"}))

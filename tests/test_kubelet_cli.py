@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from deviceplugin.backends.sim import SimBackend
-from deviceplugin.testing import async_test, fast_plugin, plugin_config, running_plugin, short_tmpdir
 from simulator.kubelet import AdmissionError, KubeletEmulator
+from tests.support.plugin import async_test, fast_plugin, plugin_config, running_plugin, short_tmpdir
 from topology import build_preset
 
 ICL = [sys.executable, "-m", "simulator.cli"]

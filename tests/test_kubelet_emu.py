@@ -11,9 +11,9 @@ import grpc.aio
 import pytest
 
 from deviceplugin.backends.sim import SimBackend
-from deviceplugin.testing import async_test, running_plugin, short_tmpdir
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from simulator.kubelet import AdmissionError, KubeletEmulator
+from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import build_preset
 
 R = "kube-icl.io/accelerator"

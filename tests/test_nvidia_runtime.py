@@ -26,8 +26,8 @@ from deviceplugin.nvidia import (
     container_edits,
     other_gpu_plugins,
 )
-from deviceplugin.testing import async_test, running_plugin, short_tmpdir
 from deviceplugin.v1beta1 import api_pb2
+from tests.support.plugin import async_test, running_plugin, short_tmpdir
 
 FIX = Path(__file__).parent / "fixtures"
 REAL = FIX / "nvml" / "real-h200x4.json"

@@ -27,7 +27,7 @@ from deviceplugin.probe import (
     parse_smi_topo,
     smi_topology_check,
 )
-from deviceplugin.testing import async_test, fake_pynvml, running_plugin, short_tmpdir
+from tests.support.plugin import async_test, fake_pynvml, running_plugin, short_tmpdir
 from topology import LinkKind, build_preset
 
 FIX = Path(__file__).parent / "fixtures"

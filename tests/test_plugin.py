@@ -14,9 +14,9 @@ import pytest
 
 from deviceplugin.backends.sim import SimBackend
 from deviceplugin.pods import FilePodSource
-from deviceplugin.testing import async_test, eventually, fast_plugin, plugin_config, running_plugin, short_tmpdir
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from simulator.kubelet import AdmissionError, KubeletEmulator
+from tests.support.plugin import async_test, eventually, fast_plugin, plugin_config, running_plugin, short_tmpdir
 from topology import NodeTopology, build_preset, load_topology
 
 FIXTURES = Path(__file__).parent / "fixtures" / "plugin"

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from deviceplugin.backends.sim import SimBackend
-from deviceplugin.testing import async_test, eventually, fast_plugin, plugin_config, short_tmpdir
 from simulator.kubelet import KubeletEmulator
+from tests.support.plugin import async_test, eventually, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset
 
 ICL = [sys.executable, "-m", "simulator.cli"]

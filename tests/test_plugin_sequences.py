@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deviceplugin.backends.sim import SimBackend
-from deviceplugin.testing import running_plugin, short_tmpdir
 from simulator.kubelet import AdmissionError
+from tests.support.plugin import running_plugin, short_tmpdir
 from topology import build_preset
 
 R = "kube-icl.io/accelerator"

@@ -17,7 +17,7 @@ from deviceplugin.backends.base import HealthTracker
 from deviceplugin.config import ConfigError, PluginConfig, load_config
 from deviceplugin.pods import FilePodSource, PodInfo, find_scheduled_pod, parse_device_list, pods_from_json
 from deviceplugin.publisher import TOPOLOGY_ANNOTATION, NodePublisher
-from deviceplugin.testing import async_test
+from tests.support.plugin import async_test
 from topology import Health, build_preset, decode_annotation
 
 FIX = Path(__file__).parent / "fixtures" / "plugin"

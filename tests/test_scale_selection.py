@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from scheduler import selection
 from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, parse_config
-from scheduler.testing import node_obj
+from tests.support.extender import node_obj
 
 RESOURCE = "kube-icl.io/accelerator"
 NODES = ["n0", "n1", "n2"]

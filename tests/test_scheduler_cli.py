@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from scheduler.config import ConfigError, ExtenderConfig, load_config, parse_config
-from scheduler.testing import FakeAPIServer, node_obj, pod_obj, wait_for
 from simulator.cli import build_parser
+from tests.support.extender import FakeAPIServer, node_obj, pod_obj, wait_for
 
 
 def _free_port() -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scheduler.events import EventRecorder, summarize_failures
-from scheduler.testing import MemoryKubeAPI
+from tests.support.extender import MemoryKubeAPI
 
 
 class Clock:

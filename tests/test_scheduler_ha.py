@@ -27,8 +27,8 @@ from scheduler.gang import RECORD_LABEL, record_name
 from scheduler.informer import Informer
 from scheduler.kube import RestKubeAPI
 from scheduler.podspec import parse_devices
-from scheduler.testing import FakeAPIServer, node_obj, pod_obj, wait_for
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from tests.support.extender import FakeAPIServer, node_obj, pod_obj, wait_for
 
 
 class Clock:

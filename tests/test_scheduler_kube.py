@@ -18,7 +18,7 @@ import pytest
 from scheduler.cache import ClusterCache
 from scheduler.informer import Informer
 from scheduler.kube import KubeError, RestKubeAPI, binding_body
-from scheduler.testing import (
+from tests.support.extender import (
     BindingRejected,
     ExtenderHarness,
     FakeAPIServer,

@@ -18,8 +18,8 @@ from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender, FitTiers
 from scheduler.informer import Informer
-from scheduler.testing import MemoryKubeAPI, node_obj, pod_obj
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
+from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import Placer, parse_shape
 
 

@@ -23,8 +23,8 @@ from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.podspec import parse_devices
-from scheduler.testing import MemoryKubeAPI, node_obj, pod_obj
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import Placer, parse_shape
 
 NODES = {"a": "ring:8", "b": "mesh:4x4", "c": "torus:2x2x2"}

@@ -261,7 +261,7 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
     from deviceplugin.dra.pluginregistration.v1 import api_pb2_grpc as reg_grpc
     from deviceplugin.dra.v1 import api_pb2 as dra_pb2
     from deviceplugin.dra.v1 import api_pb2_grpc as dra_grpc
-    from deviceplugin.testing import short_tmpdir
+    from tests.support.plugin import short_tmpdir
 
     from .scenario import _icl_command
 
@@ -420,7 +420,7 @@ def test_the_kubelets_own_dra_manager_prepares_a_ring_through_icl_dra_run(plane:
     import subprocess
 
     from deviceplugin.allocation import ENV_SHAPE, ENV_VISIBLE
-    from deviceplugin.testing import short_tmpdir
+    from tests.support.plugin import short_tmpdir
 
     from .scenario import _icl_command
 

@@ -34,8 +34,8 @@ from deviceplugin.backends.sim import SimBackend
 from deviceplugin.pods import KubernetesPodSource
 from deviceplugin.publisher import KubernetesNodePatcher, NodePublisher
 from deviceplugin.server import DevicePlugin
-from deviceplugin.testing import async_test, fast_plugin, plugin_config, short_tmpdir
 from simulator.kubelet import KubeletEmulator
+from tests.support.plugin import async_test, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset
 
 from .harness import DEFAULT_ALLOCATABLE, ControlPlane, e2e_required, wait_for

@@ -32,7 +32,7 @@ from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.kube import KubeError, RestKubeAPI
 from scheduler.server import ExtenderServer
-from scheduler.testing import wait_for
+from tests.support.extender import wait_for
 from topology import build_preset
 
 from .harness import KWOK_TOLERATIONS, ControlPlane

@@ -19,7 +19,7 @@ import pytest
 from deviceplugin.backends.sim import SimBackend
 from deviceplugin.pods import KubernetesPodSource
 from deviceplugin.publisher import TOPOLOGY_ANNOTATION, KubernetesNodePatcher, NodePublisher
-from deviceplugin.testing import async_test, running_plugin, short_tmpdir
+from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import build_preset, decode_annotation
 
 from .harness import ControlPlane, wait_for
@@ -102,8 +102,8 @@ async def test_plugin_publishes_health_changes_to_its_node(control_plane: Contro
     publisher = NodePublisher(KubernetesNodePatcher(control_plane.api_client), node, link_domain="rack-2")
     with short_tmpdir() as d:
         backend = SimBackend(build_preset("ring:8"), recover_after=1, probe_interval=0.05)
-        from deviceplugin.testing import fast_plugin, plugin_config
         from simulator.kubelet import KubeletEmulator
+        from tests.support.plugin import fast_plugin, plugin_config
 
         kubelet = KubeletEmulator(d)
         await kubelet.start()

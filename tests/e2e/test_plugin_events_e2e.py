@@ -14,8 +14,8 @@ import pytest
 
 from deviceplugin.backends.sim import SimBackend
 from deviceplugin.events import KubernetesNodeApi, NodeEventRecorder
-from deviceplugin.testing import async_test, fast_plugin, plugin_config, short_tmpdir
 from simulator.kubelet import KubeletEmulator
+from tests.support.plugin import async_test, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset
 
 from .harness import ControlPlane, wait_for

@@ -30,8 +30,8 @@ from scheduler.informer import Informer
 from scheduler.kube import RestKubeAPI
 from scheduler.podspec import parse_devices
 from scheduler.server import ExtenderServer
-from scheduler.testing import wait_for
 from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult
+from tests.support.extender import wait_for
 from topology import Placer, build_preset, encode_annotation, parse_shape
 
 from .harness import KWOK_TOLERATIONS, ControlPlane
