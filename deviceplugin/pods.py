@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from topology import contract
+
 __all__ = [
     "DEVICES_ANNOTATION",
     "SHAPE_ANNOTATION",
@@ -32,20 +34,17 @@ __all__ = [
     "pod_from_json",
 ]
 
-DEVICES_ANNOTATION = "kube-icl.io/devices"
-SHAPE_ANNOTATION = "kube-icl.io/shape"
+DEVICES_ANNOTATION = contract.ANN_DEVICES
+SHAPE_ANNOTATION = contract.ANN_SHAPE
 
 
 def parse_device_list(text: str) -> tuple[str, ...]:
-    """``"a,b,c"`` (or a JSON list) → ids in order; empty entries are dropped."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return ()
-        return tuple(str(x) for x in data) if isinstance(data, list) else ()
-    return tuple(p.strip() for p in text.split(",") if p.strip())
+    """``kube-icl.io/devices`` by the contract's rule (:func:`topology.contract.parse_devices`, the
+    extender's too); a value that breaks it names no devices, so the plugin does not honour it."""
+    try:
+        return contract.parse_devices(text)
+    except contract.ContractError:
+        return ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from deviceplugin.pods import FilePodSource, PodInfo, find_scheduled_pod, parse_
 from deviceplugin.publisher import TOPOLOGY_ANNOTATION, NodePublisher
 from tests.support.plugin import async_test
 from topology import Health, build_preset, decode_annotation
+from topology.contract import ContractError, parse_devices
 
 FIX = Path(__file__).parent / "fixtures" / "plugin"
 
@@ -87,10 +88,13 @@ async def test_file_pod_source_filters_by_node() -> None:
     assert await FilePodSource(FIX / "absent.json").pods_on_node("node-a") == []
 
 
-def test_device_list_formats() -> None:
-    assert parse_device_list(" a, b ,c,") == ("a", "b", "c")
-    assert parse_device_list('["x", "y"]') == ("x", "y")
-    assert parse_device_list("[broken") == ()
+def test_device_list_is_read_by_the_contract_rule() -> None:
+    """The plugin reads kube-icl.io/devices by the extender's rule (topology.contract): one rule on both ends."""
+    assert parse_device_list(" a, b ,c") == ("a", "b", "c") == parse_devices(" a, b ,c")
+    for bad in ("a,b,", '["x", "y"]', "[broken", "0,0", "a,,b"):
+        with pytest.raises(ContractError):
+            parse_devices(bad)
+        assert parse_device_list(bad) == (), bad  # not honoured: the plugin falls back to its own choice
 
 
 def _pod(name: str, devices: str, **kw: Any) -> PodInfo:
