@@ -217,9 +217,14 @@ class GangManager:
         with self.cache.lock:
             alive = self.survivors(key)
             least, most = self.limits_of(alive[0].gang) if alive and alive[0].gang is not None else (0, 0)
-            if not most > least > 0 or key in self.reservations:
+            if not most > least > 0 or self._starting(key):
                 return 0
             return max(0, len(alive) - least)
+
+    def _starting(self, key: str) -> bool:
+        """The gang's reservation still has a slot nobody claimed (lock held): its minimum is not running yet."""
+        res = self.reservations.get(key)
+        return res is not None and any(not s.pod_uid for s in res.slots)
 
     def plan(self, info: PodInfo, shape: Shape, candidates: Iterable[str]) -> tuple[set[str] | None, str]:
         """Nodes where this member may go, or (None, reason) when the gang cannot be placed.
@@ -568,7 +573,7 @@ class GangManager:
         if not most > least > 0:
             return False
         with self.cache.lock:
-            if gang.key in self.reservations:
+            if self._starting(gang.key):
                 return False  # still starting: all or nothing, as a rigid gang
             left = len(self.survivors(gang.key, lost))
         if left < least:

@@ -284,3 +284,17 @@ def test_ring_order_follows_the_domain() -> None:
     labels["lone"] = {}
     order = ring_order(ClusterView.from_labels(labels), [*labels, "m00"])
     assert order == ["m00", "m01", "m02", "m12", "m11", "m10", "lone"], "a snake: consecutive nodes are linked"
+
+
+def test_a_complete_reservation_not_yet_swept_does_not_hide_the_surplus() -> None:
+    """The minimum's slots are all claimed but the periodic sweep has not dropped the record yet: the gang
+    runs, so its surplus members are still surplus (preemption) and a loss shrinks it."""
+    c = line_cluster(3)
+    members = [c.add(elastic_pod(f"w{i}", "job", 1, 2)) for i in range(2)]
+    assert c.schedule(members[0]) == "n0"
+    assert "default/job" in c.ext.gangs.reservations, "not swept"
+    assert c.schedule(members[1]) == "n1"
+    hi = c.add(pod_obj("hi", 8, "ring", priority=100))
+    w1 = members[1]["metadata"]["uid"]
+    rigid = fill(c, "n2", "rigid")["metadata"]["uid"]
+    assert _preempt(c, hi, {"n1": [w1], "n2": [rigid]}) == {"n1": [w1]}
