@@ -19,6 +19,9 @@ memory          0         memory per member, MiB
 gpu_milli       1000      per-device share in milli-units (< 1000 only when
                           count is 1; fractional jobs need the fractional model)
 gpu_spec        (any)     allowed device models joined by ``|``
+min_gang        0         an elastic gang's minimum (1 .. gang-1; ``gang`` is then
+                          its maximum): it starts when the minimum fits, grows
+                          next to itself, shrinks on a failure; 0: rigid
 ==============  ========  =====================================================
 """
 
@@ -29,12 +32,34 @@ import difflib
 import json
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-__all__ = ["JOB_FIELDS", "Job", "JobFormatError", "read_jobs", "synthetic_jobs", "unknown_name", "write_jobs_csv"]
+__all__ = [
+    "JOB_FIELDS",
+    "Job",
+    "JobFormatError",
+    "make_elastic",
+    "read_jobs",
+    "synthetic_jobs",
+    "unknown_name",
+    "write_jobs_csv",
+]
 
-JOB_FIELDS = ("id", "submit", "duration", "count", "shape", "gang", "queue", "cpu", "memory", "gpu_milli", "gpu_spec")
+JOB_FIELDS = (
+    "id",
+    "submit",
+    "duration",
+    "count",
+    "shape",
+    "gang",
+    "queue",
+    "cpu",
+    "memory",
+    "gpu_milli",
+    "gpu_spec",
+    "min_gang",
+)
 
 
 class JobFormatError(ValueError):
@@ -54,6 +79,7 @@ class Job:
     memory_mib: int = 0
     gpu_milli: int = 1000
     gpu_spec: frozenset[str] = field(default_factory=frozenset)
+    gang_min: int = 0  # an elastic gang's minimum (``gang`` is its maximum); 0: rigid
 
     def __post_init__(self) -> None:
         where = f"job {self.id!r}"
@@ -69,6 +95,13 @@ class Job:
             raise JobFormatError(f"{where}: gpu_milli must be in 1..1000, got {self.gpu_milli}")
         if self.gpu_milli < 1000 and self.count != 1:
             raise JobFormatError(f"{where}: a fractional share (gpu_milli {self.gpu_milli}) needs count 1")
+        if not 0 <= self.gang_min <= self.gang:
+            raise JobFormatError(f"{where}: min_gang must be in 0..gang ({self.gang}), got {self.gang_min}")
+
+    @property
+    def elastic(self) -> bool:
+        """A gang that may run with ``gang_min`` .. ``gang`` members."""
+        return 0 < self.gang_min < self.gang
 
     @property
     def devices(self) -> int:
@@ -123,6 +156,7 @@ def _job(where: str, index: int, rec: Mapping[str, object]) -> Job:
             memory_mib=int(_num(rec, "memory", 0)),
             gpu_milli=int(_num(rec, "gpu_milli", 1000)),
             gpu_spec=spec,
+            gang_min=int(_num(rec, "min_gang", 0)),
         )
     except JobFormatError as exc:
         raise JobFormatError(f"{where}: {exc}") from None
@@ -219,6 +253,7 @@ def write_jobs_csv(jobs: Sequence[Job], path: str | Path) -> None:
                     j.memory_mib,
                     j.gpu_milli,
                     "|".join(sorted(j.gpu_spec)),
+                    j.gang_min,
                 ]
             )
 
@@ -283,3 +318,18 @@ def synthetic_jobs(
             )
         )
     return jobs
+
+
+def make_elastic(jobs: Sequence[Job], fraction: float, seed: int) -> list[Job]:
+    """``jobs`` with a seeded ``fraction`` of the multi-member gangs made elastic: minimum half the
+    members (at least 1), maximum all of them. Others are unchanged; deterministic for a seed."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"elastic fraction: must be in 0..1, got {fraction}")
+    rng = random.Random(f"elastic-{seed}")
+    out = []
+    for j in jobs:
+        pick = rng.random() < fraction  # one draw per job, so the choice of a job does not depend on others
+        if pick and j.gang > 1 and j.count > 0 and not j.gang_min:
+            j = replace(j, gang_min=max(1, j.gang // 2))
+        out.append(j)
+    return out

@@ -28,10 +28,23 @@ over its share waits while an under-share queue has work that fits).
 Failures: devices, links and nodes fail at given rates (per hour per item,
 exponential) and come back after ``repair_s``; a job on a failed item fails,
 and the whole gang goes back to the front of its queue (a requeue).
+
+Elastic gangs (``Job.gang_min``, under ``icl`` and ``icl-binpack``; other policies run
+them rigid at ``gang`` members): the minimum is placed all at once (``place_gang``);
+once the scheduling pass has placed every queued job that fits, running elastic gangs
+grow one member at a time up to ``gang``, each only next to their members
+(``extend_gang``, the extender's rule). A job's work is ``duration x gang``
+member-seconds; with k members it progresses at k per second (data parallel, linear).
+A failure that leaves at least the minimum shrinks the gang: the survivors keep the
+progress (each data-parallel replica holds the whole model) and stall ``resize_s``
+(re-rendezvous); every grow stalls the same. Below the minimum, or for a rigid gang,
+all progress is lost and the job is requeued whole. ``TimeResult.lost_device_seconds``
+counts the progress thrown away and the stalls, in device-seconds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -55,6 +68,7 @@ from topology import (
     Shape,
     ShapeError,
     TopologyError,
+    extend_gang,
     parse_shape,
     place_gang,
 )
@@ -106,6 +120,9 @@ class JobRecord:
     None where the cluster model has no topology (``share:`` policies) or the job has not run."""
     requeues: int = 0
     rejected: str = ""
+    elastic: bool = False  # ran as an elastic gang
+    grows: int = 0
+    shrinks: int = 0
 
     @property
     def wait(self) -> float | None:
@@ -129,6 +146,8 @@ class TimeResult:
     seconds: float = 0.0
     weights: dict[str, float] = field(default_factory=dict)
     busy_device_seconds: dict[str, float] = field(default_factory=dict)
+    lost_device_seconds: dict[str, float] = field(default_factory=lambda: {"rigid": 0.0, "elastic": 0.0})
+    """Progress thrown away by failures plus elastic resize stalls, device-seconds, by kind of job."""
 
 
 @dataclass
@@ -392,6 +411,20 @@ def _place_icl(
     return _Alloc([(node, p.devices) for node, p in g.members]), True
 
 
+def _grow_icl(c: _TopoCluster, job: Job, alloc: _Alloc) -> tuple[str, tuple[str, ...]] | None:
+    """One more member of a running elastic gang: the first node ``extend_gang`` offers (a node holding
+    a member, else one linked to one), the policy's devices there; None when no adjacent node has room."""
+    shape = c.shape(job)
+    free_by_node = {n: c.usable_free(n) for n in c.order if c.room(n, job)}
+    held = [n for n, _ in alloc.members]
+    ranked = extend_gang(c.spec.view, {n: c.topo[n] for n in free_by_node}, free_by_node, shape, held, c.linked.rank)
+    for node, _tier in ranked:
+        p = c.linked.devices(c.topo[node], c.usable_free(node), shape)
+        if p is not None:
+            return node, p.devices
+    return None
+
+
 def _percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return math.nan
@@ -413,6 +446,7 @@ def run_time(
     backfill: int = 8,
     invalid_slowdown: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
+    resize_s: float = 30.0,
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -424,7 +458,10 @@ def run_time(
     chosen queue (1 = strict FIFO per queue), the same for every policy.
     A job placed on devices that do not form its shape runs
     ``invalid_slowdown`` times longer (1 = no penalty, the default).
+    An elastic gang stalls ``resize_s`` after each grow or shrink (see the module doc).
     """
+    if resize_s < 0:
+        raise ValueError(f"resize_s: must be >= 0, got {resize_s}")
     if invalid_slowdown < 1.0:
         raise ValueError(f"invalid_slowdown: must be >= 1, got {invalid_slowdown}")
     if backfill < 1:
@@ -447,6 +484,7 @@ def run_time(
         balance = Balance.of_pods((j.count, j.cpu_milli, j.memory_mib) for j in jobs if j.count)
         c = _TopoCluster(spec, pol, balance)
         label = pol.value
+    grows = isinstance(c, _TopoCluster) and c.policy is not PolicyName.KUBELET
     records = {j.id: JobRecord(j) for j in jobs}
     if len(records) != len(jobs):
         raise ValueError("jobs: ids must be unique")
@@ -464,6 +502,13 @@ def run_time(
     running: dict[str, _Alloc] = {}
     epoch: dict[str, int] = {}
     result = TimeResult(label, c.total, list(records.values()), weights=dict(qweights))
+    elastic = {j.id for j in jobs if j.elastic and grows}
+    for jid in elastic:
+        records[jid].elastic = True
+    held: dict[str, int] = {}  # running job -> device milli it holds now
+    done_w: dict[str, float] = {}  # elastic job -> member-seconds of work done (kept over shrinks)
+    since: dict[str, float] = {}  # elastic job -> when its progress was last brought up to date
+    resume: dict[str, float] = {}  # elastic job -> end of its current resize stall
     seq = itertools.count()
     events: list[tuple[float, int, str, str, int]] = []  # time, seq, kind, arg, epoch
     for j in jobs:
@@ -488,13 +533,38 @@ def run_time(
                 busy_s[q] += used * dt
         last_t = t
 
-    def stop_job(jid: str, failed: bool) -> None:
+    def member_milli(job: Job) -> int:
+        return job.count * job.gpu_milli
+
+    def advance(jid: str, t: float) -> None:
+        """Bring an elastic job's progress up to ``t`` (lock-step members, none during a stall)."""
+        start = max(since[jid], resume.get(jid, 0.0))
+        if t > start:
+            done_w[jid] += len(running[jid].members) * (t - start)
+        since[jid] = t
+
+    def finish_at(jid: str, t: float) -> None:
+        """(Re)schedule an elastic job's finish from its progress and current members."""
+        job = records[jid].job
+        epoch[jid] = epoch.get(jid, 0) + 1
+        left = max(0.0, job.duration * job.gang - done_w[jid])
+        k = len(running[jid].members)
+        heapq.heappush(events, (max(t, resume.get(jid, t)) + left / k, next(seq), "finish", jid, epoch[jid]))
+
+    def stop_job(jid: str, failed: bool, t: float = 0.0) -> None:
         alloc = running.pop(jid)
         job = records[jid].job
         c.give(alloc, job)
-        in_use[job.queue] -= job.device_milli
+        in_use[job.queue] -= held.pop(jid, job.device_milli)
         epoch[jid] = epoch.get(jid, 0) + 1
         if failed:
+            kind = "elastic" if jid in elastic else "rigid"
+            if jid in elastic:
+                lost = done_w.get(jid, 0.0) * job.count  # everything done so far, stalls already counted
+                done_w[jid] = 0.0
+            else:
+                lost = (t - records[jid].starts[-1]) * job.gang * job.count
+            result.lost_device_seconds[kind] += max(0.0, lost)
             records[jid].requeues += 1
             if job.gang > 1:
                 result.gang_failures += 1
@@ -513,7 +583,10 @@ def run_time(
             placed = None
             jid = ""
             for jid in itertools.islice(queues[q], backfill):
-                placed = c.place(records[jid].job)
+                want = records[jid].job
+                if jid in elastic:
+                    want = dataclasses.replace(want, gang=want.gang_min)  # the minimum, all at once
+                placed = c.place(want)
                 if placed is not None:
                     break
             if placed is None:
@@ -524,12 +597,63 @@ def run_time(
             queues[q].remove(jid)
             c.take(alloc, job)
             running[jid] = alloc
-            in_use[q] += job.device_milli
+            held[jid] = member_milli(job) * len(alloc.members)
+            in_use[q] += held[jid]
             rec = records[jid]
             rec.starts.append(t)
             rec.valid = valid
+            if jid in elastic:
+                done_w.setdefault(jid, 0.0)
+                since[jid] = t
+                resume[jid] = t
+                finish_at(jid, t)
+                continue
             run_for = job.duration * invalid_slowdown if valid is False else job.duration
             heapq.heappush(events, (t + run_for, next(seq), "finish", jid, epoch.get(jid, 0)))
+
+    def grow(t: float) -> None:
+        """After every queued job that fits is placed: elastic gangs take free room next to themselves."""
+        assert isinstance(c, _TopoCluster)
+        for jid in sorted(j for j in running if j in elastic):
+            job = records[jid].job
+            alloc = running[jid]
+            added = 0
+            while len(alloc.members) < job.gang:
+                member = _grow_icl(c, job, alloc)
+                if member is None:
+                    break
+                if added == 0:
+                    advance(jid, t)
+                c.take_devices(member[0], member[1], job)
+                alloc.members.append(member)
+                held[jid] += member_milli(job)
+                in_use[job.queue] += member_milli(job)
+                added += 1
+            if added:
+                records[jid].grows += added
+                result.lost_device_seconds["elastic"] += resize_s * (len(alloc.members) - added) * job.count
+                resume[jid] = t + resize_s
+                finish_at(jid, t)
+
+    def shrink(jid: str, item: tuple[str, str, str], t: float) -> bool:
+        """An elastic gang loses the members ``item`` hits; False when fewer than its minimum would remain."""
+        assert isinstance(c, _TopoCluster)
+        job = records[jid].job
+        alloc = running[jid]
+        hit = [m for m in alloc.members if c.hits(item, _Alloc([m]))]
+        if len(alloc.members) - len(hit) < job.gang_min:
+            return False
+        advance(jid, t)
+        for m in hit:
+            alloc.members.remove(m)
+            c.give_devices(m[0], m[1], job)
+            held[jid] -= member_milli(job)
+            in_use[job.queue] -= member_milli(job)
+        records[jid].shrinks += 1
+        result.lost_device_seconds["elastic"] += resize_s * len(alloc.members) * job.count
+        resume[jid] = t + resize_s
+        finish_at(jid, t)
+        return True
 
     def fail(idx: int, t: float) -> None:
         kind, node, what, _ = items[idx]
@@ -537,7 +661,11 @@ def run_time(
         result.failures[kind] += 1
         hit = sorted(jid for jid, alloc in running.items() if c.hits(item, alloc))
         for jid in hit:
-            stop_job(jid, failed=True)
+            if jid in elastic and shrink(jid, item, t):
+                continue
+            if jid in elastic:
+                advance(jid, t)
+            stop_job(jid, failed=True, t=t)
         c.fail(item)
         heapq.heappush(events, (t + failures.repair_s, next(seq), "repair", str(idx), 0))
 
@@ -567,6 +695,8 @@ def run_time(
                 kind_, node, what, _ = items[int(arg)]
                 c.repair((kind_, node, what))
         schedule(t)
+        if elastic:
+            grow(t)
         healthy = c.healthy_devices()
         util = (c.busy() / healthy) if healthy else 0.0
         share = {q: in_use[q] / (1000.0 * c.total) for q in queues}

@@ -1,0 +1,93 @@
+"""Time mode with elastic gangs: start at the minimum, grow next to themselves, shrink on a failure,
+requeue below the minimum; the work lost counted; the free devices always consistent."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator import timesim
+from simulator.clusterspec import builtin_cluster, cluster_from_mapping
+from simulator.jobs import Job, JobFormatError, make_elastic, synthetic_jobs
+from simulator.timesim import FailureRates, run_time, summarise
+
+LINE = cluster_from_mapping(
+    {"pools": [{"name": "n", "count": 4, "topology": "ring:8", "link_domain": {"kind": "mesh", "dims": [4]}}]}
+)
+
+
+def test_an_elastic_gang_grows_at_once_when_there_is_room_and_finishes_sooner() -> None:
+    job = Job("e", 0.0, 1000.0, 8, "ring", gang=3, gang_min=1)
+    res = run_time(LINE, [job], "icl", resize_s=30.0)
+    (rec,) = res.records
+    assert rec.elastic and rec.grows == 2 and rec.starts == [0.0]
+    assert rec.end == pytest.approx(30.0 + 1000.0), "all three members after one resize stall"
+    assert res.lost_device_seconds["elastic"] == pytest.approx(30.0 * 1 * 8), "the first member stalled once"
+    # the same job rigid waits for nothing here either, and runs in exactly its duration
+    rigid = run_time(LINE, [Job("r", 0.0, 1000.0, 8, "ring", gang=3)], "icl")
+    assert rigid.records[0].end == pytest.approx(1000.0)
+
+
+def test_an_elastic_gang_starts_at_its_minimum_and_grows_only_next_to_itself() -> None:
+    # n0 and n2 are taken by long jobs; the elastic gang starts on n1 (min 1), n3 is free but not linked.
+    blockers = [Job(f"b{i}", 0.0, 5000.0, 8, "ring") for i in range(2)]
+    c = timesim._TopoCluster(LINE)
+    order = c.order
+    c.free[order[0]] = set()
+    c.free[order[2]] = set()
+    alloc = timesim._Alloc([(order[1], tuple(sorted(LINE.nodes[1].topology.ids)))])
+    c.free[order[1]] = set()
+    job = Job("e", 0.0, 100.0, 8, "ring", gang=3, gang_min=1)
+    assert timesim._grow_icl(c, job, alloc) is None, "n3 is free but only n0 and n2 are linked to n1"
+    c.free[order[2]] = set(LINE.nodes[2].topology.ids)
+    got = timesim._grow_icl(c, job, alloc)
+    assert got is not None and got[0] == order[2]
+    # and through the event loop: the elastic gang ends up with members on linked nodes only
+    res = run_time(LINE, [*blockers, Job("e", 1.0, 100.0, 8, "ring", gang=3, gang_min=1)], "icl")
+    assert all(r.end is not None for r in res.records)
+
+
+def test_a_failure_shrinks_an_elastic_gang_and_loses_less_work_than_a_rigid_one() -> None:
+    spec = builtin_cluster()
+    jobs = [Job(f"g{i}", float(i * 10), 20000.0, 8, "ring", gang=4) for i in range(6)]
+    rates = FailureRates(device_per_hour=0.02, repair_s=600.0)
+    rigid = run_time(spec, jobs, "icl", seed=3, failures=rates)
+    el = run_time(spec, make_elastic(jobs, 1.0, 0), "icl", seed=3, failures=rates)
+    assert all(r.elastic for r in el.records) and not any(r.elastic for r in rigid.records)
+    assert sum(r.shrinks for r in el.records) > 0
+    assert summarise(el).completed == summarise(rigid).completed == len(jobs)
+    assert el.lost_device_seconds["elastic"] < rigid.lost_device_seconds["rigid"]
+    assert rigid.lost_device_seconds["elastic"] == 0.0
+
+
+def test_other_policies_run_elastic_jobs_rigid() -> None:
+    jobs = make_elastic([Job(f"g{i}", 0.0, 100.0, 8, "ring", gang=2) for i in range(3)], 1.0, 0)
+    res = run_time(LINE, jobs, "kubelet")
+    assert not any(r.elastic or r.grows for r in res.records)
+
+
+def test_make_elastic_is_seeded_and_only_touches_gangs() -> None:
+    jobs = synthetic_jobs(400, 5)
+    a, b = make_elastic(jobs, 0.5, 7), make_elastic(jobs, 0.5, 7)
+    assert a == b
+    changed = [(x, y) for x, y in zip(jobs, a, strict=True) if x != y]
+    assert changed and all(x.gang > 1 and y.gang_min == max(1, x.gang // 2) for x, y in changed)
+    assert make_elastic(jobs, 0.0, 7) == jobs
+    with pytest.raises(ValueError, match="elastic fraction"):
+        make_elastic(jobs, 1.5, 0)
+    with pytest.raises(JobFormatError, match=r"min_gang must be in 0\.\.gang"):
+        Job("j", 0.0, 1.0, 1, gang=2, gang_min=3)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 1000), fraction=st.sampled_from([0.5, 1.0]))
+def test_elastic_runs_finish_every_job_and_give_every_device_back(seed: int, fraction: float) -> None:
+    spec = builtin_cluster()
+    jobs = make_elastic(synthetic_jobs(120, seed, mean_interarrival=30.0), fraction, seed)
+    res = run_time(spec, jobs, "icl", seed=seed, failures=FailureRates(0.002, 0.0, 0.001, 600.0))
+    assert summarise(res).completed == len(jobs)
+    assert all(0.0 <= u <= 1.0 for _, u, _, _ in res.samples)
+    for rec in res.records:
+        assert len(rec.starts) == rec.requeues + 1
+    assert res.samples[-1][1] == 0.0, "every device is free again at the end"
