@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -80,8 +81,16 @@ def build_cluster(n: int, preset: str, seed: int) -> tuple[ExtenderServer, list[
                     phase="Running",
                 )
             )
+            with_requests(pods[-1], shape.size * rng.choice([2000, 4000, 8000]), shape.size * 16384)
     cache.replace_pods(pods)
     return ExtenderServer(Extender(cfg, cache), cfg), names
+
+
+def with_requests(pod: dict[str, Any], cpu_milli: int, memory_mib: int) -> dict[str, Any]:
+    """Give the pod CPU and memory requests, as real pods have (the extender's stranding term reads them)."""
+    res = pod["spec"]["containers"][0]["resources"]
+    res.setdefault("requests", {}).update({"cpu": f"{cpu_milli}m", "memory": f"{memory_mib}Mi"})
+    return pod
 
 
 def json_floor(request: bytes, filter_obj: object, prio_obj: object, prio_request: bytes | None = None) -> None:
@@ -104,7 +113,7 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
 
 def run_case(n: int, preset: str, repeat: int, seed: int) -> dict[str, float]:
     server, names = build_cluster(n, preset, seed)
-    pod = pod_obj("bench", 4, "ring", namespace="alpha")
+    pod = with_requests(pod_obj("bench", 4, "ring", namespace="alpha"), 16000, 65536)
     request = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
     topo = build_preset(preset)
     Placer.for_topology(topo).fits(parse_shape("ring", count=4), topo.ids)  # candidate table, as at start-up
