@@ -39,7 +39,8 @@ A failure that leaves at least the minimum shrinks the gang: the survivors keep 
 progress (each data-parallel replica holds the whole model) and stall ``resize_s``
 (re-rendezvous); every grow stalls the same. Below the minimum, or for a rigid gang,
 all progress is lost and the job is requeued whole. ``TimeResult.lost_device_seconds``
-counts the progress thrown away and the stalls, in device-seconds.
+counts the work failures cost (progress thrown away, shrink stalls) in device-seconds;
+``grow_stall_device_seconds`` the stalls of growing.
 """
 
 from __future__ import annotations
@@ -147,7 +148,10 @@ class TimeResult:
     weights: dict[str, float] = field(default_factory=dict)
     busy_device_seconds: dict[str, float] = field(default_factory=dict)
     lost_device_seconds: dict[str, float] = field(default_factory=lambda: {"rigid": 0.0, "elastic": 0.0})
-    """Progress thrown away by failures plus elastic resize stalls, device-seconds, by kind of job."""
+    """Work lost to failures, device-seconds, by kind of job: progress thrown away by a requeue, and the
+    re-rendezvous stall of the survivors of an elastic gang that shrank."""
+    grow_stall_device_seconds: float = 0.0
+    """Device-seconds elastic gangs stood still re-forming after growing."""
 
 
 @dataclass
@@ -631,7 +635,7 @@ def run_time(
                 added += 1
             if added:
                 records[jid].grows += added
-                result.lost_device_seconds["elastic"] += resize_s * (len(alloc.members) - added) * job.count
+                result.grow_stall_device_seconds += resize_s * (len(alloc.members) - added) * job.count
                 resume[jid] = t + resize_s
                 finish_at(jid, t)
 
