@@ -81,9 +81,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     place.add_argument("--free", metavar="IDS", help="comma-separated free device ids (default: all healthy)")
     place.add_argument(
         "--policy",
-        default="fragmentation",
-        choices=["fragmentation", "binpack", "kubelet"],
-        help="choice policy",
+        default="icl",
+        choices=["icl", "icl-binpack", "kubelet", "fragmentation", "binpack"],
+        help="the policy's device choice (topology.policy; fragmentation = icl, binpack = icl-binpack)",
     )
     place.add_argument("--json", action="store_true", help='print {"devices", "shape", "score", ...} as JSON')
     place.set_defaults(func=_place)
@@ -135,7 +135,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _place(args: argparse.Namespace) -> int:
-    from topology import Placer, Policy, ShapeError, TopologyError, parse_shape, render
+    from topology import Placer, ShapeError, TopologyError, parse_shape, render
+    from topology.policy import linked_policy
 
     try:
         topo = _load(args.topology)
@@ -143,7 +144,7 @@ def _place(args: argparse.Namespace) -> int:
         free = _ids(args.free, "--free", topo)
         free_ids = sorted(topo.healthy_ids, key=topo.index_of) if free is None else free
         placer = Placer.for_topology(topo)
-        placement = placer.place(shape, free_ids, Policy(args.policy))
+        placement = linked_policy(args.policy).devices(topo, free_ids, shape)
     except (TopologyError, ShapeError) as e:
         return _fail(str(e))
     if placement is None:

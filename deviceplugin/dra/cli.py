@@ -55,10 +55,10 @@ def _shape_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--policy",
-        choices=["fragmentation", "binpack", "kubelet"],
-        default="fragmentation",
+        choices=["icl", "icl-binpack", "kubelet", "fragmentation", "binpack"],
+        default="icl",
         help="publish order of the shape devices: the policy's preference for the current allocations "
-        "(kubelet: static table order) (default: fragmentation)",
+        "(kubelet: static table order; fragmentation = icl, binpack = icl-binpack) (default: icl)",
     )
     p.add_argument("--model", default="", help="the chips' model, published as the attribute 'model'")
     p.add_argument("--link-domain", default="", help="published as the attribute 'linkDomain'")
@@ -66,13 +66,13 @@ def _shape_options(p: argparse.ArgumentParser) -> None:
 
 def _dra_config(args: argparse.Namespace) -> Any:
     from deviceplugin.dra.pool import DraConfig
-    from topology import Policy
+    from topology.policy import linked_policy
 
     return DraConfig(
         driver=args.driver,
         shapes=DraConfig.parse_shapes(args.shapes),
         max_per_shape=args.max_per_shape,
-        policy=Policy(args.policy),
+        policy=linked_policy(args.policy).rank,
         model=args.model,
         link_domain=args.link_domain,
     )
