@@ -75,6 +75,25 @@ class BindMachine(RuleBasedStateMachine):
             self.cache.upsert_pod(pod)
             self.pending.append(pod)
 
+    @rule(
+        least=st.integers(1, 2),
+        extra=st.integers(1, 2),
+        ask=st.sampled_from([(2, "ring"), (4, "mesh:2x2"), (8, "ring")]),
+    )
+    def create_elastic_gang(self, least: int, extra: int, ask: tuple[int, str]) -> None:
+        """An elastic gang (issue 13): min ``least``, max ``least + extra``; its surplus members bind alone."""
+        self.serial += 1
+        gang = {
+            "kube-icl.io/gang": f"e{self.serial}",
+            "kube-icl.io/gang-min": str(least),
+            "kube-icl.io/gang-max": str(least + extra),
+        }
+        for i in range(least + extra):
+            pod = pod_obj(f"e{self.serial}-{i}", ask[0], ask[1], annotations=gang)
+            self.api.pods[("default", pod["metadata"]["name"])] = pod
+            self.cache.upsert_pod(pod)
+            self.pending.append(pod)
+
     @rule(seconds=st.sampled_from([10.0, 60.0, 150.0]))
     def tick(self, seconds: float) -> None:
         self.clock.now += seconds
