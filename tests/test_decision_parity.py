@@ -222,3 +222,26 @@ def test_plugin_fallback_is_the_shared_policy(policy: str) -> None:
                     assert tuple(resp.container_responses[0].deviceIDs) == want.devices, (avail, must, size)
 
     body()
+
+
+def test_policy_names_in_the_extender_and_plugin_config() -> None:
+    """One registry: old names are read as what they mean now; others are refused naming the allowed ones."""
+    from deviceplugin.config import ConfigError as PluginConfigError
+    from scheduler.config import ConfigError, parse_config
+    from tests.support.plugin import plugin_config
+
+    assert parse_config({"policy": "fragmentation"}).policy == "icl"
+    assert parse_config({"policy": "binpack"}).policy == "icl-binpack"
+    assert parse_config({"policy": "icl-binpack", "weights": {"stranding": 0}}).stranding_weight == 0.0
+    for bad in ("fgd", "kubelet", "share:icl-binpack-x"):
+        with pytest.raises(ConfigError, match=r"^policy: .*; allowed: icl, icl-binpack \(former names"):
+            parse_config({"policy": bad})
+    with pytest.raises(ConfigError, match="weights: at least one weight must be positive"):
+        parse_config({"weights": {"fragmentation": 0, "binpack": 0, "stranding": 0}})
+    with short_tmpdir() as d:
+        assert plugin_config(Path(d), policy="binpack").policy == "binpack"
+        with pytest.raises(
+            PluginConfigError,
+            match=r"^policy: 'fgd' is not one of the policies that apply here; allowed: kubelet, icl, icl-binpack",
+        ):
+            plugin_config(Path(d), policy="fgd")

@@ -103,7 +103,7 @@ def policy_name(text: str, field: str = "policy", allowed: Collection[PolicyName
     >>> policy_name("fgd", allowed=LINKED)
     Traceback (most recent call last):
     ...
-    ValueError: policy: unknown name 'fgd'; allowed: kubelet, icl, icl-binpack
+    ValueError: policy: 'fgd' is not one of the policies that apply here; allowed: kubelet, icl, icl-binpack
     """
     key = text.strip().lower()
     key = key.removeprefix("share:")
@@ -114,8 +114,11 @@ def policy_name(text: str, field: str = "policy", allowed: Collection[PolicyName
         except ValueError:
             which = None
     names = list(PolicyName) if allowed is None else list(allowed)
-    if which is None or which not in names:
-        raise ValueError(f"{field}: unknown name {text!r}; allowed: {', '.join(p.value for p in names)}")
+    allowed_text = ", ".join(p.value for p in names)
+    if which is None:
+        raise ValueError(f"{field}: unknown name {text!r}; allowed: {allowed_text}")
+    if which not in names:
+        raise ValueError(f"{field}: {text!r} is not one of the policies that apply here; allowed: {allowed_text}")
     return which
 
 
