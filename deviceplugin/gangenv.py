@@ -26,9 +26,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from topology import contract
+
 __all__ = ["GANG_LAYOUT_ANNOTATION", "GangLayoutError", "gang_env"]
 
-GANG_LAYOUT_ANNOTATION = "kube-icl.io/gang-layout"
+GANG_LAYOUT_ANNOTATION = contract.ANN_GANG_LAYOUT
 
 
 class GangLayoutError(ValueError):

@@ -19,13 +19,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from kubeauth import KubeAuthError, KubeSession, resolve
-from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, encode_annotation, load_topology
+from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, contract, encode_annotation, load_topology
 
 __all__ = ["TOPOLOGY_ANNOTATION", "KubernetesNodePatcher", "NodePatcher", "NodePublisher", "kube_api_client"]
 
 log = logging.getLogger(__name__)
 
-TOPOLOGY_ANNOTATION = "kube-icl.io/topology"
+TOPOLOGY_ANNOTATION = contract.ANN_TOPOLOGY
 
 
 class NodePatcher(Protocol):

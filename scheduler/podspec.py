@@ -14,6 +14,9 @@ from topology import contract
 from topology.contract import (
     ANN_DEVICES,
     ANN_GANG,
+    ANN_GANG_LAYOUT,
+    ANN_GANG_MAX,
+    ANN_GANG_MIN,
     ANN_GANG_SIZE,
     ANN_QUEUE,
     ANN_SHAPE,
@@ -46,9 +49,6 @@ __all__ = [
 ]
 
 # The wire names and the devices rule are the contract's (topology.contract), re-exported here.
-ANN_GANG_MIN = "kube-icl.io/gang-min"  # elastic gang: the all-or-nothing minimum (instead of gang-size)
-ANN_GANG_MAX = "kube-icl.io/gang-max"  # elastic gang: members up to this many join when they fit
-ANN_GANG_LAYOUT = "kube-icl.io/gang-layout"  # written by the extender: the member's place in its gang (JSON)
 
 # Native group names honoured as the gang identity when kube-icl.io/gang is absent.
 LABEL_SCHED_PLUGINS_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins coscheduling (PodGroup CRD)

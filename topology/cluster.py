@@ -17,6 +17,7 @@ from functools import cached_property
 
 import networkx as nx
 
+from topology import contract
 from topology.errors import TopologyError
 from topology.model import NodeTopology, grid_coords
 from topology.placement import Placement, Placer
@@ -38,9 +39,9 @@ __all__ = [
     "ring_order",
 ]
 
-DOMAIN_LABEL = "kube-icl.io/link-domain"
-COORDS_LABEL = "kube-icl.io/link-coords"
-DOMAIN_KIND_LABEL = "kube-icl.io/link-domain-kind"  # optional: ring | mesh | torus
+DOMAIN_LABEL = contract.LABEL_LINK_DOMAIN
+COORDS_LABEL = contract.LABEL_LINK_COORDS
+DOMAIN_KIND_LABEL = contract.LABEL_LINK_DOMAIN_KIND  # optional: ring | mesh | torus
 _COORDS_RE = re.compile(r"^[0-9]+(\.[0-9]+){0,2}$")
 
 

@@ -22,6 +22,9 @@ from typing import Any
 __all__ = [
     "ANN_DEVICES",
     "ANN_GANG",
+    "ANN_GANG_LAYOUT",
+    "ANN_GANG_MAX",
+    "ANN_GANG_MIN",
     "ANN_GANG_SIZE",
     "ANN_QUEUE",
     "ANN_SHAPE",
@@ -29,6 +32,7 @@ __all__ = [
     "DEFAULT_RESOURCE",
     "LABEL_LINK_COORDS",
     "LABEL_LINK_DOMAIN",
+    "LABEL_LINK_DOMAIN_KIND",
     "ContractError",
     "cpu_milli",
     "format_devices",
@@ -42,10 +46,14 @@ ANN_TOPOLOGY = "kube-icl.io/topology"
 ANN_SHAPE = "kube-icl.io/shape"
 ANN_GANG = "kube-icl.io/gang"
 ANN_GANG_SIZE = "kube-icl.io/gang-size"
+ANN_GANG_MIN = "kube-icl.io/gang-min"  # elastic gang: the all-or-nothing minimum (instead of gang-size)
+ANN_GANG_MAX = "kube-icl.io/gang-max"  # elastic gang: members up to this many join when they fit
+ANN_GANG_LAYOUT = "kube-icl.io/gang-layout"  # written by the extender: the member's place in its gang (JSON)
 ANN_QUEUE = "kube-icl.io/queue"
 ANN_DEVICES = "kube-icl.io/devices"
 LABEL_LINK_DOMAIN = "kube-icl.io/link-domain"
 LABEL_LINK_COORDS = "kube-icl.io/link-coords"
+LABEL_LINK_DOMAIN_KIND = "kube-icl.io/link-domain-kind"  # optional: ring | mesh | torus
 
 _DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
