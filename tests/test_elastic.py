@@ -298,3 +298,71 @@ def test_a_complete_reservation_not_yet_swept_does_not_hide_the_surplus() -> Non
     w1 = members[1]["metadata"]["uid"]
     rigid = fill(c, "n2", "rigid")["metadata"]["uid"]
     assert _preempt(c, hi, {"n1": [w1], "n2": [rigid]}) == {"n1": [w1]}
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data())
+def test_preemption_victims_against_brute_force(data: st.DataObject) -> None:
+    """One mesh:2x4 node held by plain pods and members of one elastic gang (more members on node b).
+    The extender adds the fewest victims that free the shape, only surplus members when that is enough,
+    and never takes the gang below its minimum; brute force over every subset says what is possible."""
+    import itertools
+
+    c = Cluster({"a": "mesh:2x4", "b": "ring:8"}, ExtenderConfig(fair_share=False))
+    ids = [str(i) for i in range(8)]
+    order = data.draw(st.permutations(ids), label="device order")
+    sizes = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=5), label="holder sizes")
+    holders: list[tuple[str, ...]] = []
+    at = 0
+    for k in sizes:
+        if at + k > 8:
+            break
+        holders.append(tuple(order[at : at + k]))
+        at += k
+    kinds = data.draw(st.lists(st.booleans(), min_size=len(holders), max_size=len(holders)), label="elastic?")
+    on_b = data.draw(st.integers(0, 3), label="members on b")
+    members = sum(kinds) + on_b
+    least = data.draw(st.integers(1, max(1, members)), label="minimum")
+    most = max(least + 1, members)
+    ann = {"kube-icl.io/gang": "g", "kube-icl.io/gang-min": str(least), "kube-icl.io/gang-max": str(most)}
+    uid_devs: dict[str, tuple[str, ...]] = {}
+    gang_uids: set[str] = set()
+    for i, (devs, elastic) in enumerate(zip(holders, kinds, strict=True)):
+        extra = dict(ann) if elastic else {}
+        pod = c.add(
+            pod_obj(f"h{i}", len(devs), "any", node="a", annotations={**extra, "kube-icl.io/devices": ",".join(devs)})
+        )
+        uid_devs[pod["metadata"]["uid"]] = devs
+        if elastic:
+            gang_uids.add(pod["metadata"]["uid"])
+    for j in range(on_b):
+        c.add(pod_obj(f"b{j}", 1, "any", node="b", annotations={**ann, "kube-icl.io/devices": str(j)}))
+    shape_text, count = data.draw(st.sampled_from([("mesh:2x2", 4), ("ring", 4), ("any", 3), ("any", 2)]), label="ask")
+    hi = c.add(pod_obj("hi", count, shape_text, priority=100))
+    out = _preempt(c, hi, {"a": ["not-a-holder"]})
+
+    topo = c.cache.nodes["a"].topology
+    assert topo is not None
+    placer = Placer.for_topology(topo)
+    shape = parse_shape(shape_text, count)
+    free = set(ids) - {d for devs in holders for d in devs}
+    spare = members - least if members >= least else 0
+
+    def ok(subset: tuple[str, ...]) -> bool:
+        freed = free | {d for u in subset for d in uid_devs[u]}
+        return len([u for u in subset if u in gang_uids]) <= spare and placer.fits(shape, freed)
+
+    everyone = sorted(uid_devs)
+    valid = [s for k in range(len(everyone) + 1) for s in itertools.combinations(everyone, k) if ok(s)]
+    surplus_only = [s for s in valid if all(u in gang_uids for u in s)]
+    if not valid:
+        assert "a" not in out
+        return
+    answer = out["a"]
+    assert answer[0] == "not-a-holder", "the proposed victim is kept"
+    added = tuple(answer[1:])
+    assert ok(added), (added, valid)
+    best = surplus_only or valid
+    assert len(added) == min(len(s) for s in best)
+    if surplus_only:
+        assert all(u in gang_uids for u in added), "surplus members first"
