@@ -224,6 +224,11 @@ class ClusterCache:
             if rec is None:
                 rec = NodeRecord(name)
                 self.nodes[name] = rec
+                # a node seen again (deleted and re-created): the pods still bound there keep their requests
+                for node, cpu, mem in self._requests.values() if self._requests else ():
+                    if node == name:
+                        rec.cpu_used += cpu
+                        rec.mem_used += mem
             rec.allocatable = allocatable
             rec.cpu_alloc, rec.mem_alloc = cpu_alloc, mem_alloc
             rec.domain = str(labels.get(LABEL_LINK_DOMAIN) or "")

@@ -158,6 +158,12 @@ def test_cache_keeps_cpu_and_memory_of_every_pod() -> None:
     cache.delete_pod(dev)
     assert (cache.views["a"].cpu_free, cache.views["a"].mem_free) == (32000, 262144)
     assert cache.balance() == Balance()
+    cache.upsert_pod(plain)
+    cache.delete_node("a")  # the node object deleted and created again: its pods' requests stay counted
+    cache.upsert_node(api.nodes["a"])
+    assert cache.views["a"].cpu_free == 30500
+    cache.delete_pod(plain)
+    assert cache.views["a"].cpu_free == 32000
     unseen = ClusterCache(R, requests=False)  # podSelection labelled: plain pods are not seen
     Informer(api, unseen).sync_once()
     assert unseen.views["a"].cpu_free == -1
