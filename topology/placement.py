@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from topology.errors import ShapeError, TopologyError
 from topology.model import NodeTopology
-from topology.scoring import Policy, fragmentation_loss, hop_cost
+from topology.scoring import Policy, hop_cost, rank_key
 from topology.search import (
     Pattern,
     SearchResult,
@@ -383,30 +383,15 @@ class Placer:
         return self._placement(shape, best[1], score=rank[1])
 
     def _rank_key(self, policy: Policy, free_mask: int) -> Callable[[_Option], tuple[int, float, int]]:
-        """The policy's preference among fitting options as a sort key (lower first; ties: table order).
-
-        ``binpack``: fewest hops (any), then the fewest free devices left touching the job.
-        ``fragmentation``: fewest hops (any), then the least placeable capacity lost for the
-        expected mix, then the fewest free devices left touching the job. The key's middle
-        value is the decision's score.
-        """
-        if policy is Policy.BINPACK:
-
-            def binpack(o: _Option) -> tuple[int, float, int]:
-                touching = (o[3] & free_mask).bit_count()
-                return (o[2], float(touching), 0)
-
-            return binpack
-        busy = self.healthy & ~free_mask
-        mix = [(self.table(s), w) for s, w in self._mix]
-        fitting = [t.fitting(busy) for t, _ in mix]
-        by_device = [t.by_device for t, _ in mix]
-        weights = [w for _, w in mix]
-
-        def fragmentation(o: _Option) -> tuple[int, float, int]:
-            return (o[2], fragmentation_loss(o[0], fitting, by_device, weights), (o[3] & free_mask).bit_count())
-
-        return fragmentation
+        """The device rank's sort key (:func:`topology.scoring.rank_key`) over this placer's tables: for
+        ``fragmentation``, which candidates of the expected mix still fit the free set."""
+        if policy is Policy.FRAGMENTATION:
+            busy = self.healthy & ~free_mask
+            mix = [(self.table(s), w) for s, w in self._mix]
+            return rank_key(
+                policy, free_mask, [t.fitting(busy) for t, _ in mix], [t.by_device for t, _ in mix], [w for _, w in mix]
+            )
+        return rank_key(policy, free_mask, [], [], [])
 
     def preference(self, shape: Shape, free: Collection[str], policy: Policy = Policy.FRAGMENTATION) -> list[int]:
         """Indices into ``table(shape).masks``: the candidates that fit ``free``, best first under ``policy``

@@ -6,12 +6,12 @@ costs: lower is better. All inputs are bitmasks over device indices.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 
 from topology.search import bits
 
-__all__ = ["DeviceRank", "Policy", "binpack_node_score", "fragmentation_loss", "hop_cost", "stranded_units"]
+__all__ = ["DeviceRank", "Policy", "binpack_node_score", "fragmentation_loss", "hop_cost", "rank_key", "stranded_units"]
 
 
 class DeviceRank(StrEnum):
@@ -91,3 +91,35 @@ def stranded_units(free: float, cpu_free: float, mem_free: float, cpu_per_unit: 
     if mem_per_unit > 0:
         fed = min(fed, mem_free / mem_per_unit)
     return float(free) - fed
+
+
+RankKey = Callable[[tuple[int, tuple[int, ...], int, int]], tuple[int, float, int]]
+
+
+def rank_key(
+    rank: DeviceRank,
+    free_mask: int,
+    fitting: Sequence[int],
+    by_device: Sequence[Sequence[int]],
+    weights: Sequence[float],
+) -> RankKey:
+    """A device rank's preference among fitting placements on one node, as a sort key (lower first;
+    the placer breaks ties by table order). An option is (device mask, order, hop cost, mask of the
+    devices linked to it from outside). The key's middle value is the decision's score.
+
+    ``binpack``: fewest hops (``any``), then the fewest free devices left touching the job.
+    ``fragmentation``: fewest hops, then the least placeable capacity lost for the expected mix
+    (``fitting``, ``by_device``, ``weights``: see :func:`fragmentation_loss`), then the fewest free
+    devices left touching the job. ``kubelet`` does not rank (the placer takes the lowest ids).
+    """
+    if rank is DeviceRank.FRAGMENTATION:
+
+        def fragmentation(o: tuple[int, tuple[int, ...], int, int]) -> tuple[int, float, int]:
+            return (o[2], fragmentation_loss(o[0], fitting, by_device, weights), (o[3] & free_mask).bit_count())
+
+        return fragmentation
+
+    def binpack(o: tuple[int, tuple[int, ...], int, int]) -> tuple[int, float, int]:
+        return (o[2], float((o[3] & free_mask).bit_count()), 0)
+
+    return binpack
