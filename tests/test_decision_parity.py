@@ -60,8 +60,9 @@ def scenes(draw: st.DrawFn) -> dict[str, Any]:
         mem = draw(st.sampled_from([65536, 262144]))
         split = draw(st.integers(0, len(held)))
         holders = [h for h in (held[:split], held[split:]) if h]
-        plain_cpu = draw(st.integers(0, cpu // 2000)) * 1000
         used_cpu = [draw(st.integers(0, 4)) * 1000 for _ in holders]
+        # a state kube-scheduler can reach: the bound pods' requests fit the node's allocatable
+        plain_cpu = draw(st.integers(0, (cpu - sum(used_cpu)) // 1000)) * 1000
         nodes.append(
             {"name": f"n{i}", "preset": preset, "cpu": cpu, "mem": mem, "holders": holders, "used_cpu": used_cpu}
         )
