@@ -3,7 +3,8 @@
 - ``kube_icl_extender_decisions_total{verb,result}``: every verb's outcome.
 - ``kube_icl_extender_request_duration_seconds{verb}``: latency per verb.
 - ``kube_icl_gang_reservations``: gang reservations held now;
-  ``kube_icl_gang_reservation_events_total{outcome}``: reserved / completed / expired / failed.
+  ``kube_icl_gang_reservation_events_total{outcome}``: reserved / completed / expired / failed /
+  shrunk (an elastic gang lost members and runs on).
 - ``kube_icl_queue_dominant_share{queue}``, ``kube_icl_queue_devices{queue}``: fair share state.
 - ``kube_icl_node_free_shapes{node,shape}``: how many disjoint rings of each size still fit
   on each node's free devices (computed at scrape time, cached per topology and free set).
