@@ -174,6 +174,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         help="time: a job on devices that do not form its shape runs X times longer (default 1: no penalty)",
     )
     p.add_argument(
+        "--elastic",
+        type=_number(float, 0.0),
+        default=0.0,
+        metavar="F",
+        help="time: make a seeded fraction F (0..1) of the workload's gangs elastic (minimum half the members, "
+        "maximum all; icl policies grow and shrink them, docs/simulator.md)",
+    )
+    p.add_argument(
         "--interarrival",
         type=_number(float, 0.0, strict=True),
         default=120.0,
@@ -505,6 +513,14 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
     else:
         jobs = synthetic_jobs(args.jobs, args.seed, mean_interarrival=args.interarrival)
         what = f"{len(jobs)} synthetic jobs (ring, mesh, any; gangs of 2 and 4; no --trace or --pods)"
+    if args.elastic:
+        from simulator.jobs import make_elastic
+
+        if args.elastic > 1.0:
+            raise UsageError(f"--elastic: {args.elastic:g} is not a fraction in 0..1")
+        gangs = sum(1 for j in jobs if j.gang > 1 and j.count > 0 and not j.gang_min)
+        jobs = make_elastic(jobs, args.elastic, args.seed)
+        what += f"; {sum(1 for j in jobs if j.elastic)} of {gangs} gangs made elastic (--elastic {args.elastic:g})"
     share_default = [p for p in SHARE_POLICIES if p != "share:spread"]
     if isinstance(cluster, ClusterSpec):
         default = share_default if args.pods else list(TOPOLOGY_POLICIES)

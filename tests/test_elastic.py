@@ -155,6 +155,7 @@ def test_a_failed_member_shrinks_the_gang_while_its_minimum_survives() -> None:
         c.api.pods[("default", "w3")]["status"]["phase"] = "Failed"
         c.sync()
         assert evicted(c) == [], "3 of minimum 2 remain: shrink, no eviction"
+        assert c.ext.metrics.gang_events.labels("shrunk")._value.get() == 1
         del c.api.pods[("default", "w2")]
         c.cache.delete_pod(members[2])
         assert evicted(c) == []

@@ -92,3 +92,16 @@ def test_elastic_runs_finish_every_job_and_give_every_device_back(seed: int, fra
     for rec in res.records:
         assert len(rec.starts) == rec.requeues + 1
     assert res.samples[-1][1] == 0.0, "every device is free again at the end"
+
+
+def test_icl_sim_elastic_makes_a_seeded_fraction_of_the_gangs_elastic(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from icl.cli import main
+
+    out = f"{tmp_path}/o"
+    args = ["sim", "--mode", "time", "--jobs", "120", "--policies", "icl", "--no-plots", "--no-progress"]
+    assert main([*args, "--elastic", "1", "--out", out]) == 0
+    assert "gangs made elastic (--elastic 1)" in capsys.readouterr().out
+    assert main([*args, "--elastic", "1.5", "--out", out]) == 2
+    assert "--elastic: 1.5 is not a fraction in 0..1" in capsys.readouterr().err
