@@ -522,7 +522,10 @@ class Extender:
         reserved = False
         if info.gang is not None:
             with self.cache.lock:
-                reserved = info.gang.key in self.gangs.reservations
+                res = self.gangs.reservations.get(info.gang.key)
+                # a member with a reserved slot was admitted with its gang; an elastic gang's member
+                # above the reserved minimum was not (its record may linger until the next sweep)
+                reserved = res is not None and (not self.gangs.is_elastic(info.gang) or bool(res.open_nodes(info.uid)))
         if not reserved:  # a gang with a reservation was admitted as a whole
             verdict = self._fair_share(info)
             if verdict is not None:

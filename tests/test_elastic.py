@@ -367,3 +367,16 @@ def test_preemption_victims_against_brute_force(data: st.DataObject) -> None:
     assert len(added) == min(len(s) for s in best)
     if surplus_only:
         assert all(u in gang_uids for u in added), "surplus members first"
+
+
+def test_a_surplus_member_is_held_back_even_before_the_sweep_drops_the_reservation() -> None:
+    cfg = ExtenderConfig(fair_share=True, queues={q: QueueConfig(q, weight=1.0) for q in "ab"})
+    c = line_cluster(4, cfg)
+    q = {"kube-icl.io/queue": "a"}
+    members = [c.add(elastic_pod(f"w{i}", "job", 1, 2, annotations=q)) for i in range(2)]
+    assert c.schedule(members[0]) is not None
+    assert "default/job" in c.ext.gangs.reservations, "not swept yet"
+    c.add(pod_obj("b1", 8, "ring", annotations={"kube-icl.io/queue": "b"}))
+    result = c.filter(members[1])
+    assert result.node_names == []
+    assert "above its elastic gang's minimum" in next(iter(result.failed_and_unresolvable_nodes.values()))
