@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from simulator.fill import FracCluster, Scorer, never_fits, node_order
 from simulator.jobs import Job
-from simulator.timesim import FailureRates, _Alloc
+from simulator.timebase import Alloc, FailureRates
 from topology.gpushare import MILLI, GpuNodeSpec, TargetWorkload, TaskRequest
 from topology.policies import TieBreak, make_policy
 
@@ -61,7 +61,7 @@ class FracBackend:
             why = self._never[task.key] = never_fits(task, self._distinct)
         return why + (" (per gang member)" if why and job.gang > 1 else "")
 
-    def place(self, job: Job) -> tuple[_Alloc, bool | None] | None:
+    def place(self, job: Job) -> tuple[Alloc, bool | None] | None:
         task = task_of(job)
         taken: list[tuple[int, tuple[int, ...]]] = []
         ok = True
@@ -83,14 +83,14 @@ class FracBackend:
             self.cluster.release(node, task, devices)
         if not ok:
             return None
-        return _Alloc([(self.specs[n].name, tuple(str(d) for d in devs)) for n, devs in taken]), None
+        return Alloc([(self.specs[n].name, tuple(str(d) for d in devs)) for n, devs in taken]), None
 
-    def take(self, alloc: _Alloc, job: Job) -> None:
+    def take(self, alloc: Alloc, job: Job) -> None:
         task = task_of(job)
         for name, devs in alloc.members:
             self.cluster.allocate_devices(self.index[name], task, [int(d) for d in devs])
 
-    def give(self, alloc: _Alloc, job: Job) -> None:
+    def give(self, alloc: Alloc, job: Job) -> None:
         task = task_of(job)
         for name, devs in alloc.members:
             self.cluster.release(self.index[name], task, [int(d) for d in devs])
@@ -104,7 +104,7 @@ class FracBackend:
                 items.extend(("device", n.name, str(d), rates.device_per_hour) for d in range(n.gpus))
         return items
 
-    def hits(self, item: tuple[str, str, str], alloc: _Alloc) -> bool:
+    def hits(self, item: tuple[str, str, str], alloc: Alloc) -> bool:
         kind, node, what = item
         return any(n == node and (kind == "node" or what in devs) for n, devs in alloc.members)
 

@@ -54,13 +54,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import networkx as nx
 
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.fill import never_fits
 from simulator.jobs import Job
+from simulator.timebase import Alloc as _Alloc
+from simulator.timebase import Backend as _Backend
+from simulator.timebase import FailureRates
 from topology import (
     ClusterView,
     Health,
@@ -88,6 +90,7 @@ __all__ = [
 
 
 _KUBELET = linked_policy(PolicyName.KUBELET)
+_NO_FAILURES = FailureRates()
 
 TOPOLOGY_POLICIES: tuple[str, ...] = tuple(p.value for p in LINKED)
 """Time-mode names of the policies' linked forms (``kubelet``, ``icl``, ``icl-binpack``)."""
@@ -95,20 +98,6 @@ SHARE_POLICIES: tuple[str, ...] = tuple(f"share:{p.value}" for p in SHARE)
 """Time-mode names of the policies' share forms (``share:fgd``, ...)."""
 TIME_POLICIES: tuple[str, ...] = (*TOPOLOGY_POLICIES, *SHARE_POLICIES)
 """Every policy name ``run_time`` accepts."""
-
-
-@dataclass(frozen=True, slots=True)
-class FailureRates:
-    """Failures per item per hour, and how long a failed item stays down."""
-
-    device_per_hour: float = 0.0
-    link_per_hour: float = 0.0
-    node_per_hour: float = 0.0
-    repair_s: float = 1800.0
-
-    @property
-    def any(self) -> bool:
-        return self.device_per_hour > 0 or self.link_per_hour > 0 or self.node_per_hour > 0
 
 
 @dataclass
@@ -152,39 +141,6 @@ class TimeResult:
     re-rendezvous stall of the survivors of an elastic gang that shrank."""
     grow_stall_device_seconds: float = 0.0
     """Device-seconds elastic gangs stood still re-forming after growing."""
-
-
-@dataclass
-class _Alloc:
-    """Where one running job is: member -> (node, device ids)."""
-
-    members: list[tuple[str, tuple[str, ...]]]
-
-
-class _Backend(Protocol):
-    """What the event loop needs from a cluster model (topology nodes or fractional devices)."""
-
-    total: int
-
-    def busy(self) -> float: ...
-
-    def healthy_devices(self) -> int: ...
-
-    def precheck(self, job: Job) -> str: ...
-
-    def place(self, job: Job) -> tuple[_Alloc, bool | None] | None: ...
-
-    def take(self, alloc: _Alloc, job: Job) -> None: ...
-
-    def give(self, alloc: _Alloc, job: Job) -> None: ...
-
-    def failure_items(self, rates: FailureRates) -> list[tuple[str, str, str, float]]: ...
-
-    def hits(self, item: tuple[str, str, str], alloc: _Alloc) -> bool: ...
-
-    def fail(self, item: tuple[str, str, str]) -> None: ...
-
-    def repair(self, item: tuple[str, str, str]) -> None: ...
 
 
 class _TopoCluster:
@@ -445,7 +401,7 @@ def run_time(
     policy: str,
     *,
     seed: int = 0,
-    failures: FailureRates = FailureRates(),
+    failures: FailureRates = _NO_FAILURES,
     weights: Mapping[str, float] | None = None,
     backfill: int = 8,
     invalid_slowdown: float = 1.0,
