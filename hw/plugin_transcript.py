@@ -138,7 +138,7 @@ def main() -> int:
     if args.fixture:
         lines.append(f"nvml: {{fixture: {json.dumps(str(Path(args.fixture).resolve()))}}}")
     config.write_text("\n".join(lines) + "\n")
-    cmd = [sys.executable, "-m", "simulator.cli", "plugin", "--config", str(config), "--plugin-dir", str(plugin_dir)]
+    cmd = [sys.executable, "-m", "icl", "plugin", "--config", str(config), "--plugin-dir", str(plugin_dir)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     transcript = asyncio.run(drive(plugin_dir, cmd, env))
     transcript["fixture"] = args.fixture or ""

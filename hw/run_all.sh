@@ -33,13 +33,13 @@ step "2. icl plugin --backend nvml under the kubelet emulator"
 timeout 120 python3 hw/plugin_transcript.py "$R/plugin-transcript-$LABEL.json"; echo "plugin rc=$?"
 
 step "3. icl probe (torch) against the nvml backend's graph"
-timeout 180 python3 -m simulator.cli probe --against nvml --json "$R/probe-$LABEL.json" --png "$OUT/probe.png"; rc=$?; echo "probe rc=$rc"
+timeout 180 python3 -m icl probe --against nvml --json "$R/probe-$LABEL.json" --png "$OUT/probe.png"; rc=$?; echo "probe rc=$rc"
 if [ "$rc" != 0 ] && [ "$rc" != 3 ]; then  # live NVML refused something: compare with the guarded recording
-  timeout 180 python3 -m simulator.cli probe --against "nvml:$R/real-$LABEL.json" --json "$R/probe-$LABEL.json" --png "$OUT/probe.png"; echo "probe (recorded nvml) rc=$?"
+  timeout 180 python3 -m icl probe --against "nvml:$R/real-$LABEL.json" --json "$R/probe-$LABEL.json" --png "$OUT/probe.png"; echo "probe (recorded nvml) rc=$?"
 fi
 timeout 60 python3 hw/heatmap_mpl.py "$R/probe-$LABEL.json" "$OUT/probe-mpl.png" "$LABEL"; echo "mpl rc=$?"
 step "3b. icl probe (cupy, smaller) against preset full:N"
-timeout 120 python3 -m simulator.cli probe --engine cupy --size-mib 64 --iters 10 --against "full:$N" --json "$R/probe-cupy-$LABEL.json"; echo "probe cupy rc=$?"
+timeout 120 python3 -m icl probe --engine cupy --size-mib 64 --iters 10 --against "full:$N" --json "$R/probe-cupy-$LABEL.json"; echo "probe cupy rc=$?"
 
 step "4. NCCL all-reduce in Allocate's rank order vs other pairs"
 timeout 300 python3 hw/allreduce.py "$R/plugin-transcript-$LABEL.json" "$R/real-$LABEL.json" "$R/allreduce-$LABEL.json"; echo "allreduce rc=$?"

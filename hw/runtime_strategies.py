@@ -76,7 +76,7 @@ async def one_strategy(label: str, strategies: list[str], ids: str, fixture: str
         nvml["fixture"] = str(Path(fixture).resolve())
     config = {"backend": "nvml", "nodeName": "gpu-node", "pods": "none", "probeInterval": 1.0, "nvml": nvml}
     (work / "plugin.yaml").write_text(json.dumps(config) + "\n")  # JSON is YAML
-    cmd = [sys.executable, "-m", "simulator.cli", "plugin", "--config", str(work / "plugin.yaml")]
+    cmd = [sys.executable, "-m", "icl", "plugin", "--config", str(work / "plugin.yaml")]
     cmd += ["--plugin-dir", str(plugin_dir)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p))
     out: dict[str, Any] = {"label": label, "deviceListStrategy": strategies, "deviceIdStrategy": ids}

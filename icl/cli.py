@@ -1,8 +1,11 @@
 """The ``icl`` command: one entry point, one subcommand per part of kube-icl.
 
-Each part registers its own subcommands through a ``register(subparsers)``
-function in its ``cli`` module; heavy imports happen inside the handlers, so
-``icl --help`` stays fast. Logging is configured here and only here.
+This package sits above the parts it dispatches to (the device plugin, the DRA driver, the extender, the
+topology tools and the simulator) and none of them imports it. Each part registers its own subcommands
+through a ``register(subparsers, common)`` function in its ``cli`` module. Only the module of the subcommand
+being run is imported (``icl plugin`` and ``icl extender`` never import the simulator or matplotlib); ``icl
+--help`` and a command line without a known subcommand import them all, to list or reject. Heavy imports
+happen inside the handlers, so ``icl --help`` stays fast. Logging is configured here and only here.
 """
 
 from __future__ import annotations
@@ -15,20 +18,25 @@ import os
 import sys
 from collections.abc import Sequence
 
-__all__ = ["build_parser", "main", "version_string"]
+__all__ = ["COMMANDS", "build_parser", "main", "version_string"]
 
-# Modules that contribute subcommands, in the order ``icl --help`` lists them.
-COMMAND_MODULES: tuple[str, ...] = (
-    "simulator.topo_cli",
-    "simulator.demo_cli",
-    "deviceplugin.cli",
-    "deviceplugin.dra.cli",
-    "simulator.kubelet_cli",
-    "deviceplugin.probe_cli",
-    "scheduler.cli",
-    "simulator.sim_cli",
-)
+# Subcommand -> the module that registers it, in the order ``icl --help`` lists them.
+COMMANDS: dict[str, str] = {
+    "topo": "simulator.topo_cli",
+    "demo": "icl.demo",
+    "plugin": "deviceplugin.cli",
+    "dra": "deviceplugin.dra.cli",
+    "kubelet-emu": "simulator.kubelet_cli",
+    "probe": "deviceplugin.probe_cli",
+    "extender": "scheduler.cli",
+    "sim": "simulator.sim_cli",
+}
 
+# Verbs a subcommand's own module must not carry because they need the simulator: the subcommand's
+# ``register`` returns its verbs' subparsers action and this module's ``register`` adds to it.
+VERBS_ELSEWHERE: dict[str, str] = {
+    "dra": "icl.dra_measure",  # `icl dra measure` replays the DRA allocator in the simulator
+}
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_LOG_LEVEL = "info"
@@ -69,7 +77,23 @@ def version_string() -> str:
     return f"{text} (revision {revision})" if revision else text
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names, when that can be read without parsing: the first word that is not an
+    option, skipping the value of ``--log-level``. An unusual line (say, an abbreviated option) gives a word
+    that is no command, and then every command is registered: slower, never wrong."""
+    words = iter(argv)
+    for word in words:
+        if word == "--log-level":
+            next(words, None)
+        elif word == "--":
+            return next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``icl`` parser: with ``command`` (a key of ``COMMANDS``) only that subcommand, else all of them."""
     # The shared logging options go before or after the subcommand. Their default is SUPPRESS so
     # that a subcommand's parser, which knows them too, does not overwrite a value given earlier
     # with its own default; ``main`` supplies the defaults.
@@ -98,15 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=version_string(), help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(name)
-        module.register(sub, common)
+    names = [command] if command is not None and command in COMMANDS else list(COMMANDS)
+    for name in names:
+        verbs = importlib.import_module(COMMANDS[name]).register(sub, common)
+        if name in VERBS_ELSEWHERE:
+            importlib.import_module(VERBS_ELSEWHERE[name]).register(verbs, common)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_command_in(words))
+    args = parser.parse_args(words)
     _configure_logging(getattr(args, "log_level", DEFAULT_LOG_LEVEL), getattr(args, "json_logs", False))
     try:
         code: int = args.func(args)

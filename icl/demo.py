@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 
 
 def _run(args: argparse.Namespace) -> int:
-    from simulator.cli import main
+    from icl.cli import main
     from simulator.topo_cli import tour
 
     if not args.no_tour:

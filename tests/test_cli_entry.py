@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from simulator.cli import main
+from icl.cli import main
 
-ICL = [sys.executable, "-m", "simulator.cli"]
+ICL = [sys.executable, "-m", "icl"]
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +69,7 @@ def test_defaults_and_the_later_option_wins(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_plugin_subcommand_takes_the_logging_options_before_it() -> None:
-    from simulator.cli import build_parser
+    from icl.cli import build_parser
 
     args = build_parser().parse_args(["--log-level", "debug", "--json-logs", "plugin", "--backend", "sim"])
     assert (args.log_level, args.json_logs, args.command) == ("debug", True, "plugin")

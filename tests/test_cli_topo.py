@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import build_parser, main
+from icl.cli import build_parser, main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

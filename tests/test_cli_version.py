@@ -6,7 +6,7 @@ from importlib.metadata import version
 
 import pytest
 
-from simulator.cli import main
+from icl.cli import main
 
 
 def _version_output(capsys: pytest.CaptureFixture[str]) -> str:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from deviceplugin.dra.pool import plan_pool, publishable
-from simulator.cli import main
+from icl.cli import main
 from simulator.drasim import _shapes, _stream, measure, replay
 from topology import Placer, Policy, build_preset
 

@@ -155,7 +155,7 @@ def test_icl_extender_refuses_an_open_remote_listener_with_one_line(tmp_path: Pa
     with FakeAPIServer() as fake:
         config.write_text(yaml.safe_dump({"listen": {"host": "0.0.0.0", "port": 0}, "kube": {"server": fake.url}}))
         out = subprocess.run(
-            [sys.executable, "-m", "simulator.cli", "extender", "--config", str(config)],
+            [sys.executable, "-m", "icl", "extender", "--config", str(config)],
             capture_output=True,
             text=True,
             timeout=60,

@@ -303,9 +303,7 @@ def test_the_auth_method_is_named_for_people(user: dict[str, Any], method: str) 
 def _icl(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     env["HOME"] = str(home)
-    return subprocess.run(
-        [sys.executable, "-m", "simulator.cli", *args], capture_output=True, text=True, env=env, timeout=60
-    )
+    return subprocess.run([sys.executable, "-m", "icl", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
 def test_icl_plugin_outside_a_cluster_says_so_in_one_line(tmp_path: Path) -> None:

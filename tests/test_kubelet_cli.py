@@ -16,7 +16,7 @@ from simulator.kubelet import AdmissionError, KubeletEmulator
 from tests.support.plugin import async_test, fast_plugin, plugin_config, running_plugin, short_tmpdir
 from topology import build_preset
 
-ICL = [sys.executable, "-m", "simulator.cli"]
+ICL = [sys.executable, "-m", "icl"]
 R = "kube-icl.io/accelerator"
 
 

@@ -227,7 +227,7 @@ def test_upstream_cdi_device_field_is_field_5() -> None:
 
 
 def test_plugin_flags_reach_the_nvml_config(capsys: pytest.CaptureFixture[str]) -> None:
-    from simulator.cli import main as icl
+    from icl.cli import main as icl
 
     with short_tmpdir() as d:
         code = icl(["plugin", "--backend", "nvml", "--plugin-dir", str(d), "--device-list-strategy", "envvar,bogus"])

@@ -15,7 +15,7 @@ from simulator.kubelet import KubeletEmulator
 from tests.support.plugin import async_test, eventually, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset
 
-ICL = [sys.executable, "-m", "simulator.cli"]
+ICL = [sys.executable, "-m", "icl"]
 
 
 def test_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from deviceplugin.backends.sim import SimBackend
 from deviceplugin.config import NvmlConfig, PluginConfig
 from deviceplugin.events import NodeEventRecorder, health_events
 from deviceplugin.factory import GpuPluginConflict, build_plugin, check_other_gpu_plugins
-from simulator.cli import main as icl
+from icl.cli import main as icl
 from simulator.kubelet import KubeletEmulator
 from tests.support.plugin import async_test, eventually, fast_plugin, plugin_config, running_plugin, short_tmpdir
 from topology import build_preset

@@ -17,7 +17,7 @@ import os, sys
 real = os.access
 deny = sys.argv[1]
 os.access = lambda p, mode, **kw: False if os.fspath(p) == deny else real(p, mode, **kw)
-from simulator.cli import main
+from icl.cli import main
 raise SystemExit(main(["plugin", "--backend", "sim", "--topology", "ring:4", "--plugin-dir", deny]))
 """
 

@@ -31,7 +31,7 @@ from deviceplugin.probe import (
     parse_smi_nvlink,
     parse_smi_topo,
 )
-from simulator.cli import main as icl
+from icl.cli import main as icl
 from topology import Device, Link, LinkKind, NodeTopology, build_preset
 
 FIX = Path(__file__).parent / "fixtures"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from icl.cli import build_parser
 from scheduler.config import ConfigError, ExtenderConfig, load_config, parse_config
-from simulator.cli import build_parser
 from tests.support.extender import FakeAPIServer, node_obj, pod_obj, wait_for
 
 
@@ -29,7 +29,7 @@ def test_help_lists_the_command() -> None:
     args = parser.parse_args(["extender", "--config", "x.yaml", "--port", "9999"])
     assert args.command == "extender" and args.port == 9999
     out = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", "extender", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "icl", "extender", "--help"], capture_output=True, text=True, check=True
     )
     assert "--config FILE" in out.stdout and "/debug/state" in out.stdout
 
@@ -41,7 +41,7 @@ def test_runs_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         cfg = tmp_path / "extender.yaml"
         cfg.write_text(f"listen: {{host: 127.0.0.1, port: {port}}}\nkube: {{server: '{fake.url}'}}\n")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "simulator.cli", "extender", "--config", str(cfg)],
+            [sys.executable, "-m", "icl", "extender", "--config", str(cfg)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -71,7 +71,7 @@ def test_bad_config_exits_2_with_the_key(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("weights: {fragmentation: -1}\n")
     out = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", "extender", "--config", str(cfg)],
+        [sys.executable, "-m", "icl", "extender", "--config", str(cfg)],
         capture_output=True,
         text=True,
         check=False,

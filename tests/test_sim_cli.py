@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
+from icl.cli import main
 from simulator.jobs import Job, write_jobs_csv
 
 

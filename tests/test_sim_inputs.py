@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simulator.cli import main
+from icl.cli import main
 from simulator.clusterspec import SpecError, load_cluster
 from simulator.jobs import Job, JobFormatError, read_jobs, write_jobs_csv
 from simulator.openb import TraceError, read_nodes, read_pods

@@ -4,7 +4,9 @@
   the kubelet plugin (registration, NodePrepareResources, CDI specs).
 - ``icl dra slices``: print the ResourceSlices a topology gets (offline), or a per-shape summary.
 - ``icl dra classes``: print the DeviceClasses (one per shape family).
-- ``icl dra measure``: the simulator's figures for the subset trade-off and the publish order.
+
+``icl dra measure`` (the simulator's figures for the subset trade-off and the publish order) is added by the
+entry point (``icl/dra_measure.py``): the driver does not import the simulator.
 """
 
 from __future__ import annotations
@@ -78,7 +80,10 @@ def _dra_config(args: argparse.Namespace) -> Any:
     )
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """Add ``icl dra`` and its verbs; return the verbs' subparsers action, for verbs added elsewhere."""
     d = sub.add_parser(
         "dra",
         parents=[common],
@@ -131,21 +136,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     cl.add_argument("--driver", default="kube-icl.io", help="driver name (default: kube-icl.io)")
     cl.set_defaults(func=_classes)
 
-    me = dsub.add_parser(
-        "measure",
-        parents=[common],
-        help="simulate the DRA allocator: published subset vs all placements, static vs re-ordered publication",
-    )
-    me.add_argument(
-        "--topology", action="append", help="topology (repeatable; default: ring:8, hcm:8, torus:4x4, torus:8x8)"
-    )
-    me.add_argument("--trials", type=_positive, default=200, help="random job sequences per case (default: 200)")
-    me.add_argument("--seed", type=int, default=1, help="random seed (default: 1)")
-    me.add_argument(
-        "--cap", type=_positive, action="append", help="max_per_shape values to compare (repeatable; default: 64, 256)"
-    )
-    me.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    me.set_defaults(func=_measure)
+    return dsub
 
 
 def _fail(text: str) -> int:
@@ -196,22 +187,6 @@ def _classes(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     print(yaml.safe_dump_all(docs, sort_keys=False), end="")
-    return 0
-
-
-def _measure(args: argparse.Namespace) -> int:
-    import json
-
-    from simulator.drasim import format_table, measure
-    from topology import TopologyError
-
-    topologies = args.topology or ["ring:8", "hcm:8", "torus:4x4", "torus:8x8"]
-    caps = args.cap or [64, 256]
-    try:
-        rows = measure(topologies, caps=caps, trials=args.trials, seed=args.seed)
-    except (ValueError, TopologyError) as exc:
-        return _fail(str(exc))
-    print(json.dumps([r.as_dict() for r in rows], indent=2) if args.json else format_table(rows))
     return 0
 
 

@@ -177,7 +177,7 @@ def _icl_command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("icl")
-    return [found] if found else [sys.executable, "-m", "simulator.cli"]
+    return [found] if found else [sys.executable, "-m", "icl"]
 
 
 class ExtenderProcess:

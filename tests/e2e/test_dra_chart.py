@@ -48,7 +48,7 @@ def test_a_bad_driver_name_is_one_line_naming_it(helm: str) -> None:
 def test_the_driver_daemonset_runs_icl_dra_run_and_its_account_has_exactly_its_rights(
     control_plane: ControlPlane, helm: str, tmp_path: Path
 ) -> None:
-    from simulator.cli import build_parser
+    from icl.cli import build_parser
 
     from .test_chart import can_i
 

@@ -208,9 +208,7 @@ def test_version_names_the_package_and_the_revision(image: Image) -> None:
 
 def test_topo_show_draws_as_the_checkout_does(image: Image) -> None:
     inside = image.run(["icl", "topo", "show", "ring:4"])
-    host = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", "topo", "show", "ring:4"], capture_output=True, text=True
-    )
+    host = subprocess.run([sys.executable, "-m", "icl", "topo", "show", "ring:4"], capture_output=True, text=True)
     assert inside.returncode == 0, inside.stderr
     assert inside.stdout == host.stdout and "ring:4" in inside.stdout
 
@@ -247,7 +245,7 @@ def device_plugin_dir(image: Image) -> Iterator[Path]:
 
 
 def _start_kubelet_emu(plugin_dir: Path, tmp_path: Path, admits: Sequence[int]) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "simulator.cli", "kubelet-emu", "--plugin-dir", str(plugin_dir), "--wait", "60"]
+    argv = [sys.executable, "-m", "icl", "kubelet-emu", "--plugin-dir", str(plugin_dir), "--wait", "60"]
     for count in admits:
         argv += ["--admit", str(count)]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=(tmp_path / "kubelet-emu.log").open("w"), text=True)

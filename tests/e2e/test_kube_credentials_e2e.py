@@ -85,9 +85,7 @@ def _post(server: ExtenderServer, verb: str, body: Any) -> Any:
 
 
 def _icl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "simulator.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=120
-    )
+    return subprocess.run([sys.executable, "-m", "icl", *args], capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
 def test_extender_publisher_and_topo_show_through_an_exec_plugin(

@@ -95,7 +95,7 @@ def test_nvml_plugin_refuses_to_start_on_a_node_with_nvidia_gpus(control_plane: 
         )
         env = dict(os.environ, KUBECONFIG=str(control_plane.kubeconfig), PYTHONPATH=str(ROOT))
         out = subprocess.run(
-            [sys.executable, "-m", "simulator.cli", "plugin", "--config", str(cfg)],
+            [sys.executable, "-m", "icl", "plugin", "--config", str(cfg)],
             capture_output=True, text=True, timeout=120, env=env, cwd=ROOT,
         )  # fmt: skip
     text = out.stdout + out.stderr

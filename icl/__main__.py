@@ -1,0 +1,7 @@
+"""``python -m icl``: the ``icl`` command."""
+
+import sys
+
+from icl.cli import main
+
+sys.exit(main())
