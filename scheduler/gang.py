@@ -311,7 +311,7 @@ class GangManager:
             return None, f"gang {gang.name!r} runs its maximum of {most} members (annotation kube-icl.io/gang-max)"
         records = {n: self.cache.nodes[n] for n in candidates if n in self.cache.nodes}
         usable = {n: r for n, r in records.items() if r.view is not None and r.ready and not r.unschedulable}
-        cluster, topologies, free_by_node = self._inputs(usable, shape, every_node=True)
+        cluster, topologies, free_by_node = self._inputs(usable, shape)
         held = [self.cache.allocated[p.uid][0] for p in alive]
         ranked = extend_gang(cluster, topologies, free_by_node, shape, held, self.policy)
         if not ranked:
@@ -324,17 +324,18 @@ class GangManager:
         return {n for n, t in ranked if t == tier}, ""
 
     def _inputs(
-        self, records: Mapping[str, NodeRecord], shape: Shape, every_node: bool = False
+        self, records: Mapping[str, NodeRecord], shape: Shape
     ) -> tuple[ClusterView, dict[str, NodeTopology], dict[str, frozenset[str]]]:
-        """The link domains, topologies and free devices of the nodes where ``shape`` may fit.
+        """The link domains, and the topologies and free devices of the nodes of ``records`` where ``shape`` may fit.
 
-        The domains are built from those nodes, or with ``every_node`` from every node in the cache
-        (a growing gang's own nodes are full, yet they say what is adjacent)."""
+        The domains are built from every node in the cache, full, left out of the candidates or not
+        ready alike: which nodes are adjacent (wrap-around links included) follows from the whole
+        domain's coordinates. Only the topologies and free devices are filtered (lock held)."""
         topologies = {}
         free_by_node = {}
         labels: dict[str, dict[str, str]] = {}
-        for name, rec in (self.cache.nodes if every_node else records).items():
-            if rec.domain and every_node:
+        for name, rec in self.cache.nodes.items():
+            if rec.domain:
                 labels[name] = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
                 if rec.domain_kind:
                     labels[name][DOMAIN_KIND_LABEL] = rec.domain_kind
@@ -344,10 +345,6 @@ class GangManager:
                 continue
             topologies[name] = view.topology
             free_by_node[name] = view.free
-            if rec.domain and not every_node:
-                labels[name] = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
-                if rec.domain_kind:
-                    labels[name][DOMAIN_KIND_LABEL] = rec.domain_kind
         try:
             cluster = ClusterView.from_labels(labels)
         except TopologyError as exc:
