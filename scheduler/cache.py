@@ -14,6 +14,7 @@ decision is re-checked under the lock at bind time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -30,12 +31,13 @@ from scheduler.podspec import (
     parse_quantity,
     pod_info,
     requested_count,
+    requested_milli,
 )
 from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopology, TopologyError, decode_annotation
-from topology.contract import ContractError, cpu_milli, memory_mib
+from topology.contract import DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE, ContractError, cpu_milli, memory_mib
 from topology.policy import Balance
 
-__all__ = ["ClusterCache", "NodeRecord", "NodeView", "PodChange", "StateKey"]
+__all__ = ["ClusterCache", "NodeRecord", "NodeView", "PodChange", "StateKey", "share_free"]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,10 @@ JsonObj = dict[str, Any]
 
 # (fingerprint, free mask, devices held by pods whose exact devices are unknown,
 #  devices the kubelet's allocatable still admits, or -1 when the node reports none,
-#  free CPU (milli) and free memory (MiB) for new pods, -1 when the node reports none)
-StateKey = tuple[str, int, int, int, int, int]
+#  free CPU (milli) and free memory (MiB) for new pods, -1 when the node reports none,
+#  the shared devices and their used milli-devices)
+StateKey = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...]]
+_SHARE_OWNER = "share:"  # the allocator's owner of a device that shares hold ("share:<device>")
 
 _VIEW_LOG_LIMIT = 100_000  # view changes kept; a reader further behind rebuilds from ``views``
 
@@ -60,8 +64,27 @@ class NodeView:
     admits: int = -1  # allocatable minus devices held by pods on the node; -1: allocatable not reported
     cpu_free: int = -1  # allocatable CPU (milli) minus the requests of the pods bound there; -1: not reported
     mem_free: int = -1  # the same for memory (MiB)
+    shared: tuple[tuple[str, int], ...] = ()  # devices that shares hold, in index order, with their used milli
     # Per-view answers, keyed by shape text; filled by the extender, dropped with the view.
     memo: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+
+def share_free(view: NodeView) -> list[tuple[str, int]]:
+    """Each healthy device of the node in index order with the milli-devices a new share may take:
+    1000 when free, 1000 minus its shares' when shared, 0 when held whole, reserved or unhealthy."""
+    shared = dict(view.shared)
+    healthy = view.topology.healthy_ids
+    out = []
+    for dev in view.topology.ids:
+        if dev not in healthy:
+            continue
+        if dev in view.free:
+            out.append((dev, MILLI_PER_DEVICE))
+        elif dev in shared:
+            out.append((dev, max(0, MILLI_PER_DEVICE - shared[dev])))
+        else:
+            out.append((dev, 0))
+    return out
 
 
 @dataclass(slots=True)
@@ -88,6 +111,7 @@ class NodeRecord:
     owners: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod uid -> devices held
     reserved: dict[str, tuple[str, ...]] = field(default_factory=dict)  # reservation owner -> devices
     unattributed: dict[str, int] = field(default_factory=dict)  # pod uid -> count, devices unknown
+    shares: dict[str, dict[str, int]] = field(default_factory=dict)  # device -> pod uid -> milli-devices
     view: NodeView | None = None
     version: int = 0
 
@@ -140,11 +164,20 @@ def _ready(node: Mapping[str, Any]) -> bool:
 class ClusterCache:
     """Nodes, pods and device holdings; thread-safe."""
 
-    def __init__(self, resource: str, clock: Callable[[], float] = time.monotonic, *, requests: bool = True) -> None:
+    def __init__(
+        self,
+        resource: str,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        requests: bool = True,
+        shared_resource: str = DEFAULT_SHARED_RESOURCE,
+    ) -> None:
         """``requests``: keep every fed pod's CPU/memory requests on its node (free CPU/memory in the
         views); off when the cache is fed only some pods (``kube.podSelection: labelled``), whose
-        views then report CPU/memory as unknown."""
+        views then report CPU/memory as unknown. ``shared_resource``: the milli-device resource of
+        shared (fractional) devices."""
         self.resource = resource
+        self.shared_resource = shared_resource
         self.track_requests = requests
         self.clock = clock
         self.lock = threading.RLock()
@@ -154,6 +187,7 @@ class ClusterCache:
         self.pods: dict[str, PodInfo] = {}  # uid -> pods that ask for our resource (or are gang members)
         self.bad_pods: dict[str, str] = {}  # uid -> why its annotations could not be read
         self.allocated: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> (node, devices)
+        self.shared: dict[str, tuple[str, str, int]] = {}  # uid -> (node, device, milli): shares held
         self.assumed: dict[str, float] = {}  # uid -> time of assume (bind in flight)
         self.nodes_synced = False
         self.pods_synced = False
@@ -178,6 +212,9 @@ class ClusterCache:
         self._requests: dict[str, tuple[str, int, int]] = {}  # uid -> (node, CPU milli, memory MiB), bound pods
         self._device_asks: dict[str, tuple[int, int, int]] = {}  # uid -> (devices, CPU, memory), device pods
         self._ask_totals: tuple[int, int, int] = (0, 0, 0)
+        # (CPU, memory, devices, milli per device) -> non-terminal pods asking it: the share policy's workload
+        self._task_types: dict[tuple[int, int, int, int], int] = {}
+        self._task_type: dict[str, tuple[int, int, int, int]] = {}  # uid -> its entry in _task_types
 
     # ------------------------------------------------------------------ listeners
 
@@ -274,6 +311,23 @@ class ClusterCache:
                 rec.allocator.reserve(owner, devs)
             except (AllocationError, TopologyError):
                 del rec.reserved[owner]
+        for dev in rec.shares:
+            self._share_owner(rec, dev, True)
+
+    @staticmethod
+    def _share_owner(rec: NodeRecord, dev: str, hold: bool) -> None:
+        """Keep a shared device out of the whole-device allocator (its owner ``share:<device>``)."""
+        if rec.allocator is None:
+            return
+        owner = _SHARE_OWNER + dev
+        if not hold:
+            rec.allocator.release(owner)
+            return
+        if rec.allocator.holder(dev) == owner:
+            return
+        # held whole too (a conflict read from the API server): the device is never free while either holds it
+        with contextlib.suppress(AllocationError, TopologyError):
+            rec.allocator.allocate(owner, (dev,))
 
     def _view_touched(self, name: str) -> None:
         log = self._view_log
@@ -308,7 +362,11 @@ class ClusterCache:
             rec.view = None
             self.views.pop(rec.name, None)
             return
-        free = frozenset(rec.allocator.free_ids() & rec.healthy)
+        free = frozenset(rec.allocator.free_ids() & rec.healthy) - rec.shares.keys()
+        shared = tuple(
+            (dev, sum(users.values()))
+            for dev, users in sorted(rec.shares.items(), key=lambda kv: rec.index.get(kv[0], 0))
+        )
         mask = 0
         for dev in free:
             mask |= 1 << rec.index[dev]
@@ -319,10 +377,10 @@ class ClusterCache:
         track = self.track_requests
         cpu_free = max(0, rec.cpu_alloc - rec.cpu_used) if track and rec.cpu_alloc >= 0 else -1
         mem_free = max(0, rec.mem_alloc - rec.mem_used) if track and rec.mem_alloc >= 0 else -1
-        key = (rec.topology.fingerprint, mask, held, admits, cpu_free, mem_free)
+        key = (rec.topology.fingerprint, mask, held, admits, cpu_free, mem_free, shared)
         view = rec.view
         if view is None or view.key != key or view.topology is not rec.topology:
-            view = NodeView(rec.topology, free, key, held, admits, cpu_free, mem_free)
+            view = NodeView(rec.topology, free, key, held, admits, cpu_free, mem_free, shared)
             rec.view = view
         if rec.ready:
             self.views[rec.name] = view
@@ -386,14 +444,14 @@ class ClusterCache:
             return
         self._note_rv(uid, meta)
         try:
-            info = pod_info(obj, self.resource)
+            info = pod_info(obj, self.resource, self.shared_resource)
         except PodSpecError as exc:
             self._bad_pod(uid, obj, str(exc))
             return
         with self.lock:
             self._charge(uid, info)
             was_bad = self.bad_pods.pop(uid, None) is not None
-            if info.count == 0 and info.gang is None and not was_bad and not self._tracked(uid):
+            if info.count == 0 and info.milli == 0 and info.gang is None and not was_bad and not self._tracked(uid):
                 return  # asks for no device, names no gang, never held any: nothing to do (most pods)
             change = self._apply_pod(info)
             self._dirty.add(uid)
@@ -430,7 +488,7 @@ class ClusterCache:
 
     def _apply_pod(self, info: PodInfo) -> PodChange | None:
         uid = info.uid
-        if info.count == 0 and info.gang is None:
+        if info.count == 0 and info.milli == 0 and info.gang is None:
             self.pods.pop(uid, None)
             self._release(uid)
             return None
@@ -443,6 +501,17 @@ class ClusterCache:
                 return PodChange(info, True, info.node_name or (held[0] if held else ""))
             return PodChange(info, False, info.node_name) if prev_info else None
         self.pods[uid] = info
+        if info.milli:
+            if info.node_name and len(info.devices) == 1:
+                share = (info.node_name, info.devices[0], info.milli)
+                if self.shared.get(uid) == share:
+                    self.assumed.pop(uid, None)
+                    return None
+                self._release(uid)
+                self._hold_share(uid, *share)
+            elif info.node_name and uid not in self.shared:
+                log.warning("pod %s is bound to %s with a share but no kube-icl device", info.key, info.node_name)
+            return None
         if info.node_name and info.devices:
             held = self.allocated.get(uid)
             if held == (info.node_name, info.devices):
@@ -479,9 +548,42 @@ class ClusterCache:
         self._refresh(rec)
         return True
 
+    def _hold_share(self, uid: str, node: str, dev: str, milli: int) -> None:
+        """Record a share; an over-committed device read from the API server is recorded as it is
+        (its free share shows 0), so nothing more is ever promised on it."""
+        rec = self.nodes.get(node)
+        if rec is None:
+            rec = NodeRecord(node)
+            rec.error = "node not seen yet"
+            self.nodes[node] = rec
+        users = rec.shares.setdefault(dev, {})
+        if sum(users.values()) + milli > MILLI_PER_DEVICE:
+            log.error("node %s: device %s is shared beyond one device with pod %s's %d milli", node, dev, uid, milli)
+        users[uid] = milli
+        self.shared[uid] = (node, dev, milli)
+        self._share_owner(rec, dev, True)
+        self._refresh(rec)
+
+    def _release_share(self, uid: str) -> None:
+        held = self.shared.pop(uid, None)
+        if held is None:
+            return
+        rec = self.nodes.get(held[0])
+        if rec is None:
+            return
+        users = rec.shares.get(held[1], {})
+        users.pop(uid, None)
+        if not users:
+            rec.shares.pop(held[1], None)
+            self._share_owner(rec, held[1], False)
+        self._refresh(rec)
+
     def _release(self, uid: str) -> None:
         self._dirty.add(uid)
         self.assumed.pop(uid, None)
+        if uid in self.shared:
+            self._release_share(uid)
+            return
         held = self.allocated.pop(uid, None)
         for rec in self.nodes.values() if held is None else [self.nodes.get(held[0])]:
             if rec is None:
@@ -530,6 +632,24 @@ class ClusterCache:
                     self._refresh(rec)
         if new is not None:
             self._requests[uid] = new
+        types = self._task_types
+        old_type = self._task_type.pop(uid, None)
+        new_type = None
+        if info is not None and not info.terminal and (info.count > 0 or info.milli > 0):
+            if info.milli:
+                new_type = (info.cpu_milli, info.mem_mib, 1, info.milli)
+            else:
+                new_type = (info.cpu_milli, info.mem_mib, info.count, MILLI_PER_DEVICE)
+            self._task_type[uid] = new_type
+        if old_type != new_type:
+            if old_type is not None:
+                left = types[old_type] - 1
+                if left:
+                    types[old_type] = left
+                else:
+                    del types[old_type]
+            if new_type is not None:
+                types[new_type] = types.get(new_type, 0) + 1
         dev_old = self._device_asks.pop(uid, None)
         dev_new = None
         if info is not None and not info.terminal and info.count > 0:
@@ -541,6 +661,12 @@ class ClusterCache:
                 if ask is not None:
                     self._ask_totals = t = (t[0] + sign * ask[0], t[1] + sign * ask[1], t[2] + sign * ask[2])
 
+    def task_types(self) -> dict[tuple[int, int, int, int], int]:
+        """(CPU milli, memory MiB, devices, milli per device) -> how many non-terminal pods ask it (device
+        and share pods): the workload the share policy measures fragmentation against."""
+        with self.lock:
+            return dict(self._task_types)
+
     def balance(self) -> Balance:
         """CPU and memory the device pods (pending and bound) ask per device: the stranding term's ratios."""
         devices, cpu, mem = self._ask_totals
@@ -548,7 +674,13 @@ class ClusterCache:
 
     def _tracked(self, uid: str) -> bool:
         """The cache knows this pod: kept, holding (or assumed to hold) devices, or unreadable."""
-        return uid in self.pods or uid in self.allocated or uid in self.assumed or uid in self.bad_pods
+        return (
+            uid in self.pods
+            or uid in self.allocated
+            or uid in self.shared
+            or uid in self.assumed
+            or uid in self.bad_pods
+        )
 
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -558,7 +690,9 @@ class ClusterCache:
             self._charge(uid, None)
             if not self._tracked(uid):
                 try:
-                    untracked = requested_count(obj, self.resource) == 0
+                    untracked = (
+                        requested_count(obj, self.resource) == 0 and requested_milli(obj, self.shared_resource) == 0
+                    )
                 except PodSpecError:
                     untracked = False
                 if untracked:  # never held a device here: no walk over every node for it
@@ -581,7 +715,7 @@ class ClusterCache:
             self.upsert_pod(obj)
             seen.add(str((obj.get("metadata") or {}).get("uid") or ""))
         with self.lock:
-            gone = [uid for uid in [*self.pods, *self.allocated, *self._requests] if uid not in seen]
+            gone = [uid for uid in [*self.pods, *self.allocated, *self.shared, *self._requests] if uid not in seen]
         for uid in dict.fromkeys(gone):
             if uid in self.assumed:
                 continue  # our own bind in flight; the watch will confirm it
@@ -628,6 +762,28 @@ class ClusterCache:
             if info is not None:
                 self.pods[uid] = info
             self._refresh(rec)
+            self.generation += 1
+
+    def assume_share(self, uid: str, node: str, dev: str, milli: int, info: PodInfo | None = None) -> None:
+        """Hold ``milli`` of ``dev`` for a pod whose bind is in flight; AllocationError (and no change) when
+        the device is held whole, reserved, unhealthy, or has less than ``milli`` left."""
+        with self.lock:
+            rec = self.nodes.get(node)
+            if rec is None or rec.allocator is None or rec.view is None:
+                raise AllocationError(f"node {node!r} is not known with a topology")
+            if uid in self.allocated or uid in self.shared:
+                where = self.allocated[uid][0] if uid in self.allocated else self.shared[uid][0]
+                raise AllocationError(f"pod {uid} already holds devices on {where}")
+            if not 0 < milli < MILLI_PER_DEVICE:
+                raise AllocationError(f"share: {milli} is not in 1..{MILLI_PER_DEVICE - 1} milli-devices")
+            left = dict(share_free(rec.view)).get(dev, 0)
+            if milli > left:
+                raise AllocationError(f"device {dev!r} on {node} has {left} milli-devices free; {milli} asked")
+            self._hold_share(uid, node, dev, milli)
+            self.assumed[uid] = self.clock()
+            self._dirty.add(uid)
+            if info is not None:
+                self.pods[uid] = info
             self.generation += 1
 
     def forget(self, uid: str) -> None:
@@ -763,7 +919,15 @@ class ClusterCache:
     def check_invariants(self) -> None:
         """No device held twice, across allocations and reservations (tests call this)."""
         with self.lock:
+            for uid, (node, dev, milli) in self.shared.items():
+                if self.nodes[node].shares.get(dev, {}).get(uid) != milli:
+                    raise AssertionError(f"node {node}: share of pod {uid} on {dev} is not recorded")
             for rec in self.nodes.values():
+                for dev, users in rec.shares.items():
+                    if sum(users.values()) > MILLI_PER_DEVICE:
+                        raise AssertionError(f"node {rec.name}: device {dev} shared beyond one device: {users}")
+                    if dev in rec.free:
+                        raise AssertionError(f"node {rec.name}: shared device {dev} is free for whole devices")
                 seen: dict[str, str] = {}
                 for owner, devs in [*rec.owners.items(), *rec.reserved.items()]:
                     for d in devs:

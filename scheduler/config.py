@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from topology.contract import DEFAULT_SHARED_RESOURCE
 from topology.policy import PolicyName, policy_name
 
 __all__ = [
@@ -101,6 +102,7 @@ class ExtenderConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     request_timeout_s: float = 30.0
     resource_name: str = DEFAULT_RESOURCE
+    shared_resource_name: str = DEFAULT_SHARED_RESOURCE  # shared devices, in milli-devices (docs/scheduler.md)
     policy: str = "icl"  # a topology.policy.PolicyName with a linked form (former names are mapped)
     fragmentation_weight: float = 1.0
     binpack_weight: float = 1.0
@@ -129,6 +131,7 @@ _TOP_KEYS = {
     "maxBodyBytes",
     "requestTimeoutSeconds",
     "resourceName",
+    "sharedResourceName",
     "policy",
     "weights",
     "gangTimeoutSeconds",
@@ -246,6 +249,11 @@ def parse_config(raw: Any) -> ExtenderConfig:
         if "/" not in name:
             raise ConfigError(f"resourceName: an extended resource needs a domain prefix, got {name!r}")
         kw["resource_name"] = name
+    if "sharedResourceName" in top:
+        name = _str(top["sharedResourceName"], "sharedResourceName")
+        if "/" not in name:
+            raise ConfigError(f"sharedResourceName: an extended resource needs a domain prefix, got {name!r}")
+        kw["shared_resource_name"] = name
     if "policy" in top:
         policy = _str(top["policy"], "policy")
         # icl or icl-binpack; the former names fragmentation and binpack mean them. kubelet is the

@@ -53,6 +53,7 @@ from scheduler.podspec import (
     format_devices,
     pod_info,
 )
+from scheduler.sharing import SharePolicy
 from scheduler.wire import (
     MAX_PRIORITY,
     ExtenderArgs,
@@ -75,6 +76,7 @@ from topology import (
     pack_node,
     parse_shape,
 )
+from topology.contract import ANN_DEVICE_MILLI
 from topology.policy import Ask as PolicyAsk
 from topology.policy import Balance, NodeInput, Weights, linked_policy
 
@@ -197,6 +199,7 @@ class Extender:
         self.policy = linked_policy(
             cfg.policy, Weights(cfg.fragmentation_weight, cfg.binpack_weight, cfg.stranding_weight)
         )
+        self.shares = SharePolicy(cache, cfg.policy if cfg.policy == "icl" else "icl")
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
         self.gangs = GangManager(
@@ -341,7 +344,7 @@ class Extender:
 
     def _ask(self, pod: Mapping[str, Any]) -> _Ask:
         try:
-            info = pod_info(pod, self.cfg.resource_name)
+            info = pod_info(pod, self.cfg.resource_name, self.cfg.shared_resource_name)
         except PodSpecError as exc:
             meta = pod.get("metadata") or {}
             info = PodInfo(
@@ -516,6 +519,14 @@ class Extender:
         if ask.error:
             self._event(info, "InvalidPlacementRequest", ask.error)
             return self._result(args, [], {}, dict.fromkeys(names, ask.error)), "invalid"
+        if info.milli:
+            share = self.shares.decide(info, names)
+            self._note_fit(info.uid, bool(share.best))
+            if not share.best and names:
+                what = f"a share of {info.milli} milli-devices"
+                self._event(info, "FailedPlacement", summarize_failures(share.failed, len(names), what))
+                return self._result(args, [], share.failed, {}), "unschedulable"
+            return self._result(args, share.best, share.failed, {}), "fit"
         if ask.shape is None:
             return self._result(args, names, {}, {}), "ignored"
         shape = ask.shape
@@ -683,6 +694,9 @@ class Extender:
     def _scores(self, args: ExtenderArgs) -> list[int]:
         names = args.names
         ask = self._ask(args.pod)
+        if ask.info.milli and not ask.error:
+            best = set(self.shares.decide(ask.info, names).best)
+            return [MAX_PRIORITY if n in best else 0 for n in names]
         if ask.shape is None or ask.error:
             return [0] * len(names)
         info, shape = ask.info, ask.shape
@@ -735,7 +749,7 @@ class Extender:
                 return None, f"cannot read pod {args.pod_namespace}/{args.pod_name}: {exc}"
             if pod is not None:
                 try:
-                    info = pod_info(pod, self.cfg.resource_name)
+                    info = pod_info(pod, self.cfg.resource_name, self.cfg.shared_resource_name)
                 except PodSpecError as exc:
                     return None, str(exc)
         if info is None:
@@ -771,15 +785,21 @@ class Extender:
             if err:
                 self._event(info, "FailedBinding", err)
                 return ExtenderBindingResult(err)
-        if shape is not None:
+        if shape is not None or info.milli:
             try:
-                devices, slot, assumed, err = self._choose(info, uid, node, shape)
+                if info.milli:
+                    devices, assumed, err = self._choose_share(info, uid, node)
+                else:
+                    assert shape is not None
+                    devices, slot, assumed, err = self._choose(info, uid, node, shape)
             except (AllocationError, TopologyError, ShapeError) as exc:
                 err = f"devices on {node} changed while binding: {exc}"
             if err:
                 self._event(info, "FailedBinding", err)
                 return ExtenderBindingResult(err)
         annotations = {ANN_DEVICES: format_devices(devices)} if devices else {}
+        if devices and info.milli:
+            annotations[ANN_DEVICE_MILLI] = str(info.milli)
         if devices and info.gang is not None:
             annotations[ANN_GANG_LAYOUT] = self.gangs.layout_for(info, node, devices)
         try:
@@ -895,6 +915,20 @@ class Extender:
             have = meta.get("annotations") or {}
             if any(have.get(k) != v for k, v in annotations.items() if k == ANN_DEVICES):
                 raise
+
+    def _choose_share(self, info: PodInfo, uid: str, node: str) -> tuple[tuple[str, ...], bool, str]:
+        """Pick and assume the device of a share, under the cache lock: (devices, assumed, error)."""
+        with self.cache.lock:
+            held = self.cache.shared.get(uid)
+            if held is not None:
+                if held[0] != node:
+                    return (), False, f"pod {info.key} already holds a share on {held[0]}"
+                return (held[1],), False, ""  # a retried bind: the same device again
+            dev, why = self.shares.choose(info, node)
+            if why:
+                return (), False, why
+            self.cache.assume_share(uid, node, dev, info.milli, info)
+            return (dev,), True, ""
 
     def _choose(
         self, info: PodInfo, uid: str, node: str, shape: Shape

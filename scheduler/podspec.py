@@ -21,8 +21,10 @@ from topology.contract import (
     ANN_QUEUE,
     ANN_SHAPE,
     ANN_TOPOLOGY,
+    DEFAULT_SHARED_RESOURCE,
     LABEL_LINK_COORDS,
     LABEL_LINK_DOMAIN,
+    MILLI_PER_DEVICE,
     format_devices,
 )
 
@@ -46,6 +48,7 @@ __all__ = [
     "group_min_count",
     "parse_devices",
     "pod_info",
+    "requested_milli",
 ]
 
 # The wire names and the devices rule are the contract's (topology.contract), re-exported here.
@@ -117,6 +120,7 @@ class PodInfo:
     unschedulable: bool = False  # kube-scheduler marked it PodScheduled=False/Unschedulable
     cpu_milli: int = 0  # effective CPU request (topology.contract.pod_requests)
     mem_mib: int = 0  # effective memory request
+    milli: int = 0  # a share of one device, in milli-devices (1..999) of the shared resource; 0: none
 
     @property
     def key(self) -> str:
@@ -167,6 +171,45 @@ def requested_count(pod: Mapping[str, Any], resource: str) -> int:
     total = sum(_container_count(c, resource, f"spec.containers[{i}]") for i, c in enumerate(containers))
     init_max = max((_container_count(c, resource, f"spec.initContainers[{i}]") for i, c in enumerate(inits)), default=0)
     return max(total, init_max)
+
+
+def _container_milli(container: Any, resource: str, where: str) -> int:
+    if not isinstance(container, Mapping):
+        return 0
+    res = container.get("resources")
+    if not isinstance(res, Mapping):
+        return 0
+    for part in ("requests", "limits"):
+        values = res.get(part)
+        if isinstance(values, Mapping) and resource in values:
+            raw = values[resource]
+            if isinstance(raw, bool) or not (isinstance(raw, int) or (isinstance(raw, str) and raw.strip().isdigit())):
+                raise PodSpecError(
+                    f"{where}.resources.{part}[{resource}]: {raw!r} is not a whole number of milli-devices"
+                )
+            return int(str(raw).strip())
+    return 0
+
+
+def requested_milli(pod: Mapping[str, Any], resource: str = DEFAULT_SHARED_RESOURCE) -> int:
+    """The pod's share of one device in milli-devices (sum over containers, at least the largest init
+    container); :class:`PodSpecError` when it is a whole device or more (those ask whole devices)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return 0
+    containers = spec.get("containers") or []
+    inits = spec.get("initContainers") or []
+    if not isinstance(containers, list) or not isinstance(inits, list):
+        raise PodSpecError("spec.containers: expected an array")
+    total = sum(_container_milli(c, resource, f"spec.containers[{i}]") for i, c in enumerate(containers))
+    init_max = max((_container_milli(c, resource, f"spec.initContainers[{i}]") for i, c in enumerate(inits)), default=0)
+    milli = max(total, init_max)
+    if milli >= MILLI_PER_DEVICE:
+        raise PodSpecError(
+            f"resources[{resource}]: {milli} is a whole device or more; a share is 1..{MILLI_PER_DEVICE - 1} "
+            "milli-devices (ask whole devices with the whole-device resource)"
+        )
+    return milli
 
 
 def parse_devices(value: str) -> tuple[str, ...]:
@@ -274,7 +317,7 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
     return None
 
 
-def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:
+def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAULT_SHARED_RESOURCE) -> PodInfo:
     """Read a ``v1.Pod``. Raises :class:`PodSpecError` on a bad annotation or request."""
     meta = pod.get("metadata")
     if not isinstance(meta, Mapping):
@@ -297,14 +340,25 @@ def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:
             raise  # a bound pod's holding cannot be read: the cache counts it by size
         devices = ()  # a stale list on a pending pod does not matter: bind rewrites it
     cpu, mem = contract.pod_requests(pod)
+    count = requested_count(pod, resource)
+    milli = requested_milli(pod, shared_resource)
+    gang = _gang(meta, spec, namespace)
+    if milli and count:
+        raise PodSpecError(
+            f"resources: the pod asks {count} {resource} and {milli} {shared_resource}; ask whole devices or a share"
+        )
+    if milli and gang is not None:
+        raise PodSpecError(f"resources[{shared_resource}]: gang {gang.name!r} members must ask whole devices")
+    if milli and len(devices) > 1:
+        devices = ()  # a share is on one device: a longer list is not kube-icl's
     return PodInfo(
         uid=str(meta.get("uid") or ""),
         namespace=namespace,
         name=str(meta.get("name") or ""),
-        count=requested_count(pod, resource),
+        count=count,
         shape=shape,
         queue=queue,
-        gang=_gang(meta, spec, namespace),
+        gang=gang,
         priority=priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
         node_name=node_name,
         phase=str(status.get("phase") or "Pending"),
@@ -313,6 +367,7 @@ def pod_info(pod: Mapping[str, Any], resource: str) -> PodInfo:
         unschedulable=_unschedulable(status),
         cpu_milli=cpu,
         mem_mib=mem,
+        milli=milli,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 __all__ = [
     "ANN_DEVICES",
+    "ANN_DEVICE_MILLI",
     "ANN_GANG",
     "ANN_GANG_LAYOUT",
     "ANN_GANG_MAX",
@@ -30,14 +31,22 @@ __all__ = [
     "ANN_SHAPE",
     "ANN_TOPOLOGY",
     "DEFAULT_RESOURCE",
+    "DEFAULT_SHARED_RESOURCE",
+    "ENV_DEVICE_FRACTION",
+    "ENV_DEVICE_MILLI",
+    "ENV_MPS_THREAD_PERCENTAGE",
     "LABEL_LINK_COORDS",
     "LABEL_LINK_DOMAIN",
     "LABEL_LINK_DOMAIN_KIND",
+    "MILLI_PER_DEVICE",
     "ContractError",
     "cpu_milli",
     "format_devices",
+    "format_replica",
     "memory_mib",
+    "parse_device_milli",
     "parse_devices",
+    "parse_replica",
     "pod_requests",
 ]
 
@@ -51,6 +60,15 @@ ANN_GANG_MAX = "kube-icl.io/gang-max"  # elastic gang: members up to this many j
 ANN_GANG_LAYOUT = "kube-icl.io/gang-layout"  # written by the extender: the member's place in its gang (JSON)
 ANN_QUEUE = "kube-icl.io/queue"
 ANN_DEVICES = "kube-icl.io/devices"
+# Shared (fractional) devices, see docs/scheduler.md "Shared devices": a pod asks DEFAULT_SHARED_RESOURCE
+# in milli-devices (1..999); the plugin advertises MILLI_PER_DEVICE replicas "<device>::<k>" per device,
+# so the kubelet itself never hands out more than one whole device's worth of any device.
+DEFAULT_SHARED_RESOURCE = "kube-icl.io/accelerator-milli"
+MILLI_PER_DEVICE = 1000
+ANN_DEVICE_MILLI = "kube-icl.io/device-milli"  # written by the extender's bind beside kube-icl.io/devices
+ENV_DEVICE_FRACTION = "ICL_DEVICE_FRACTION"  # container env: the share, e.g. "0.250"
+ENV_DEVICE_MILLI = "ICL_DEVICE_MILLI"  # container env: the share in milli-devices, e.g. "250"
+ENV_MPS_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # honoured only where an MPS daemon runs
 LABEL_LINK_DOMAIN = "kube-icl.io/link-domain"
 LABEL_LINK_COORDS = "kube-icl.io/link-coords"
 LABEL_LINK_DOMAIN_KIND = "kube-icl.io/link-domain-kind"  # optional: ring | mesh | torus
@@ -98,6 +116,55 @@ def parse_devices(value: str) -> tuple[str, ...]:
     if len(set(ids)) != len(ids):
         raise ContractError(f"annotation {ANN_DEVICES}: {value!r} repeats a device")
     return ids
+
+
+def parse_device_milli(value: Any, where: str = f"resources[{DEFAULT_SHARED_RESOURCE}]") -> int:
+    """A shared-device request in milli-devices: a whole number in 1..999.
+
+    >>> parse_device_milli("250")
+    250
+    >>> parse_device_milli("1000", "share")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    topology.contract.ContractError: share: 1000 is a whole device or more; ask ...
+    """
+    if isinstance(value, bool):
+        raise ContractError(f"{where}: {value!r} is not a whole number of milli-devices")
+    text = str(value).strip() if isinstance(value, (int, str)) else ""
+    if not text.isdigit():
+        raise ContractError(f"{where}: {value!r} is not a whole number of milli-devices")
+    n = int(text)
+    if n >= MILLI_PER_DEVICE:
+        raise ContractError(
+            f"{where}: {n} is a whole device or more; ask {DEFAULT_RESOURCE} for whole devices "
+            f"(a share is 1..{MILLI_PER_DEVICE - 1} milli-devices)"
+        )
+    return n
+
+
+def format_replica(device: str, k: int) -> str:
+    """The plugin's id of replica ``k`` (0..999) of ``device`` for the shared resource.
+
+    >>> format_replica("3", 17)
+    '3::17'
+    """
+    return f"{device}::{k}"
+
+
+def parse_replica(value: str) -> tuple[str, int]:
+    """(device, replica index) of a shared-resource device id.
+
+    >>> parse_replica("nvidia0::999")
+    ('nvidia0', 999)
+    >>> parse_replica("3")
+    Traceback (most recent call last):
+    ...
+    topology.contract.ContractError: device id '3' is not a replica id <device>::<0..999>
+    """
+    dev, sep, k = value.rpartition("::")
+    if not sep or not _DEVICE_ID.match(dev) or not k.isdigit() or int(k) >= MILLI_PER_DEVICE:
+        raise ContractError(f"device id {value!r} is not a replica id <device>::<0..{MILLI_PER_DEVICE - 1}>")
+    return dev, int(k)
 
 
 def format_devices(devices: tuple[str, ...] | list[str]) -> str:
