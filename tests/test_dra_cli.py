@@ -41,6 +41,7 @@ def test_classes(capsys: pytest.CaptureFixture[str]) -> None:
         "ring.accel.example.com",
         "mesh.accel.example.com",
         "torus.accel.example.com",
+        "any.accel.example.com",
     ]
     assert (
         'device.attributes["accel.example.com"].family == "ring"'

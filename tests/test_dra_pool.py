@@ -177,7 +177,7 @@ def test_device_names_round_trip_and_stay_short() -> None:
         ({"driver": "Bad_Driver"}, "driver: 'Bad_Driver'"),
         ({"max_per_shape": 0}, "max_per_shape: must be >= 1, got 0"),
         ({"model": "m" * 65}, "model: "),
-        ({"shapes": (parse_shape("any", 2),)}, "shapes: any:2"),
+        ({"shapes": (parse_shape("any", 1),)}, "shapes: any:1 is a single chip"),
     ],
 )
 def test_bad_config_is_one_line_naming_the_field(kwargs: dict[str, Any], message: str) -> None:
@@ -190,7 +190,7 @@ def test_parse_shapes() -> None:
     for bad, message in (
         ("ring", "needs a device count"),
         ("blob:3", "unknown shape"),
-        ("any:3", "no fixed"),
+        ("any:1", "single chip"),
         ("", "no shape"),
     ):
         with pytest.raises(ValueError, match=message):

@@ -8,7 +8,9 @@ A claim names the family's class and narrows the shape with its own selector::
       - cel: {expression: 'device.attributes["kube-icl.io"].size == 4'}
 
 ``mesh.kube-icl.io`` with ``device.attributes["kube-icl.io"].shape == "mesh:2x4"`` asks for a 2x4 mesh
-(rank order row-major); ``chip.kube-icl.io`` for single chips.
+(rank order row-major); ``chip.kube-icl.io`` for single chips; ``any.kube-icl.io`` with
+``device.attributes["kube-icl.io"].size == 3`` for any 3 connected chips (published when the driver's
+``--shapes`` name ``any:3``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from deviceplugin.dra.pool import API_VERSION, DRIVER
 
 __all__ = ["FAMILIES", "device_classes", "selector"]
 
-FAMILIES: tuple[str, ...] = ("chip", "ring", "mesh", "torus")
+FAMILIES: tuple[str, ...] = ("chip", "ring", "mesh", "torus", "any")
 
 
 def selector(driver: str, family: str) -> str:

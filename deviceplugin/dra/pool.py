@@ -56,7 +56,7 @@ DEFAULT_SHAPES: tuple[str, ...] = ("ring:2", "ring:4", "ring:8", "mesh:2x2", "me
 DEFAULT_MAX_PER_SHAPE = 1024
 SLICE_NAME_MAX = 253
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_NAME_RE = re.compile(r"^(ring|mesh|torus)-([0-9x]+)-([0-9a-f]+)$")
+_NAME_RE = re.compile(r"^(ring|mesh|torus|any)-([0-9x]+)-([0-9a-f]+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +76,8 @@ class DraConfig:
         if self.max_per_shape < 1:
             raise ValueError(f"max_per_shape: must be >= 1, got {self.max_per_shape}")
         for s in self.shapes:
-            if s.kind is ShapeKind.ANY:
-                raise ValueError(f"shapes: {s} has no fixed placements to publish (use ring, mesh or torus)")
+            if s.kind is ShapeKind.ANY and s.size < 2:
+                raise ValueError(f"shapes: {s} is a single chip, published as chip devices already")
         for name, value in (("model", self.model), ("link_domain", self.link_domain)):
             if len(value.encode()) > limits.ATTRIBUTE_MAX_VALUE_LENGTH:
                 raise ValueError(f"{name}: {value!r} is longer than {limits.ATTRIBUTE_MAX_VALUE_LENGTH} bytes")
@@ -93,8 +93,10 @@ class DraConfig:
                 shape = parse_shape(raw)
             except ShapeError as exc:
                 raise ValueError(f"shapes: {exc}") from None
-            if shape.kind is ShapeKind.ANY:
-                raise ValueError(f"shapes: {raw!r} has no fixed placements to publish (use ring, mesh or torus)")
+            if shape.kind is ShapeKind.ANY and shape.size < 2:
+                raise ValueError(
+                    f"shapes: {raw!r} is a single chip, published as chip devices already (use any:2 or more)"
+                )
             if shape not in out:
                 out.append(shape)
         if not out:
@@ -131,7 +133,7 @@ def parse_device_name(name: str) -> tuple[Shape, int] | None:
         return None
     kind, dims = m.group(1), m.group(2)
     try:
-        shape = parse_shape(f"{kind}:{dims}" if kind != "ring" else f"ring:{dims}")
+        shape = parse_shape(f"{kind}:{dims}")
     except ShapeError:
         return None
     return shape, int(m.group(3), 16)
@@ -373,6 +375,21 @@ def _coords(topo: NodeTopology, index: int) -> str:
     return ""
 
 
+def _preference(placer: Placer, shape: Shape, free: Collection[str], policy: Policy) -> list[int]:
+    """Table indices in publish order: :meth:`Placer.preference` for rings, meshes and tori; for ``any:k``
+    (every connected set of k chips, which the placement core does not rank as fixed candidates) the
+    sets that fit first, most compact first (fewest summed hops; ``kubelet``: table order), then the rest."""
+    if shape.kind is not ShapeKind.ANY:
+        return placer.preference(shape, free, policy)
+    table = placer.table(shape)
+    free_mask = placer.topo.mask_of(free, "free") & placer.healthy
+    fitting = [i for i, m in enumerate(table.masks) if m & ~free_mask == 0]
+    if policy is not Policy.KUBELET:
+        fitting.sort(key=lambda i: (table.hops[i], i))
+    chosen = set(fitting)
+    return fitting + [i for i in range(len(table.masks)) if i not in chosen]
+
+
 def plan_pool(topo: NodeTopology, node: str, config: DraConfig | None = None, busy: Collection[str] = ()) -> PoolPlan:
     """The pool of ``node``: its chips and shape placements, ordered for the allocations in ``busy``.
 
@@ -397,7 +414,7 @@ def plan_pool(topo: NodeTopology, node: str, config: DraConfig | None = None, bu
             continue
         table = placer.table(shape)
         keep, note = publishable(topo, placer, shape, config.max_per_shape)
-        order = [i for i in placer.preference(shape, free, config.policy) if i in keep]
+        order = [i for i in _preference(placer, shape, free, config.policy) if i in keep]
         shapes += [ShapeDevice(shape, table.masks[i], table.orders[i]) for i in order]
         summary.append(ShapeSummary(str(shape), len(table.masks), len(order), note))
     return PoolPlan(node, topo, config, chips, tuple(shapes), tuple(summary))
