@@ -33,6 +33,7 @@ from scheduler.podspec import (
     requested_count,
     requested_milli,
 )
+from scheduler.podtable import PodTable, gang_index
 from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopology, TopologyError, decode_annotation
 from topology.contract import DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE, ContractError, cpu_milli, memory_mib
 from topology.policy import Balance
@@ -184,7 +185,8 @@ class ClusterCache:
         self.nodes: dict[str, NodeRecord] = {}
         # Ready nodes with a usable topology -> their current view: the filter's hot path reads only this.
         self.views: dict[str, NodeView] = {}
-        self.pods: dict[str, PodInfo] = {}  # uid -> pods that ask for our resource (or are gang members)
+        # uid -> pods that ask for our resource (or are gang members); pods.by_gang: gang key -> member uids
+        self.pods = PodTable()
         self.bad_pods: dict[str, str] = {}  # uid -> why its annotations could not be read
         self.allocated: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> (node, devices)
         self.shared: dict[str, tuple[str, str, int]] = {}  # uid -> (node, device, milli): shares held
@@ -951,6 +953,9 @@ class ClusterCache:
                     pools[pool] = pools.get(pool, 0) + n
             if usage != self._usage:
                 raise AssertionError(f"queue usage drifted: kept {self._usage}, recomputed {usage}")
+            kept = {key: set(uids) for key, uids in self.pods.by_gang.items()}
+            if kept != gang_index(self.pods.items()):
+                raise AssertionError(f"gang index drifted: kept {kept}, recomputed {gang_index(self.pods.items())}")
             waiting: dict[str, int] = {}
             for info in self._pending.values():
                 waiting[info.queue] = waiting.get(info.queue, 0) + 1

@@ -174,11 +174,12 @@ class GangManager:
 
     def members_bound(self, gang: GangRef) -> list[PodInfo]:
         with self.cache.lock:
-            return [
-                p
-                for uid, p in self.cache.pods.items()
-                if p.gang is not None and p.gang.key == gang.key and uid in self.cache.allocated
-            ]
+            return [p for uid, p in self._members(gang.key) if uid in self.cache.allocated]
+
+    def _members(self, key: str) -> list[tuple[str, PodInfo]]:
+        """(uid, pod) of the pods in the cache naming gang ``key`` (lock held; O(members): the cache's index)."""
+        pods = self.cache.pods
+        return [(uid, pods[uid]) for uid in pods.by_gang.get(key, ())]
 
     def limits_of(self, gang: GangRef) -> tuple[int, int]:
         """(minimum, maximum) of the gang; (0, 0) when its size is known only from a group object not read yet."""
@@ -194,11 +195,11 @@ class GangManager:
         """Members that hold devices on a node that exists and have not ended or been lost (lock held)."""
         gone = set(lost)
         out = []
-        for uid, (node, _devs) in self.cache.allocated.items():
-            p = self.cache.pods.get(uid)
-            if p is None or p.gang is None or p.gang.key != key or uid in gone:
+        for uid, p in self._members(key):
+            held = self.cache.allocated.get(uid)
+            if held is None or uid in gone:
                 continue
-            if p.terminal or p.deleting or node not in self.cache.nodes:
+            if p.terminal or p.deleting or held[0] not in self.cache.nodes:
                 continue
             out.append(p)
         return out
@@ -480,11 +481,7 @@ class GangManager:
         if expires_at <= wall:
             return None
         key = str(body["gang"])
-        members = {
-            (node, devs): uid
-            for uid, (node, devs) in self.cache.allocated.items()
-            if (p := self.cache.pods.get(uid)) is not None and p.gang is not None and p.gang.key == key
-        }
+        members = {self.cache.allocated[uid]: uid for uid, _p in self._members(key) if uid in self.cache.allocated}
         slots: list[Slot] = []
         for raw in body["slots"]:
             slot = Slot(str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"]))
@@ -538,12 +535,8 @@ class GangManager:
                 self._drop(res)
             victims = [
                 p
-                for p in self.cache.pods.values()
-                if p.gang is not None
-                and p.gang.key == key
-                and p.uid != except_uid
-                and p.uid not in self._evicted
-                and not p.deleting
+                for _uid, p in self._members(key)
+                if p.uid != except_uid and p.uid not in self._evicted and not p.deleting
             ]
             self._evicted.update(p.uid for p in victims)
             if len(self._evicted) > 100_000:
@@ -615,9 +608,8 @@ class GangManager:
 
     def _gang_ref(self, key: str) -> GangRef | None:
         with self.cache.lock:
-            for p in self.cache.pods.values():
-                if p.gang is not None and p.gang.key == key:
-                    return p.gang
+            for _uid, p in self._members(key):
+                return p.gang
         return None
 
     # ------------------------------------------------------------------ what the members see

@@ -189,6 +189,20 @@ class BindMachine(RuleBasedStateMachine):
         assert reserved == live, "a reservation leaked or vanished"
 
     @invariant()
+    def gang_index_matches_a_fresh_computation(self) -> None:
+        """The cache's index of gang members (kept on every pod event, rebuilt at restart) equals a scan of all pods."""
+        scan: dict[str, set[str]] = {}
+        for uid, info in self.cache.pods.items():
+            if info.gang is not None:
+                scan.setdefault(info.gang.key, set()).add(uid)
+        assert {k: set(v) for k, v in self.cache.pods.by_gang.items()} == scan
+        for uids in scan.values():
+            gang = self.cache.pods[next(iter(uids))].gang
+            assert gang is not None
+            bound = sorted(u for u in uids if u in self.cache.allocated)
+            assert sorted(p.uid for p in self.ext.gangs.members_bound(gang)) == bound
+
+    @invariant()
     def no_device_held_twice(self) -> None:
         self.cache.check_invariants()
         per_node: Counter[tuple[str, str]] = Counter()
