@@ -73,7 +73,7 @@ def test_the_extender_is_a_loopback_sidecar_of_every_scheduler_replica() -> None
     cfg = parse_config(raw)
     plain = documents(ROOT / "kube-scheduler-config.yaml")[0]
     ext = plain["extenders"][0]
-    assert [r["name"] for r in ext["managedResources"]] == [cfg.resource_name]
+    assert [r["name"] for r in ext["managedResources"]] == [cfg.resource_name, cfg.shared_resource_name]
     assert is_loopback(cfg.host), "only the pod's own kube-scheduler may call the verbs"
     assert cfg.tls_cert is None and not cfg.debug_state
     assert ext["urlPrefix"] == f"http://127.0.0.1:{cfg.port}{cfg.path_prefix}"

@@ -120,6 +120,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   managedResources:
     - name: {{ .Values.resourceName }}
       ignoredByScheduler: false
+    - name: {{ .Values.sharedResourceName | default "kube-icl.io/accelerator-milli" }}
+      ignoredByScheduler: false
 {{- end -}}
 
 {{/* One pool's plugin config file: devicePlugin.config, pool keys, pool.config, then the chart's own keys. */}}
