@@ -3,6 +3,7 @@
 A config file looks like::
 
     resourceName: kube-icl.io/accelerator
+    sharedResourceName: ""           # e.g. kube-icl.io/accelerator-milli: shared devices ("" = off)
     pluginDir: /var/lib/kubelet/device-plugins
     backend: sim                     # sim | udev | nvml
     topology: torus:4x4              # preset or topology file (sim; udev/nvml: optional link graph)
@@ -113,6 +114,7 @@ class NvmlConfig:
 @dataclass(frozen=True, slots=True)
 class PluginConfig:
     resource_name: str = DEFAULT_RESOURCE
+    shared_resource_name: str = ""  # shared devices in milli-devices, a second endpoint (deviceplugin/sharing.py)
     plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
     socket_name: str = "kube-icl.sock"
     backend: str = "sim"
@@ -136,6 +138,12 @@ class PluginConfig:
     def __post_init__(self) -> None:
         if not _RESOURCE_RE.match(self.resource_name):
             raise ConfigError(f"resourceName: {self.resource_name!r} is not a domain-qualified resource name")
+        if self.shared_resource_name and not _RESOURCE_RE.match(self.shared_resource_name):
+            raise ConfigError(
+                f"sharedResourceName: {self.shared_resource_name!r} is not a domain-qualified resource name"
+            )
+        if self.shared_resource_name == self.resource_name:
+            raise ConfigError(f"sharedResourceName: {self.shared_resource_name!r} is the whole-device resourceName")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.backend == "sim" and not self.topology:

@@ -203,10 +203,16 @@ async def serve(load: Callable[[], PluginConfig], **plugin_kwargs: Any) -> int:
             http = await start_http(plugin)
             inner = asyncio.Event()
             task = asyncio.create_task(plugin.run(inner))
+            tasks = [task]
+            if config.shared_resource_name:  # shared devices: a second endpoint following the same backend
+                from deviceplugin.sharing import SharedDevicePlugin
+
+                shared = SharedDevicePlugin(config, plugin.backend, plugin.pods, metrics=plugin.metrics)
+                tasks.append(asyncio.create_task(shared.run(inner)))
             new_config: PluginConfig | None = None
-            while new_config is None and not stop.is_set() and not task.done():
+            while new_config is None and not stop.is_set() and not any(t.done() for t in tasks):
                 waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(reload.wait())]
-                await asyncio.wait([*waiters, task], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([*waiters, *tasks], return_when=asyncio.FIRST_COMPLETED)
                 for w in waiters:
                     w.cancel()
                 if reload.is_set():
@@ -217,7 +223,8 @@ async def serve(load: Callable[[], PluginConfig], **plugin_kwargs: Any) -> int:
                     except (ConfigError, ValueError) as e:
                         log.error("SIGHUP: configuration not reloaded, keeping the running one: %s", e)
             inner.set()
-            await task  # re-raises if the plugin died
+            for t in tasks:
+                await t  # re-raises if the plugin died
             if http is not None:
                 await http.stop()
             if new_config is None:

@@ -136,7 +136,7 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
                 if not nxt.done():
                     nxt.cancel()
             if nxt.done() and not nxt.cancelled():
-                yield device_list(nxt.result())
+                yield self.plugin.device_list(nxt.result())
         # the server is stopping: end the stream now instead of holding the grace period
 
     async def GetPreferredAllocation(
@@ -210,6 +210,7 @@ class DevicePlugin:
         self.backend_failures = 0
         self.closing = asyncio.Event()  # set while the gRPC server stops
         self._tasks: list[asyncio.Task[Any]] = []
+        self.owns_backend = True  # runs and closes the backend (the shared-device endpoint only follows it)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -221,6 +222,10 @@ class DevicePlugin:
     def healthy(self) -> bool:
         """Serving and registered: what /healthz reports."""
         return self._server is not None and self._registered
+
+    def device_list(self, topo: NodeTopology) -> api_pb2.ListAndWatchResponse:
+        """What ListAndWatch sends for ``topo`` (the shared-device endpoint sends replicas)."""
+        return device_list(topo)
 
     def options(self) -> api_pb2.DevicePluginOptions:
         return api_pb2.DevicePluginOptions(
@@ -452,7 +457,10 @@ class DevicePlugin:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.backoff[1])
 
-        self._tasks = [asyncio.create_task(backend(), name="backend"), asyncio.create_task(observe())]
+        self._tasks = [asyncio.create_task(observe())]
+        if not self.owns_backend:
+            return
+        self._tasks.append(asyncio.create_task(backend(), name="backend"))
         if self.events is not None:
             self.backend.feed.add_listener(self._health_events)
             self._tasks.append(asyncio.create_task(self.events.run(), name="events"))
@@ -503,4 +511,5 @@ class DevicePlugin:
             if self.events is not None:
                 self.backend.feed.remove_listener(self._health_events)
                 await self.events.close()
-            await self.backend.close()
+            if self.owns_backend:
+                await self.backend.close()

@@ -1,0 +1,247 @@
+"""Shared (fractional) devices on the node: the shared resource's second plugin endpoint.
+
+The plugin advertises the shared resource (``topology.contract.DEFAULT_SHARED_RESOURCE``,
+milli-devices) as :data:`~topology.contract.MILLI_PER_DEVICE` replicas per physical device,
+``<device>::<k>``, each as healthy as its device. A pod asking 250 milli-devices is allocated 250
+replica ids by the kubelet's device manager; since every replica id is handed out at most once, the
+kubelet itself never lets a device's shares add up to more than one device, whatever asks.
+
+- :func:`preferred_share`: GetPreferredAllocation. The scheduler's choice when a bound, not yet
+  started pod on this node names one device in ``kube-icl.io/devices`` with ``kube-icl.io/device-milli``
+  equal to the request and that device has that many replicas available; else the share form of
+  ``icl`` (``topology.policies.make_policy``) on the node's devices, each as free as its available
+  replicas. The answer is always replicas of one device, ``must_include`` first.
+- :func:`share_device`: Allocate. The replicas must all be of one healthy device (a kubelet that
+  ignored the preference and spread a share over devices gets a clear error, not two devices);
+  the container gets that one device, in the NVIDIA runtime's terms too (``NVIDIA_VISIBLE_DEVICES`` or
+  the CDI device of the nvml backend's strategy), ``ICL_DEVICE_FRACTION``, ``ICL_DEVICE_MILLI`` and
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (honoured only where an MPS control daemon serves the
+  device). There is no memory isolation: see docs/deviceplugin.md, "Shared devices".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from deviceplugin.allocation import RequestError, container_env, rank_layout
+from deviceplugin.backends.base import Backend, RuntimeEdits
+from deviceplugin.config import PluginConfig
+from deviceplugin.pods import PodInfo, PodSource
+from deviceplugin.server import HEALTHY, UNHEALTHY, DevicePlugin
+from deviceplugin.v1beta1 import api_pb2
+from topology import NodeTopology
+from topology.contract import (
+    ANN_DEVICE_MILLI,
+    DEFAULT_SHARED_RESOURCE,
+    ENV_DEVICE_FRACTION,
+    ENV_DEVICE_MILLI,
+    ENV_MPS_THREAD_PERCENTAGE,
+    MILLI_PER_DEVICE,
+    ContractError,
+    format_replica,
+    parse_replica,
+)
+from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
+from topology.policies import make_policy
+
+__all__ = ["SHARED_SOCKET", "SharedDevicePlugin", "preferred_share", "replica_list", "share_device", "share_env"]
+
+SHARED_SOCKET = "kube-icl-shared.sock"
+
+
+def replica_list(topo: NodeTopology) -> api_pb2.ListAndWatchResponse:
+    """The shared resource's ListAndWatch message: every device's replicas, with its health and NUMA node."""
+    devices: list[api_pb2.Device] = []
+    for d in topo.devices:
+        health = HEALTHY if d.healthy else UNHEALTHY
+        numa = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=d.numa)]) if d.numa is not None else None
+        devices.extend(
+            api_pb2.Device(ID=format_replica(d.id, k), health=health, topology=numa) for k in range(MILLI_PER_DEVICE)
+        )
+    return api_pb2.ListAndWatchResponse(devices=devices)
+
+
+def _by_device(topo: NodeTopology, ids: Sequence[str], field: str) -> dict[str, list[str]]:
+    known = set(topo.ids)
+    out: dict[str, list[str]] = defaultdict(list)
+    for rid in dict.fromkeys(ids):
+        try:
+            dev, _ = parse_replica(rid)
+        except ContractError as exc:
+            raise RequestError(f"{field}: {exc}") from None
+        if dev not in known:
+            raise RequestError(f"{field}: {rid!r} names unknown device {dev!r}")
+        out[dev].append(rid)
+    return out
+
+
+def _scheduled(pods: Sequence[PodInfo], node: str, size: int, free: dict[str, list[str]]) -> str:
+    """The device a bound, not yet started share pod of this size names, or ""; oldest pod first."""
+    matches = []
+    for pod in pods:
+        if pod.node_name != node or pod.deleting or pod.phase not in ("Pending", "") or pod.container_statuses:
+            continue
+        if pod.annotations.get(ANN_DEVICE_MILLI, "") != str(size) or len(pod.devices) != 1:
+            continue
+        if len(free.get(pod.devices[0], ())) >= size:
+            matches.append(pod)
+    matches.sort(key=lambda p: (p.created, p.namespace, p.name))
+    return matches[0].devices[0] if matches else ""
+
+
+def preferred_share(
+    topo: NodeTopology,
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    *,
+    pods: Sequence[PodInfo] = (),
+    node: str = "",
+) -> tuple[tuple[str, ...], str]:
+    """(replica ids of one device, "scheduler" | "policy") for one container request."""
+    if not 0 < size < MILLI_PER_DEVICE:
+        raise RequestError(f"allocation_size: a share is 1..{MILLI_PER_DEVICE - 1} milli-devices, got {size}")
+    free = _by_device(topo, available, "available_deviceIDs")
+    must = _by_device(topo, must_include, "must_include_deviceIDs")
+    if len(must) > 1:
+        raise RequestError(f"must_include_deviceIDs: replicas of {len(must)} devices; a share is on one device")
+    healthy = topo.healthy_ids
+    source = "scheduler"
+    dev = _scheduled(pods, node, size, free) if node else ""
+    if dev and must and dev not in must:
+        dev = ""
+    if not dev:
+        source = "policy"
+        if must:
+            dev = next(iter(must))
+        else:
+            order = [d for d in topo.ids if d in healthy]
+            state = NodeState("", 1, 1, 1, 1, tuple(min(MILLI_PER_DEVICE, len(free.get(d, ()))) for d in order))
+            task = TaskRequest(0, 0, 1, size)
+            policy = make_policy("icl", [GpuNodeSpec("", 1, 1, len(order))], TargetWorkload.from_tasks([task]))
+            choice = policy.score(state, task)
+            if choice is None:
+                most = max(state.gpu_free, default=0)
+                raise RequestError(f"allocation_size: {size} exceeds the {most} replicas any healthy device has")
+            (index,) = state.pick(choice[1])
+            dev = order[index]
+    if len(free.get(dev, ())) < size:
+        raise RequestError(f"allocation_size: {size} exceeds the {len(free.get(dev, ()))} replicas of device {dev!r}")
+    first = list(must.get(dev, []))
+    rest = sorted((r for r in free[dev] if r not in first), key=lambda r: parse_replica(r)[1])
+    return tuple(first + rest[: size - len(first)]), source
+
+
+def share_device(topo: NodeTopology, ids: Sequence[str], field: str = "devices_ids") -> tuple[str, int]:
+    """(the one physical device, milli-devices) of an Allocate request's replica ids."""
+    if not ids:
+        raise RequestError(f"{field}: no device ids")
+    if len(set(ids)) != len(ids):
+        raise RequestError(f"{field}: a replica listed twice")
+    by = _by_device(topo, ids, field)
+    if len(by) != 1:
+        raise RequestError(
+            f"{field}: replicas of {len(by)} devices ({', '.join(sorted(by))}); a share must be on one device"
+        )
+    dev = next(iter(by))
+    if dev not in topo.healthy_ids:
+        raise RequestError(f"{field}: device {dev!r} is unhealthy")
+    if len(ids) >= MILLI_PER_DEVICE:
+        raise RequestError(f"{field}: {len(ids)} replicas are a whole device; ask the whole-device resource")
+    return dev, len(ids)
+
+
+def share_env(milli: int) -> dict[str, str]:
+    """The share's environment: its fraction, in milli-devices, and an MPS thread percentage."""
+    return {
+        ENV_DEVICE_FRACTION: f"{milli / MILLI_PER_DEVICE:.3f}",
+        ENV_DEVICE_MILLI: str(milli),
+        ENV_MPS_THREAD_PERCENTAGE: str(max(1, math.ceil(100 * milli / MILLI_PER_DEVICE))),
+    }
+
+
+class SharedDevicePlugin(DevicePlugin):
+    """The shared resource's endpoint: replicas, one device per share. It follows the whole-device
+    plugin's backend (which runs it) and neither publishes nor records events of its own."""
+
+    def __init__(self, config: PluginConfig, backend: Backend, pods: PodSource | None = None, **kw: Any) -> None:
+        shared = dataclasses.replace(
+            config,
+            resource_name=config.shared_resource_name or DEFAULT_SHARED_RESOURCE,
+            shared_resource_name="",
+            socket_name=SHARED_SOCKET,
+        )
+        kw.pop("publisher", None)
+        kw.pop("events", None)
+        super().__init__(shared, backend, pods, **kw)
+        self.owns_backend = False
+
+    def device_list(self, topo: NodeTopology) -> api_pb2.ListAndWatchResponse:
+        return replica_list(topo)
+
+    async def preferred(self, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
+        topo = self.topology
+        pods = await self._pods() if request.container_requests else []
+        answers = []
+        for i, creq in enumerate(request.container_requests):
+            try:
+                ids, source = preferred_share(
+                    topo,
+                    list(creq.available_deviceIDs),
+                    list(creq.must_include_deviceIDs),
+                    creq.allocation_size,
+                    pods=pods,
+                    node=self.config.node_name,
+                )
+            except RequestError as e:
+                raise RequestError(f"container_requests[{i}].{e}") from None
+            answers.append(ids)
+            self.metrics.preferred.labels(source).inc()
+        return api_pb2.PreferredAllocationResponse(
+            container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=d) for d in answers]
+        )
+
+    def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
+        topo = self.topology
+        if not request.container_requests:
+            raise RequestError("container_requests: empty")
+        shares = [  # validate everything before any effect
+            share_device(topo, list(creq.devices_ids), f"container_requests[{i}].devices_ids")
+            for i, creq in enumerate(request.container_requests)
+        ]
+        responses = []
+        for dev, milli in shares:
+            layout = rank_layout(topo, [dev])
+            envs = container_env(topo, layout)
+            envs.update(share_env(milli))
+            annotations = {"kube-icl.io/devices": dev, ANN_DEVICE_MILLI: str(milli)}
+            specs = {
+                (s.host_path, s.container_path): api_pb2.DeviceSpec(
+                    container_path=s.container_path, host_path=s.host_path, permissions=s.permissions
+                )
+                for s in self.backend.device_specs(dev)
+            }
+            mounts: list[api_pb2.Mount] = []
+            cdi: list[api_pb2.CDIDevice] = []
+            if isinstance(self.backend, RuntimeEdits):
+                edits = self.backend.container_edits([dev])
+                if not edits.device_specs:
+                    specs = {}
+                envs.update(edits.envs)
+                annotations.update(edits.annotations)
+                mounts = [
+                    api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                    for m in edits.mounts
+                ]
+                cdi = [api_pb2.CDIDevice(name=n) for n in edits.cdi_devices]
+            responses.append(
+                api_pb2.ContainerAllocateResponse(
+                    envs=envs, mounts=mounts, devices=list(specs.values()), annotations=annotations, cdi_devices=cdi
+                )
+            )
+            self.metrics.allocations.inc()
+        return api_pb2.AllocateResponse(container_responses=responses)
