@@ -20,6 +20,7 @@ from deviceplugin import allocation, gangenv
 from scheduler.config import DEFAULT_RESOURCE
 from scheduler.podspec import pod_info
 from topology import parse_shape
+from topology.contract import ENV_DEVICE_FRACTION, ENV_DEVICE_MILLI, MILLI_PER_DEVICE
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FILES = sorted(EXAMPLES.glob("*.yaml"))
@@ -30,6 +31,8 @@ PLUGIN_ENV = {
     allocation.ENV_SHAPE,
     allocation.ENV_COORDS,
     allocation.ENV_RING,
+    ENV_DEVICE_FRACTION,  # shared devices (deviceplugin.sharing.share_env)
+    ENV_DEVICE_MILLI,
     *gangenv.gang_env(
         '{"v":1,"gang":"g","generation":1,"rank":0,"min":1,"max":1,"members":[{"node":"n","devices":["0"]}]}'
     ),
@@ -57,9 +60,10 @@ def test_every_pod_is_read_by_the_extender_as_the_example_says(path: Path) -> No
         pod = {"metadata": {**template["metadata"], "namespace": "demo", "name": "p"}, "spec": template["spec"]}
         assert pod["spec"]["schedulerName"] == "kube-icl"
         info = pod_info(pod, DEFAULT_RESOURCE)
-        assert info.count > 0
-        shape = parse_shape(info.shape, count=info.count)  # raises on a shape that does not fit the count
-        assert shape.size == info.count
+        assert info.count > 0 or 0 < info.milli < MILLI_PER_DEVICE
+        if info.count:
+            shape = parse_shape(info.shape, count=info.count)  # raises on a shape that does not fit the count
+            assert shape.size == info.count
         if info.gang is not None:
             if info.gang.elastic:
                 assert "completions" not in job["spec"], "an elastic gang's Job ends when its workers do"
