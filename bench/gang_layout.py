@@ -2,8 +2,9 @@
 
 At bind the extender computes the member's layout under the cache lock: the gang's live
 members, in rank order along the link domain. The cost should follow the gang's size,
-not the cluster's. The cache holds N bound pods of one device each (16-device torus:4x4
-nodes, all full), plus a gang of 8 whole-node members on 8 nodes of a ring link domain,
+not the cluster's. The cache holds N bound pods of one device each (64-device torus:8x8
+nodes, all full: large nodes keep the set-up short, since the cache's first sight of a bound pod
+still visits every node), plus a gang of 8 whole-node members on 8 nodes of a ring link domain,
 7 bound; each timing is one ``GangManager.layout_for`` for the 8th member (median of
 ``--repeat`` calls), and one ``GangManager.layouts`` (every member's layout, as after an
 elastic gang grows or shrinks).
@@ -38,13 +39,14 @@ from tests.support.extender import node_obj, pod_obj  # noqa: E402
 from topology import Policy  # noqa: E402
 
 RESOURCE = "kube-icl.io/accelerator"
-FILLER = "torus:4x4"  # 16 devices: N pods on N / 16 nodes
+FILLER = "torus:8x8"  # 64 devices: N pods on N / 64 nodes
+PER_NODE = 64
 GANG = 8
 
 
 def build(pods: int) -> tuple[ClusterCache, GangManager, Any]:
     cache = ClusterCache(RESOURCE)
-    fillers = [f"f-{i:05d}" for i in range((pods + 15) // 16)]
+    fillers = [f"f-{i:05d}" for i in range((pods + PER_NODE - 1) // PER_NODE)]
     ring = {"kube-icl.io/link-domain": "rack", "kube-icl.io/link-domain-kind": "ring"}
     gang_nodes = [f"g-{i}" for i in range(GANG)]
     cache.replace_nodes(
@@ -52,7 +54,7 @@ def build(pods: int) -> tuple[ClusterCache, GangManager, Any]:
         + [node_obj(n, "ring:8", labels={**ring, "kube-icl.io/link-coords": str(i)}) for i, n in enumerate(gang_nodes)]
     )
     for i in range(pods):
-        node, dev = fillers[i // 16], i % 16
+        node, dev = fillers[i // PER_NODE], i % PER_NODE
         cache.upsert_pod(
             pod_obj(f"p-{i}", 1, None, node=node, phase="Running", annotations={"kube-icl.io/devices": str(dev)})
         )
