@@ -907,6 +907,10 @@ class ClusterCache:
                         (self.pods[u].key if u in self.pods else u): list(d) for u, d in sorted(rec.owners.items())
                     },
                     "reservations": {o: list(d) for o, d in sorted(rec.reserved.items())},
+                    "shares": {
+                        dev: {(self.pods[u].key if u in self.pods else u): m for u, m in sorted(users.items())}
+                        for dev, users in sorted(rec.shares.items())
+                    },
                     "unattributed": dict(sorted(rec.unattributed.items())),
                     "linkDomain": rec.domain or None,
                     "ready": rec.ready,
