@@ -26,12 +26,14 @@ from scheduler.cache import ClusterCache, NodeView, share_free
 from scheduler.podspec import PodInfo
 from topology.contract import MILLI_PER_DEVICE
 from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
-from topology.policies import FracPolicy, make_policy
+from topology.policies import Choice, FracPolicy, make_policy
 
 __all__ = ["ShareDecision", "SharePolicy"]
 
 _PLENTY = 1 << 40  # CPU (milli) or memory (MiB) a node does not report: never the short resource
 _TIE = 1e-9
+_STATE = "share:state"  # NodeView.memo key of the node's share state
+_Memo = dict[tuple[NodeState, TaskRequest], Choice | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,15 +51,24 @@ class SharePolicy:
     def __init__(self, cache: ClusterCache, name: str = "icl") -> None:
         self.cache = cache
         self.name = name
-        self._key: object = None
-        self._policy: FracPolicy | None = None
+        # (workload and capacity key, the policy, its answers by (node state, task)): replaced whole, so a
+        # concurrent filter keeps the policy and the answers it started with
+        self._current: tuple[object, FracPolicy, _Memo] | None = None
 
     @staticmethod
     def task(info: PodInfo) -> TaskRequest:
         return TaskRequest(info.cpu_milli, info.mem_mib, 1, info.milli)
 
     def state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
-        """The node as the share policy sees it, and its device ids in the state's order."""
+        """The node as the share policy sees it, and its device ids in the state's order (kept on the
+        view, which the cache replaces on every change of the node)."""
+        hit: tuple[NodeState, list[str]] | None = view.memo.get(_STATE)
+        if hit is None:
+            hit = self._state(name, view)
+            view.memo[_STATE] = hit
+        return hit
+
+    def _state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
         rec = self.cache.nodes.get(name)
         devices = share_free(view)
         cpu_total = rec.cpu_alloc if rec is not None and rec.cpu_alloc >= 0 and view.cpu_free >= 0 else _PLENTY
@@ -69,6 +80,9 @@ class SharePolicy:
 
     def policy(self, info: PodInfo, states: Iterable[NodeState]) -> FracPolicy:
         """The policy for the cluster now: the workload is the cache's task types plus ``info``'s."""
+        return self._policy_memo(info, states)[0]
+
+    def _policy_memo(self, info: PodInfo, states: Iterable[NodeState]) -> tuple[FracPolicy, _Memo]:
         types = self.cache.task_types()
         own = (info.cpu_milli, info.mem_mib, 1, info.milli)
         if info.uid not in self.cache.pods or types.get(own, 0) == 0:
@@ -78,7 +92,8 @@ class SharePolicy:
             specs = [GpuNodeSpec("", 1, 1, 1)]
         cap = (max(s.cpu_milli for s in specs), max(s.gpus for s in specs))
         key = (tuple(sorted(types.items())), cap)
-        if key != self._key or self._policy is None:
+        current = self._current
+        if current is None or current[0] != key:
             total = sum(types.values())
             workload = TargetWorkload(
                 tuple(
@@ -86,9 +101,18 @@ class SharePolicy:
                     for (cpu, mem, n, milli), count in sorted(types.items())
                 )
             )
-            self._policy = make_policy(self.name, specs, workload)
-            self._key = key
-        return self._policy
+            current = (key, make_policy(self.name, specs, workload), {})
+            self._current = current
+        return current[1], current[2]
+
+    @staticmethod
+    def _score(policy: FracPolicy, memo: _Memo, state: NodeState, task: TaskRequest) -> Choice | None:
+        key = (state, task)
+        if key not in memo:
+            if len(memo) > 100_000:
+                memo.clear()
+            memo[key] = policy.score(state, task)
+        return memo[key]
 
     def decide(self, info: PodInfo, names: list[str]) -> ShareDecision:
         """Filter and prioritize: every named node's score, the best ones, the reasons of the rest."""
@@ -97,6 +121,7 @@ class SharePolicy:
         states: dict[str, NodeState] = {}
         with self.cache.lock:
             views = self.cache.views
+            every = {n: self.state(n, v)[0] for n, v in views.items()}
             for name in names:
                 view = views.get(name)
                 if view is None:
@@ -109,12 +134,11 @@ class SharePolicy:
                         else "node is not ready"
                     )
                     continue
-                states[name] = self.state(name, view)[0]
-            every = [self.state(n, v)[0] for n, v in views.items()]
-        policy = self.policy(info, every)
+                states[name] = every[name]
+        policy, memo = self._policy_memo(info, every.values())
         scores: dict[str, float] = {}
         for name, state in states.items():
-            choice = policy.score(state, task)
+            choice = self._score(policy, memo, state, task)
             if choice is None:
                 failed[name] = _why(state, task)
             else:
