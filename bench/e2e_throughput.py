@@ -17,7 +17,12 @@ the rate is binds per second from the first bind to the last (watched on the API
 server). For each side it prints the fraction of bound pods whose devices form the
 asked shape (``topology.Placer.is_valid``) and, at the end, the ratio of the rates.
 
-Run: ``.venv/bin/python bench/e2e_throughput.py [--nodes 1000] [--pods 4000] [--seed 1]``.
+With ``--dra`` it then runs ``bench/dra_throughput.py``'s comparison in the same control plane, on
+fresh kwok nodes of the same count with the driver's DRA pools published: the same pods without
+topology, and as ResourceClaims allocated by kube-scheduler's DRA allocator; it prints one table of
+no topology vs extender vs DRA shapes.
+
+Run: ``.venv/bin/python bench/e2e_throughput.py [--nodes 1000] [--pods 4000] [--seed 1] [--dra]``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.dra_throughput import MIX_SHAPES  # noqa: E402
+from bench.dra_throughput import compare as compare_dra  # noqa: E402
+from bench.dra_throughput import format_table as format_dra_table  # noqa: E402
+from deviceplugin.dra.pool import DraConfig  # noqa: E402
 from tests.e2e.harness import ControlPlane, find_binaries  # noqa: E402
 from tests.e2e.scenario import CaseResult, compare_throughput  # noqa: E402
 
@@ -81,6 +90,23 @@ def _table(without: CaseResult, with_ext: CaseResult) -> str:
     return "\n".join(lines)
 
 
+def _report(args: argparse.Namespace, overrides: dict[str, Any], without: CaseResult, with_ext: CaseResult) -> None:
+    print()
+    first = "with" if args.with_first else "without"
+    qps = "shipped (50)" if args.scheduler_qps is None else f"{args.scheduler_qps:g}"
+    print(
+        f"{args.nodes} nodes, {args.pods} pods (seed {args.seed}; the side {first} the extender ran first; "
+        f"kube-scheduler client QPS {qps})"
+    )
+    if overrides:
+        print(f"extender config overrides: {overrides}")
+    print(_table(without, with_ext))
+    ratio = with_ext.rate / without.rate if without.rate and not math.isnan(without.rate) else float("nan")
+    print()
+    print(f"throughput with / without extender: {ratio:.2f} (goal >= 0.70)")
+    print(f"valid shapes with extender: {with_ext.valid_fraction:.1%} (goal 100%)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000, help="kwok nodes of 8 devices (default 1000)")
@@ -103,7 +129,29 @@ def main(argv: list[str] | None = None) -> int:
         help="override a top-level key of the shipped extender config, e.g. keepBestNodes=0 or "
         "'events={onBind: true}' (repeatable)",
     )
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="also run the DRA side (bench/dra_throughput.py) on fresh nodes of the same count, same pods: "
+        "one table of no topology vs extender vs DRA shapes",
+    )
+    parser.add_argument(
+        "--dra-shapes",
+        default=MIX_SHAPES,
+        help=f"shapes the DRA pools publish, in publish order (default {MIX_SHAPES})",
+    )
+    parser.add_argument(
+        "--percentage-of-nodes-to-score",
+        type=int,
+        default=None,
+        help="kube-scheduler percentageOfNodesToScore for both sides of the DRA comparison "
+        "(default: the shipped config's, 100); the extender comparison keeps the shipped config",
+    )
     args = parser.parse_args(argv)
+    try:
+        dra_pool = DraConfig(shapes=DraConfig.parse_shapes(args.dra_shapes))
+    except ValueError as exc:
+        parser.error(f"--dra-shapes: {exc}")
     overrides: dict[str, Any] = {}
     for item in args.extender_set:
         key, sep, value = item.partition("=")
@@ -134,24 +182,30 @@ def main(argv: list[str] | None = None) -> int:
                 extender_settings=overrides,
                 progress=_say,
             )
+            _report(args, overrides, without, with_ext)  # printed before the DRA side starts
+            if args.dra:
+                dra = compare_dra(
+                    plane,
+                    nodes=args.nodes,
+                    pods=args.pods,
+                    seed=args.seed,
+                    qps=args.scheduler_qps,
+                    pool=dra_pool,
+                    percentage=args.percentage_of_nodes_to_score,
+                )
+                pct = args.percentage_of_nodes_to_score
+                print()
+                print(
+                    f"DRA: {args.nodes} fresh nodes, the same {args.pods} pods as ResourceClaims (pools publish "
+                    f"{args.dra_shapes}; percentageOfNodesToScore {'shipped (100)' if pct is None else pct}); "
+                    "no topology and DRA shapes ran side by side, the extender column is the run above",
+                    flush=True,
+                )
+                print(format_dra_table(dra, extender=with_ext), flush=True)
         finally:
             survivors = plane.stop()
             if survivors:
                 _say(f"processes survived the control plane's stop: {survivors}")
-    print()
-    first = "with" if args.with_first else "without"
-    qps = "shipped (50)" if args.scheduler_qps is None else f"{args.scheduler_qps:g}"
-    print(
-        f"{args.nodes} nodes, {args.pods} pods (seed {args.seed}; the side {first} the extender ran first; "
-        f"kube-scheduler client QPS {qps})"
-    )
-    if overrides:
-        print(f"extender config overrides: {overrides}")
-    print(_table(without, with_ext))
-    ratio = with_ext.rate / without.rate if without.rate and not math.isnan(without.rate) else float("nan")
-    print()
-    print(f"throughput with / without extender: {ratio:.2f} (goal >= 0.70)")
-    print(f"valid shapes with extender: {with_ext.valid_fraction:.1%} (goal 100%)")
     return 0
 
 
