@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
-from collections.abc import Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from deviceplugin.allocation import RequestError, container_env, rank_layout
@@ -79,18 +79,24 @@ def _by_device(topo: NodeTopology, ids: Sequence[str], field: str) -> dict[str, 
     return out
 
 
-def _scheduled(pods: Sequence[PodInfo], node: str, size: int, free: dict[str, list[str]]) -> str:
-    """The device a bound, not yet started share pod of this size names, or ""; oldest pod first."""
+def _scheduled(
+    pods: Sequence[PodInfo], node: str, size: int, free: dict[str, list[str]], served: Collection[str] = ()
+) -> PodInfo | None:
+    """The bound, not yet started share pod of this size whose device has room, or None; oldest first.
+    ``served``: uids whose share was allocated already (a pod waits for its container a while after
+    admission, and its device may still have room for another share of the same size)."""
     matches = []
     for pod in pods:
         if pod.node_name != node or pod.deleting or pod.phase not in ("Pending", "") or pod.container_statuses:
+            continue
+        if pod.uid and pod.uid in served:
             continue
         if pod.annotations.get(ANN_DEVICE_MILLI, "") != str(size) or len(pod.devices) != 1:
             continue
         if len(free.get(pod.devices[0], ())) >= size:
             matches.append(pod)
     matches.sort(key=lambda p: (p.created, p.namespace, p.name))
-    return matches[0].devices[0] if matches else ""
+    return matches[0] if matches else None
 
 
 def preferred_share(
@@ -101,8 +107,9 @@ def preferred_share(
     *,
     pods: Sequence[PodInfo] = (),
     node: str = "",
-) -> tuple[tuple[str, ...], str]:
-    """(replica ids of one device, "scheduler" | "policy") for one container request."""
+    served: Collection[str] = (),
+) -> tuple[tuple[str, ...], str, PodInfo | None]:
+    """(replica ids of one device, "scheduler" | "policy", the scheduler's pod) for one container request."""
     if not 0 < size < MILLI_PER_DEVICE:
         raise RequestError(f"allocation_size: a share is 1..{MILLI_PER_DEVICE - 1} milli-devices, got {size}")
     free = _by_device(topo, available, "available_deviceIDs")
@@ -111,9 +118,10 @@ def preferred_share(
         raise RequestError(f"must_include_deviceIDs: replicas of {len(must)} devices; a share is on one device")
     healthy = topo.healthy_ids
     source = "scheduler"
-    dev = _scheduled(pods, node, size, free) if node else ""
+    pod = _scheduled(pods, node, size, free, served) if node else None
+    dev = pod.devices[0] if pod is not None else ""
     if dev and must and dev not in must:
-        dev = ""
+        dev, pod = "", None
     if not dev:
         source = "policy"
         if must:
@@ -133,7 +141,7 @@ def preferred_share(
         raise RequestError(f"allocation_size: {size} exceeds the {len(free.get(dev, ()))} replicas of device {dev!r}")
     first = list(must.get(dev, []))
     rest = sorted((r for r in free[dev] if r not in first), key=lambda r: parse_replica(r)[1])
-    return tuple(first + rest[: size - len(first)]), source
+    return tuple(first + rest[: size - len(first)]), source, pod
 
 
 def share_device(topo: NodeTopology, ids: Sequence[str], field: str = "devices_ids") -> tuple[str, int]:
@@ -179,6 +187,8 @@ class SharedDevicePlugin(DevicePlugin):
         kw.pop("events", None)
         super().__init__(shared, backend, pods, **kw)
         self.owns_backend = False
+        self._answered: OrderedDict[frozenset[str], str] = OrderedDict()  # replicas preferred -> the pod's uid
+        self._served: OrderedDict[str, None] = OrderedDict()  # uids whose share was allocated (bounded)
 
     def device_list(self, topo: NodeTopology) -> api_pb2.ListAndWatchResponse:
         return replica_list(topo)
@@ -189,18 +199,23 @@ class SharedDevicePlugin(DevicePlugin):
         answers = []
         for i, creq in enumerate(request.container_requests):
             try:
-                ids, source = preferred_share(
+                ids, source, pod = preferred_share(
                     topo,
                     list(creq.available_deviceIDs),
                     list(creq.must_include_deviceIDs),
                     creq.allocation_size,
                     pods=pods,
                     node=self.config.node_name,
+                    served=self._served,
                 )
             except RequestError as e:
                 raise RequestError(f"container_requests[{i}].{e}") from None
             answers.append(ids)
             self.metrics.preferred.labels(source).inc()
+            if pod is not None and pod.uid:
+                self._answered[frozenset(ids)] = pod.uid
+                while len(self._answered) > self.HINTS_KEPT:
+                    self._answered.popitem(last=False)
         return api_pb2.PreferredAllocationResponse(
             container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=d) for d in answers]
         )
@@ -213,6 +228,12 @@ class SharedDevicePlugin(DevicePlugin):
             share_device(topo, list(creq.devices_ids), f"container_requests[{i}].devices_ids")
             for i, creq in enumerate(request.container_requests)
         ]
+        for creq in request.container_requests:  # the pods whose shares these are: served, never matched again
+            uid = self._answered.pop(frozenset(creq.devices_ids), None)
+            if uid is not None:
+                self._served[uid] = None
+                while len(self._served) > 4096:
+                    self._served.popitem(last=False)
         responses = []
         for dev, milli in shares:
             layout = rank_layout(topo, [dev])

@@ -65,7 +65,9 @@ def test_replicas_carry_their_devices_health() -> None:
 
 
 def test_preferred_follows_the_scheduler() -> None:
-    ids, source = preferred_share(RING4, every_replica(), [], 250, pods=[bound("p", RING4.ids[2], 250)], node="node-a")
+    ids, source, _ = preferred_share(
+        RING4, every_replica(), [], 250, pods=[bound("p", RING4.ids[2], 250)], node="node-a"
+    )
     assert source == "scheduler"
     assert ids == tuple(replicas(RING4.ids[2], 250))
 
@@ -83,14 +85,14 @@ def test_preferred_follows_the_scheduler() -> None:
 def test_preferred_ignores_pods_that_are_not_this_request(pod: PodInfo) -> None:
     # device 0 is half used: the policy packs a quarter onto it, never onto the pod's device 2
     available = replicas("0", 500, 500) + [r for d in RING4.ids[1:] for r in replicas(d, 1000)]
-    ids, source = preferred_share(RING4, available, [], 250, pods=[pod], node="node-a")
+    ids, source, _ = preferred_share(RING4, available, [], 250, pods=[pod], node="node-a")
     assert source == "policy"
     assert {r.rpartition("::")[0] for r in ids} == {"0"} and len(ids) == 250
 
 
 def test_preferred_takes_the_policys_device_when_the_annotated_one_is_full() -> None:
     available = replicas("2", 100) + replicas("3", 1000)
-    ids, source = preferred_share(RING4, available, [], 250, pods=[bound("p", "2", 250)], node="node-a")
+    ids, source, _ = preferred_share(RING4, available, [], 250, pods=[bound("p", "2", 250)], node="node-a")
     assert source == "policy" and {r.rpartition("::")[0] for r in ids} == {"3"}
 
 
@@ -232,3 +234,18 @@ def test_the_shared_endpoint_has_its_own_name_and_socket_and_follows_the_backend
     plugin = SharedDevicePlugin(cfg, SimBackend(build_preset("ring:4")))
     assert plugin.config.resource_name == S and plugin.config.socket_name == "kube-icl-shared.sock"
     assert not plugin.owns_backend and plugin.publisher is None
+
+
+@async_test
+async def test_an_admitted_share_is_not_matched_again_while_its_container_starts() -> None:
+    """q0 (device 0) is admitted but, as between admission and container start, still Pending with no
+    container status; q1, the same size, is annotated with device 1: q1 gets device 1, not q0's device
+    again (which still has room)."""
+    with short_tmpdir() as d:
+        pods_file = d / "pods.json"
+        async with both(d, SimBackend(build_preset("ring:4")), pods_file) as h:
+            write_pods(pods_file, [("q0", "0", 250), ("q1", "1", 250)])  # after the kubelet cleared its directory
+            first = await h.kubelet.admit("q0", "main", S, 250)
+            second = await h.kubelet.admit("q1", "main", S, 250)
+            assert {r.rpartition("::")[0] for r in first.devices} == {"0"}
+            assert {r.rpartition("::")[0] for r in second.devices} == {"1"}
