@@ -10,6 +10,8 @@ no device stays Pending with the extender's reason.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +21,9 @@ from typing import Any, cast
 import pytest
 import yaml
 
+from deviceplugin.backends.sim import SimBackend
+from deviceplugin.pods import KubernetesPodSource
+from deviceplugin.sharing import SharedDevicePlugin
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, LeaderElectionConfig
 from scheduler.events import EventRecorder
@@ -28,10 +33,17 @@ from scheduler.kube import RestKubeAPI
 from scheduler.podspec import parse_devices
 from scheduler.server import ExtenderServer
 from tests.support.extender import wait_for
+from tests.support.plugin import async_test, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset, encode_annotation
-from topology.contract import ANN_DEVICE_MILLI, ANN_DEVICES, DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE
+from topology.contract import (
+    ANN_DEVICE_MILLI,
+    ANN_DEVICES,
+    DEFAULT_RESOURCE,
+    DEFAULT_SHARED_RESOURCE,
+    parse_replica,
+)
 
-from .harness import KWOK_TOLERATIONS, ControlPlane
+from .harness import DEFAULT_ALLOCATABLE, KWOK_TOLERATIONS, ControlPlane, e2e_required
 
 pytestmark = pytest.mark.e2e
 
@@ -139,8 +151,8 @@ def test_real_scheduler_places_whole_and_shared_pods(
         else:
             whole[name] = (node, devs)
     used: Counter[tuple[str, str]] = Counter()
-    for node, dev, milli in shares.values():
-        used[(node, dev)] += milli
+    for where, dev, amount in shares.values():
+        used[(where, dev)] += amount
     assert all(v <= 1000 for v in used.values()), f"a device shared beyond one device: {used}"
     held = Counter((node, d) for node, devs in whole.values() for d in devs)
     assert all(v == 1 for v in held.values()), held
@@ -163,3 +175,99 @@ def test_real_scheduler_places_whole_and_shared_pods(
     pod = control_plane.core.read_namespaced_pod("late", namespace)
     assert pod.spec is not None and not pod.spec.node_name
     extender.cache.check_invariants()
+
+
+def _devicemanager_binary() -> Path:
+    from .devicemanager import build as dm_build
+
+    try:
+        return dm_build.build()
+    except dm_build.BuildError as error:
+        if e2e_required():
+            pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {error}", pytrace=False)
+        pytest.skip(str(error))
+
+
+@pytest.mark.timeout(1500)  # the first run builds icl-devicemanager (minutes on a cold Go build cache)
+@async_test
+async def test_kubelet_device_manager_gets_the_extenders_share_device(
+    control_plane: ControlPlane, extender: Running, namespace: str
+) -> None:
+    """The whole chain for shares: kube-scheduler and the extender bind share pods to a node no kubelet
+    runs; the kubelet's own device manager (pkg/kubelet/cm/devicemanager, tests/e2e/devicemanager)
+    admits them against the plugin's shared endpoint, which finds each pod through the API server: every
+    pod gets replicas of exactly the device the extender chose, as many as its milli-devices."""
+    binary = await asyncio.to_thread(_devicemanager_binary)
+    node = f"{extender.label}-dm"
+    topo = build_preset("ring:4")
+    resources = {**DEFAULT_ALLOCATABLE, DEFAULT_RESOURCE: "4", DEFAULT_SHARED_RESOURCE: "4000"}
+    body: Any = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node,
+            "labels": {"kubernetes.io/hostname": node, "kube-icl.io/e2e": f"{extender.label}-dm"},
+            "annotations": {"kube-icl.io/topology": encode_annotation(topo)},
+        },
+        "status": {"allocatable": resources, "capacity": resources},
+    }
+    control_plane.core.create_node(body)
+    read: Any = control_plane.core.read_node(node)
+    if (read.status.allocatable or {}).get(DEFAULT_SHARED_RESOURCE) != "4000":
+        control_plane.core.patch_node_status(node, {"status": {"allocatable": resources, "capacity": resources}})
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: node in extender.cache.views, timeout_s=30, what="the node in the extender cache"
+        )
+        # 700 + 700 need two devices; the 250s then pack by the policy; p3 and p1 may share a device
+        asks = [("p0", 700), ("p1", 700), ("p2", 250), ("p3", 250)]
+        with short_tmpdir() as d:
+            backend = SimBackend(topo, recover_after=1, probe_interval=0.05)
+            pods = KubernetesPodSource(control_plane.api_client)
+            config = plugin_config(d, node_name=node, topology="ring:4", shared_resource_name=DEFAULT_SHARED_RESOURCE)
+            whole = fast_plugin(config, backend, pods)
+            shared = SharedDevicePlugin(config, backend, pods, watch_interval=0.02, backoff=(0.02, 0.2), grace=0.2)
+            stop = asyncio.Event()
+            tasks = [asyncio.create_task(whole.run(stop)), asyncio.create_task(shared.run(stop))]
+            try:
+                chosen: dict[str, tuple[str, int]] = {}
+                for name, milli in asks:
+                    pod = _pod(name, extender.label, milli=milli)
+                    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+                    pod["spec"].pop("tolerations")
+                    bound_node, devs, ann = await asyncio.to_thread(_place, control_plane, namespace, pod)
+                    assert bound_node == node and ann == str(milli)
+                    chosen[name] = (devs[0], milli)
+                proc = await asyncio.create_subprocess_exec(
+                    str(binary),
+                    f"-plugin-dir={d}",
+                    f"-kubeconfig={control_plane.kubeconfig}",
+                    f"-namespace={namespace}",
+                    f"-pods={','.join(name for name, _ in asks)}",
+                    f"-resource={DEFAULT_SHARED_RESOURCE}",
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )
+                try:
+                    out, err = await asyncio.wait_for(proc.communicate(), timeout=180)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+                    raise
+                assert proc.returncode == 0, err.decode()[-3000:]
+            finally:
+                stop.set()
+                for t in tasks:
+                    await t
+        results = {r["pod"]: r for r in (json.loads(x) for x in out.decode().splitlines() if x.strip()) if "pod" in r}
+        assert set(results) == {name for name, _ in asks}, out.decode()
+        for name, (dev, milli) in chosen.items():
+            r = results[name]
+            assert not r.get("error"), r
+            got = {parse_replica(x)[0] for x in r["devices"]}
+            assert got == {dev} and len(r["devices"]) == milli, f"{name}: device manager {got}, extender {dev}"
+            assert r["envs"]["ICL_VISIBLE_DEVICES"] == dev
+            assert r["envs"]["ICL_DEVICE_MILLI"] == str(milli)
+        assert shared.metrics.preferred.labels("scheduler")._value.get() == len(asks)
+    finally:
+        control_plane.core.delete_node(node)
