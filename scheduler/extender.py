@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler import fairshare
-from scheduler.cache import ClusterCache, NodeView
+from scheduler.cache import ClusterCache, NodeView, share_free
 from scheduler.config import ExtenderConfig
 from scheduler.events import EventRecorder, summarize_failures
 from scheduler.gang import RECORD_LABEL, GangManager, Slot, lease_record, record_name
@@ -76,7 +76,7 @@ from topology import (
     pack_node,
     parse_shape,
 )
-from topology.contract import ANN_DEVICE_MILLI
+from topology.contract import ANN_DEVICE_MILLI, MILLI_PER_DEVICE
 from topology.policy import Ask as PolicyAsk
 from topology.policy import Balance, NodeInput, Weights, linked_policy
 
@@ -986,6 +986,8 @@ class Extender:
         ask = self._ask(args.pod)
         if ask.error:
             return ExtenderPreemptionResult({})
+        if ask.info.milli:
+            return ExtenderPreemptionResult(self._share_victims(ask.info.milli, proposed))
         if ask.shape is None:
             return ExtenderPreemptionResult({n: _victims(uids, pdb) for n, (uids, pdb) in proposed.items()})
         info, shape = ask.info, ask.shape
@@ -1070,6 +1072,30 @@ class Extender:
         if spare_only:
             out = {n: v for n, v in out.items() if n in spare_only}
         return ExtenderPreemptionResult(out)
+
+    def _share_victims(self, milli: int, proposed: dict[str, tuple[tuple[str, ...], int]]) -> dict[str, MetaVictims]:
+        """A share's preemption: kube-scheduler's victims on the nodes where, once they are gone, one
+        device has room for the share (their shares and whole devices freed); other nodes are left
+        out, so no pod is evicted for a share that would still not fit. Device holders are never added."""
+        out: dict[str, MetaVictims] = {}
+        with self.cache.lock:
+            for node, (uids, pdb) in sorted(proposed.items()):
+                rec = self.cache.nodes.get(node)
+                if rec is None or rec.view is None:
+                    continue
+                room = dict(share_free(rec.view))
+                for uid in uids:
+                    share = self.cache.shared.get(uid)
+                    if share is not None and share[0] == node and share[1] in room:
+                        room[share[1]] += share[2]
+                    held = self.cache.allocated.get(uid)
+                    if held is not None and held[0] == node:
+                        for dev in held[1]:
+                            if dev in room and dev not in rec.shares:
+                                room[dev] = MILLI_PER_DEVICE
+                if max(room.values(), default=0) >= milli:
+                    out[node] = _victims(uids, pdb)
+        return out
 
     def _elastic_victims(self, uids: tuple[str, ...]) -> bool | None:
         """None when these victims would take some elastic gang below its minimum; True when every one

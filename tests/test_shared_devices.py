@@ -354,3 +354,41 @@ TestShareMachine = ShareMachine.TestCase
 TestShareMachine.settings = settings(
     max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+# ---------------------------------------------------------------------- preemption
+
+
+def _preempt(ext: Extender, pod: dict[str, Any], victims: dict[str, list[str]]) -> dict[str, list[str]]:
+    from scheduler.wire import ExtenderPreemptionArgs, MetaPod, MetaVictims
+
+    args = ExtenderPreemptionArgs(
+        pod=pod,
+        node_name_to_meta_victims={n: MetaVictims(tuple(MetaPod(u) for u in uids)) for n, uids in victims.items()},
+    )
+    out = ext.preempt(args).node_name_to_meta_victims
+    return {n: [p.uid for p in mv.pods] for n, mv in out.items()}
+
+
+def test_a_share_preempts_only_where_the_victims_make_room_on_one_device() -> None:
+    api, cache, ext = world({"a": "ring:2", "b": "ring:2"})
+    held = {}
+    for name, node, ann, milli in (
+        ("wa", "a", "0,1", 0),  # node a: both devices whole
+        ("s1", "b", "0", 600),  # node b: device 0 has 600 + 300, device 1 has 600
+        ("s3", "b", "0", 300),
+        ("s2", "b", "1", 600),
+    ):
+        kw: dict[str, Any] = {"node": node, "phase": "Running", "annotations": {ANN_DEVICES: ann}}
+        pod = share_pod(name, milli, **kw) if milli else pod_obj(name, 2, "any", **kw)
+        held[name] = submit(api, cache, pod)["metadata"]["uid"]
+    half = submit(api, cache, share_pod("half", 500))
+    big = submit(api, cache, share_pod("big", 999))
+    proposals = {"a": [held["wa"]], "b": [held["s1"]]}
+    # a: the whole pod's two devices are freed; b: s1's 600 freed leaves device 0 with 700
+    assert _preempt(ext, half, proposals) == proposals
+    # 999 fits node a once its whole pod is gone, but not b (700 and 400 at most)
+    assert _preempt(ext, big, proposals) == {"a": [held["wa"]]}
+    # a victim that frees nothing on b (a pod of node a): b is left out, nobody is evicted for nothing
+    assert _preempt(ext, half, {"b": [held["wa"]]}) == {}
+    cache.check_invariants()
