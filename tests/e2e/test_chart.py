@@ -379,6 +379,7 @@ PLUGIN_TABLE = [
 EXTENDER_TABLE = [
     (MAY, "create", "pods", ("--subresource=binding", "-n", "default")),
     (MAY, "create", "pods", ("--subresource=eviction", "-n", "default")),
+    (MAY, "patch", "pods", ("-n", "default")),  # an elastic gang's kube-icl.io/gang-layout, rewritten on grow/shrink
     (MAY, "watch", "pods", ("--all-namespaces",)),
     (MAY, "list", "nodes", ()),
     (MAY, "watch", "nodes", ()),
@@ -399,7 +400,6 @@ EXTENDER_TABLE = [
 ]
 REMOTE_ONLY = [
     (MAY_NOT, "get", "configmaps/extension-apiserver-authentication", ("-n", "kube-system")),
-    (MAY_NOT, "patch", "pods", ("-n", "default")),
     (MAY_NOT, "delete", "pods", ("-n", "default")),
     (MAY_NOT, "update", "pods", ("--subresource=status", "-n", "default")),
     (MAY_NOT, "create", "leases", ("-n", "default")),
