@@ -29,7 +29,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) e2e-bins protoc-tools image
+unit: $(STAMP) e2e-bins protoc-tools image torch-venv
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -58,6 +58,17 @@ manifests:
 .PHONY: e2e-bins
 e2e-bins:
 	@$(PYTHON) tests/e2e/build.py
+
+## torch-venv: PyTorch from PyPI (CUDA wheel, used on CPU with gloo) in its own virtualenv outside the repository,
+## built once, for tests/e2e/test_torchrun_elastic.py (a real torchrun elastic job; docs/scheduler.md)
+TORCH_VERSION := 2.15.0
+TORCH_VENV ?= $(HOME)/.cache/kube-icl/torch-venv
+.PHONY: torch-venv
+torch-venv: $(TORCH_VENV)/.installed
+$(TORCH_VENV)/.installed:
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install -q 'torch==$(TORCH_VERSION)'
+	touch $@
 
 ## image: build the container image from the Dockerfile without a Docker daemon (as root: debootstrap + chroot,
 ## then crane), cached outside the repository; tests/e2e/test_image.py smoke-tests it (docs/image.md)

@@ -1,30 +1,25 @@
 """A real torchrun elastic job (c10d rendezvous, gloo) on the environment kube-icl gives an elastic gang.
 
-    .venv/bin/python hw/torchrun_elastic.py prepare DIR     # here: the extender and the plugin decide
-    python3 hw/torchrun_elastic.py run DIR                  # where torch is: the job runs, loses a member, grows back
+    .venv/bin/python hw/torchrun_elastic.py prepare DIR                       # the extender and the plugin decide
+    ~/.cache/kube-icl/torch-venv/bin/python hw/torchrun_elastic.py run DIR    # the job runs, shrinks, grows back
 
-``prepare`` runs the extender's verbs (in memory, fake clock) on four ``ring:4`` nodes in a line
-link domain for an elastic gang (kube-icl.io/gang-min 2, gang-max 3, a ring of 4 per member):
+``prepare`` runs the extender's verbs (in memory, fake clock) on four ``ring:2`` nodes in a line
+link domain for an elastic gang (kube-icl.io/gang-min 2, gang-max 3, a ring of 2 per member):
 w0 and w1 start at the minimum, w2 grows next to them; then w2 fails (the gang shrinks, layouts
-rewritten) and its replacement w2b is placed next to the survivors. For each pod it writes the
-environment the device plugin's Allocate gives its container (``container_env`` for its devices
-plus ``gang_env`` of its ``kube-icl.io/gang-layout`` annotation) and the layout annotation after
-each step (what the downward API file would hold), and ``train.py`` from
-``examples/pytorch-elastic.yaml``.
+rewritten, nothing evicted) and its replacement w2b is placed next to the survivors. For each pod
+it writes the environment the device plugin's Allocate gives its container at its start
+(``container_env`` for its devices plus ``gang_env`` of its ``kube-icl.io/gang-layout``
+annotation), the layout annotation after each step (what the downward API file would hold), and
+``train.py`` from ``examples/pytorch-elastic.yaml``.
 
-``run`` (stdlib only; torch for the workers) starts the c10d store as its own process (as the
-example's Deployment does), one ``torchrun --nnodes=2:3 --nproc-per-node=$ICL_WORLD_SIZE`` agent per
-pod with that pod's environment (workers on CPU with gloo), and checks: three agents form a world of
-12; SIGKILL of w2's agent, the two survivors re-form a world of 8 without being restarted; w2b's
-agent joins and the world is 12 again. It prints every worker's "world N" line and exits 0 only
-if all three happened.
-
-Status (one run on an H100 machine with torch 2.11, CPU workers): the three agents formed the world of
-12 with kube-icl's environment (each pod's ICL_GANG_RANK, node position from the layout, hierarchical
-all-reduce); the shrink step failed in that run: the first version killed only the agent's process
-group, w2's workers lived on in their own sessions, and the survivors' next rendezvous round waited
-for three participants until it timed out. ``kill_tree`` (every descendant) is the fix, not yet run
-on a machine with torch.
+``run`` (torch for the store and the workers) starts the c10d store as its own process (as the
+example's Deployment does) and one ``torchrun --nnodes=2:3 --nproc-per-node=$ICL_WORLD_SIZE`` agent
+per pod with that pod's environment (workers on CPU with gloo, each pod's checkpoint in its own
+directory), and checks: w0 and w1 form a world of 4 from step 0; w2 joins, a world of 6; SIGKILL of
+w2's agent and all its workers, the two survivors' agents (not restarted) re-form a world of 4; w2b
+joins, a world of 6 again; each new world resumes at the step the job had reached. It prints each
+phase (world, time to form, steps) and writes ``result.json``; exit 0 only if every check held.
+``tests/e2e/test_torchrun_elastic.py`` runs both; ``docs/scheduler.md`` has the figures.
 """
 
 from __future__ import annotations
@@ -34,6 +29,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+PER_POD = 2  # devices (and torchrun workers) per member: 3 members x 2 fit a 2-core machine
 
 
 def prepare(out: Path) -> None:
@@ -64,7 +61,7 @@ def prepare(out: Path) -> None:
             "kube-icl.io/link-coords": str(i),
             "kube-icl.io/link-domain-kind": "mesh",
         }
-        api.nodes[n] = node_obj(n, "ring:4", labels=labels)
+        api.nodes[n] = node_obj(n, f"ring:{PER_POD}", labels=labels)
     now = [1000.0]
     cache = ClusterCache("kube-icl.io/accelerator", clock=lambda: now[0])
     Informer(api, cache).sync_once()
@@ -78,7 +75,7 @@ def prepare(out: Path) -> None:
         ext.flush()  # the background writes (layout rewrites, evictions) are done
 
     def schedule(name: str) -> str:
-        pod = pod_obj(name, 4, "ring", annotations=dict(ann))
+        pod = pod_obj(name, PER_POD, "ring", annotations=dict(ann))
         api.pods[("default", name)] = pod
         cache.upsert_pod(pod)
         passed = ext.filter(ExtenderArgs(pod=pod, node_names=nodes)).node_names or []
@@ -106,10 +103,12 @@ def prepare(out: Path) -> None:
 
     steps: list[dict[str, Any]] = []
     placed = {n: schedule(n) for n in ("w0", "w1")}
+    envs = {n: env_of(n) for n in placed}  # what Allocate gave them at their start
+    steps.append({"what": "started at the minimum (w0, w1)", "placed": dict(placed), "layout": layout("w0")})
     ext.sweep()
     placed["w2"] = schedule("w2")
-    envs = {n: env_of(n) for n in placed}
-    steps.append({"what": "started at the minimum (w0, w1), grew (w2)", "placed": dict(placed), "layout": layout("w0")})
+    envs["w2"] = env_of("w2")
+    steps.append({"what": "grew (w2)", "placed": dict(placed), "layout": layout("w0")})
     api.pods[("default", "w2")]["status"]["phase"] = "Failed"
     sync()
     steps.append(
@@ -153,18 +152,38 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-WORLD = re.compile(r"pod (\S+): .* world (\d+): hierarchical all-reduce ok")
+START = re.compile(r"pod (\S+): gang rank .* world (\d+): hierarchical all-reduce ok, resumed at step (\d+) t=([\d.]+)")
+STEP = re.compile(r"pod (\S+): world (\d+) step (\d+) t=([\d.]+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run(out: Path) -> int:
+    """Start at the minimum, grow, lose a member (its whole process tree), grow back; print the
+    worlds, steps and times, write ``result.json``; 0 only if every check held."""
     demo = json.loads((out / "demo.json").read_text())
     envs: dict[str, dict[str, str]] = demo["envs"]
     layout_file = out / "gang-layout.json"
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("ICL_")}
-    base.update({"CUDA_VISIBLE_DEVICES": "", "GANG_LAYOUT_FILE": str(layout_file), "TRAIN_STEPS": "100000"})
-    port = 29477
+    base.update(
+        {
+            "CUDA_VISIBLE_DEVICES": "",
+            "GANG_LAYOUT_FILE": str(layout_file),
+            "TRAIN_STEPS": "100000",
+            "OMP_NUM_THREADS": "1",
+            # torch 2.15: with the agents' shared TCPStore (the default) a node joining a running job waits
+            # forever for the new round's MASTER_ADDR, which the round's rank 0, already bootstrapped, never
+            # writes; without sharing every round publishes it afresh.
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        }
+    )
+    port = free_port()
     store = subprocess.Popen(
         [
             sys.executable,
@@ -176,73 +195,137 @@ def run(out: Path) -> int:
     )
     agents: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(pod: str) -> None:
-        env = {**base, **envs[pod], "POD_NAME": pod}
+    def start(pod: str) -> float:
+        env = {**base, **envs[pod], "POD_NAME": pod, "CHECKPOINT_DIR": str(out / "state" / pod)}
         cmd = [
-            "torchrun",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
             "--nnodes=2:3",
             f"--nproc-per-node={env['ICL_WORLD_SIZE']}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{port}",
             "--rdzv-id=elastic-demo",
-            "--rdzv-conf=is_host=false,last_call_timeout=3,join_timeout=120",
+            "--rdzv-conf=is_host=false,last_call_timeout=3,join_timeout=300",
             "--max-restarts=20",
             "--monitor-interval=1",
             str(out / "train.py"),
         ]
         log = (logs / f"{pod}.log").open("ab")
         agents[pod] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return time.time()
 
-    def worlds() -> list[tuple[float, str, int]]:
-        seen = []
+    def lines() -> tuple[list[tuple[float, str, int, int]], list[tuple[float, str, int, int]]]:
+        """(world starts: t, pod, world, resumed step), (progress: t, pod, world, step), by time."""
+        starts, progress = [], []
         for f in sorted(logs.glob("*.log")):
             for line in f.read_text(errors="replace").splitlines():
-                m = WORLD.search(line)
-                if m:
-                    seen.append((f.stat().st_mtime, m.group(1), int(m.group(2))))
-        return seen
+                if m := START.search(line):
+                    starts.append((float(m[4]), m[1], int(m[2]), int(m[3])))
+                elif m := STEP.search(line):
+                    progress.append((float(m[4]), m[1], int(m[2]), int(m[3])))
+        return sorted(starts), sorted(progress)
 
-    def wait_world(world: int, pods: set[str], after: int, timeout: float = 150.0) -> bool:
+    def wait_world(
+        world: int, pods: set[str], since: float, timeout: float = 300.0
+    ) -> list[tuple[float, str, int, int]]:
+        """The first start line of each of ``pods`` in a world of ``world`` after ``since`` ([] on timeout)."""
         end = time.time() + timeout
         while time.time() < end:
-            lines = worlds()[after:]
-            if {p for _, p, w in lines if w == world} >= pods:
-                return True
+            found = {}
+            for t, pod, w, resumed in lines()[0]:
+                if t >= since and w == world and pod in pods and pod not in found:
+                    found[pod] = (t, pod, w, resumed)
+            if set(found) == pods:
+                return sorted(found.values())
+            if any(a.poll() is not None for p, a in agents.items() if p in pods):
+                return []
             time.sleep(1.0)
-        return False
+        return []
 
-    ok = []
+    def last_step(world: int, since: float) -> int:
+        return max((s for t, _, w, s in lines()[1] if t >= since and w == world), default=0)
+
+    def run_steps(world: int, since: float, steps: int = 10, timeout: float = 120.0) -> int:
+        """Let the world train ``steps`` more steps; its last step seen."""
+        first = last_step(world, since)
+        end = time.time() + timeout
+        while time.time() < end and last_step(world, since) < first + steps:
+            time.sleep(1.0)
+        return last_step(world, since)
+
+    ok: list[tuple[str, bool]] = []
+    phases: list[dict[str, Any]] = []
     t0 = time.time()
+
+    def phase(what: str, began: float, formed: list[tuple[float, str, int, int]], before: int, world: int) -> int:
+        resumed = min((r for *_, r in formed), default=-1)
+        if formed:  # the last step the job had reported when the new world formed
+            before = max((s for t, _, _, s in lines()[1] if t < formed[0][0]), default=0)
+        after = run_steps(world, began) if formed else 0
+        phases.append(
+            {
+                "what": what,
+                "world": world,
+                "pods": [p for _, p, _, _ in formed],
+                "formed_s": round(max(t for t, *_ in formed) - began, 1) if formed else None,
+                "at_s": round(began - t0, 1),
+                "last_step_before": before,
+                "resumed_at_step": resumed,
+                "last_step_seen": after,
+            }
+        )
+        return after
+
     try:
         layout_file.write_text(json.dumps(demo["steps"][0]["layout"]))
-        for pod in ("w0", "w1", "w2"):
-            start(pod)
-        ok.append(("three members form a world of 12", wait_world(12, {"w0", "w1", "w2"}, 0)))
-        mark = len(worlds())
-        kill_tree(agents["w2"].pid)  # w2 "fails" as a pod does: the agent and every worker at once
+        began = min(start("w0"), start("w1"))
+        formed = wait_world(2 * PER_POD, {"w0", "w1"}, began)
+        ok.append(("w0, w1 start at the minimum: a world of 4 from step 0", bool(formed) and formed[0][3] == 0))
+        step = phase("start at the minimum (w0, w1)", began, formed, 0, 2 * PER_POD)
+
         layout_file.write_text(json.dumps(demo["steps"][1]["layout"]))
-        ok.append(("w2 killed: w0, w1 re-form a world of 8", wait_world(8, {"w0", "w1"}, mark)))
-        survivors_alive = all(agents[p].poll() is None for p in ("w0", "w1"))
-        ok.append(("the survivors' agents kept running", survivors_alive))
-        mark = len(worlds())
+        began = start("w2")
+        formed = wait_world(3 * PER_POD, {"w0", "w1", "w2"}, began)
+        ok.append(("w2 joins: a world of 6, training goes on", bool(formed) and 0 < step <= formed[0][3]))
+        step = phase("grow (w2 joins)", began, formed, step, 3 * PER_POD)
+
+        survivors = {p: agents[p].pid for p in ("w0", "w1")}
+        killed = time.time()
+        kill_tree(agents["w2"].pid)  # w2 "fails" as a pod does: the agent and every worker at once
         layout_file.write_text(json.dumps(demo["steps"][2]["layout"]))
-        start("w2b")
-        ok.append(("w2b joins: a world of 12 again", wait_world(12, {"w0", "w1", "w2b"}, mark)))
+        formed = wait_world(2 * PER_POD, {"w0", "w1"}, killed)
+        ok.append(
+            ("w2 killed: w0, w1 re-form a world of 4, training goes on", bool(formed) and 0 < step <= formed[0][3])
+        )
+        step = phase("shrink (w2 killed with its workers)", killed, formed, step, 2 * PER_POD)
+        alive = all(agents[p].poll() is None and agents[p].pid == pid for p, pid in survivors.items())
+        ok.append(("the survivors' agents kept running (not restarted)", alive))
+
+        layout_file.write_text(json.dumps(demo["steps"][3]["layout"]))
+        began = start("w2b")
+        formed = wait_world(3 * PER_POD, {"w0", "w1", "w2b"}, began)
+        ok.append(("w2b joins: a world of 6 again, training goes on", bool(formed) and 0 < step <= formed[0][3]))
+        phase("grow back (w2b joins)", began, formed, step, 3 * PER_POD)
     finally:
         for p in agents.values():
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        os.killpg(store.pid, signal.SIGTERM)
-        time.sleep(2)
+                kill_tree(p.pid)
+        kill_tree(store.pid)
         for p in [*agents.values(), store]:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-    for t, pod, world in worlds():
-        print(f"+{t - t0:6.1f}s  {pod}: world {world}")
+            p.wait()
+    for ph in phases:
+        print(
+            f"+{ph['at_s']:6.1f}s  {ph['what']}: world {ph['world']} ({', '.join(ph['pods'])}) formed in "
+            f"{ph['formed_s']}s; last step before {ph['last_step_before']}, resumed at {ph['resumed_at_step']}, "
+            f"trained to {ph['last_step_seen']}"
+        )
     for what, good in ok:
         print(f"{'PASS' if good else 'FAIL'}  {what}")
     print(f"{time.time() - t0:.0f}s")
-    return 0 if len(ok) == 4 and all(g for _, g in ok) else 1
+    passed = len(ok) == 5 and all(g for _, g in ok)
+    (out / "result.json").write_text(json.dumps({"passed": passed, "checks": ok, "phases": phases}, indent=1))
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
