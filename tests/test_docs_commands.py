@@ -59,6 +59,7 @@ def test_an_unclosed_fence_is_an_error(tmp_path: Path) -> None:
         parse_document(page)
 
 
+@pytest.mark.timeout(1200)  # README runs make demo, the placement bench and icl sim (minutes on a busy machine)
 @pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
 def test_the_documented_commands_do_what_the_page_says(doc: Path) -> None:
     results = run_document(parse_document(doc))
