@@ -8,9 +8,10 @@ link domain for an elastic gang (kube-icl.io/gang-min 2, gang-max 3, a ring of 2
 w0 and w1 start at the minimum, w2 grows next to them; then w2 fails (the gang shrinks, layouts
 rewritten, nothing evicted) and its replacement w2b is placed next to the survivors. For each pod
 it writes the environment the device plugin's Allocate gives its container at its start
-(``container_env`` for its devices plus ``gang_env`` of its ``kube-icl.io/gang-layout``
-annotation), the layout annotation after each step (what the downward API file would hold), and
-``train.py`` from ``examples/pytorch-elastic.yaml``.
+(the real plugin, sim backend, on the pod's node, admitted over gRPC by the kubelet emulator of
+``tests/support``; its devices' variables plus those of its ``kube-icl.io/gang-layout``), the
+layout annotation after each step (what the downward API file would hold), and ``train.py`` from
+``examples/pytorch-elastic.yaml``.
 
 ``run`` (torch for the store and the workers) starts the c10d store as its own process (as the
 example's Deployment does) and one ``torchrun --nnodes=2:3 --nproc-per-node=$ICL_WORLD_SIZE`` agent
@@ -24,6 +25,7 @@ phase (world, time to form, steps) and writes ``result.json``; exit 0 only if ev
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+RESOURCE = "kube-icl.io/accelerator"
 PER_POD = 2  # devices (and torchrun workers) per member: 3 members x 2 fit a 2-core machine
 
 
@@ -44,14 +47,16 @@ def prepare(out: Path) -> None:
     sys.path.insert(0, str(ROOT))
     import yaml
 
-    from deviceplugin.allocation import container_env, rank_layout
-    from deviceplugin.gangenv import gang_env
+    from deviceplugin.backends.sim import SimBackend
+    from deviceplugin.pods import FilePodSource
     from scheduler.cache import ClusterCache
     from scheduler.config import ExtenderConfig
     from scheduler.extender import Extender
     from scheduler.informer import Informer
     from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
     from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
+    from tests.support.plugin import running_plugin, short_tmpdir
+    from topology import build_preset
 
     api = MemoryKubeAPI()
     nodes = [f"n{i}" for i in range(4)]
@@ -89,13 +94,26 @@ def prepare(out: Path) -> None:
         return node
 
     def env_of(name: str) -> dict[str, str]:
+        """What the device plugin's Allocate returns for the pod's container: the real plugin on the
+        pod's node (sim backend), admitted over gRPC on a unix socket by the kubelet emulator."""
         pod = api.pods[("default", name)]
         node = pod["spec"]["nodeName"]
-        topo = cache.nodes[node].topology
-        assert topo is not None
+
+        async def admit() -> dict[str, str]:
+            with short_tmpdir() as plugin_dir, short_tmpdir() as files:
+                pods = Path(files) / "pods.json"
+                pods.write_text(json.dumps({"kind": "PodList", "items": [pod]}))
+                backend = SimBackend(build_preset(f"ring:{PER_POD}"), recover_after=2, probe_interval=0.05)
+                async with running_plugin(
+                    plugin_dir, backend, FilePodSource(pods), topology=f"ring:{PER_POD}", node_name=node
+                ) as h:
+                    got = await h.kubelet.admit(pod["metadata"]["uid"], "trainer", RESOURCE, PER_POD)
+                    return dict(got.envs)
+
+        env = asyncio.run(admit())
         a = pod["metadata"]["annotations"]
-        env = container_env(topo, rank_layout(topo, a["kube-icl.io/devices"].split(","), "ring", ()))
-        env.update(gang_env(a["kube-icl.io/gang-layout"]))
+        assert env["ICL_VISIBLE_DEVICES"] == a["kube-icl.io/devices"], (env, a)
+        assert env["ICL_GANG_RANK"] == str(json.loads(a["kube-icl.io/gang-layout"])["rank"]), env
         return env
 
     def layout(name: str) -> Any:
