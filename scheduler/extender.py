@@ -519,6 +519,13 @@ class Extender:
         if ask.error:
             self._event(info, "InvalidPlacementRequest", ask.error)
             return self._result(args, [], {}, dict.fromkeys(names, ask.error)), "invalid"
+        with self.cache.lock:
+            held = self.cache.allocated.get(info.uid) if info.uid else None
+        if held is not None and held[0] in names:
+            # Devices assumed for this very pod (a bind in flight, or one whose outcome is not known yet):
+            # a retry may only go where they are, or they would sit idle until the doubt is settled.
+            why = f"pod {info.key} already holds devices on {held[0]} (its last bind is not settled yet)"
+            return self._result(args, [held[0]], dict.fromkeys((n for n in names if n != held[0]), why), {}), "fit"
         if info.milli:
             share = self.shares.decide(info, names)
             self._note_fit(info.uid, bool(share.best))
