@@ -284,17 +284,17 @@ def test_plugin_as_the_image_user_cannot_use_the_kubelets_directory(
 ) -> None:
     """Why the DaemonSet overrides the image's user: uid 65532 may not create its socket there.
 
-    The plugin keeps retrying (as it does while the kubelet restarts) and logs the refusal each time.
+    A directory it may not write in is a permanent error: the plugin says so in one line and exits 1
+    (no retry loop, unlike a kubelet restart).
     """
     emulator = _start_kubelet_emu(device_plugin_dir, tmp_path, [1])
     argv = image.argv(["icl", "plugin", "--backend", "sim", "--topology", "ring:8"], writable=[PLUGIN_DIR])
     plugin = Component("image-plugin-non-root", argv, tmp_path / "plugin.log").start()
     try:
-        wait_for(
-            lambda: "Permission denied" in plugin.log_path.read_text(errors="replace"),
-            what="the plugin's bind refused",
-            timeout=60,
-        )
+        wait_for(lambda: not plugin.running, what="the plugin's exit", timeout=60)
+        assert plugin.returncode == 1
+        log = plugin.log_path.read_text(errors="replace")
+        assert "icl plugin: cannot create the socket" in log and "uid 65532 may not write in" in log, log
         assert not (device_plugin_dir / "kube-icl.sock").exists()
         assert emulator.poll() is None  # still waiting: nothing registered
     finally:
