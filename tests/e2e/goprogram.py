@@ -99,6 +99,19 @@ class GoProgram:
                 print(f"{self.name}: built in {time.monotonic() - started:.0f}s: {out}", flush=True)
         return out
 
+    def require(self) -> Path:
+        """For an e2e test: the built program, or skip the test (fail it under ICL_E2E_REQUIRED=1)."""
+        import pytest  # only the tests call this; the script stays standard library only
+
+        from .harness import e2e_required
+
+        try:
+            return self.build()
+        except BuildError as error:
+            if e2e_required():
+                pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {error}", pytrace=False)
+            pytest.skip(str(error))
+
     def main(self) -> int:
         try:
             print(self.build())

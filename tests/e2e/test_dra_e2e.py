@@ -398,15 +398,9 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
 
 
 def _dramanager_binary() -> Path:
-    from .dramanager import build as dm_build
-    from .harness import e2e_required
+    from .dramanager import build
 
-    try:
-        return dm_build.build()
-    except dm_build.BuildError as exc:
-        if e2e_required():
-            pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {exc}", pytrace=False)
-        pytest.skip(str(exc))
+    return build.PROGRAM.require()
 
 
 @pytest.mark.timeout(1500)  # the first run builds icl-dramanager (minutes on a cold Go build cache)

@@ -38,7 +38,7 @@ from simulator.kubelet import KubeletEmulator
 from tests.support.plugin import async_test, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset
 
-from .harness import DEFAULT_ALLOCATABLE, ControlPlane, e2e_required, wait_for
+from .harness import DEFAULT_ALLOCATABLE, ControlPlane, wait_for
 from .scenario import (
     RESOURCE,
     TOPOLOGY_ANNOTATION,
@@ -160,14 +160,9 @@ async def test_emulated_kubelet_gets_exactly_the_extenders_devices(
 
 
 def _devicemanager_binary() -> Path:
-    from .devicemanager import build as dm_build
+    from .devicemanager import build
 
-    try:
-        return dm_build.build()
-    except dm_build.BuildError as error:
-        if e2e_required():
-            pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {error}", pytrace=False)
-        pytest.skip(str(error))
+    return build.PROGRAM.require()
 
 
 @pytest.mark.timeout(1500)  # the first run builds icl-devicemanager (minutes on a cold Go build cache)

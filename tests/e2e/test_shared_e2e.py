@@ -43,7 +43,7 @@ from topology.contract import (
     parse_replica,
 )
 
-from .harness import DEFAULT_ALLOCATABLE, KWOK_TOLERATIONS, ControlPlane, e2e_required
+from .harness import DEFAULT_ALLOCATABLE, KWOK_TOLERATIONS, ControlPlane
 
 pytestmark = pytest.mark.e2e
 
@@ -178,14 +178,9 @@ def test_real_scheduler_places_whole_and_shared_pods(
 
 
 def _devicemanager_binary() -> Path:
-    from .devicemanager import build as dm_build
+    from .devicemanager import build
 
-    try:
-        return dm_build.build()
-    except dm_build.BuildError as error:
-        if e2e_required():
-            pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {error}", pytrace=False)
-        pytest.skip(str(error))
+    return build.PROGRAM.require()
 
 
 @pytest.mark.timeout(1500)  # the first run builds icl-devicemanager (minutes on a cold Go build cache)
