@@ -334,12 +334,23 @@ class GangManager:
         domain's coordinates. Only the topologies and free devices are filtered (lock held)."""
         topologies = {}
         free_by_node = {}
-        labels: dict[str, dict[str, str]] = {}
+        by_domain: dict[str, dict[str, dict[str, str]]] = {}
         for name, rec in self.cache.nodes.items():
             if rec.domain:
-                labels[name] = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
+                node_labels = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
                 if rec.domain_kind:
-                    labels[name][DOMAIN_KIND_LABEL] = rec.domain_kind
+                    node_labels[DOMAIN_KIND_LABEL] = rec.domain_kind
+                by_domain.setdefault(rec.domain, {})[name] = node_labels
+        labels: dict[str, dict[str, str]] = {}
+        for domain, members in by_domain.items():
+            try:  # one domain with bad labels must not take the others down with it
+                ClusterView.from_labels(members)
+            except TopologyError as exc:
+                log.warning(
+                    "link domain %r: inconsistent labels, its nodes take gangs one node at a time: %s", domain, exc
+                )
+                continue
+            labels.update(members)
         for name, rec in records.items():
             view = rec.view
             if view is None or len(view.free) - view.unattributed < shape.size:

@@ -135,3 +135,25 @@ def test_an_elastic_gang_starts_on_truly_adjacent_nodes() -> None:
     pods = [c.add(elastic(f"e{i}", 2, 3)) for i in range(3)]
     got = c.ext.filter(ExtenderArgs(pod=pods[0], node_names=sorted(coords)))
     assert not got.node_names and "default/el" not in c.ext.gangs.reservations
+
+
+def test_a_domain_with_bad_labels_does_not_stop_gangs_in_the_others() -> None:
+    """A node of another domain with no coordinates (labels that cannot form a domain) leaves a good
+    domain's gang placement alone: only the bad domain's nodes lose their links."""
+    coords = {f"n{i}": (i,) for i in range(4)}
+    labels = {
+        n: {
+            "kube-icl.io/link-domain": "rack",
+            "kube-icl.io/link-domain-kind": "mesh",
+            "kube-icl.io/link-coords": label_of(c),
+        }
+        for n, c in coords.items()
+    }
+    labels["odd"] = {"kube-icl.io/link-domain": "rack-a"}  # no coordinates
+    c = Cluster({**{n: "ring:2" for n in coords}, "odd": "ring:2"}, ExtenderConfig(fair_share=False), labels=labels)
+    pods = [c.add(gang_pod(f"w{i}", "job", 3, 2, "ring")) for i in range(3)]
+    c.ext.filter(ExtenderArgs(pod=pods[0], node_names=sorted(coords)))
+    res = c.ext.gangs.reservations.get("default/job")
+    assert res is not None, "the gang spans three adjacent nodes of rack"
+    nodes = sorted(s.node for s in res.slots)
+    assert nodes in (["n0", "n1", "n2"], ["n1", "n2", "n3"])
