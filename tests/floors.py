@@ -105,6 +105,11 @@ def main() -> int:
         # Run from a directory outside the tree, so `deviceplugin` is the installed package, not ./deviceplugin.
         run_dir = work / "run"
         run_dir.mkdir(exist_ok=True)
+        # The tests share helpers as `tests.support` (importable from the tree's root, which `python -m pytest`
+        # puts on sys.path); copy just that package beside the run, so the product still comes from the venv.
+        shutil.rmtree(run_dir / "tests", ignore_errors=True)
+        shutil.copytree(ROOT / "tests" / "support", run_dir / "tests" / "support",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))  # fmt: skip
         cmd = [
             str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
             "-c", str(ROOT / "pyproject.toml"), *(f"--deselect={d}" for d in DESELECT),
