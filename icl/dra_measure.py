@@ -9,21 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from deviceplugin.argtypes import positive_int
+
 __all__ = ["register"]
 
 EXIT_BAD_INPUT = 2
 DEFAULT_TOPOLOGIES = ("ring:8", "hcm:8", "torus:4x4", "torus:8x8")
 DEFAULT_CAPS = (64, 256)
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {text!r}")
-    return n
 
 
 def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -35,10 +27,13 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser], common:
     me.add_argument(
         "--topology", action="append", help="topology (repeatable; default: ring:8, hcm:8, torus:4x4, torus:8x8)"
     )
-    me.add_argument("--trials", type=_positive, default=200, help="random job sequences per case (default: 200)")
+    me.add_argument("--trials", type=positive_int(), default=200, help="random job sequences per case (default: 200)")
     me.add_argument("--seed", type=int, default=1, help="random seed (default: 1)")
     me.add_argument(
-        "--cap", type=_positive, action="append", help="max_per_shape values to compare (repeatable; default: 64, 256)"
+        "--cap",
+        type=positive_int(),
+        action="append",
+        help="max_per_shape values to compare (repeatable; default: 64, 256)",
     )
     me.add_argument("--json", action="store_true", help="print JSON instead of a table")
     me.set_defaults(func=_measure)

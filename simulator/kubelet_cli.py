@@ -4,29 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from deviceplugin.argtypes import positive_int, positive_seconds
+
 __all__ = ["register"]
 
 EXIT_BAD_INPUT = 2
-
-
-def _device_count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want a whole number of devices >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"want a whole number of devices >= 1, got {text!r}")
-    return n
-
-
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want seconds > 0, got {text!r}") from None
-    if not s > 0:
-        raise argparse.ArgumentTypeError(f"want seconds > 0, got {text!r}")
-    return s
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -46,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     k.add_argument("--resource", default="kube-icl.io/accelerator", help="resource to admit (default: %(default)s)")
     k.add_argument(
         "--admit",
-        type=_device_count,
+        type=positive_int("a whole number of devices"),
         action="append",
         default=[],
         metavar="N",
@@ -57,7 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         action="store_true",
         help="delete the checkpoint first, so that pods admitted by an earlier run hold no devices",
     )
-    k.add_argument("--wait", type=_seconds, default=30.0, help="seconds to wait for the plugin (default: %(default)s)")
+    k.add_argument(
+        "--wait", type=positive_seconds, default=30.0, help="seconds to wait for the plugin (default: %(default)s)"
+    )
     k.add_argument("--serve", action="store_true", help="keep serving after the admissions")
     k.set_defaults(func=run_kubelet)
 

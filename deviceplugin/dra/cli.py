@@ -15,29 +15,11 @@ import argparse
 import sys
 from typing import Any
 
+from deviceplugin.argtypes import positive_int, positive_seconds
+
 __all__ = ["register"]
 
 EXIT_BAD_INPUT = 2
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"want a whole number >= 1, got {text!r}")
-    return n
-
-
-def _seconds(text: str) -> float:
-    try:
-        s = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"want seconds > 0, got {text!r}") from None
-    if not s > 0:
-        raise argparse.ArgumentTypeError(f"want seconds > 0, got {text!r}")
-    return s
 
 
 def _shape_options(p: argparse.ArgumentParser) -> None:
@@ -51,7 +33,7 @@ def _shape_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-per-shape",
-        type=_positive,
+        type=positive_int(),
         default=DEFAULT_MAX_PER_SHAPE,
         help=f"placements published per shape at most; past it the most compact (default: {DEFAULT_MAX_PER_SHAPE})",
     )
@@ -104,7 +86,7 @@ def register(
     run.add_argument("--backend", choices=["sim", "udev", "nvml"], help="hardware backend (default: sim)")
     run.add_argument("--topology", help="topology file or preset, e.g. torus:4x4 (sim: required)")
     run.add_argument("--fault-file", help="sim: JSON file of injected faults, re-read on every probe")
-    run.add_argument("--probe-interval", type=_seconds, help="seconds between health probes (default: 5)")
+    run.add_argument("--probe-interval", type=positive_seconds, help="seconds between health probes (default: 5)")
     run.add_argument("--node-name", help="this node's name: the pool's name (default: $NODE_NAME)")
     run.add_argument(
         "--kubeconfig", metavar="FILE", help="API access (default: $KUBECONFIG, in-cluster, ~/.kube/config)"
@@ -119,7 +101,10 @@ def register(
     )
     run.add_argument("--cdi-dir", default="/var/run/cdi", help="where CDI specs are written (default: /var/run/cdi)")
     run.add_argument(
-        "--resync", type=_seconds, default=2.0, help="seconds between reads of the allocated claims (default: 2)"
+        "--resync",
+        type=positive_seconds,
+        default=2.0,
+        help="seconds between reads of the allocated claims (default: 2)",
     )
     _shape_options(run)
     run.set_defaults(func=_run)
