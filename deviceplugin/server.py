@@ -40,12 +40,13 @@ from deviceplugin.allocation import (
 from deviceplugin.backends.base import Backend, HealthChange, RuntimeEdits
 from deviceplugin.config import PluginConfig
 from deviceplugin.events import NodeEventRecorder
-from deviceplugin.gangenv import GANG_LAYOUT_ANNOTATION, GangLayoutError, gang_env
+from deviceplugin.gangenv import GANG_LAYOUT_ANNOTATION, gang_env
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.pods import DEVICES_ANNOTATION, NoPods, PodInfo, PodSource
 from deviceplugin.publisher import NodePublisher
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from topology import NodeTopology
+from topology.contract import ContractError
 from topology.policy import linked_policy
 
 __all__ = ["API_VERSION", "HEALTHY", "UNHEALTHY", "DevicePlugin", "DevicePluginService", "device_list"]
@@ -267,7 +268,7 @@ class DevicePlugin:
             if layout and choice.pod is not None:
                 try:
                     self._gang_envs[frozenset(choice.devices)] = gang_env(layout)
-                except GangLayoutError as exc:
+                except ContractError as exc:
                     log.warning("pod %s: no gang environment: %s", choice.pod.key, exc)
             if choice.pod is not None:
                 log.info("preferred %s for pod %s (scheduler's choice)", ",".join(choice.devices), choice.pod.key)

@@ -3,10 +3,9 @@
 Pure functions, no I/O. The extender writes the layout on each member at bind (in the
 Binding, with its devices) and rewrites it on every live member when an elastic gang
 grows or shrinks; the device plugin turns it into environment variables at Allocate
-(:mod:`deviceplugin.gangenv`). The value is compact JSON::
-
-    {"v": 1, "gang": "ns/name", "generation": 1764146000123, "rank": 2, "size": 4, "min": 2, "max": 4,
-     "members": [{"pod": "w0", "node": "n0", "domain": "rack", "coords": "0", "devices": ["0", "1"]}, ...]}
+(:mod:`deviceplugin.gangenv`). The value's format and its one parser are the contract's
+(:class:`topology.contract.GangLayout`, :func:`~topology.contract.format_gang_layout`,
+:func:`~topology.contract.parse_gang_layout`); this module decides the order.
 
 ``members`` is in rank order: the nodes in the order a ring across them follows their
 link domain (:func:`topology.ring_order`), members on one node by their first device's
@@ -16,15 +15,13 @@ this pod's index in ``members``; ``generation`` grows with every rewrite.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from topology import ClusterView, ring_order
+from topology.contract import GangLayout, LayoutMember, format_gang_layout
 
-__all__ = ["LAYOUT_VERSION", "Member", "layout_value", "order_members"]
-
-LAYOUT_VERSION = 1
+__all__ = ["Member", "layout_value", "order_members"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,23 +56,5 @@ def layout_value(
     where: Mapping[str, tuple[str, str]],
 ) -> str:
     """The annotation value for the member at ``rank`` of ``ordered``; ``where[node] = (domain, coords)``."""
-    body = {
-        "v": LAYOUT_VERSION,
-        "gang": gang,
-        "generation": generation,
-        "rank": rank,
-        "size": len(ordered),
-        "min": least,
-        "max": most,
-        "members": [
-            {
-                "pod": m.pod,
-                "node": m.node,
-                "domain": where.get(m.node, ("", ""))[0],
-                "coords": where.get(m.node, ("", ""))[1],
-                "devices": list(m.devices),
-            }
-            for m in ordered
-        ],
-    }
-    return json.dumps(body, separators=(",", ":"))
+    members = tuple(LayoutMember(m.pod, m.node, m.devices, *where.get(m.node, ("", ""))) for m in ordered)
+    return format_gang_layout(GangLayout(gang, generation, rank, least, most, members))

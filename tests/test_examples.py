@@ -34,7 +34,8 @@ PLUGIN_ENV = {
     ENV_DEVICE_FRACTION,  # shared devices (deviceplugin.sharing.share_env)
     ENV_DEVICE_MILLI,
     *gangenv.gang_env(
-        '{"v":1,"gang":"g","generation":1,"rank":0,"min":1,"max":1,"members":[{"node":"n","devices":["0"]}]}'
+        '{"v":1,"gang":"ns/g","generation":1,"rank":0,"size":1,"min":1,"max":1,'
+        '"members":[{"pod":"p","node":"n","domain":"","coords":"","devices":["0"]}]}'
     ),
 }
 

@@ -10,12 +10,17 @@ value raises :class:`ContractError` naming the field and the value.
 '0,1'
 >>> cpu_milli("250m"), cpu_milli("2"), memory_mib("1Gi"), memory_mib("512M")
 (250, 2000, 1024, 488)
+>>> layout = GangLayout("ns/job", 7, 0, 1, 2, (LayoutMember("w0", "n0", ("0", "1")),))
+>>> parse_gang_layout(format_gang_layout(layout)) == layout
+True
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -35,17 +40,22 @@ __all__ = [
     "ENV_DEVICE_FRACTION",
     "ENV_DEVICE_MILLI",
     "ENV_MPS_THREAD_PERCENTAGE",
+    "GANG_LAYOUT_VERSION",
     "LABEL_LINK_COORDS",
     "LABEL_LINK_DOMAIN",
     "LABEL_LINK_DOMAIN_KIND",
     "MILLI_PER_DEVICE",
     "ContractError",
+    "GangLayout",
+    "LayoutMember",
     "cpu_milli",
     "format_devices",
+    "format_gang_layout",
     "format_replica",
     "memory_mib",
     "parse_device_milli",
     "parse_devices",
+    "parse_gang_layout",
     "parse_replica",
     "pod_requests",
 ]
@@ -245,3 +255,187 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
         a, b = _container_requests({"resources": {"requests": overhead}})
         cpu, mem = cpu + a, mem + b
     return cpu, mem
+
+
+# --------------------------------------------------------------------------- kube-icl.io/gang-layout
+
+GANG_LAYOUT_VERSION = 1
+_ANNOTATION_BYTES = 256 * 1024  # the API server's limit on all of an object's annotations together
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+_LAYOUT_KEYS = ("v", "gang", "generation", "rank", "size", "min", "max", "members")
+_MEMBER_KEYS = ("pod", "node", "domain", "coords", "devices")
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutMember:
+    """One member (or reserved slot) of a gang's layout."""
+
+    pod: str  # the pod's name; "" for a reserved slot not claimed yet
+    node: str
+    devices: tuple[str, ...] = ()
+    domain: str = ""  # the node's kube-icl.io/link-domain label ("" off-domain)
+    coords: str = ""  # the node's kube-icl.io/link-coords label
+
+
+@dataclass(frozen=True, slots=True)
+class GangLayout:
+    """``kube-icl.io/gang-layout``: a gang member's place in its gang (written by the extender at bind and
+    rewritten when an elastic gang grows or shrinks; read by the device plugin at Allocate).
+
+    ``members`` is in rank order; ``rank`` is the index of the pod the value is written on. On the wire,
+    compact JSON with the keys ``v`` (:data:`GANG_LAYOUT_VERSION`), ``gang``, ``generation``, ``rank``,
+    ``size`` (``len(members)``), ``min``, ``max`` and ``members`` (objects with ``pod``, ``node``,
+    ``domain``, ``coords`` and ``devices``), no other keys: a change of fields is a new version.
+    """
+
+    gang: str  # "namespace/name"
+    generation: int  # grows with every rewrite
+    rank: int
+    least: int  # the gang's all-or-nothing minimum ("min")
+    most: int  # its maximum ("max"; equal to the minimum for a rigid gang)
+    members: tuple[LayoutMember, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+def format_gang_layout(layout: GangLayout) -> str:
+    """The annotation value of ``layout`` (compact JSON, keys in the documented order).
+
+    It writes the values as given; :func:`parse_gang_layout` is the check, so a reader never takes a
+    value the contract does not allow, and ``parse_gang_layout(format_gang_layout(x)) == x`` for every
+    layout it accepts.
+    """
+    body = {
+        "v": GANG_LAYOUT_VERSION,
+        "gang": layout.gang,
+        "generation": layout.generation,
+        "rank": layout.rank,
+        "size": layout.size,
+        "min": layout.least,
+        "max": layout.most,
+        "members": [
+            {"pod": m.pod, "node": m.node, "domain": m.domain, "coords": m.coords, "devices": list(m.devices)}
+            for m in layout.members
+        ],
+    }
+    return json.dumps(body, separators=(",", ":"))  # ASCII: any text travels in a request body
+
+
+def _layout_error(field: str, value: Any, why: str) -> ContractError:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return ContractError(f"annotation {ANN_GANG_LAYOUT}: field {field!r} is {shown}, {why}")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _layout_error(key, value, "given twice")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {name} is not JSON")
+
+
+def _object(value: Any, field: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _layout_error(field, value, "not an object")
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise _layout_error(field, value, f"without {missing[0]!r}")
+    extra = sorted(set(value) - set(keys))
+    if extra:
+        raise _layout_error(
+            field, value, f"with unknown key {extra[0]!r} (version {GANG_LAYOUT_VERSION} has no such key)"
+        )
+    return value
+
+
+def _whole(value: Any, field: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _layout_error(field, value, "not a whole number")
+    if value < low:
+        raise _layout_error(field, value, f"below {low}")
+    return value
+
+
+def _matching(value: Any, field: str, pattern: re.Pattern[str], what: str) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        raise _layout_error(field, value, f"not {what}")
+    return value
+
+
+def _gang_key(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _layout_error("gang", value, "not a string")
+    namespace, sep, name = value.partition("/")
+    if not sep or not _DNS_LABEL.match(namespace) or not name:
+        raise _layout_error("gang", value, "not namespace/name")
+    if "\x00" in name or any("\ud800" <= ch <= "\udfff" for ch in name):
+        raise _layout_error("gang", value, "not text an environment variable can carry")
+    return value
+
+
+def _member(value: Any, i: int) -> LayoutMember:
+    where = f"members[{i}]"
+    body = _object(value, where, _MEMBER_KEYS)
+    pod = body["pod"]
+    if pod != "":
+        _matching(pod, f"{where}.pod", _DNS_SUBDOMAIN, "a pod name")
+    node = _matching(body["node"], f"{where}.node", _DNS_SUBDOMAIN, "a node name")
+    domain = _matching(body["domain"], f"{where}.domain", _LABEL_VALUE, "a label value")
+    coords = _matching(body["coords"], f"{where}.coords", _LABEL_VALUE, "a label value")
+    raw = body["devices"]
+    if not isinstance(raw, list):
+        raise _layout_error(f"{where}.devices", raw, "not a list")
+    devices = tuple(_matching(d, f"{where}.devices[{k}]", _DEVICE_ID, "a device id") for k, d in enumerate(raw))
+    if len(set(devices)) != len(devices):
+        raise _layout_error(f"{where}.devices", raw, "repeating a device")
+    return LayoutMember(str(pod), node, devices, domain, coords)
+
+
+def parse_gang_layout(value: Any) -> GangLayout:
+    """Read a ``kube-icl.io/gang-layout`` value; anything off the contract raises :class:`ContractError`
+    naming the field and its value (never another exception).
+
+    >>> parse_gang_layout('{"v":2}')
+    Traceback (most recent call last):
+    ...
+    topology.contract.ContractError: annotation kube-icl.io/gang-layout: field 'v' is 2, not version 1
+    """
+    if not isinstance(value, str):
+        raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {type(value).__name__} {value!r:.40} is not text")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > _ANNOTATION_BYTES:
+        raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {size} bytes, over the API server's {_ANNOTATION_BYTES}")
+    try:
+        body = json.loads(value, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
+    except ContractError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {value!r:.40} is not JSON ({exc})") from None
+    if isinstance(body, dict) and "v" in body and (isinstance(body["v"], bool) or body["v"] != GANG_LAYOUT_VERSION):
+        raise _layout_error("v", body["v"], f"not version {GANG_LAYOUT_VERSION}")
+    body = _object(body, "(the value)", _LAYOUT_KEYS)
+    raw = body["members"]
+    if not isinstance(raw, list) or not raw:
+        raise _layout_error("members", raw, "not a non-empty list")
+    members = tuple(_member(m, i) for i, m in enumerate(raw))
+    if _whole(body["size"], "size", 1) != len(members):
+        raise _layout_error("size", body["size"], f"not the {len(members)} members listed")
+    rank = _whole(body["rank"], "rank", 0)
+    if rank >= len(members):
+        raise _layout_error("rank", rank, f"outside 0..{len(members) - 1}")
+    if not members[rank].pod:
+        raise _layout_error(f"members[{rank}].pod", "", "empty for the member the layout is written for")
+    least = _whole(body["min"], "min", 1)
+    most = _whole(body["max"], "max", least)
+    return GangLayout(_gang_key(body["gang"]), _whole(body["generation"], "generation", 0), rank, least, most, members)
