@@ -15,29 +15,19 @@ fills one node. Other jobs are pods created already bound with their devices ann
 
 from __future__ import annotations
 
-import contextlib
-import json
-import threading
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
-import yaml
 
-from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.extender import Extender
-from scheduler.informer import Informer
-from scheduler.kube import RestKubeAPI
-from scheduler.server import ExtenderServer
 from tests.support.extender import wait_for
-from topology import build_preset, encode_annotation
+from topology.contract import ANN_GANG_LAYOUT, GangLayout, parse_gang_layout
 
 from .harness import KWOK_TOLERATIONS, ControlPlane
 from .harness import wait_for as until
-from .scenario import SCHEDULER_CONFIG
+from .inprocess import InProcessExtender as Running
+from .inprocess import ensure_priority_classes, extender_in_process
 
 pytestmark = pytest.mark.e2e
 
@@ -46,65 +36,12 @@ LOW, HIGH = "icl-e2e-low", "icl-e2e-high"
 ALL = "0,1,2,3,4,5,6,7"
 
 
-@dataclass
-class Running:
-    ext: Extender
-    cache: ClusterCache
-    label: str
-    nodes: list[str] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
 def running(control_plane: ControlPlane) -> Iterator[Running]:
-    from kubernetes import client as k8s
-
-    scheduling = k8s.SchedulingV1Api(control_plane.api_client)
-    for name, value in ((LOW, 10), (HIGH, 1000)):
-        body = {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": name},
-            "value": value,
-        }
-        try:
-            scheduling.create_priority_class(cast(Any, body))
-        except k8s.ApiException as error:
-            if error.status != 409:
-                raise
-    api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
+    ensure_priority_classes(control_plane, {LOW: 10, HIGH: 1000})
     cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False, gang_timeout_s=120)
-    cache = ClusterCache(cfg.resource_name)
-    ext = Extender(cfg, cache, api)
-    run = Running(ext, cache, f"el-{uuid.uuid4().hex[:6]}")
-    informer = Informer(api, cache, watch_timeout_s=60)
-    server = ExtenderServer(ext, cfg)
-    stop = threading.Event()
-
-    def housekeeping() -> None:  # what `icl extender` does every second
-        while not stop.wait(1.0):
-            ext.sweep()
-
-    sweeper = threading.Thread(target=housekeeping, daemon=True)
-    ext.start()
-    informer.start()
-    server.start()
-    sweeper.start()
-    try:
-        wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
-        config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
-        config["extenders"][0]["urlPrefix"] = server.url
-        with control_plane.use_scheduler(config):
-            yield run
-    finally:
-        stop.set()
-        sweeper.join()
-        informer.halt()
-        server.stop()
-        informer.stop()
-        ext.stop()
-        for node in run.nodes:
-            with contextlib.suppress(k8s.ApiException):
-                control_plane.core.delete_node(node)
+    with extender_in_process(control_plane, cfg, "el", sweep_every_s=1.0) as run:  # `icl extender` sweeps each second
+        yield run
 
 
 def _line(control_plane: ControlPlane, run: Running, tag: str, n: int) -> list[str]:
@@ -112,19 +49,14 @@ def _line(control_plane: ControlPlane, run: Running, tag: str, n: int) -> list[s
     group = f"{run.label}-{tag}"
     names = [f"{group}-{i}" for i in range(n)]
     for i, name in enumerate(names):
-        control_plane.create_node(
-            name,
-            labels={
-                "kube-icl.io/e2e": group,
-                "kube-icl.io/link-domain": group,
-                "kube-icl.io/link-coords": str(i),
-                "kube-icl.io/link-domain-kind": "mesh",
-            },
-            annotations={"kube-icl.io/topology": encode_annotation(build_preset("ring:8"))},
-            allocatable={RESOURCE: "8", "cpu": "32"},
-        )
-        run.nodes.append(name)
-    wait_for(lambda: all(n in run.cache.views for n in names), timeout_s=30, what="nodes in the extender cache")
+        labels = {
+            "kube-icl.io/e2e": group,
+            "kube-icl.io/link-domain": group,
+            "kube-icl.io/link-coords": str(i),
+            "kube-icl.io/link-domain-kind": "mesh",
+        }
+        run.add_node(name, "ring:8", labels, {RESOURCE: "8", "cpu": "32"})
+    run.wait_cached(names)
     return names
 
 
@@ -181,9 +113,9 @@ def _count(control_plane: ControlPlane, namespace: str, names: list[str], n: int
     return placed if len(placed) == n else None
 
 
-def _layout(control_plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+def _layout(control_plane: ControlPlane, namespace: str, name: str) -> GangLayout:
     pod = control_plane.core.read_namespaced_pod(name, namespace)
-    return dict(json.loads((pod.metadata.annotations or {})["kube-icl.io/gang-layout"]))
+    return parse_gang_layout((pod.metadata.annotations or {})[ANN_GANG_LAYOUT])
 
 
 def test_an_elastic_gang_starts_at_its_minimum_grows_shrinks_and_is_requeued_below_it(
@@ -218,25 +150,25 @@ def test_an_elastic_gang_starts_at_its_minimum_grows_shrinks_and_is_requeued_bel
     assert sorted(grown.values()) == nodes[:3], grown
     on = {v: k for k, v in grown.items()}
     until(
-        lambda: all(_layout(control_plane, namespace, m)["size"] == 3 for m in grown),
+        lambda: all(_layout(control_plane, namespace, m).size == 3 for m in grown),
         timeout=60,
         what="every member's layout rewritten for 3",
     )
     layouts = {m: _layout(control_plane, namespace, m) for m in grown}
-    assert [x["node"] for x in layouts[on[nodes[0]]]["members"]] == nodes[:3], "rank order along the line"
-    assert sorted(x["rank"] for x in layouts.values()) == [0, 1, 2]
+    assert [x.node for x in layouts[on[nodes[0]]].members] == nodes[:3], "rank order along the line"
+    assert sorted(x.rank for x in layouts.values()) == [0, 1, 2]
 
     # Shrink: node 0 is deleted under its member; the others keep running, nobody is evicted.
     survivors = [on[nodes[1]], on[nodes[2]]]
     control_plane.core.delete_node(nodes[0])
     until(
-        lambda: all(_layout(control_plane, namespace, m)["size"] == 2 for m in survivors),
+        lambda: all(_layout(control_plane, namespace, m).size == 2 for m in survivors),
         timeout=60,
         what="the survivors' layouts rewritten for 2 (the gang shrank)",
     )
     pods = _pods(control_plane, namespace)
     assert all(m in pods and pods[m].spec.node_name for m in survivors), "the survivors were not evicted"
-    assert [x["node"] for x in _layout(control_plane, namespace, survivors[0])["members"]] == nodes[1:3]
+    assert [x.node for x in _layout(control_plane, namespace, survivors[0]).members] == nodes[1:3]
 
     # Requeue: one more member goes; one survivor is below the minimum of 2: every member is evicted.
     control_plane.core.delete_namespaced_pod(survivors[0], namespace, grace_period_seconds=0)

@@ -14,31 +14,24 @@ so the layout of the node is known; kwok runs them, and kube-scheduler and the e
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import yaml
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.extender import Extender
-from scheduler.informer import Informer
-from scheduler.kube import RestKubeAPI
 from scheduler.podspec import parse_devices
-from scheduler.server import ExtenderServer
 from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult
 from tests.support.extender import wait_for
-from topology import Placer, build_preset, encode_annotation, parse_shape
+from topology import Placer, build_preset, parse_shape
 
 from .harness import KWOK_TOLERATIONS, ControlPlane
+from .inprocess import InProcessExtender, ensure_priority_classes, extender_in_process
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
 RESOURCE = "kube-icl.io/accelerator"
 PRESET = "mesh:2x4"  # ids: row 0 = 0 1 2 3, row 1 = 4 5 6 7
 LOW, HIGH = "icl-e2e-low", "icl-e2e-high"
@@ -54,79 +47,40 @@ class Exchange:
 
 @dataclass
 class Running:
-    ext: Extender
-    cache: ClusterCache
-    label: str
+    extender: InProcessExtender
     exchanges: list[Exchange] = field(default_factory=list)
-    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def cache(self) -> ClusterCache:
+        return self.extender.cache
 
 
 @pytest.fixture(scope="module")
 def running(control_plane: ControlPlane) -> Iterator[Running]:
-    from kubernetes import client as k8s
-
-    scheduling = k8s.SchedulingV1Api(control_plane.api_client)
-    for name, value in ((LOW, 10), (HIGH, 1000)):
-        body = {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": name},
-            "value": value,
-        }
-        try:
-            scheduling.create_priority_class(cast(Any, body))
-        except k8s.ApiException as error:
-            if error.status != 409:
-                raise
-    api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
+    ensure_priority_classes(control_plane, {LOW: 10, HIGH: 1000})
     cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False)
-    cache = ClusterCache(cfg.resource_name)
-    ext = Extender(cfg, cache, api)
-    run = Running(ext, cache, f"pre-{uuid.uuid4().hex[:6]}")
-    preempt = ext.preempt
+    with extender_in_process(control_plane, cfg, "pre") as extender, pytest.MonkeyPatch.context() as patch:
+        run = Running(extender)
+        preempt = extender.ext.preempt
 
-    def recording(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
-        result = preempt(args)
-        run.exchanges.append(
-            Exchange(
-                {n: list(uids) for n, (uids, _) in args.victim_uids().items()},
-                {n: [p.uid for p in mv.pods] for n, mv in result.node_name_to_meta_victims.items()},
+        def recording(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+            result = preempt(args)
+            run.exchanges.append(
+                Exchange(
+                    {n: list(uids) for n, (uids, _) in args.victim_uids().items()},
+                    {n: [p.uid for p in mv.pods] for n, mv in result.node_name_to_meta_victims.items()},
+                )
             )
-        )
-        return result
+            return result
 
-    informer = Informer(api, cache, watch_timeout_s=60)
-    server = ExtenderServer(ext, cfg)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ext, "preempt", recording)
-        ext.start()
-        informer.start()
-        server.start()
-        try:
-            wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
-            config = yaml.safe_load(CONFIG.read_text())
-            config["extenders"][0]["urlPrefix"] = server.url
-            with control_plane.use_scheduler(config):
-                yield run
-        finally:
-            informer.halt()
-            server.stop()
-            informer.stop()
-            ext.stop()
-            for node in run.nodes:
-                control_plane.core.delete_node(node)
+        patch.setattr(extender.ext, "preempt", recording)  # the server looks the verb up per request
+        yield run
 
 
-def _node(control_plane: ControlPlane, run: Running, suffix: str, cpu: str) -> str:
-    name = f"{run.label}-{suffix}"
-    control_plane.create_node(
-        name,
-        labels={"kube-icl.io/e2e": name},
-        annotations={"kube-icl.io/topology": encode_annotation(build_preset(PRESET))},
-        allocatable={RESOURCE: "8", "cpu": cpu},
-    )
-    run.nodes.append(name)
-    wait_for(lambda: name in run.cache.views, timeout_s=30, what=f"node {name} in the extender cache")
+def _node(run: Running, suffix: str, cpu: str) -> str:
+    name = f"{run.extender.label}-{suffix}"
+    run.extender.add_node(name, PRESET, {"kube-icl.io/e2e": name}, {RESOURCE: "8", "cpu": cpu})
+    run.extender.wait_cached([name])
     return name
 
 
@@ -198,7 +152,7 @@ def test_a_high_priority_ring_preempts_low_priority_pods_through_the_extender(
     control_plane: ControlPlane, running: Running, namespace: str
 ) -> None:
     """Every device holds a low-priority pod; a ring of 4 (a 2x2 cycle on this mesh) needs two or three of them."""
-    node = _node(control_plane, running, "ring", cpu="32")
+    node = _node(running, "ring", cpu="32")
     held = {"l1": ("0,4", "100m"), "l2": ("1,2", "100m"), "l3": ("5,6", "100m"), "l4": ("3,7", "100m")}
     uids = _occupy(control_plane, running, namespace, node, held)
     control_plane.core.create_namespaced_pod(namespace, cast(Any, _pod("high", node, 4, "ring", "100m", HIGH)))
@@ -233,7 +187,7 @@ def test_a_device_holder_kube_scheduler_proposed_for_cpu_is_kept(
     """CPU, not devices, made kube-scheduler choose ``hog``: its devices (2, 7) make no 2x2 block with the
     free 0 and 4, so the extender keeps it and adds the one ring that completes a block. Answering only that
     ring (dropping ``hog``) would leave the node short of CPU, and the next round would be refused."""
-    node = _node(control_plane, running, "cpu", cpu="4")
+    node = _node(running, "cpu", cpu="4")
     held = {"hog": ("2,7", "3"), "b": ("1,5", "100m"), "c": ("3,6", "100m")}
     uids = _occupy(control_plane, running, namespace, node, held)
     control_plane.core.create_namespaced_pod(namespace, cast(Any, _pod("high", node, 4, "mesh:2x2", "2", HIGH)))
