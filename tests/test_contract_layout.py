@@ -24,7 +24,7 @@ dns_labels = st.from_regex(rf"\A{_LABEL}\Z")
 subdomains = st.from_regex(rf"\A{_LABEL}(\.{_LABEL}){{0,2}}\Z")
 label_values = st.from_regex(r"\A(([A-Za-z0-9][-A-Za-z0-9_.]{0,8})?[A-Za-z0-9])?\Z")
 device_ids = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._:/-]{0,12}\Z")
-names = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), min_size=1, max_size=20)
+names = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), min_size=1, max_size=20)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
