@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -21,6 +21,7 @@ import yaml
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
+from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.kube import RestKubeAPI
@@ -43,7 +44,7 @@ class InProcessExtender:
     ext: Extender
     server: ExtenderServer
     label: str  # unique per run: prefix of the nodes' names and of their kube-icl.io/e2e label
-    nodes: list[str] = field(default_factory=list)  # added by the test; deleted when the extender stops
+    nodes: dict[str, str] = field(default_factory=dict)  # name -> preset, added by the test; deleted at the end
 
     def add_node(self, name: str, preset: str, labels: Mapping[str, str], allocatable: Mapping[str, str]) -> str:
         """A kwok node publishing ``preset`` as its topology; :meth:`wait_cached` before scheduling onto it."""
@@ -53,7 +54,7 @@ class InProcessExtender:
             annotations={"kube-icl.io/topology": encode_annotation(build_preset(preset))},
             allocatable=allocatable,
         )
-        self.nodes.append(name)
+        self.nodes[name] = preset
         return name
 
     def wait_cached(self, names: Iterable[str]) -> None:
@@ -83,18 +84,26 @@ def ensure_priority_classes(control_plane: ControlPlane, classes: Mapping[str, i
 
 @contextlib.contextmanager
 def extender_in_process(
-    control_plane: ControlPlane, cfg: ExtenderConfig, label: str, *, sweep_every_s: float | None = None
+    control_plane: ControlPlane,
+    cfg: ExtenderConfig,
+    label: str,
+    *,
+    events: bool = False,
+    sweep_every_s: float | None = None,
+    configure: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[InProcessExtender]:
     """An extender with ``cfg`` (host and port: loopback, any) serving kube-scheduler inside the block.
 
-    ``sweep_every_s``: also run the housekeeping ``icl extender`` runs (``Extender.sweep``: gang timeouts,
-    elastic gangs' layouts and evictions) that often. ``label`` gets a random suffix.
+    ``events``: it records Events (``EventRecorder``), as ``icl extender`` does. ``sweep_every_s``: it
+    also runs the housekeeping ``icl extender`` runs (``Extender.sweep``: gang timeouts, elastic gangs'
+    layouts and evictions) that often. ``configure`` may change kube-scheduler's config (its extender
+    stanza already points at this extender) before kube-scheduler starts. ``label`` gets a random suffix.
     """
     from kubernetes import client as k8s
 
     api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
     cache = ClusterCache(cfg.resource_name, shared_resource=cfg.shared_resource_name)
-    ext = Extender(cfg, cache, api)
+    ext = Extender(cfg, cache, api, events=EventRecorder(api, cfg.event_component) if events else None)
     run = InProcessExtender(control_plane, api, cache, ext, ExtenderServer(ext, cfg), f"{label}-{uuid.uuid4().hex[:6]}")
     informer = Informer(api, cache, watch_timeout_s=60)
     stop = threading.Event()
@@ -114,6 +123,8 @@ def extender_in_process(
         wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
         config = yaml.safe_load(SCHEDULER_CONFIG.read_text())
         config["extenders"][0]["urlPrefix"] = run.server.url
+        if configure is not None:
+            configure(config)
         with control_plane.use_scheduler(config):
             yield run
     finally:

@@ -16,75 +16,36 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import yaml
 from tls_pair import self_signed_pair
 
-from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, LeaderElectionConfig
-from scheduler.events import EventRecorder
-from scheduler.extender import Extender
-from scheduler.informer import Informer
 from scheduler.kube import KubeError, RestKubeAPI
 from scheduler.podspec import parse_devices
-from scheduler.server import ExtenderServer
 from tests.support.extender import wait_for
-from topology import Placer, build_preset, encode_annotation, parse_shape
+from topology import Placer, build_preset, parse_shape
 
 from .harness import KWOK_TOLERATIONS, ControlPlane
+from .inprocess import InProcessExtender as Running
+from .inprocess import ensure_priority_classes, extender_in_process
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
 RESOURCE = "kube-icl.io/accelerator"
-
-
-class Running:
-    def __init__(
-        self, api: RestKubeAPI, cache: ClusterCache, ext: Extender, server: ExtenderServer, label: str
-    ) -> None:
-        self.api, self.cache, self.ext, self.server, self.label = api, cache, ext, server, label
-        self.nodes: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
 def extender(control_plane: ControlPlane) -> Iterator[Running]:
-    api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
     # Its own extender Lease: the HTTPS test below runs a second extender while this one holds its.
     lease = LeaderElectionConfig(name=f"kube-icl-{uuid.uuid4().hex[:6]}")
     cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False, leader_election=lease)
-    cache = ClusterCache(cfg.resource_name)
-    events = EventRecorder(api, cfg.event_component)
-    ext = Extender(cfg, cache, api, events=events)
-    informer = Informer(api, cache, watch_timeout_s=60)
-    server = ExtenderServer(ext, cfg)
-    ext.start()
-    informer.start()
-    server.start()
-    wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
-    config = yaml.safe_load(CONFIG.read_text())
-    config["extenders"][0]["urlPrefix"] = server.url
-    label = f"e2e-{uuid.uuid4().hex[:6]}"
-    running = Running(api, cache, ext, server, label)
-    presets = {"torus": "torus:4x4", "mesh": "mesh:4x4", "ring": "ring:8"}
-    for short, preset in presets.items():
-        name = f"{label}-{short}"
-        topo = build_preset(preset)
-        control_plane.create_node(
-            name,
-            labels={"kube-icl.io/e2e": label},
-            annotations={"kube-icl.io/topology": encode_annotation(topo)},
-            allocatable={RESOURCE: str(len(topo.ids))},
-        )
-        running.nodes[name] = preset
-    wait_for(lambda: all(n in cache.views for n in running.nodes), timeout_s=30, what="nodes in the extender cache")
-    try:
-        with control_plane.use_scheduler(config):
-            yield running
-    finally:
-        informer.halt()
-        server.stop()
-        informer.stop()
-        ext.stop()
+    with extender_in_process(control_plane, cfg, "e2e", events=True) as running:
+        for short, preset in {"torus": "torus:4x4", "mesh": "mesh:4x4", "ring": "ring:8"}.items():
+            topo = build_preset(preset)
+            running.add_node(
+                f"{running.label}-{short}", preset, {"kube-icl.io/e2e": running.label}, {RESOURCE: str(len(topo.ids))}
+            )
+        running.wait_cached(running.nodes)
+        yield running
 
 
 def _pod(name: str, count: int, shape: str | None, label: str, scheduler: str | None = "kube-icl") -> dict[str, Any]:
@@ -237,21 +198,8 @@ def test_gang_members_land_on_their_reserved_node(
 
 
 def test_preemption_frees_a_whole_shape(control_plane: ControlPlane, extender: Running, namespace: str) -> None:
-    from kubernetes import client as k8s
 
-    scheduling = k8s.SchedulingV1Api(control_plane.api_client)
-    for name, value in (("icl-e2e-low", 10), ("icl-e2e-high", 1000)):
-        body = {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": name},
-            "value": value,
-        }
-        try:
-            scheduling.create_priority_class(cast(Any, body))
-        except k8s.ApiException as error:
-            if error.status != 409:
-                raise
+    ensure_priority_classes(control_plane, {"icl-e2e-low": 10, "icl-e2e-high": 1000})
     torus = next(n for n, preset in extender.nodes.items() if preset == "torus:4x4")
 
     def pinned(name: str, count: int, shape: str, priority: str) -> dict[str, Any]:
@@ -280,57 +228,38 @@ def test_https_and_a_gang_across_a_link_domain(control_plane: ControlPlane, name
     import base64
 
     cert, key = self_signed_pair(tmp_path)
-    api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
     lease = LeaderElectionConfig(name=f"kube-icl-{uuid.uuid4().hex[:6]}")
     cfg = ExtenderConfig(
         host="127.0.0.1", port=0, fair_share=False, tls_cert=str(cert), tls_key=str(key), leader_election=lease
     )
-    cache = ClusterCache(cfg.resource_name)
-    ext = Extender(cfg, cache, api)
-    informer = Informer(api, cache, watch_timeout_s=60)
-    server = ExtenderServer(ext, cfg)
-    ext.start()
-    informer.start()
-    server.start()
-    try:
-        wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
-        label = f"dom-{uuid.uuid4().hex[:6]}"
-        topo = build_preset("ring:8")
-        names = [f"{label}-{i}" for i in range(4)]
-        for i, name in enumerate(names):
-            control_plane.create_node(
-                name,
-                labels={
-                    "kube-icl.io/e2e": label,
-                    "kube-icl.io/link-domain": label,
-                    "kube-icl.io/link-domain-kind": "mesh",  # a line of 4 nodes, no wrap-around
-                    "kube-icl.io/link-coords": str(i),
-                },
-                annotations={"kube-icl.io/topology": encode_annotation(topo)},
-                allocatable={RESOURCE: "8"},
-            )
-        wait_for(lambda: all(n in cache.views for n in names), timeout_s=30, what="domain nodes in the cache")
-        config = yaml.safe_load(CONFIG.read_text())
+
+    def https(config: dict[str, Any]) -> None:
         stanza = config["extenders"][0]
-        stanza["urlPrefix"] = server.url
+        assert stanza["urlPrefix"].startswith("https://127.0.0.1:")
         stanza["enableHTTPS"] = True
         stanza["tlsConfig"] = {"caData": base64.b64encode(cert.read_bytes()).decode()}
-        assert server.url.startswith("https://127.0.0.1:")
-        with control_plane.use_scheduler(config):
-            # Node 0 is partly busy, so the three members must take nodes 1-3, which are adjacent.
-            busy = _pod("busy", 2, "ring", label)
-            busy["spec"]["nodeSelector"]["kubernetes.io/hostname"] = names[0]
-            _create(control_plane, namespace, busy)
-            assert _devices(control_plane, namespace, "busy")[0] == names[0]
-            for i in range(3):
-                _create(control_plane, namespace, _gang_pod(f"m{i}", "span", 3, 8, "ring", label))
-            placed = sorted(_devices(control_plane, namespace, f"m{i}")[0] for i in range(3))
-            assert placed == names[1:], placed
-    finally:
-        informer.halt()
-        server.stop()
-        informer.stop()
-        ext.stop()
+
+    with extender_in_process(control_plane, cfg, "dom", configure=https) as running:
+        label = running.label
+        names = [f"{label}-{i}" for i in range(4)]
+        for i, name in enumerate(names):
+            labels = {
+                "kube-icl.io/e2e": label,
+                "kube-icl.io/link-domain": label,
+                "kube-icl.io/link-domain-kind": "mesh",  # a line of 4 nodes, no wrap-around
+                "kube-icl.io/link-coords": str(i),
+            }
+            running.add_node(name, "ring:8", labels, {RESOURCE: "8"})
+        running.wait_cached(names)
+        # Node 0 is partly busy, so the three members must take nodes 1-3, which are adjacent.
+        busy = _pod("busy", 2, "ring", label)
+        busy["spec"]["nodeSelector"]["kubernetes.io/hostname"] = names[0]
+        _create(control_plane, namespace, busy)
+        assert _devices(control_plane, namespace, "busy")[0] == names[0]
+        for i in range(3):
+            _create(control_plane, namespace, _gang_pod(f"m{i}", "span", 3, 8, "ring", label))
+        placed = sorted(_devices(control_plane, namespace, f"m{i}")[0] for i in range(3))
+        assert placed == names[1:], placed
 
 
 PODGROUP_CRD = """

@@ -19,19 +19,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-import yaml
 
 from deviceplugin.backends.sim import SimBackend
 from deviceplugin.pods import KubernetesPodSource
 from deviceplugin.sharing import SharedDevicePlugin
-from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, LeaderElectionConfig
-from scheduler.events import EventRecorder
-from scheduler.extender import Extender
-from scheduler.informer import Informer
-from scheduler.kube import RestKubeAPI
 from scheduler.podspec import parse_devices
-from scheduler.server import ExtenderServer
 from tests.support.extender import wait_for
 from tests.support.plugin import async_test, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset, encode_annotation
@@ -44,53 +37,27 @@ from topology.contract import (
 )
 
 from .harness import DEFAULT_ALLOCATABLE, KWOK_TOLERATIONS, ControlPlane
+from .inprocess import InProcessExtender as Running
+from .inprocess import extender_in_process
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
 
-
-class Running:
-    def __init__(self, cache: ClusterCache, label: str, nodes: dict[str, str]) -> None:
-        self.cache, self.label, self.nodes = cache, label, nodes
+def _shipped_managed_resources(config: dict[str, Any]) -> None:
+    managed = [r["name"] for r in config["extenders"][0]["managedResources"]]
+    assert managed == [DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE], "the shipped config sends shares to the extender"
 
 
 @pytest.fixture(scope="module")
 def extender(control_plane: ControlPlane) -> Iterator[Running]:
-    api = RestKubeAPI.from_kubeconfig(str(control_plane.kubeconfig))
     lease = LeaderElectionConfig(name=f"kube-icl-{uuid.uuid4().hex[:6]}")
     cfg = ExtenderConfig(host="127.0.0.1", port=0, fair_share=False, leader_election=lease)
-    cache = ClusterCache(cfg.resource_name, shared_resource=cfg.shared_resource_name)
-    ext = Extender(cfg, cache, api, events=EventRecorder(api, cfg.event_component))
-    informer = Informer(api, cache, watch_timeout_s=60)
-    server = ExtenderServer(ext, cfg)
-    ext.start()
-    informer.start()
-    server.start()
-    wait_for(lambda: cache.synced, timeout_s=30, what="extender cache sync")
-    config = yaml.safe_load(CONFIG.read_text())
-    managed = [r["name"] for r in config["extenders"][0]["managedResources"]]
-    assert managed == [DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE], "the shipped config sends shares to the extender"
-    config["extenders"][0]["urlPrefix"] = server.url
-    label = f"share-{uuid.uuid4().hex[:6]}"
-    nodes = {f"{label}-a": "ring:4", f"{label}-b": "ring:4"}
-    for name, preset in nodes.items():
-        topo = build_preset(preset)
-        control_plane.create_node(
-            name,
-            labels={"kube-icl.io/e2e": label},
-            annotations={"kube-icl.io/topology": encode_annotation(topo)},
-            allocatable={DEFAULT_RESOURCE: str(len(topo.ids)), DEFAULT_SHARED_RESOURCE: str(1000 * len(topo.ids))},
-        )
-    wait_for(lambda: all(n in cache.views for n in nodes), timeout_s=30, what="nodes in the extender cache")
-    try:
-        with control_plane.use_scheduler(config):
-            yield Running(cache, label, nodes)
-    finally:
-        informer.halt()
-        server.stop()
-        informer.stop()
-        ext.stop()
+    with extender_in_process(control_plane, cfg, "share", events=True, configure=_shipped_managed_resources) as running:
+        for name in (f"{running.label}-a", f"{running.label}-b"):
+            allocatable = {DEFAULT_RESOURCE: "4", DEFAULT_SHARED_RESOURCE: "4000"}  # ring:4, 1000 per device
+            running.add_node(name, "ring:4", {"kube-icl.io/e2e": running.label}, allocatable)
+        running.wait_cached(running.nodes)
+        yield running
 
 
 def _pod(name: str, label: str, *, whole: int = 0, milli: int = 0) -> dict[str, Any]:
