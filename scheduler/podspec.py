@@ -131,22 +131,22 @@ class PodInfo:
         return self.phase in ("Succeeded", "Failed")
 
 
-def parse_quantity(value: Any, where: str) -> int:
+def parse_quantity(value: Any, where: str, unit: str = "devices") -> int:
     """Extended resources are whole numbers; accept ``8``, ``"8"``, ``"8k"`` is refused."""
     if isinstance(value, bool):
-        raise PodSpecError(f"{where}: {value!r} is not a whole number of devices")
+        raise PodSpecError(f"{where}: {value!r} is not a whole number of {unit}")
     if isinstance(value, int):
         n = value
     elif isinstance(value, str) and value.strip().isdigit():
         n = int(value.strip())
     else:
-        raise PodSpecError(f"{where}: {value!r} is not a whole number of devices")
+        raise PodSpecError(f"{where}: {value!r} is not a whole number of {unit}")
     if n < 0 or n > 1 << 20:
         raise PodSpecError(f"{where}: {value!r} is out of range")
     return n
 
 
-def _container_count(container: Any, resource: str, where: str) -> int:
+def _container_request(container: Any, resource: str, where: str, unit: str) -> int:
     if not isinstance(container, Mapping):
         return 0
     res = container.get("resources")
@@ -155,12 +155,12 @@ def _container_count(container: Any, resource: str, where: str) -> int:
     for part in ("requests", "limits"):
         values = res.get(part)
         if isinstance(values, Mapping) and resource in values:
-            return parse_quantity(values[resource], f"{where}.resources.{part}[{resource}]")
+            return parse_quantity(values[resource], f"{where}.resources.{part}[{resource}]", unit)
     return 0
 
 
-def requested_count(pod: Mapping[str, Any], resource: str) -> int:
-    """The pod's effective request: sum over containers, at least the largest init container."""
+def _requested(pod: Mapping[str, Any], resource: str, unit: str) -> int:
+    """The pod's effective request of ``resource``: sum over containers, at least the largest init container."""
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         return 0
@@ -168,42 +168,22 @@ def requested_count(pod: Mapping[str, Any], resource: str) -> int:
     inits = spec.get("initContainers") or []
     if not isinstance(containers, list) or not isinstance(inits, list):
         raise PodSpecError("spec.containers: expected an array")
-    total = sum(_container_count(c, resource, f"spec.containers[{i}]") for i, c in enumerate(containers))
-    init_max = max((_container_count(c, resource, f"spec.initContainers[{i}]") for i, c in enumerate(inits)), default=0)
+    total = sum(_container_request(c, resource, f"spec.containers[{i}]", unit) for i, c in enumerate(containers))
+    init_max = max(
+        (_container_request(c, resource, f"spec.initContainers[{i}]", unit) for i, c in enumerate(inits)), default=0
+    )
     return max(total, init_max)
 
 
-def _container_milli(container: Any, resource: str, where: str) -> int:
-    if not isinstance(container, Mapping):
-        return 0
-    res = container.get("resources")
-    if not isinstance(res, Mapping):
-        return 0
-    for part in ("requests", "limits"):
-        values = res.get(part)
-        if isinstance(values, Mapping) and resource in values:
-            raw = values[resource]
-            if isinstance(raw, bool) or not (isinstance(raw, int) or (isinstance(raw, str) and raw.strip().isdigit())):
-                raise PodSpecError(
-                    f"{where}.resources.{part}[{resource}]: {raw!r} is not a whole number of milli-devices"
-                )
-            return int(str(raw).strip())
-    return 0
+def requested_count(pod: Mapping[str, Any], resource: str) -> int:
+    """The pod's effective request: sum over containers, at least the largest init container."""
+    return _requested(pod, resource, "devices")
 
 
 def requested_milli(pod: Mapping[str, Any], resource: str = DEFAULT_SHARED_RESOURCE) -> int:
     """The pod's share of one device in milli-devices (sum over containers, at least the largest init
     container); :class:`PodSpecError` when it is a whole device or more (those ask whole devices)."""
-    spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
-        return 0
-    containers = spec.get("containers") or []
-    inits = spec.get("initContainers") or []
-    if not isinstance(containers, list) or not isinstance(inits, list):
-        raise PodSpecError("spec.containers: expected an array")
-    total = sum(_container_milli(c, resource, f"spec.containers[{i}]") for i, c in enumerate(containers))
-    init_max = max((_container_milli(c, resource, f"spec.initContainers[{i}]") for i, c in enumerate(inits)), default=0)
-    milli = max(total, init_max)
+    milli = _requested(pod, resource, "milli-devices")
     if milli >= MILLI_PER_DEVICE:
         raise PodSpecError(
             f"resources[{resource}]: {milli} is a whole device or more; a share is 1..{MILLI_PER_DEVICE - 1} "
