@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,7 +49,15 @@ from topology import NodeTopology
 from topology.contract import ContractError
 from topology.policy import linked_policy
 
-__all__ = ["API_VERSION", "HEALTHY", "UNHEALTHY", "DevicePlugin", "DevicePluginService", "device_list"]
+__all__ = [
+    "API_VERSION",
+    "HEALTHY",
+    "UNHEALTHY",
+    "DevicePlugin",
+    "DevicePluginService",
+    "container_response",
+    "device_list",
+]
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +178,39 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
 
 class PreconditionError(ValueError):
     """The request is well-formed but the devices are not in a state to honour it."""
+
+
+def container_response(
+    backend: Backend, devices: Sequence[str], envs: Mapping[str, str], annotations: Mapping[str, str]
+) -> api_pb2.ContainerAllocateResponse:
+    """One container's Allocate answer for ``devices``: their device nodes (each host/container path once),
+    ``envs`` and ``annotations``; a backend with runtime edits (:class:`RuntimeEdits`) adds its variables,
+    annotations, mounts and CDI devices over them, and when it hands the devices to the runtime itself
+    (no device specs) the nodes are left out."""
+    edits = backend.container_edits(list(devices)) if isinstance(backend, RuntimeEdits) else None
+    specs = {
+        (s.host_path, s.container_path): api_pb2.DeviceSpec(
+            container_path=s.container_path, host_path=s.host_path, permissions=s.permissions
+        )
+        for d in devices
+        for s in backend.device_specs(d)
+    }
+    env, notes = dict(envs), dict(annotations)
+    mounts: list[api_pb2.Mount] = []
+    cdi: list[api_pb2.CDIDevice] = []
+    if edits is not None:
+        if not edits.device_specs:
+            specs = {}
+        env.update(edits.envs)
+        notes.update(edits.annotations)
+        mounts = [
+            api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in edits.mounts
+        ]
+        cdi = [api_pb2.CDIDevice(name=n) for n in edits.cdi_devices]
+    return api_pb2.ContainerAllocateResponse(
+        envs=env, mounts=mounts, devices=list(specs.values()), annotations=notes, cdi_devices=cdi
+    )
 
 
 class DevicePlugin:
@@ -313,33 +354,10 @@ class DevicePlugin:
             ids = list(creq.devices_ids)
             hint, order = self._hints.get(frozenset(ids), ("", ()))
             layout = rank_layout(topo, ids, hint, order)
-            edits = self.backend.container_edits(layout.devices) if isinstance(self.backend, RuntimeEdits) else None
-            specs = [
-                api_pb2.DeviceSpec(container_path=s.container_path, host_path=s.host_path, permissions=s.permissions)
-                for d in layout.devices
-                for s in self.backend.device_specs(d)
-            ]
-            unique_specs = list({(s.host_path, s.container_path): s for s in specs}.values())
-            if edits is not None and not edits.device_specs:
-                unique_specs = []
             envs = container_env(topo, layout)
             envs.update(self._gang_envs.get(frozenset(ids), {}))
             annotations = {DEVICES_ANNOTATION: ",".join(layout.devices)}
-            mounts: list[api_pb2.Mount] = []
-            cdi: list[api_pb2.CDIDevice] = []
-            if edits is not None:
-                envs.update(edits.envs)
-                annotations.update(edits.annotations)
-                mounts = [
-                    api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-                    for m in edits.mounts
-                ]
-                cdi = [api_pb2.CDIDevice(name=n) for n in edits.cdi_devices]
-            responses.append(
-                api_pb2.ContainerAllocateResponse(
-                    envs=envs, mounts=mounts, devices=unique_specs, annotations=annotations, cdi_devices=cdi
-                )
-            )
+            responses.append(container_response(self.backend, layout.devices, envs, annotations))
             records.append(AllocationRecord(layout.devices, str(layout.shape) if layout.shape else "", time.time()))
         for r in records:
             self.metrics.allocations.inc()

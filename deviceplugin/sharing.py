@@ -28,14 +28,15 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from deviceplugin.allocation import RequestError, container_env, rank_layout
-from deviceplugin.backends.base import Backend, RuntimeEdits
+from deviceplugin.backends.base import Backend
 from deviceplugin.config import PluginConfig
 from deviceplugin.pods import PodInfo, PodSource
-from deviceplugin.server import HEALTHY, UNHEALTHY, DevicePlugin
+from deviceplugin.server import HEALTHY, UNHEALTHY, DevicePlugin, container_response
 from deviceplugin.v1beta1 import api_pb2
 from topology import NodeTopology
 from topology.contract import (
     ANN_DEVICE_MILLI,
+    ANN_DEVICES,
     DEFAULT_SHARED_RESOURCE,
     ENV_DEVICE_FRACTION,
     ENV_DEVICE_MILLI,
@@ -239,30 +240,7 @@ class SharedDevicePlugin(DevicePlugin):
             layout = rank_layout(topo, [dev])
             envs = container_env(topo, layout)
             envs.update(share_env(milli))
-            annotations = {"kube-icl.io/devices": dev, ANN_DEVICE_MILLI: str(milli)}
-            specs = {
-                (s.host_path, s.container_path): api_pb2.DeviceSpec(
-                    container_path=s.container_path, host_path=s.host_path, permissions=s.permissions
-                )
-                for s in self.backend.device_specs(dev)
-            }
-            mounts: list[api_pb2.Mount] = []
-            cdi: list[api_pb2.CDIDevice] = []
-            if isinstance(self.backend, RuntimeEdits):
-                edits = self.backend.container_edits([dev])
-                if not edits.device_specs:
-                    specs = {}
-                envs.update(edits.envs)
-                annotations.update(edits.annotations)
-                mounts = [
-                    api_pb2.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
-                    for m in edits.mounts
-                ]
-                cdi = [api_pb2.CDIDevice(name=n) for n in edits.cdi_devices]
-            responses.append(
-                api_pb2.ContainerAllocateResponse(
-                    envs=envs, mounts=mounts, devices=list(specs.values()), annotations=annotations, cdi_devices=cdi
-                )
-            )
+            annotations = {ANN_DEVICES: dev, ANN_DEVICE_MILLI: str(milli)}
+            responses.append(container_response(self.backend, [dev], envs, annotations))
             self.metrics.allocations.inc()
         return api_pb2.AllocateResponse(container_responses=responses)
