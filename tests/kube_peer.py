@@ -12,8 +12,6 @@ its own for the names given, so a test can point ``tls-server-name`` at a name t
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import json
 import select
 import socket
@@ -26,54 +24,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tls_pair import ca_and_leaves
+
 
 def issue_ca_and_server(directory: Path, names: Iterable[str]) -> tuple[Path, Path, Path]:
-    """``ca.crt``, ``server.crt``, ``server.key`` in ``directory``: a CA and a serving cert for ``names``
-    (DNS names or IP addresses)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = dt.datetime.now(dt.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-peer-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for name in names:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(name)))
-        except ValueError:
-            sans.append(x509.DNSName(name))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = directory / "ca.crt", directory / "server.crt", directory / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return paths
+    """The CA's certificate, a serving certificate for ``names`` (DNS names or IP addresses) and its key,
+    in ``directory`` (:func:`tls_pair.ca_and_leaves`)."""
+    pairs = ca_and_leaves(directory, "kube-peer", {"kube-apiserver": True}, names=list(names))
+    return pairs["ca"][0], *pairs["kube-apiserver"]
 
 
 @dataclass(frozen=True, slots=True)
