@@ -3,31 +3,21 @@ the build context, and the pieces of hack/image/build.py that read Docker's form
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import tomllib
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.support.image import load_image_builder
+
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-def _load_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kube_icl_image_build", ROOT / "hack" / "image" / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-builder = _load_builder()
+builder = load_image_builder()
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 
 

@@ -22,7 +22,6 @@ import base64
 import gzip
 import hashlib
 import http.client
-import importlib.util
 import io
 import json
 import os
@@ -36,12 +35,12 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.support.image import load_image_builder
 from topology import build_preset, encode_annotation
 
 from .harness import Component, ControlPlane, e2e_required, free_port, wait_for
@@ -54,16 +53,7 @@ IMAGE_USER = "65532:65532"
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
 
-def _load_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kube_icl_image_build", ROOT / "hack" / "image" / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-builder = _load_builder()
+builder = load_image_builder()
 
 
 @dataclass(frozen=True)
