@@ -1,9 +1,12 @@
-"""Shared test settings: hypothesis profiles (``ci`` is thorough and deterministic)."""
+"""Shared test settings: hypothesis profiles (``ci`` is thorough and deterministic); ``restore_logging``."""
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=60, deadline=None)
@@ -13,3 +16,13 @@ settings.register_profile(
 
 settings.register_profile("stress", max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The root logger's handlers and level as they were before the test (a CLI's main sets them up)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

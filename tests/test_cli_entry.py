@@ -7,7 +7,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,13 +15,7 @@ from icl.cli import main
 ICL = [sys.executable, "-m", "icl"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # main() sets up logging
 
 
 POSITIONS = {

@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
@@ -25,13 +23,7 @@ PROBE = (
 UNWANTED = ("simulator", "matplotlib", "scipy", "tests")
 
 
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")  # main() sets up logging
 
 
 def _imported(argv: list[str]) -> set[str]:
