@@ -38,7 +38,7 @@ from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopo
 from topology.contract import DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE, ContractError, cpu_milli, memory_mib
 from topology.policy import Balance
 
-__all__ = ["ClusterCache", "NodeRecord", "NodeView", "PodChange", "StateKey", "share_free"]
+__all__ = ["ClusterCache", "NodeHolders", "NodeRecord", "NodeView", "PodChange", "StateKey", "share_free"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,16 @@ class NodeRecord:
     @property
     def unattributed_total(self) -> int:
         return sum(self.unattributed.values())
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHolders:
+    """A copy of who holds what on one node (:meth:`ClusterCache.holders`)."""
+
+    view: NodeView
+    owners: dict[str, tuple[str, ...]]  # pod uid -> devices held whole
+    unattributed: dict[str, int]  # pod uid -> devices held, which ones unknown
+    shared_devices: frozenset[str]  # devices that shares hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -820,6 +830,82 @@ class ClusterCache:
             self.generation += 1
 
     # ------------------------------------------------------------------ queries
+    #
+    # The extender's steps ask these; they do not reach into the dicts above. A caller that needs
+    # several answers from one state holds :attr:`lock` (re-entrant) around them.
+
+    def view(self, name: str) -> NodeView | None:
+        """The node's view while it is ready and has a usable topology, else ``None``."""
+        return self.views.get(name)
+
+    def view_lookup(self) -> Callable[[str], NodeView | None]:
+        """:meth:`view` as one bound lookup, for a loop over thousands of names (the filter's)."""
+        return self.views.get
+
+    def ready_views(self) -> dict[str, NodeView]:
+        """Every ready node's view with a usable topology, by name (a copy)."""
+        with self.lock:
+            return dict(self.views)
+
+    def every_view(self) -> dict[str, NodeView]:
+        """Every node's view with a usable topology, ready or not, by name (a copy)."""
+        with self.lock:
+            return {name: rec.view for name, rec in self.nodes.items() if rec.view is not None}
+
+    def schedulable_views(self) -> list[NodeView]:
+        """The views of the ready nodes new pods may go to (not cordoned)."""
+        with self.lock:
+            return [r.view for r in self.nodes.values() if r.view is not None and r.ready and not r.unschedulable]
+
+    def node_view(self, name: str) -> tuple[NodeView | None, str]:
+        """The node's view, ready or not (a bind decided on it), or ``None`` and why."""
+        rec = self.nodes.get(name)
+        if rec is None:
+            return None, "node is not known to kube-icl"
+        return rec.view, rec.error
+
+    def node_problem(self, name: str) -> tuple[str, bool]:
+        """Why a node without a view (:meth:`view`) takes no pod of ours, and whether that is
+        unresolvable (no eviction helps: no usable topology)."""
+        rec = self.nodes.get(name)
+        if rec is None:
+            return "node is not known to kube-icl yet (no watch event for it)", False
+        if rec.view is None:
+            return rec.error or "node has no usable topology", True
+        return "node is not ready", False
+
+    def node_config(self, name: str) -> tuple[int, int]:
+        """The node's allocatable CPU (milli) and memory (MiB); -1 when not reported or unknown."""
+        rec = self.nodes.get(name)
+        return (rec.cpu_alloc, rec.mem_alloc) if rec is not None else (-1, -1)
+
+    def held(self, uid: str) -> tuple[str, tuple[str, ...]] | None:
+        """(node, devices) the pod holds whole, assumed binds included."""
+        with self.lock:
+            return self.allocated.get(uid)
+
+    def held_share(self, uid: str) -> tuple[str, str, int] | None:
+        """(node, device, milli-devices) of the pod's share, assumed binds included."""
+        with self.lock:
+            return self.shared.get(uid)
+
+    def is_assumed(self, uid: str) -> bool:
+        """Whether the pod's devices are assumed by a bind the watch has not confirmed yet."""
+        return uid in self.assumed
+
+    def pod(self, uid: str) -> PodInfo | None:
+        return self.pods.get(uid)
+
+    def knows_pod(self, uid: str) -> bool:
+        return uid in self.pods
+
+    def holders(self, name: str) -> NodeHolders | None:
+        """Who holds what on the node (a copy), for preemption; ``None`` without a usable topology."""
+        with self.lock:
+            rec = self.nodes.get(name)
+            if rec is None or rec.view is None:
+                return None
+            return NodeHolders(rec.view, dict(rec.owners), dict(rec.unattributed), frozenset(rec.shares))
 
     def _settle(self) -> None:
         """Bring queue usage and the pending set up to date for the pods that changed (lock held)."""

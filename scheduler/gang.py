@@ -222,6 +222,28 @@ class GangManager:
                 return 0
             return max(0, len(alive) - least)
 
+    def admitted(self, info: PodInfo) -> bool:
+        """A member admitted with its gang: the gang holds a reservation, and (elastic) a reserved slot is
+        open for it; an elastic gang's member above the reserved minimum was not (its record may linger
+        until the next sweep)."""
+        gang = info.gang
+        if gang is None:
+            return False
+        with self.cache.lock:
+            res = self.reservations.get(gang.key)
+            return res is not None and (not self.is_elastic(gang) or bool(res.open_nodes(info.uid)))
+
+    def open_nodes_for(self, info: PodInfo) -> set[str] | None:
+        """The nodes of the slots still open to this member; ``None`` when its gang holds no reservation."""
+        if info.gang is None:
+            return None
+        with self.cache.lock:
+            res = self.reservations.get(info.gang.key)
+            return res.open_nodes(info.uid) if res is not None else None
+
+    def has_reservation(self, key: str) -> bool:
+        return key in self.reservations
+
     def _starting(self, key: str) -> bool:
         """The gang's reservation still has a slot nobody claimed (lock held): its minimum is not running yet."""
         res = self.reservations.get(key)

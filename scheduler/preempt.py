@@ -1,0 +1,210 @@
+"""The extender's preempt verb: which pods to evict so the pod's shape fits, per node.
+
+kube-scheduler proposes victims per node for its own filters (CPU, memory, device count)
+(``callExtenders`` in ``pkg/scheduler/framework/preemption``). The answer may leave nodes
+out, but every node it names needs a non-empty list of pods on that node: kube-scheduler
+fails the whole preemption on an empty one. Its proposed victims are all kept; device
+holders of lower priority are added only where the shape still does not fit; fair share
+and elastic gangs' minimums limit who may be taken. A node where no allowed set of victims
+frees the shape is left out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+
+from scheduler import fairshare
+from scheduler.cache import ClusterCache, share_free
+from scheduler.config import ExtenderConfig
+from scheduler.framework import CycleState
+from scheduler.gang import GangManager
+from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
+from topology import Placer
+from topology.contract import MILLI_PER_DEVICE
+
+__all__ = ["Preemption", "fewest_victims"]
+
+_MAX_VICTIM_SETS = 4096
+
+
+def _victims(uids: tuple[str, ...], pdb: int) -> MetaVictims:
+    return MetaVictims(tuple(MetaPod(u) for u in uids), pdb)
+
+
+def fewest_victims(
+    candidates: list[str],
+    held: Mapping[str, tuple[str, ...]],
+    fits: Callable[[frozenset[str]], bool],
+    priority: Mapping[str, int],
+    allowed: Callable[[tuple[str, ...]], bool] = lambda combo: True,
+) -> tuple[str, ...] | None:
+    """The smallest set of ``candidates`` whose devices make the shape fit.
+
+    Ties: the lowest highest priority among the victims, then fewest devices freed, then the
+    lowest sum of priorities, then the first in candidate order.
+    """
+    tried = 0
+    for k in range(1, len(candidates) + 1):
+        best: tuple[tuple[int, int, int], tuple[str, ...]] | None = None
+        for combo in itertools.combinations(candidates, k):
+            tried += 1
+            if tried > _MAX_VICTIM_SETS:
+                return best[1] if best else None
+            freed = frozenset(d for u in combo for d in held[u])
+            if not fits(freed) or not allowed(combo):
+                continue
+            prios = [priority.get(u, 0) for u in combo]
+            cost = (max(prios), len(freed), sum(prios))
+            if best is None or cost < best[0]:
+                best = (cost, combo)
+        if best is not None:
+            return best[1]
+    return None
+
+
+class Preemption:
+    """Victims per node for one preemption request (the pod already read into a :class:`CycleState`)."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        cfg: ExtenderConfig,
+        gangs: GangManager,
+        held_back: Callable[[CycleState], bool],
+    ) -> None:
+        self.cache = cache
+        self.cfg = cfg
+        self.gangs = gangs
+        self.held_back = held_back
+
+    def victims(self, state: CycleState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        proposed = {n: (tuple(dict.fromkeys(u)), pdb) for n, (u, pdb) in args.victim_uids().items() if u}
+        if state.error:
+            return ExtenderPreemptionResult({})
+        if state.info.milli:
+            return ExtenderPreemptionResult(self._share_victims(state.info.milli, proposed))
+        if state.shape is None:
+            return ExtenderPreemptionResult({n: _victims(uids, pdb) for n, (uids, pdb) in proposed.items()})
+        info, shape = state.info, state.shape
+        if self.held_back(state):
+            return ExtenderPreemptionResult({})  # a held-back pod never preempts
+        used = self.cache.used_by_queue()
+        capacity = self.cache.capacity()
+        out: dict[str, MetaVictims] = {}
+        for node, (uids, pdb) in sorted(proposed.items()):
+            with self.cache.lock:
+                here = self.cache.holders(node)
+                if here is None:
+                    continue
+                view = here.view
+                # The proposed victims' devices on this node are freed whatever the extender says.
+                taken = {u: where[1] for u in uids if (where := self.cache.held(u)) and where[0] == node}
+                freed = {d for devs in taken.values() for d in devs}
+                extra: dict[str, tuple[str, ...]] = {}
+                pods = {u: p for u in (*here.owners, *taken) if (p := self.cache.pod(u)) is not None}
+                for u, devs in here.owners.items():
+                    p = pods.get(u)
+                    if p is None or u in taken:
+                        continue
+                    if p.deleting:
+                        freed.update(devs)  # an earlier round's victim, still terminating: leaving anyway
+                    elif p.priority < info.priority:
+                        extra[u] = devs
+                # Victims the scheduler proposed must be allowed by fair share too, since none is dropped.
+                judged = [u for u in taken if (p := pods.get(u)) is not None and not p.deleting] + sorted(extra)
+                queues = {u: pods[u].queue if u in pods else "" for u in judged}
+                priority = {u: pods[u].priority if u in pods else 0 for u in extra}
+                spare = view.unattributed - sum(here.unattributed.get(u, 0) for u in uids)
+            pool = view.topology.fingerprint
+            placer = Placer.for_topology(view.topology)
+            base = view.free | freed
+
+            def fits(
+                more: frozenset[str],
+                spare: int = spare,
+                base: frozenset[str] = base,
+                placer: Placer = placer,
+            ) -> bool:
+                free = base | more
+                return len(free) - spare >= shape.size and placer.fits(shape, free)
+
+            allowed = {
+                u
+                for u in judged
+                if not queues[u]
+                or fairshare.victim_allowed(
+                    info.queue,
+                    {pool: shape.size},
+                    queues[u],
+                    {pool: len(taken.get(u) or extra[u])},
+                    used,
+                    capacity,
+                    self.cfg,
+                )
+            }
+            if any(u not in allowed for u in taken if u in queues):
+                continue  # a victim the scheduler needs may not be taken: this node cannot be freed
+            if self.elastic_victims(uids) is None:
+                continue  # the scheduler's victims would take an elastic gang below its minimum
+            if fits(frozenset()):
+                out[node] = _victims(uids, pdb)
+                continue
+
+            def keeps_minimum(combo: tuple[str, ...], uids: tuple[str, ...] = uids) -> bool:
+                return self.elastic_victims((*uids, *combo)) is not None
+
+            pool_of = [u for u in sorted(extra) if u in allowed]
+            surplus = [u for u in pool_of if self.elastic_victims((u,)) is True]
+            chosen = fewest_victims(surplus, extra, fits, priority, keeps_minimum) if surplus else None
+            if chosen is None:
+                chosen = fewest_victims(pool_of, extra, fits, priority, keeps_minimum)
+            if chosen is None:
+                continue
+            out[node] = _victims((*uids, *chosen), pdb)
+        # Surplus members of elastic gangs go first: when some node is freed by taking only those,
+        # the nodes whose victims include anybody else are left out.
+        spare_only = {n for n, v in out.items() if self.elastic_victims(tuple(p.uid for p in v.pods)) is True}
+        if spare_only:
+            out = {n: v for n, v in out.items() if n in spare_only}
+        return ExtenderPreemptionResult(out)
+
+    def _share_victims(self, milli: int, proposed: dict[str, tuple[tuple[str, ...], int]]) -> dict[str, MetaVictims]:
+        """A share's preemption: kube-scheduler's victims on the nodes where, once they are gone, one
+        device has room for the share (their shares and whole devices freed); other nodes are left
+        out, so no pod is evicted for a share that would still not fit. Device holders are never added."""
+        out: dict[str, MetaVictims] = {}
+        with self.cache.lock:
+            for node, (uids, pdb) in sorted(proposed.items()):
+                here = self.cache.holders(node)
+                if here is None:
+                    continue
+                room = dict(share_free(here.view))
+                for uid in uids:
+                    share = self.cache.held_share(uid)
+                    if share is not None and share[0] == node and share[1] in room:
+                        room[share[1]] += share[2]
+                    held = self.cache.held(uid)
+                    if held is not None and held[0] == node:
+                        for dev in held[1]:
+                            if dev in room and dev not in here.shared_devices:
+                                room[dev] = MILLI_PER_DEVICE
+                if max(room.values(), default=0) >= milli:
+                    out[node] = _victims(uids, pdb)
+        return out
+
+    def elastic_victims(self, uids: tuple[str, ...]) -> bool | None:
+        """None when these victims would take some elastic gang below its minimum; True when every one
+        is a member above its elastic gang's minimum (surplus), False otherwise."""
+        per_gang: dict[str, int] = {}
+        only_surplus = bool(uids)
+        for u in dict.fromkeys(uids):
+            p = self.cache.pod(u)
+            if p is None or p.gang is None or not self.gangs.is_elastic(p.gang):
+                only_surplus = False
+                continue
+            per_gang[p.gang.key] = per_gang.get(p.gang.key, 0) + 1
+        for key, n in per_gang.items():
+            if n > self.gangs.spare(key):
+                return None
+        return only_surplus

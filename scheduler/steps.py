@@ -1,0 +1,357 @@
+"""The filter and prioritize steps of the extender's cycle (:mod:`scheduler.framework`).
+
+Pre-filter, in this order: :class:`ReadPod` (the pod's annotations), :class:`HeldDevices`
+(a pod whose last bind is not settled goes back where its devices are), :class:`Shares`
+(a fraction of a device: the share policy decides the nodes), :class:`NotOurs` (no device of
+ours asked: skip), :class:`GangAdmission` (is the member's gang admitted as a whole),
+:class:`FairShare` (may hold the pod back), :class:`Gang` (the gang's size, the lease, the
+gang's reservation or next-to-members rule). Then :class:`scheduler.nodefit.NodeFit` per node.
+
+Score: :class:`Shares`, :class:`NotOurs` (zeros), :class:`Gang` (its reserved nodes), then
+:class:`scheduler.nodefit.NodeFit`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from scheduler import fairshare
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.events import summarize_failures
+from scheduler.framework import OK, Code, CycleState, NodeAnswer, Status
+from scheduler.gang import GangManager
+from scheduler.kube import KubeAPI, KubeError
+from scheduler.nodefit import FitMemory, NodeFit
+from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, PodInfo, PodSpecError, pod_info
+from scheduler.sharing import SharePolicy
+from scheduler.wire import MAX_PRIORITY
+from topology import ShapeError, parse_shape
+
+__all__ = [
+    "FairShare",
+    "Gang",
+    "GangAdmission",
+    "HeldDevices",
+    "NotOurs",
+    "ReadPod",
+    "SeenPods",
+    "Shares",
+]
+
+
+class SeenPods:
+    """The pods our filter read lately, by uid and by namespace/name: bind finds a pod here before
+    the watch shows it."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._pods: OrderedDict[str, PodInfo] = OrderedDict()
+        self._lock = threading.Lock()
+        self._limit = limit
+
+    def note(self, info: PodInfo) -> None:
+        key = info.uid or info.key
+        with self._lock:
+            self._pods[key] = info
+            self._pods.move_to_end(key)
+            while len(self._pods) > self._limit:
+                self._pods.popitem(last=False)
+
+    def find(self, uid: str, namespace: str, name: str) -> PodInfo | None:
+        with self._lock:
+            return self._pods.get(uid) or self._pods.get(f"{namespace}/{name}")
+
+
+class ReadPod:
+    """Reads the pod once per request (:meth:`state`); fails it on every node when it cannot be read."""
+
+    name = "ReadPod"
+
+    def __init__(self, cfg: ExtenderConfig, seen: SeenPods) -> None:
+        self.cfg = cfg
+        self.seen = seen
+
+    def state(self, pod: Mapping[str, Any], names: list[str]) -> CycleState:
+        try:
+            info = pod_info(pod, self.cfg.resource_name, self.cfg.shared_resource_name)
+        except PodSpecError as exc:
+            meta = pod.get("metadata") or {}
+            info = PodInfo(
+                uid=str(meta.get("uid") or ""),
+                namespace=str(meta.get("namespace") or "default"),
+                name=str(meta.get("name") or ""),
+                count=0,
+                shape="any",
+                queue="",
+                gang=None,
+                priority=0,
+                node_name="",
+                phase="Pending",
+                devices=(),
+                deleting=False,
+            )
+            return CycleState(pod, info, None, str(exc), names)
+        if info.count == 0:
+            return CycleState(pod, info, None, "", names)
+        try:
+            shape = parse_shape(info.shape, count=info.count)
+        except ShapeError as exc:
+            return CycleState(pod, info, None, f"annotation {ANN_SHAPE}: {exc}", names)
+        self.seen.note(info)
+        return CycleState(pod, info, shape, "", names)
+
+    def pre_filter(self, state: CycleState) -> Status:
+        if state.error:
+            return Status(Code.UNRESOLVABLE, state.error, label="invalid", event="InvalidPlacementRequest")
+        return OK
+
+
+class HeldDevices:
+    """Devices assumed for this very pod (a bind in flight, or one whose outcome is not known yet): a
+    retry may only go where they are, or they would sit idle until the doubt is settled."""
+
+    name = "HeldDevices"
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def pre_filter(self, state: CycleState) -> Status:
+        info = state.info
+        held = self.cache.held(info.uid) if info.uid else None
+        if held is None or held[0] not in state.names:
+            return OK
+        why = f"pod {info.key} already holds devices on {held[0]} (its last bind is not settled yet)"
+        state.answer = NodeAnswer([held[0]], dict.fromkeys((n for n in state.names if n != held[0]), why), {})
+        return Status(label="fit")
+
+
+class Shares:
+    """A pod asking for a fraction of a device: the share policy (:mod:`scheduler.sharing`) decides
+    its nodes and scores them."""
+
+    name = "Shares"
+
+    def __init__(self, shares: SharePolicy, fits: FitMemory) -> None:
+        self.shares = shares
+        self.fits = fits
+
+    def pre_filter(self, state: CycleState) -> Status:
+        info = state.info
+        if not info.milli:
+            return OK
+        share = self.shares.decide(info, state.names)
+        self.fits.note(info.uid, bool(share.best))
+        state.answer = NodeAnswer(share.best, share.failed, {})
+        if not share.best and state.names:
+            what = f"a share of {info.milli} milli-devices"
+            summary = summarize_failures(share.failed, len(state.names), what)
+            return Status(Code.UNSCHEDULABLE, summary, label="unschedulable", event="FailedPlacement")
+        return Status(label="fit")
+
+    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
+        if not state.info.milli or state.error:
+            return None
+        best = set(self.shares.decide(state.info, names).best)
+        return [MAX_PRIORITY if n in best else 0 for n in names]
+
+
+class NotOurs:
+    """A pod that asks for none of our devices (or cannot be read, at score): every node passes, 0 each."""
+
+    name = "NotOurs"
+
+    def pre_filter(self, state: CycleState) -> Status:
+        if state.shape is None:
+            return Status(Code.SKIP, label="ignored")
+        return OK
+
+    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
+        if state.shape is None or state.error:
+            return [0] * len(names)
+        return None
+
+
+class GangAdmission:
+    """Whether the member's gang holds a reservation that admits it (then fair share does not apply:
+    a gang with a reservation was admitted as a whole)."""
+
+    name = "GangAdmission"
+
+    def __init__(self, gangs: GangManager) -> None:
+        self.gangs = gangs
+
+    def pre_filter(self, state: CycleState) -> Status:
+        state.admitted = state.info.gang is not None and self.gangs.admitted(state.info)
+        return OK
+
+
+class FairShare:
+    """Weighted dominant-resource fairness and quotas (:mod:`scheduler.fairshare`): a queue over its
+    share waits while an under-share queue has a pod that fits somewhere."""
+
+    name = "FairShare"
+
+    def __init__(
+        self, cache: ClusterCache, cfg: ExtenderConfig, gangs: GangManager, fit: NodeFit, fits: FitMemory
+    ) -> None:
+        self.cache = cache
+        self.cfg = cfg
+        self.gangs = gangs
+        self.fit = fit
+        self.fits = fits
+
+    def pre_filter(self, state: CycleState) -> Status:
+        if state.admitted:
+            return OK
+        verdict = self.verdict(state.info)
+        if verdict is None:
+            return OK
+        return Status(Code.UNRESOLVABLE, verdict.reason, label="held", event="QueueHeldBack")
+
+    def verdict(self, info: PodInfo) -> fairshare.Verdict | None:
+        """Why the pod's queue must wait, or ``None`` when it may go."""
+        used = self.cache.used_by_queue()
+        capacity = self.cache.capacity()
+        qcfg = self.cfg.queue(info.queue)
+        if qcfg.quota is None and not self.cfg.fair_share:
+            return None
+        waiting: dict[str, str] = {}
+        if self.cfg.fair_share:
+            mine = fairshare.dominant_share(used.get(info.queue, {}), capacity, qcfg.weight)
+            if self.gangs.is_surplus(info):
+                # Above its gang's minimum: joins only while no other queue has a pod waiting that fits.
+                waiting = self._waiting_below(info, float("inf"), used, capacity, surplus=True)
+                return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting, surplus=True)
+            if mine > 0:
+                waiting = self._waiting_below(info, mine, used, capacity)
+        return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting)
+
+    def _waiting_below(
+        self,
+        info: PodInfo,
+        mine: float,
+        used: Mapping[str, Mapping[str, int]],
+        capacity: Mapping[str, int],
+        *,
+        surplus: bool = False,
+    ) -> dict[str, str]:
+        """Other queues below ``mine`` that have a pending pod which fits some node now.
+
+        For a ``surplus`` member, other queues' surplus members do not count (two elastic gangs
+        would hold each other back forever)."""
+        lower: dict[str, list[PodInfo]] = {}
+        for p in self.cache.pending(other_than=info.queue):
+            if p.uid == info.uid or p.unschedulable:
+                continue  # a pod kube-scheduler could not place holds nobody back
+            if surplus and p.gang is not None and self.gangs.is_surplus(p):
+                continue
+            if self.fits.found_none(p.uid):
+                continue  # our last filter for it found no node either
+            share = fairshare.dominant_share(used.get(p.queue, {}), capacity, self.cfg.queue(p.queue).weight)
+            if share < mine:
+                lower.setdefault(p.queue, []).append(p)
+        if not lower:
+            return {}
+        views = {view.key: view for view in self.cache.schedulable_views()}
+        out: dict[str, str] = {}
+        for q, pods in lower.items():
+            tried: set[tuple[str, int]] = set()
+            for p in pods[:64]:
+                if (p.shape, p.count) in tried:
+                    continue
+                tried.add((p.shape, p.count))
+                try:
+                    shape = parse_shape(p.shape, count=p.count)
+                except ShapeError:
+                    continue
+                if any(self.fit.evaluate(v, shape).ok for v in views.values()):
+                    out[q] = f"pod {p.key} ({shape.describe()})"
+                    break
+        return out
+
+
+class Gang:
+    """A gang member: its size (from the native group object when no annotation gives it), the lease
+    (a reservation is a decision: only the lease holder makes one), then the gang's plan: the
+    reserved nodes, or next to its running members."""
+
+    name = "Gang"
+
+    def __init__(
+        self,
+        gangs: GangManager,
+        api: KubeAPI | None,
+        lead: Callable[[float], str],
+        lease_wait_s: float,
+    ) -> None:
+        self.gangs = gangs
+        self.api = api
+        self.lead = lead
+        self.lease_wait_s = lease_wait_s
+        self.group_sizes: dict[tuple[str, str, str, str], tuple[int | None, float]] = {}
+
+    def pre_filter(self, state: CycleState) -> Status:
+        info = state.info
+        if info.gang is None:
+            return OK
+        if not state.admitted:
+            if info.gang.size == 0:
+                info, why = self.resolve_size(info)
+                state.info = info
+                if why:
+                    return Status(Code.UNRESOLVABLE, why, label="invalid", event="GangNotPlaced")
+            why = self.lead(self.lease_wait_s)
+            if why:
+                return Status(Code.UNSCHEDULABLE, why, label="held")
+        assert info.gang is not None and state.shape is not None
+        allowed, reason = self.gangs.plan(info, state.shape, state.names)
+        if reason:
+            return Status(Code.UNSCHEDULABLE, reason, label="unschedulable", event="GangNotPlaced")
+        if allowed is None:
+            return OK  # beyond the gang's size: placed like a plain pod
+        where = ", ".join(sorted(allowed))
+        msg = f"gang {info.gang.name!r} places this member on {where} (reserved, or next to its members)"
+        names = state.names
+        state.answer = NodeAnswer([n for n in names if n in allowed], {}, {n: msg for n in names if n not in allowed})
+        return Status(label="gang")
+
+    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
+        open_nodes = self.gangs.open_nodes_for(state.info)
+        if open_nodes is None:
+            return None
+        return [MAX_PRIORITY if n in open_nodes else 0 for n in names]
+
+    def resolve_size(self, info: PodInfo) -> tuple[PodInfo, str]:
+        """Fill in the member count from the native group object (PodGroup, Workload); cached 30 s."""
+        gang = info.gang
+        assert gang is not None
+        group = gang.group
+        if group is None or self.api is None:
+            return info, f"gang {gang.name!r} (from {gang.source}) has no size: set annotation {ANN_GANG_SIZE}"
+        key = (group.kind, gang.namespace, group.name, group.pod_group)
+        now = time.monotonic()
+        hit = self.group_sizes.get(key)
+        if hit is None or now - hit[1] > 30.0:
+            try:
+                size = self.api.group_size(group.kind, gang.namespace, group.name, group.pod_group)
+            except KubeError as exc:
+                return info, f"gang {gang.name!r}: cannot read its {group.kind} object: {exc.message}"
+            hit = (size, now)
+            self.group_sizes[key] = hit
+        if hit[0] is not None and gang.max_size and gang.max_size < hit[0]:
+            return info, (
+                f"gang {gang.name!r}: annotation kube-icl.io/gang-max {gang.max_size} is below the "
+                f"minimum {hit[0]} of its {group.kind} object"
+            )
+        if hit[0] is None:
+            where = f"{group.kind} {gang.namespace}/{group.name}" + (f" ({group.pod_group})" if group.pod_group else "")
+            return info, (
+                f"gang {gang.name!r} (from {gang.source}): {where} is missing or sets no gang size; "
+                f"create it or set annotation {ANN_GANG_SIZE}"
+            )
+        return dataclasses.replace(info, gang=dataclasses.replace(gang, size=hit[0])), ""
