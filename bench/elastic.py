@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulator.clusterspec import builtin_cluster
 from simulator.jobs import DEFAULT_MIX, Job, make_elastic, synthetic_jobs
-from simulator.timesim import FailureRates, TimeResult, run_time, summarise
+from simulator.timesim import FailureRates, TimeResult, percentile, run_time, summarise
 
 GANG_HEAVY = (
     ("ring", 4, 1, 0.20),
@@ -42,16 +42,6 @@ GANG_HEAVY = (
 WORKLOADS = {"built-in mix": DEFAULT_MIX, "gang-heavy mix": GANG_HEAVY}
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def _group(res: TimeResult, ids: set[str]) -> dict[str, float]:
     recs = [r for r in res.records if r.job.id in ids and not r.rejected]
     jct = [x for r in recs if (x := r.jct) is not None]
@@ -59,9 +49,9 @@ def _group(res: TimeResult, ids: set[str]) -> dict[str, float]:
     return {
         "jobs": len(recs),
         "jct_mean": statistics.fmean(jct) if jct else math.nan,
-        "jct_p95": _pct(jct, 0.95),
+        "jct_p95": percentile(jct, 0.95),
         "wait_mean": statistics.fmean(wait) if wait else math.nan,
-        "wait_p95": _pct(wait, 0.95),
+        "wait_p95": percentile(wait, 0.95),
     }
 
 

@@ -85,6 +85,7 @@ __all__ = [
     "FailureRates",
     "JobRecord",
     "TimeResult",
+    "percentile",
     "run_time",
 ]
 
@@ -385,7 +386,8 @@ def _grow_icl(c: _TopoCluster, job: Job, alloc: _Alloc) -> tuple[str, tuple[str,
     return None
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by linear interpolation between order statistics; NaN for none."""
     if not values:
         return math.nan
     s = sorted(values)
@@ -739,11 +741,11 @@ def summarise(result: TimeResult) -> TimeSummary:
         placed=len(started),
         valid_pct=100.0 * valid / len(judged) if judged else math.nan,
         wait_mean=sum(waits) / len(waits) if waits else math.nan,
-        wait_p50=_percentile(waits, 0.5),
-        wait_p95=_percentile(waits, 0.95),
+        wait_p50=percentile(waits, 0.5),
+        wait_p95=percentile(waits, 0.95),
         jct_mean=sum(jcts) / len(jcts) if jcts else math.nan,
-        jct_p50=_percentile(jcts, 0.5),
-        jct_p95=_percentile(jcts, 0.95),
+        jct_p50=percentile(jcts, 0.5),
+        jct_p95=percentile(jcts, 0.95),
         utilisation_pct=util,
         jain=jain_index(norm),
         share_error=100.0 * err,
