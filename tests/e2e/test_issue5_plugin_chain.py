@@ -20,7 +20,6 @@ annotation comes from the extender through kube-scheduler.)
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -38,6 +37,7 @@ from simulator.kubelet import KubeletEmulator
 from tests.support.plugin import async_test, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset
 
+from .devicemanager.admit import admit, device_manager
 from .harness import DEFAULT_ALLOCATABLE, ControlPlane, wait_for
 from .scenario import (
     RESOURCE,
@@ -159,44 +159,20 @@ async def test_emulated_kubelet_gets_exactly_the_extenders_devices(
         delete_nodes(control_plane, [node])
 
 
-def _devicemanager_binary() -> Path:
-    from .devicemanager import build
-
-    return build.PROGRAM.require()
-
-
 @pytest.mark.timeout(1500)  # the first run builds icl-devicemanager (minutes on a cold Go build cache)
 @async_test
 async def test_kubelet_device_manager_gets_exactly_the_extenders_devices(
     control_plane: ControlPlane, chain: Chain, namespace: str
 ) -> None:
-    binary = await asyncio.to_thread(_devicemanager_binary)
+    binary = await asyncio.to_thread(device_manager)
     node = f"{chain.label}-dm"
     _unmanaged_node(control_plane, node, chain.label)
     try:
         with short_tmpdir() as d:
             async with _plugin(control_plane, d, node) as plugin:
                 bound = await _schedule(control_plane, chain, namespace, node)
-                proc = await asyncio.create_subprocess_exec(
-                    str(binary),
-                    f"-plugin-dir={d}",
-                    f"-kubeconfig={control_plane.kubeconfig}",
-                    f"-namespace={namespace}",
-                    f"-pods={','.join(name for name, _, _ in PODS)}",
-                    f"-resource={RESOURCE}",
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                )
-                try:
-                    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
-                    raise
-                assert proc.returncode == 0, err.decode()[-3000:]
-                lines = [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-                results = {r["pod"]: r for r in lines if "pod" in r}
-                assert set(results) == {name for name, _, _ in PODS}, out.decode()
+                pods = [name for name, _, _ in PODS]
+                results = await admit(binary, d, control_plane.kubeconfig, namespace, pods, RESOURCE)
                 for name, _, _ in PODS:
                     r = results[name]
                     chosen = bound[name].devices

@@ -11,11 +11,9 @@ no device stays Pending with the extender's reason.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -36,6 +34,7 @@ from topology.contract import (
     parse_replica,
 )
 
+from .devicemanager.admit import admit, device_manager
 from .harness import DEFAULT_ALLOCATABLE, KWOK_TOLERATIONS, ControlPlane
 from .inprocess import InProcessExtender as Running
 from .inprocess import extender_in_process
@@ -144,12 +143,6 @@ def test_real_scheduler_places_whole_and_shared_pods(
     extender.cache.check_invariants()
 
 
-def _devicemanager_binary() -> Path:
-    from .devicemanager import build
-
-    return build.PROGRAM.require()
-
-
 @pytest.mark.timeout(1500)  # the first run builds icl-devicemanager (minutes on a cold Go build cache)
 @async_test
 async def test_kubelet_device_manager_gets_the_extenders_share_device(
@@ -159,7 +152,7 @@ async def test_kubelet_device_manager_gets_the_extenders_share_device(
     runs; the kubelet's own device manager (pkg/kubelet/cm/devicemanager, tests/e2e/devicemanager)
     admits them against the plugin's shared endpoint, which finds each pod through the API server: every
     pod gets replicas of exactly the device the extender chose, as many as its milli-devices."""
-    binary = await asyncio.to_thread(_devicemanager_binary)
+    binary = await asyncio.to_thread(device_manager)
     node = f"{extender.label}-dm"
     topo = build_preset("ring:4")
     resources = {**DEFAULT_ALLOCATABLE, DEFAULT_RESOURCE: "4", DEFAULT_SHARED_RESOURCE: "4000"}
@@ -200,29 +193,14 @@ async def test_kubelet_device_manager_gets_the_extenders_share_device(
                     bound_node, devs, ann = await asyncio.to_thread(_place, control_plane, namespace, pod)
                     assert bound_node == node and ann == str(milli)
                     chosen[name] = (devs[0], milli)
-                proc = await asyncio.create_subprocess_exec(
-                    str(binary),
-                    f"-plugin-dir={d}",
-                    f"-kubeconfig={control_plane.kubeconfig}",
-                    f"-namespace={namespace}",
-                    f"-pods={','.join(name for name, _ in asks)}",
-                    f"-resource={DEFAULT_SHARED_RESOURCE}",
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
+                asked = [name for name, _ in asks]
+                results = await admit(
+                    binary, d, control_plane.kubeconfig, namespace, asked, DEFAULT_SHARED_RESOURCE, 180
                 )
-                try:
-                    out, err = await asyncio.wait_for(proc.communicate(), timeout=180)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
-                    raise
-                assert proc.returncode == 0, err.decode()[-3000:]
             finally:
                 stop.set()
                 for t in tasks:
                     await t
-        results = {r["pod"]: r for r in (json.loads(x) for x in out.decode().splitlines() if x.strip()) if "pod" in r}
-        assert set(results) == {name for name, _ in asks}, out.decode()
         for name, (dev, milli) in chosen.items():
             r = results[name]
             assert not r.get("error"), r
