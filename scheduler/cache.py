@@ -899,6 +899,48 @@ class ClusterCache:
     def knows_pod(self, uid: str) -> bool:
         return uid in self.pods
 
+    def has_node(self, name: str) -> bool:
+        return name in self.nodes
+
+    def topology_of(self, name: str) -> NodeTopology | None:
+        rec = self.nodes.get(name)
+        return rec.topology if rec is not None else None
+
+    def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
+        """The views of those of ``names`` that are ready, not cordoned and have a usable topology."""
+        with self.lock:
+            out = {}
+            for name in names:
+                rec = self.nodes.get(name)
+                if rec is not None and rec.view is not None and rec.ready and not rec.unschedulable:
+                    out[name] = rec.view
+            return out
+
+    def link_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        """The cross-node link labels (domain, coordinates, domain kind) of the nodes in a link
+        domain, by name: of every node, or of ``names`` only."""
+        with self.lock:
+            recs = self.nodes.values() if names is None else [r for n in names if (r := self.nodes.get(n)) is not None]
+            out: dict[str, dict[str, str]] = {}
+            for rec in recs:
+                if rec.domain:
+                    labels = {LABEL_LINK_DOMAIN: rec.domain, LABEL_LINK_COORDS: rec.coords}
+                    if rec.domain_kind:
+                        labels[DOMAIN_KIND_LABEL] = rec.domain_kind
+                    out[rec.name] = labels
+            return out
+
+    def gang_members(self, key: str) -> list[tuple[str, PodInfo]]:
+        """(uid, pod) of the pods naming gang ``key`` (O(members): the pod table's index)."""
+        with self.lock:
+            pods = self.pods
+            return [(uid, pods[uid]) for uid in pods.by_gang.get(key, ())]
+
+    def holding_on(self, node: str) -> list[PodInfo]:
+        """The pods that hold devices whole on ``node``."""
+        with self.lock:
+            return [p for uid, (n, _d) in self.allocated.items() if n == node and (p := self.pods.get(uid)) is not None]
+
     def holders(self, name: str) -> NodeHolders | None:
         """Who holds what on the node (a copy), for preemption; ``None`` without a usable topology."""
         with self.lock:

@@ -36,12 +36,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.cache import ClusterCache, NodeRecord, PodChange
+from scheduler.cache import ClusterCache, NodeRecord, NodeView, PodChange
 from scheduler.layout import Member, layout_value, order_members
 from scheduler.podspec import GangRef, PodInfo
 from topology import (
     COORDS_LABEL,
-    DOMAIN_KIND_LABEL,
     DOMAIN_LABEL,
     AllocationError,
     ClusterView,
@@ -174,12 +173,11 @@ class GangManager:
 
     def members_bound(self, gang: GangRef) -> list[PodInfo]:
         with self.cache.lock:
-            return [p for uid, p in self._members(gang.key) if uid in self.cache.allocated]
+            return [p for uid, p in self._members(gang.key) if self.cache.held(uid) is not None]
 
     def _members(self, key: str) -> list[tuple[str, PodInfo]]:
         """(uid, pod) of the pods in the cache naming gang ``key`` (lock held; O(members): the cache's index)."""
-        pods = self.cache.pods
-        return [(uid, pods[uid]) for uid in pods.by_gang.get(key, ())]
+        return self.cache.gang_members(key)
 
     def limits_of(self, gang: GangRef) -> tuple[int, int]:
         """(minimum, maximum) of the gang; (0, 0) when its size is known only from a group object not read yet."""
@@ -196,10 +194,10 @@ class GangManager:
         gone = set(lost)
         out = []
         for uid, p in self._members(key):
-            held = self.cache.allocated.get(uid)
+            held = self.cache.held(uid)
             if held is None or uid in gone:
                 continue
-            if p.terminal or p.deleting or held[0] not in self.cache.nodes:
+            if p.terminal or p.deleting or not self.cache.has_node(held[0]):
                 continue
             out.append(p)
         return out
@@ -275,8 +273,9 @@ class GangManager:
                 if not elastic:
                     return None, f"gang {gang.name!r}: all {res.size} reserved slots are claimed"
             bound = self.members_bound(gang)
-            if info.uid in {p.uid for p in bound}:
-                return {self.cache.allocated[info.uid][0]}, ""
+            mine = self.cache.held(info.uid) if info.uid in {p.uid for p in bound} else None
+            if mine is not None:
+                return {mine[0]}, ""
             if elastic:
                 alive = self.survivors(gang.key)
                 if len(alive) >= gang.size or res is not None:
@@ -285,9 +284,7 @@ class GangManager:
             remaining = gang.size - len(bound)
             if remaining <= 0:
                 return None, ""
-            records = {n: self.cache.nodes[n] for n in candidates if n in self.cache.nodes}
-            usable = {n: r for n, r in records.items() if r.view is not None and r.ready and not r.unschedulable}
-            placement = self._place(usable, shape, remaining)
+            placement = self._place(self.cache.usable_views(candidates), shape, remaining)
             if placement is None:
                 return None, (
                     f"gang {gang.name!r} needs {remaining} x {shape.describe()} at once "
@@ -332,10 +329,8 @@ class GangManager:
         most = gang.maximum
         if len(alive) >= most:
             return None, f"gang {gang.name!r} runs its maximum of {most} members (annotation kube-icl.io/gang-max)"
-        records = {n: self.cache.nodes[n] for n in candidates if n in self.cache.nodes}
-        usable = {n: r for n, r in records.items() if r.view is not None and r.ready and not r.unschedulable}
-        cluster, topologies, free_by_node = self._inputs(usable, shape)
-        held = [self.cache.allocated[p.uid][0] for p in alive]
+        cluster, topologies, free_by_node = self._inputs(self.cache.usable_views(candidates), shape)
+        held = [where[0] for p in alive if (where := self.cache.held(p.uid)) is not None]
         ranked = extend_gang(cluster, topologies, free_by_node, shape, held, self.policy)
         if not ranked:
             where = ",".join(sorted(set(held))) or "no node"
@@ -347,9 +342,9 @@ class GangManager:
         return {n for n, t in ranked if t == tier}, ""
 
     def _inputs(
-        self, records: Mapping[str, NodeRecord], shape: Shape
+        self, views: Mapping[str, NodeView], shape: Shape
     ) -> tuple[ClusterView, dict[str, NodeTopology], dict[str, frozenset[str]]]:
-        """The link domains, and the topologies and free devices of the nodes of ``records`` where ``shape`` may fit.
+        """The link domains, and the topologies and free devices of the nodes of ``views`` where ``shape`` may fit.
 
         The domains are built from every node in the cache, full, left out of the candidates or not
         ready alike: which nodes are adjacent (wrap-around links included) follows from the whole
@@ -357,12 +352,8 @@ class GangManager:
         topologies = {}
         free_by_node = {}
         by_domain: dict[str, dict[str, dict[str, str]]] = {}
-        for name, rec in self.cache.nodes.items():
-            if rec.domain:
-                node_labels = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
-                if rec.domain_kind:
-                    node_labels[DOMAIN_KIND_LABEL] = rec.domain_kind
-                by_domain.setdefault(rec.domain, {})[name] = node_labels
+        for name, node_labels in self.cache.link_labels().items():
+            by_domain.setdefault(node_labels[DOMAIN_LABEL], {})[name] = node_labels
         labels: dict[str, dict[str, str]] = {}
         for domain, members in by_domain.items():
             try:  # one domain with bad labels must not take the others down with it
@@ -373,9 +364,8 @@ class GangManager:
                 )
                 continue
             labels.update(members)
-        for name, rec in records.items():
-            view = rec.view
-            if view is None or len(view.free) - view.unattributed < shape.size:
+        for name, view in views.items():
+            if len(view.free) - view.unattributed < shape.size:
                 continue
             topologies[name] = view.topology
             free_by_node[name] = view.free
@@ -387,9 +377,9 @@ class GangManager:
         return cluster, topologies, free_by_node
 
     def _place(
-        self, records: Mapping[str, NodeRecord], shape: Shape, members: int
+        self, views: Mapping[str, NodeView], shape: Shape, members: int
     ) -> tuple[str, list[tuple[str, tuple[str, ...]]]] | None:
-        cluster, topologies, free_by_node = self._inputs(records, shape)
+        cluster, topologies, free_by_node = self._inputs(views, shape)
         found = place_gang(cluster, topologies, free_by_node, shape, members, self.policy)
         if found is None:
             return None
@@ -514,7 +504,7 @@ class GangManager:
         if expires_at <= wall:
             return None
         key = str(body["gang"])
-        members = {self.cache.allocated[uid]: uid for uid, _p in self._members(key) if uid in self.cache.allocated}
+        members = {held: uid for uid, _p in self._members(key) if (held := self.cache.held(uid)) is not None}
         slots: list[Slot] = []
         for raw in body["slots"]:
             slot = Slot(str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"]))
@@ -550,7 +540,7 @@ class GangManager:
         with self.cache.lock:
             for res in list(self.reservations.values()):
                 claimed = [s for s in res.slots if s.pod_uid]
-                if len(claimed) == len(res.slots) and not any(s.pod_uid in self.cache.assumed for s in claimed):
+                if len(claimed) == len(res.slots) and not any(self.cache.is_assumed(s.pod_uid) for s in claimed):
                     self._forget(res)
                     self.on_event("completed", res.key)
                 elif now >= res.deadline:
@@ -620,11 +610,7 @@ class GangManager:
         with self.cache.lock:
             keys: set[str] = set()
             if rec is None:
-                keys = {
-                    p.gang.key
-                    for uid, (node, _devs) in self.cache.allocated.items()
-                    if node == name and (p := self.cache.pods.get(uid)) is not None and p.gang is not None
-                }
+                keys = {p.gang.key for p in self.cache.holding_on(name) if p.gang is not None}
             for res in list(self.reservations.values()):
                 if res.key in keys or not any(s.node == name for s in res.slots):
                     continue
@@ -659,7 +645,9 @@ class GangManager:
         """Live members, unclaimed reserved slots and ``extra`` (a member being bound), in rank order (lock held)."""
         members: dict[str, Member] = {}
         for p in self.survivors(key):
-            node, devs = self.cache.allocated[p.uid]
+            held = self.cache.held(p.uid)
+            assert held is not None  # a survivor holds devices
+            node, devs = held
             members[p.uid] = Member(p.name, node, devs, p.uid)
         if extra is not None:
             members[extra.uid] = extra
@@ -667,21 +655,14 @@ class GangManager:
         res = self.reservations.get(key)
         if res is not None:
             items += [Member("", s.node, s.devices) for s in res.slots if not s.pod_uid]
-        labels: dict[str, dict[str, str]] = {}
-        for m in items:
-            rec = self.cache.nodes.get(m.node)
-            if rec is not None and rec.domain:
-                labels[m.node] = {DOMAIN_LABEL: rec.domain, COORDS_LABEL: rec.coords}
-                if rec.domain_kind:
-                    labels[m.node][DOMAIN_KIND_LABEL] = rec.domain_kind
+        labels = self.cache.link_labels(dict.fromkeys(m.node for m in items))
         try:
             cluster = ClusterView.from_labels(labels)
         except TopologyError:
             cluster = ClusterView()
 
         def index(node: str, device: str) -> int:
-            rec = self.cache.nodes.get(node)
-            topo = rec.topology if rec is not None else None
+            topo = self.cache.topology_of(node)
             try:
                 return topo.index_of(device) if topo is not None else 0
             except (KeyError, ValueError, TopologyError):
@@ -690,12 +671,8 @@ class GangManager:
         return order_members(cluster, items, index)
 
     def _where(self, members: list[Member]) -> dict[str, tuple[str, str]]:
-        out = {}
-        for m in members:
-            rec = self.cache.nodes.get(m.node)
-            if rec is not None and rec.domain:
-                out[m.node] = (rec.domain, rec.coords)
-        return out
+        labels = self.cache.link_labels(dict.fromkeys(m.node for m in members))
+        return {node: (lab[DOMAIN_LABEL], lab[COORDS_LABEL]) for node, lab in labels.items()}
 
     def layout_for(self, info: PodInfo, node: str, devices: tuple[str, ...]) -> str:
         """The ``kube-icl.io/gang-layout`` value for a member being bound to ``node`` with ``devices``."""

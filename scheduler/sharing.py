@@ -69,10 +69,10 @@ class SharePolicy:
         return hit
 
     def _state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
-        rec = self.cache.nodes.get(name)
+        cpu_alloc, mem_alloc = self.cache.node_config(name)
         devices = share_free(view)
-        cpu_total = rec.cpu_alloc if rec is not None and rec.cpu_alloc >= 0 and view.cpu_free >= 0 else _PLENTY
-        mem_total = rec.mem_alloc if rec is not None and rec.mem_alloc >= 0 and view.mem_free >= 0 else _PLENTY
+        cpu_total = cpu_alloc if cpu_alloc >= 0 and view.cpu_free >= 0 else _PLENTY
+        mem_total = mem_alloc if mem_alloc >= 0 and view.mem_free >= 0 else _PLENTY
         cpu_free = view.cpu_free if cpu_total != _PLENTY else _PLENTY
         mem_free = view.mem_free if mem_total != _PLENTY else _PLENTY
         state = NodeState("", cpu_total, mem_total, cpu_free, mem_free, tuple(left for _, left in devices))
@@ -85,7 +85,7 @@ class SharePolicy:
     def _policy_memo(self, info: PodInfo, states: Iterable[NodeState]) -> tuple[FracPolicy, _Memo]:
         types = self.cache.task_types()
         own = (info.cpu_milli, info.mem_mib, 1, info.milli)
-        if info.uid not in self.cache.pods or types.get(own, 0) == 0:
+        if not self.cache.knows_pod(info.uid) or types.get(own, 0) == 0:
             types[own] = types.get(own, 0) + 1
         specs = [GpuNodeSpec("", s.cpu_total, s.mem_total, len(s.gpu_free)) for s in states]
         if not specs:
@@ -120,19 +120,12 @@ class SharePolicy:
         failed: dict[str, str] = {}
         states: dict[str, NodeState] = {}
         with self.cache.lock:
-            views = self.cache.views
+            views = self.cache.ready_views()
             every = {n: self.state(n, v)[0] for n, v in views.items()}
             for name in names:
                 view = views.get(name)
                 if view is None:
-                    rec = self.cache.nodes.get(name)
-                    failed[name] = (
-                        "node is not known to kube-icl yet (no watch event for it)"
-                        if rec is None
-                        else (rec.error or "node has no usable topology")
-                        if rec.view is None
-                        else "node is not ready"
-                    )
+                    failed[name] = self.cache.node_problem(name)[0]
                     continue
                 states[name] = every[name]
         policy, memo = self._policy_memo(info, every.values())
@@ -154,11 +147,11 @@ class SharePolicy:
 
     def choose(self, info: PodInfo, node: str) -> tuple[str, str]:
         """Bind: the device on ``node`` (call with the cache lock held): (device, "") or ("", why not)."""
-        rec = self.cache.nodes.get(node)
-        if rec is None or rec.view is None:
-            return "", f"cannot bind to {node}: " + (rec.error if rec is not None else "node is not known to kube-icl")
-        state, ids = self.state(node, rec.view)
-        every = [self.state(n, v)[0] for n, v in self.cache.views.items()]
+        view, why = self.cache.node_view(node)
+        if view is None:
+            return "", f"cannot bind to {node}: {why}"
+        state, ids = self.state(node, view)
+        every = [self.state(n, v)[0] for n, v in self.cache.ready_views().items()]
         task = self.task(info)
         choice = self.policy(info, every).score(state, task)
         if choice is None:
