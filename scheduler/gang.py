@@ -330,7 +330,7 @@ class GangManager:
         if len(alive) >= most:
             return None, f"gang {gang.name!r} runs its maximum of {most} members (annotation kube-icl.io/gang-max)"
         cluster, topologies, free_by_node = self._inputs(self.cache.usable_views(candidates), shape)
-        held = [where[0] for p in alive if (where := self.cache.held(p.uid)) is not None]
+        held = [h[0] for p in alive if (h := self.cache.held(p.uid)) is not None]
         ranked = extend_gang(cluster, topologies, free_by_node, shape, held, self.policy)
         if not ranked:
             where = ",".join(sorted(set(held))) or "no node"
