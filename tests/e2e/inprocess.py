@@ -4,7 +4,8 @@ Its HTTP server listens on loopback, its cache is fed by list+watch of the e2e c
 server, and kube-scheduler runs the shipped ``manifests/scheduler/kube-scheduler-config.yaml`` with
 only the extender's ``urlPrefix`` pointed at it. :func:`extender_in_process` starts all of it and
 stops it again, deleting the nodes the test added through :meth:`InProcessExtender.add_node`;
-:func:`ensure_priority_classes` creates the PriorityClasses a preemption test needs.
+:func:`ensure_priority_classes` creates the PriorityClasses a preemption test needs; :func:`shaped_pod`
+is a pod for it, :meth:`InProcessExtender.create_bound` one bound already by another path.
 """
 
 from __future__ import annotations
@@ -29,9 +30,15 @@ from scheduler.server import ExtenderServer
 from tests.support.extender import wait_for
 from topology import build_preset, encode_annotation
 
-from .harness import ControlPlane
+from .harness import KWOK_TOLERATIONS, ControlPlane
 
-__all__ = ["SCHEDULER_CONFIG", "InProcessExtender", "ensure_priority_classes", "extender_in_process"]
+__all__ = [
+    "SCHEDULER_CONFIG",
+    "InProcessExtender",
+    "ensure_priority_classes",
+    "extender_in_process",
+    "shaped_pod",
+]
 
 SCHEDULER_CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
 
@@ -57,10 +64,53 @@ class InProcessExtender:
         self.nodes[name] = preset
         return name
 
+    def create_bound(self, namespace: str, body: dict[str, Any], node: str, devices: str) -> str:
+        """Create ``body`` already bound to ``node`` holding ``devices`` (as another path would have bound it)
+        and wait until the extender's cache counts it there; its uid."""
+        body["metadata"].setdefault("annotations", {})["kube-icl.io/devices"] = devices
+        body["spec"]["nodeName"] = node
+        created = self.control_plane.core.create_namespaced_pod(namespace, cast(Any, body))
+        uid = str(created.metadata.uid)
+        name = body["metadata"]["name"]
+        wait_for(lambda: self.cache.allocated.get(uid, ("", ()))[0] == node, timeout_s=30, what=f"{name} in the cache")
+        return uid
+
     def wait_cached(self, names: Iterable[str]) -> None:
         """Until the extender's cache knows every node in ``names``."""
         wanted = list(names)
         wait_for(lambda: all(n in self.cache.views for n in wanted), timeout_s=30, what="nodes in the extender cache")
+
+
+def shaped_pod(
+    name: str,
+    group: str,
+    requests: Mapping[str, str],
+    *,
+    shape: str,
+    priority: str = "",
+    annotations: Mapping[str, str] | None = None,
+    grace_s: int | None = None,
+) -> dict[str, Any]:
+    """A pod for kube-scheduler's ``kube-icl`` profile on the kwok nodes labelled ``kube-icl.io/e2e=<group>``,
+    requesting (and limited to) ``requests``, asking ``shape``."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.example/job:1",
+                "resources": {"requests": dict(requests), "limits": dict(requests)},
+            }
+        ],
+        "tolerations": KWOK_TOLERATIONS,
+        "nodeSelector": {"kube-icl.io/e2e": group},
+        "schedulerName": "kube-icl",
+    }
+    if priority:
+        spec["priorityClassName"] = priority
+    if grace_s is not None:
+        spec["terminationGracePeriodSeconds"] = grace_s
+    metadata = {"name": name, "annotations": {"kube-icl.io/shape": shape, **(annotations or {})}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def ensure_priority_classes(control_plane: ControlPlane, classes: Mapping[str, int]) -> None:

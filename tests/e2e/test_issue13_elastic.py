@@ -21,13 +21,12 @@ from typing import Any, cast
 import pytest
 
 from scheduler.config import ExtenderConfig
-from tests.support.extender import wait_for
 from topology.contract import ANN_GANG_LAYOUT, GangLayout, parse_gang_layout
 
-from .harness import KWOK_TOLERATIONS, ControlPlane
+from .harness import ControlPlane
 from .harness import wait_for as until
 from .inprocess import InProcessExtender as Running
-from .inprocess import ensure_priority_classes, extender_in_process
+from .inprocess import ensure_priority_classes, extender_in_process, shaped_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -62,25 +61,7 @@ def _line(control_plane: ControlPlane, run: Running, tag: str, n: int) -> list[s
 
 def _pod(name: str, group: str, priority: str, annotations: dict[str, str]) -> dict[str, Any]:
     requests = {RESOURCE: "8", "cpu": "100m"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": {"kube-icl.io/shape": "ring", **annotations}},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example/job:1",
-                    "resources": {"requests": requests, "limits": requests},
-                }
-            ],
-            "tolerations": KWOK_TOLERATIONS,
-            "nodeSelector": {"kube-icl.io/e2e": group},
-            "priorityClassName": priority,
-            "schedulerName": "kube-icl",
-            "terminationGracePeriodSeconds": 0,
-        },
-    }
+    return shaped_pod(name, group, requests, shape="ring", priority=priority, annotations=annotations, grace_s=0)
 
 
 def _elastic(name: str, group: str, gang: str, least: int, most: int, priority: str = LOW) -> dict[str, Any]:
@@ -88,14 +69,9 @@ def _elastic(name: str, group: str, gang: str, least: int, most: int, priority: 
     return _pod(name, group, priority, ann)
 
 
-def _job(control_plane: ControlPlane, run: Running, namespace: str, name: str, node: str) -> str:
+def _job(run: Running, namespace: str, name: str, node: str) -> str:
     """Another job's pod, already bound to ``node`` with all its devices."""
-    body = _pod(name, node, LOW, {"kube-icl.io/devices": ALL})
-    body["spec"]["nodeName"] = node
-    created = control_plane.core.create_namespaced_pod(namespace, cast(Any, body))
-    uid = str(created.metadata.uid)
-    wait_for(lambda: run.cache.allocated.get(uid, ("", ()))[0] == node, timeout_s=30, what=f"{name} in the cache")
-    return uid
+    return run.create_bound(namespace, _pod(name, node, LOW, {}), node, ALL)
 
 
 def _pods(control_plane: ControlPlane, namespace: str) -> dict[str, Any]:
@@ -123,8 +99,8 @@ def test_an_elastic_gang_starts_at_its_minimum_grows_shrinks_and_is_requeued_bel
 ) -> None:
     nodes = _line(control_plane, running, "grow", 5)
     group = f"{running.label}-grow"
-    _job(control_plane, running, namespace, "other-2", nodes[2])
-    _job(control_plane, running, namespace, "other-3", nodes[3])
+    _job(running, namespace, "other-2", nodes[2])
+    _job(running, namespace, "other-3", nodes[3])
     members = [f"w{i}" for i in range(4)]
     for m in members:
         control_plane.core.create_namespaced_pod(namespace, cast(Any, _elastic(m, group, "train", 2, 4)))
@@ -184,7 +160,7 @@ def test_preemption_takes_a_surplus_member_before_a_rigid_jobs_pod(
 ) -> None:
     nodes = _line(control_plane, running, "pre", 3)
     group = f"{running.label}-pre"
-    rigid = _job(control_plane, running, namespace, "rigid", nodes[2])
+    rigid = _job(running, namespace, "rigid", nodes[2])
     for m in ("e0", "e1"):
         control_plane.core.create_namespaced_pod(namespace, cast(Any, _elastic(m, group, "elastic", 1, 2)))
     until(

@@ -24,11 +24,10 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.podspec import parse_devices
 from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult
-from tests.support.extender import wait_for
 from topology import Placer, build_preset, parse_shape
 
-from .harness import KWOK_TOLERATIONS, ControlPlane
-from .inprocess import InProcessExtender, ensure_priority_classes, extender_in_process
+from .harness import ControlPlane
+from .inprocess import InProcessExtender, ensure_priority_classes, extender_in_process, shaped_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -85,25 +84,7 @@ def _node(run: Running, suffix: str, cpu: str) -> str:
 
 
 def _pod(name: str, node: str, count: int, shape: str, cpu: str, priority: str) -> dict[str, Any]:
-    requests = {RESOURCE: str(count), "cpu": cpu}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": {"kube-icl.io/shape": shape}},
-        "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example/job:1",
-                    "resources": {"requests": requests, "limits": requests},
-                }
-            ],
-            "tolerations": KWOK_TOLERATIONS,
-            "nodeSelector": {"kube-icl.io/e2e": node},
-            "priorityClassName": priority,
-            "schedulerName": "kube-icl",
-        },
-    }
+    return shaped_pod(name, node, {RESOURCE: str(count), "cpu": cpu}, shape=shape, priority=priority)
 
 
 def _occupy(
@@ -113,17 +94,9 @@ def _occupy(
     uids: dict[str, str] = {}
     for name, (devices, cpu) in held.items():
         body = _pod(name, node, len(devices.split(",")), "any", cpu, LOW)
-        body["metadata"]["annotations"]["kube-icl.io/devices"] = devices
-        body["spec"]["nodeName"] = node
-        created = control_plane.core.create_namespaced_pod(namespace, cast(Any, body))
-        uids[name] = str(created.metadata.uid)
+        uids[name] = run.extender.create_bound(namespace, body, node, devices)
     for name in held:
         control_plane.wait_pod_phase(namespace, name, "Running")
-    wait_for(
-        lambda: all(run.cache.allocated.get(u, ("", ()))[0] == node for u in uids.values()),
-        timeout_s=30,
-        what="the low-priority pods' devices in the extender cache",
-    )
     return uids
 
 
