@@ -56,6 +56,7 @@ __all__ = [
     "ControlPlane",
     "e2e_required",
     "find_binaries",
+    "refusal",
     "require_binaries",
     "scheduler_config",
 ]
@@ -807,6 +808,16 @@ class ControlPlane:
     def core(self) -> k8s.CoreV1Api:
         return k8s.CoreV1Api(self.api_client)
 
+    def core_as_service_account(self, user: str, node: str | None = None) -> k8s.CoreV1Api:
+        """A CoreV1Api impersonating the service account ``user`` (``system:serviceaccount:NS:NAME``),
+        with a token bound to ``node`` when given (what a DaemonSet pod's projected token carries)."""
+        api = k8s_config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+        api.set_default_header("Impersonate-User", user)
+        api.set_default_header("Impersonate-Group", "system:serviceaccounts")
+        if node:
+            api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2Fnode-name", node)
+        return k8s.CoreV1Api(api)
+
     def ensure_namespace(self, name: str) -> None:
         try:
             self.core.create_namespace(
@@ -950,6 +961,17 @@ def _process_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def refusal(call: Callable[[], object]) -> str:
+    """The API server's refusal (403, or 422 from an admission policy) of ``call``, or "" when it went through."""
+    try:
+        call()
+    except k8s.ApiException as e:
+        if e.status in (403, 422):
+            return str(e.body)
+        raise
+    return ""
 
 
 def wait_http(url: str, *, timeout: float = 30.0) -> None:

@@ -30,7 +30,7 @@ from scheduler.config import parse_config
 from topology.fileformat import topology_from_mapping
 
 from . import build
-from .harness import ControlPlane, Pki, e2e_required, wait_for
+from .harness import ControlPlane, Pki, e2e_required, refusal, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -476,41 +476,18 @@ def test_the_node_patch_policy_names_the_releases_plugin(
         control_plane.create_node(node, wait_ready=False)
     try:
         user = f"system:serviceaccount:{namespace}:vap-{suffix}-kube-icl-device-plugin"
-        as_plugin = _impersonating(control_plane, user, mine)
+        as_plugin = control_plane.core_as_service_account(user, mine)
         good = {"metadata": {"annotations": {"kube-icl.io/topology": '{"v":1}'}}}
-        wait_for(lambda: _denied(lambda: as_plugin.patch_node(other, good)), what="node patch policy active")
-        assert "may only change the node it runs on" in _denied(lambda: as_plugin.patch_node(other, good))
-        assert _denied(lambda: as_plugin.patch_node(mine, good)) == ""
-        assert "only kube-icl.io/ labels" in _denied(
+        wait_for(lambda: refusal(lambda: as_plugin.patch_node(other, good)), what="node patch policy active")
+        assert "may only change the node it runs on" in refusal(lambda: as_plugin.patch_node(other, good))
+        assert refusal(lambda: as_plugin.patch_node(mine, good)) == ""
+        assert "only kube-icl.io/ labels" in refusal(
             lambda: as_plugin.patch_node(mine, {"metadata": {"labels": {"a": "b"}}})
         )
     finally:
         control_plane.kubectl("delete", "--ignore-not-found", "-f", str(path), check=False)
         for node in (mine, other):
             control_plane.kubectl("delete", "node", node, "--ignore-not-found", check=False)
-
-
-def _impersonating(plane: ControlPlane, user: str, node: str) -> Any:
-    from kubernetes import client as k8s
-    from kubernetes import config as k8s_config
-
-    api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))  # type: ignore[no-untyped-call]
-    api.set_default_header("Impersonate-User", user)
-    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
-    api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2Fnode-name", node)
-    return k8s.CoreV1Api(api)
-
-
-def _denied(call: Any) -> str:
-    from kubernetes import client as k8s
-
-    try:
-        call()
-    except k8s.ApiException as e:
-        if e.status in (403, 422):
-            return str(e.body)
-        raise
-    return ""
 
 
 # ----------------------------------------------------------------------------- examples

@@ -22,7 +22,7 @@ from deviceplugin.publisher import TOPOLOGY_ANNOTATION, KubernetesNodePatcher, N
 from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import build_preset, decode_annotation
 
-from .harness import ControlPlane, wait_for
+from .harness import ControlPlane, refusal, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -166,32 +166,6 @@ def test_device_plugin_rbac_is_least_privilege(control_plane: ControlPlane) -> N
 PLUGIN_USER = "system:serviceaccount:kube-system:kube-icl-device-plugin"
 
 
-def _as_plugin(plane: ControlPlane, node: str | None) -> Any:
-    """A CoreV1Api impersonating the plugin's service account, with a token bound to ``node``."""
-    from kubernetes import client as k8s
-    from kubernetes import config as k8s_config
-
-    api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))  # type: ignore[no-untyped-call]
-    api.set_default_header("Impersonate-User", PLUGIN_USER)
-    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
-    if node:
-        api.set_default_header("Impersonate-Extra-authentication.kubernetes.io%2Fnode-name", node)
-    return k8s.CoreV1Api(api)
-
-
-def _denied(call: Any) -> str:
-    """The API server's refusal message, or "" when the call went through."""
-    from kubernetes import client as k8s
-
-    try:
-        call()
-    except k8s.ApiException as e:
-        if e.status in (403, 422):
-            return str(e.body)
-        raise
-    return ""
-
-
 def test_node_patch_policy_limits_the_plugin_to_its_own_node(control_plane: ControlPlane) -> None:
     manifests = Path(__file__).resolve().parents[2] / "manifests" / "deviceplugin"
     files = [str(manifests / f) for f in ("serviceaccount.yaml", "rbac.yaml", "node-patch-policy.yaml")]
@@ -200,21 +174,21 @@ def test_node_patch_policy_limits_the_plugin_to_its_own_node(control_plane: Cont
     _bare_node(control_plane, mine)
     _bare_node(control_plane, other)
     try:
-        as_plugin = _as_plugin(control_plane, mine)
+        as_plugin = control_plane.core_as_service_account(PLUGIN_USER, mine)
         good = {
             "metadata": {"annotations": {TOPOLOGY_ANNOTATION: '{"v":1}'}, "labels": {"kube-icl.io/link-domain": "r"}}
         }
         # the policy is compiled asynchronously after it is created: wait until it denies
-        wait_for(lambda: _denied(lambda: as_plugin.patch_node(other, good)), what="node patch policy active")
-        assert "may only change the node it runs on" in _denied(lambda: as_plugin.patch_node(other, good))
-        assert _denied(lambda: as_plugin.patch_node(mine, good)) == ""
+        wait_for(lambda: refusal(lambda: as_plugin.patch_node(other, good)), what="node patch policy active")
+        assert "may only change the node it runs on" in refusal(lambda: as_plugin.patch_node(other, good))
+        assert refusal(lambda: as_plugin.patch_node(mine, good)) == ""
         for body, why in [
             ({"metadata": {"labels": {"team": "x"}}}, "only kube-icl.io/ labels"),
             ({"metadata": {"annotations": {"note": "x"}}}, "only kube-icl.io/ annotations"),
             ({"spec": {"unschedulable": True}}, "may not change a node's spec"),
         ]:
-            assert why in _denied(lambda body=body: as_plugin.patch_node(mine, body))
-        unbound = _as_plugin(control_plane, None)
-        assert "may only change the node it runs on" in _denied(lambda: unbound.patch_node(mine, good))
+            assert why in refusal(lambda body=body: as_plugin.patch_node(mine, body))
+        unbound = control_plane.core_as_service_account(PLUGIN_USER)
+        assert "may only change the node it runs on" in refusal(lambda: unbound.patch_node(mine, good))
     finally:
         control_plane.kubectl("delete", "--ignore-not-found", *(a for f in files for a in ("-f", f)), check=False)
