@@ -244,16 +244,12 @@ def parse_config(raw: Any) -> ExtenderConfig:
         kw["max_body_bytes"] = _int(top["maxBodyBytes"], "maxBodyBytes", minimum=1024)
     if "requestTimeoutSeconds" in top:
         kw["request_timeout_s"] = _num(top["requestTimeoutSeconds"], "requestTimeoutSeconds", strict=True)
-    if "resourceName" in top:
-        name = _str(top["resourceName"], "resourceName")
-        if "/" not in name:
-            raise ConfigError(f"resourceName: an extended resource needs a domain prefix, got {name!r}")
-        kw["resource_name"] = name
-    if "sharedResourceName" in top:
-        name = _str(top["sharedResourceName"], "sharedResourceName")
-        if "/" not in name:
-            raise ConfigError(f"sharedResourceName: an extended resource needs a domain prefix, got {name!r}")
-        kw["shared_resource_name"] = name
+    for key, attr in (("resourceName", "resource_name"), ("sharedResourceName", "shared_resource_name")):
+        if key in top:
+            name = _str(top[key], key)
+            if "/" not in name:
+                raise ConfigError(f"{key}: an extended resource needs a domain prefix, got {name!r}")
+            kw[attr] = name
     if "policy" in top:
         policy = _str(top["policy"], "policy")
         # icl or icl-binpack; the former names fragmentation and binpack mean them. kubelet is the
@@ -264,12 +260,9 @@ def parse_config(raw: Any) -> ExtenderConfig:
             raise ConfigError(f"{exc} (former names: fragmentation = icl, binpack = icl-binpack)") from None
     weights = _map(top.get("weights"), "weights")
     _check_keys(weights, {"fragmentation", "binpack", "stranding"}, "weights")
-    if "fragmentation" in weights:
-        kw["fragmentation_weight"] = _num(weights["fragmentation"], "weights.fragmentation")
-    if "binpack" in weights:
-        kw["binpack_weight"] = _num(weights["binpack"], "weights.binpack")
-    if "stranding" in weights:
-        kw["stranding_weight"] = _num(weights["stranding"], "weights.stranding")
+    for w in ("fragmentation", "binpack", "stranding"):
+        if w in weights:
+            kw[f"{w}_weight"] = _num(weights[w], f"weights.{w}")
     if weights and sum(kw.get(f"{w}_weight", 1.0) for w in ("fragmentation", "binpack", "stranding")) <= 0:
         raise ConfigError("weights: at least one weight must be positive")
     if "gangTimeoutSeconds" in top:

@@ -88,6 +88,8 @@ def test_bad_config_exits_2_with_the_key(tmp_path: Path) -> None:
         ({"queues": {"a": {"quota": "lots"}}}, "queues.a.quota"),
         ({"policy": "kubelet"}, "policy"),
         ({"resourceName": "nodomain"}, "resourceName"),
+        ({"sharedResourceName": "nodomain"}, "^sharedResourceName: an extended resource needs a domain prefix"),
+        ({"weights": {"stranding": "x"}}, "weights.stranding"),
         ({"tls": {"cert": "c"}}, "tls"),
         ({"colour": "blue"}, "unknown key 'colour'"),
         ({"kube": {"insecure": "yes"}}, "kube.insecure"),
