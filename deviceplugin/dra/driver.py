@@ -1,9 +1,11 @@
 """The node driver process: a backend for the topology and its health, the pool publisher, the kubelet plugin.
 
-Every ``resync`` seconds, and at once when the backend reports a health change,
-the publisher reads the allocated claims and re-plans the pool
-(:meth:`deviceplugin.dra.publish.PoolPublisher.sync`: nothing is written when
-nothing changed). SIGTERM and SIGINT stop it gracefully.
+The allocated claims come from a watch (:class:`deviceplugin.dra.claims.ClaimWatch`: one
+list of the ResourceClaims at start and every ``relist`` seconds, a watch in between). The
+pool is re-planned at once when a claim event changes what the pool's claims hold or the
+backend reports a health change, and every ``resync`` seconds
+(:meth:`deviceplugin.dra.publish.PoolPublisher.sync`: nothing is written when nothing
+changed). SIGTERM and SIGINT stop it gracefully.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from deviceplugin.config import PluginConfig
+from deviceplugin.dra.claims import ClaimWatch
 from deviceplugin.dra.kubelet import DraKubeletPlugin, KubeClaimSource
 from deviceplugin.dra.pool import DraConfig
 from deviceplugin.dra.publish import KubeSliceApi, PoolPublisher
@@ -34,6 +38,7 @@ class DriverSettings:
     cdi_dir: Path
     resync: float = 2.0
     kubeconfig: str = ""
+    relist: float = 300.0
 
 
 async def serve(plugin_config: PluginConfig, settings: DriverSettings, stop: asyncio.Event | None = None) -> int:
@@ -50,7 +55,22 @@ async def serve(plugin_config: PluginConfig, settings: DriverSettings, stop: asy
             loop.add_signal_handler(sig, stop.set)
     wake = asyncio.Event()
     backend.feed.add_listener(lambda changes, topo: wake.set())
-    publisher = PoolPublisher(KubeSliceApi(session), settings.node, settings.config)
+    api = KubeSliceApi(session)
+
+    def claims_changed() -> None:  # called on the watch's thread
+        loop.call_soon_threadsafe(wake.set)
+
+    claims = ClaimWatch(
+        api,
+        settings.config.driver,
+        settings.node,
+        on_change=claims_changed,
+        relist_s=settings.relist,
+    )
+    claims_stop = threading.Event()
+    claims_thread = threading.Thread(target=claims.run, args=(claims_stop,), name="claims-watch", daemon=True)
+    claims_thread.start()
+    publisher = PoolPublisher(api, settings.node, settings.config, held=claims.devices)
     plugin = DraKubeletPlugin(
         node=settings.node,
         topology=backend.snapshot,
@@ -76,6 +96,7 @@ async def serve(plugin_config: PluginConfig, settings: DriverSettings, stop: asy
             for w in waits:
                 w.cancel()
     finally:
+        claims_stop.set()  # the thread ends with its current watch (a daemon: it does not hold the exit)
         await plugin.stop()
         backend_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

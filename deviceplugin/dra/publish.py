@@ -16,7 +16,7 @@ The requests are built without I/O; :class:`SliceApi` sends them
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,11 +86,40 @@ class KubeSliceApi:
         )
 
     def list_claims(self) -> list[dict[str, Any]]:
+        return self.list_claims_at()[0]
+
+    def list_claims_at(self) -> tuple[list[dict[str, Any]], str]:
+        """Every ResourceClaim and the list's resourceVersion (where a watch starts)."""
         out = self._custom(
             "list resourceclaims",
             lambda api: api.list_cluster_custom_object(GROUP, VERSION, "resourceclaims", _request_timeout=30),
         )
-        return list(out.get("items", []))
+        return list(out.get("items", [])), str((out.get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_claims(self, resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """ResourceClaim events from ``resource_version`` (a watch the server ends after ``timeout_s``)."""
+        from kubernetes import client, watch
+
+        from deviceplugin.dra.claims import ResourceVersionExpired
+
+        watcher: Any = watch.Watch()  # type: ignore[no-untyped-call]
+        stream = watcher.stream(
+            client.CustomObjectsApi(self._session.api_client).list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            "resourceclaims",
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_s,
+            _request_timeout=timeout_s + 30,
+        )
+        try:
+            for event in stream:
+                yield str(event.get("type") or ""), dict(event.get("object") or {})
+        except client.ApiException as exc:
+            if exc.status == 410:
+                raise ResourceVersionExpired(str(exc.reason)) from None
+            raise
 
     def get_node_uid(self, name: str) -> str:
         from kubernetes import client
@@ -163,10 +192,20 @@ class SyncResult:
 class PoolPublisher:
     """Publishes one node's pool; call :meth:`sync` whenever the topology or the claims may have changed."""
 
-    def __init__(self, api: SliceApi, node: str, config: DraConfig | None = None) -> None:
+    def __init__(
+        self,
+        api: SliceApi,
+        node: str,
+        config: DraConfig | None = None,
+        held: Callable[[], set[str] | None] | None = None,
+    ) -> None:
+        """``held``: the pool's devices that allocated claims hold, from a watch
+        (:meth:`deviceplugin.dra.claims.ClaimWatch.devices`; None from it: not known yet); without it, or
+        while it answers None, every sync lists the claims."""
         self.api = api
         self.node = node
         self.config = config or DraConfig()
+        self.held = held
         self._owner: dict[str, str] | None = None
         self.last_plan: PoolPlan | None = None
 
@@ -182,7 +221,9 @@ class PoolPublisher:
     def plan(self, topo: NodeTopology) -> tuple[PoolPlan, set[str]]:
         """The pool for the current claims, and the chips they hold (read from the allocated claims)."""
         base = plan_pool(topo, self.node, self.config)
-        devices = allocated_devices(self.api.list_claims(), self.config.driver, self.node)
+        devices = self.held() if self.held is not None else None
+        if devices is None:
+            devices = allocated_devices(self.api.list_claims(), self.config.driver, self.node)
         busy = busy_chips(base, devices)
         return (plan_pool(topo, self.node, self.config, busy) if busy else base), busy
 

@@ -12,6 +12,7 @@ into a CDI spec whose environment lists the chips in rank order.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
@@ -144,6 +145,20 @@ def _devices(claim: dict[str, Any]) -> list[tuple[str, str]]:
     return [(r["pool"], r["device"]) for r in claim["status"]["allocation"]["devices"]["results"]]
 
 
+def _apiserver_requests(plane: ControlPlane, resource: str, verb: str, metric: str = "apiserver_request_total") -> int:
+    """``metric`` (requests so far; ``apiserver_longrunning_requests``: watches open now) of ``verb`` on
+    ``resource``, from the API server's own /metrics."""
+    api = plane.api_client
+    response = api.rest_client.pool_manager.request("GET", f"{api.configuration.host}/metrics", timeout=30)
+    assert response.status == 200, response.status
+    total = 0.0
+    wanted = (metric + "{", f'resource="{resource}"', f'verb="{verb}"')
+    for line in response.data.decode().splitlines():
+        if line.startswith(wanted[0]) and all(w in line for w in wanted[1:]):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
 def _chips(topo: NodeTopology, device: str) -> tuple[str, ...]:
     parsed = parse_device_name(device)
     assert parsed is not None, device
@@ -268,6 +283,7 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
     topo = build_preset("torus:4x4")
     node = "dra-solo"
     plane.create_node(node, labels={"kube-icl.io/dra": "solo"})
+    watches_before = _apiserver_requests(plane, "resourceclaims", "WATCH", "apiserver_longrunning_requests")
     with short_tmpdir() as d:
         log = (d / "driver.log").open("w")
         proc = subprocess.Popen(
@@ -308,6 +324,7 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
                 return items if complete and min(gens) >= min_generation else None
 
             first = wait_for(lambda: pool(1), what=f"{node}'s pool published", timeout=60)
+            lists_before = _apiserver_requests(plane, "resourceclaims", "LIST")
             assert sum(len(s["spec"].get("devices", [])) for s in first) == 16 + 32 + 24 + 656 + 24 + 104 + 1 + 1
             gen = first[0]["spec"]["pool"]["generation"]
 
@@ -379,6 +396,13 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
                 return devices
 
             devices = wait_for(withdrawn, what="shapes through chip 5 withdrawn", timeout=30)
+            # the claims came from the driver's watch: no list of every claim per re-plan (one each 0.5 s here;
+            # a list per re-plan made at least 3 in this window before the watch, and the 3 s below add 6)
+            time.sleep(3)
+            lists = _apiserver_requests(plane, "resourceclaims", "LIST") - lists_before
+            assert lists <= 1, f"{lists} lists of the ResourceClaims while the driver ran"
+            watches = _apiserver_requests(plane, "resourceclaims", "WATCH", "apiserver_longrunning_requests")
+            assert watches == watches_before + 1  # the driver's watch is open
             sick = Placer.for_topology(topo.with_health(devices={"5": Health.UNHEALTHY}))
             assert len([x for x in devices if x["attributes"]["type"]["string"] == "shape"]) == sum(
                 len(sick.table(parse_shape(s)).masks)
