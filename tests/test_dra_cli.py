@@ -31,6 +31,9 @@ def test_slices_summary_and_yaml(capsys: pytest.CaptureFixture[str]) -> None:
     devices = [d for doc in docs for d in doc["spec"].get("devices", [])]
     assert len(devices) == 16 + 10
     assert {doc["kind"] for doc in docs} == {"ResourceSlice"}
+    code, out, _ = run(capsys, "dra", "slices", "hcm:8", "--shapes", "ring:4", "--selection", "taints", "-o", "json")
+    devices = [d for doc in json.loads(out)["items"] for d in doc["spec"].get("devices", [])]
+    assert code == 0 and {d["taints"][0]["value"] for d in devices} == {"chip", "ring-4"}
 
 
 def test_classes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,11 +45,13 @@ def test_classes(capsys: pytest.CaptureFixture[str]) -> None:
         "mesh.accel.example.com",
         "torus.accel.example.com",
         "any.accel.example.com",
+        "shape.accel.example.com",
     ]
     assert (
         'device.attributes["accel.example.com"].family == "ring"'
         in docs[1]["spec"]["selectors"][0]["cel"]["expression"]
     )
+    assert docs[5]["spec"]["selectors"] == [{"cel": {"expression": 'device.driver == "accel.example.com"'}}]
 
 
 @pytest.mark.parametrize(

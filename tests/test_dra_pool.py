@@ -195,3 +195,28 @@ def test_parse_shapes() -> None:
     ):
         with pytest.raises(ValueError, match=message):
             DraConfig.parse_shapes(bad)
+
+
+def test_taints_selection_taints_every_device_with_its_shape() -> None:
+    from deviceplugin.dra.pool import taint_value
+
+    topo = build_preset("hcm:8").with_health(devices={"3": Health.UNHEALTHY})
+    plan = plan_pool(topo, "node-a", DraConfig(selection="taints"))
+    devices = [d for s in plan.slices(generation=1) for d in s["spec"].get("devices", [])]
+    by_name = plan.by_name()
+    for device in devices:
+        shape_taints = [t for t in device["taints"] if t["key"] == "kube-icl.io/shape"]
+        dev = by_name[device["name"]]
+        want = taint_value(getattr(dev, "shape", None))
+        assert shape_taints == [{"key": "kube-icl.io/shape", "value": want, "effect": "NoSchedule"}], device
+    chip3 = next(d for d in devices if d["name"] == "chip-3")
+    assert {t["key"] for t in chip3["taints"]} == {"kube-icl.io/shape", "kube-icl.io/unhealthy"}
+    assert len(devices) <= 64 * (len(plan.slices(generation=1)) - 1)
+    cel = plan_pool(topo, "node-a", DraConfig())
+    cel_devices = [d for s in cel.slices(generation=1) for d in s["spec"].get("devices", [])]
+    assert [d["name"] for d in cel_devices if "taints" in d] == ["chip-3"]
+
+
+def test_selection_must_be_known() -> None:
+    with pytest.raises(ValueError, match=r"^selection: 'label' is not one of cel, taints$"):
+        DraConfig(selection="label")

@@ -44,6 +44,14 @@ def _shape_options(p: argparse.ArgumentParser) -> None:
         help="publish order of the shape devices: the policy's preference for the current allocations "
         "(kubelet: static table order; fragmentation = icl, binpack = icl-binpack) (default: icl)",
     )
+    p.add_argument(
+        "--selection",
+        choices=["cel", "taints"],
+        default="cel",
+        help="how claims pick a shape: cel (a class per family and a CEL selector) or taints (every device "
+        "carries a NoSchedule taint DRIVER/shape=<shape>, e.g. ring-4; claims of class shape.DRIVER tolerate the "
+        "one they want: no CEL per device; docs/dra.md) (default: cel)",
+    )
     p.add_argument("--model", default="", help="the chips' model, published as the attribute 'model'")
     p.add_argument("--link-domain", default="", help="published as the attribute 'linkDomain'")
 
@@ -59,6 +67,7 @@ def _dra_config(args: argparse.Namespace) -> Any:
         policy=linked_policy(args.policy).rank,
         model=args.model,
         link_domain=args.link_domain,
+        selection=args.selection,
     )
 
 
@@ -104,7 +113,14 @@ def register(
         "--resync",
         type=positive_seconds,
         default=2.0,
-        help="seconds between reads of the allocated claims (default: 2)",
+        help="seconds between re-plans of the pool when nothing happened; the allocated claims come from a "
+        "watch, which re-plans at once (default: 2)",
+    )
+    run.add_argument(
+        "--relist",
+        type=positive_seconds,
+        default=300.0,
+        help="seconds between full lists of the ResourceClaims behind the watch (default: 300)",
     )
     _shape_options(run)
     run.set_defaults(func=_run)
@@ -208,6 +224,7 @@ def _run(args: argparse.Namespace) -> int:
         registry_dir=Path(args.registry_dir),
         cdi_dir=Path(args.cdi_dir),
         resync=args.resync,
+        relist=args.relist,
         kubeconfig=plugin_config.kubeconfig,
     )
     try:

@@ -37,6 +37,8 @@ __all__ = [
     "DEFAULT_MAX_PER_SHAPE",
     "DEFAULT_SHAPES",
     "DRIVER",
+    "SELECTIONS",
+    "SHAPE_TAINT",
     "ChipDevice",
     "DraConfig",
     "PoolPlan",
@@ -48,6 +50,7 @@ __all__ = [
     "plan_pool",
     "publishable",
     "shape_slug",
+    "taint_value",
 ]
 
 API_VERSION = "resource.k8s.io/v1"
@@ -56,6 +59,11 @@ DEFAULT_SHAPES: tuple[str, ...] = ("ring:2", "ring:4", "ring:8", "mesh:2x2", "me
 DEFAULT_MAX_PER_SHAPE = 1024
 SLICE_NAME_MAX = 253
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+SELECTIONS: tuple[str, ...] = ("cel", "taints")
+"""How a claim picks a shape: ``cel``, by CEL selectors on the attributes (a class per family, the claim's own
+selector); ``taints``, by tolerating the shape's taint (every device carries a NoSchedule taint
+``<driver>/shape=<slug>``, so the allocator decides without CEL; docs/dra.md, throughput)."""
+SHAPE_TAINT = "shape"
 _NAME_RE = re.compile(r"^(ring|mesh|torus|any)-([0-9x]+)-([0-9a-f]+)$")
 
 
@@ -69,8 +77,11 @@ class DraConfig:
     policy: Policy = Policy.FRAGMENTATION
     model: str = ""
     link_domain: str = ""
+    selection: str = "cel"
 
     def __post_init__(self) -> None:
+        if self.selection not in SELECTIONS:
+            raise ValueError(f"selection: {self.selection!r} is not one of {', '.join(SELECTIONS)}")
         if not self.driver or len(self.driver) > limits.DRIVER_NAME_MAX_LENGTH or not _DNS_SUBDOMAIN.match(self.driver):
             raise ValueError(f"driver: {self.driver!r} is not a DNS subdomain of at most 63 characters")
         if self.max_per_shape < 1:
@@ -107,6 +118,15 @@ class DraConfig:
 def shape_slug(shape: Shape) -> str:
     """``ring-4``, ``mesh-2x4``, ``torus-2x2x2``: a shape as a DNS-label fragment."""
     return f"{shape.kind.value}-{'x'.join(map(str, shape.dims))}"
+
+
+def taint_value(shape: Shape | None) -> str:
+    """The value of the ``<driver>/shape`` taint of a device: ``chip`` for a chip, else :func:`shape_slug`.
+
+    >>> taint_value(parse_shape("mesh:2x4")), taint_value(None)
+    ('mesh-2x4', 'chip')
+    """
+    return "chip" if shape is None else shape_slug(shape)
 
 
 def device_name(shape: Shape, mask: int) -> str:
@@ -249,9 +269,18 @@ class PoolPlan:
             "capacity": {"chips": {"value": "1"}},
             "consumesCounters": _consumes([chip.index]),
         }
+        taints = self._shape_taint(None)
         if not chip.healthy:
-            device["taints"] = [{"key": f"{self.config.driver}/unhealthy", "value": "chip", "effect": "NoSchedule"}]
+            taints.append({"key": f"{self.config.driver}/unhealthy", "value": "chip", "effect": "NoSchedule"})
+        if taints:
+            device["taints"] = taints
         return device
+
+    def _shape_taint(self, shape: Shape | None) -> list[dict[str, str]]:
+        """With ``selection="taints"``: the NoSchedule taint a claim tolerates to ask for this shape."""
+        if self.config.selection != "taints":
+            return []
+        return [{"key": f"{self.config.driver}/{SHAPE_TAINT}", "value": taint_value(shape), "effect": "NoSchedule"}]
 
     def _shape_device(self, dev: ShapeDevice) -> dict[str, Any]:
         attrs: dict[str, dict[str, Any]] = {
@@ -266,12 +295,16 @@ class PoolPlan:
         chips = f"{dev.mask:x}"
         if len(chips) <= limits.ATTRIBUTE_MAX_VALUE_LENGTH:
             attrs["chips"] = {"string": chips}  # a hex bitmask of chip indices (a list would not fit 64 bytes)
-        return {
+        device: dict[str, Any] = {
             "name": dev.name,
             "attributes": attrs,
             "capacity": {"chips": {"value": str(dev.shape.size)}},
             "consumesCounters": _consumes(dev.order),
         }
+        taints = self._shape_taint(dev.shape)
+        if taints:
+            device["taints"] = taints
+        return device
 
     def counter_sets(self) -> list[dict[str, Any]]:
         sets: dict[str, dict[str, Any]] = {}
