@@ -687,37 +687,10 @@ class ControlPlane:
         assert self.pki is not None
         self.stop_scheduler()
         self._scheduler_source = config
-        document = _load_scheduler_config(config)
-        document.setdefault("clientConnection", {})["kubeconfig"] = str(self._scheduler_kubeconfig)
-        document["leaderElection"] = {"leaderElect": False}
-        self._scheduler_starts += 1
-        path = self.workdir / f"scheduler-config-{self._scheduler_starts}.yaml"
-        path.write_text(yaml.safe_dump(document, sort_keys=False))
+        path, port, argv = self._scheduler_run(config, {"leaderElect": False}, "")
         self.scheduler_config_path = path
-        port = free_port()
-        self.scheduler = self._component(
-            "kube-scheduler",
-            [
-                self.binaries["kube-scheduler"],
-                f"--config={path}",
-                f"--authentication-kubeconfig={self._scheduler_kubeconfig}",
-                f"--authorization-kubeconfig={self._scheduler_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={self.workdir / 'scheduler-certs'}",
-                "--v=2",
-            ],
-        )
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
-
-        def ready() -> bool:
-            url = f"https://127.0.0.1:{port}/readyz"
-            with urllib.request.urlopen(url, timeout=5, context=insecure) as response:
-                return bool(response.status == 200)
-
-        wait_for(ready, what="kube-scheduler /readyz", timeout=START_TIMEOUT_S, watch=[self.scheduler])
+        self.scheduler = self._component("kube-scheduler", argv)
+        self._wait_scheduler(port, "readyz", "kube-scheduler", self.scheduler)
         return self.scheduler
 
     def start_scheduler_replica(
@@ -727,37 +700,49 @@ class ControlPlane:
         ``leaderElection`` section, e.g. ``{"leaderElect": True}``), beside the harness's own; wait until
         its /healthz answers (a standby is healthy, not leading). The caller stops it."""
         assert self.pki is not None
+        _path, port, argv = self._scheduler_run(config, leader_election, name)
+        component = Component(name, argv, self.logs / f"{name}-{self._scheduler_starts}.log").start()
+        self._wait_scheduler(port, "healthz", name, component)
+        return component
+
+    def _scheduler_run(
+        self, config: Mapping[str, Any] | Path | str | None, leader_election: Mapping[str, Any], name: str
+    ) -> tuple[Path, int, list[str]]:
+        """Write ``config`` for this cluster (its kubeconfig, ``leader_election``); the file, a free secure
+        port and kube-scheduler's command line (``name`` tells a replica's files apart)."""
         document = _load_scheduler_config(config)
         document.setdefault("clientConnection", {})["kubeconfig"] = str(self._scheduler_kubeconfig)
         document["leaderElection"] = dict(leader_election)
         self._scheduler_starts += 1
-        path = self.workdir / f"scheduler-config-{name}-{self._scheduler_starts}.yaml"
+        tag = f"{name}-" if name else ""
+        path = self.workdir / f"scheduler-config-{tag}{self._scheduler_starts}.yaml"
         path.write_text(yaml.safe_dump(document, sort_keys=False))
         port = free_port()
-        component = Component(
-            name,
-            [
-                self.binaries["kube-scheduler"],
-                f"--config={path}",
-                f"--authentication-kubeconfig={self._scheduler_kubeconfig}",
-                f"--authorization-kubeconfig={self._scheduler_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                f"--cert-dir={self.workdir / f'scheduler-certs-{name}'}",
-                "--v=2",
-            ],
-            self.logs / f"{name}-{self._scheduler_starts}.log",
-        ).start()
+        argv = [
+            self.binaries["kube-scheduler"],
+            f"--config={path}",
+            f"--authentication-kubeconfig={self._scheduler_kubeconfig}",
+            f"--authorization-kubeconfig={self._scheduler_kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.workdir / ('scheduler-certs' + (f'-{name}' if name else ''))}",
+            "--v=2",
+        ]
+        return path, port, argv
+
+    @staticmethod
+    def _wait_scheduler(port: int, endpoint: str, what: str, component: Component) -> None:
+        """Until kube-scheduler's ``/<endpoint>`` on ``port`` answers 200 (its serving cert is self-signed)."""
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
 
-        def healthy() -> bool:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", timeout=5, context=insecure) as response:
+        def answered() -> bool:
+            url = f"https://127.0.0.1:{port}/{endpoint}"
+            with urllib.request.urlopen(url, timeout=5, context=insecure) as response:
                 return bool(response.status == 200)
 
-        wait_for(healthy, what=f"{name} /healthz", timeout=START_TIMEOUT_S, watch=[component])
-        return component
+        wait_for(answered, what=f"{what} /{endpoint}", timeout=START_TIMEOUT_S, watch=[component])
 
     def check_scheduler_config(self, path: Path | str) -> Path:
         """Have the real kube-scheduler load and validate a ``KubeSchedulerConfiguration`` file.
