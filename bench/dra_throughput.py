@@ -34,9 +34,9 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from deviceplugin.dra.classes import device_classes  # noqa: E402
-from deviceplugin.dra.pool import DRIVER, DraConfig, parse_device_name  # noqa: E402
+from deviceplugin.dra.classes import SHAPE_CLASS, device_classes, shape_toleration  # noqa: E402
+from deviceplugin.dra.pool import DEFAULT_MAX_PER_SHAPE, DRIVER, DraConfig, parse_device_name  # noqa: E402
 from deviceplugin.dra.publish import KubeSliceApi, PoolPublisher  # noqa: E402
 from tests.e2e.harness import ControlPlane, find_binaries, wait_for  # noqa: E402
 from tests.e2e.scenario import (  # noqa: E402
@@ -71,7 +71,8 @@ GROUP, VERSION = "resource.k8s.io", "v1"
 
 
 def _say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+    """A progress line with the UTC time and the machine's 1-minute load average (other jobs share it)."""
+    print(f"[{time.strftime('%H:%M:%S', time.gmtime())} load {os.getloadavg()[0]:.1f}] {message}", flush=True)
 
 
 MIX_SHAPES = "ring:2,ring:4,mesh:2x2,any:3,ring:8,mesh:2x4"
@@ -79,25 +80,86 @@ MIX_SHAPES = "ring:2,ring:4,mesh:2x2,any:3,ring:8,mesh:2x4"
 reads a pool in publish order, so the common requests find their device early)."""
 
 
-def claim_request(shape: str, count: int, published: Collection[Shape] = ()) -> dict[str, Any]:
-    """The DRA request for (shape, count) of the pod mix.
+MODES: tuple[str, ...] = ("cel", "taints", "taints-nocel", "plain")
+"""The DRA sides the bench can run (``--dra-modes``):
 
-    ``any`` of k > 1 connected chips asks ``any.kube-icl.io`` when the pools publish ``any:k``
+- ``cel``: the driver's pools, claims pick the shape by CEL (a class per family, a selector on size/shape);
+- ``taints``: the driver's pools published with ``selection="taints"``, claims of ``shape.kube-icl.io`` (CEL:
+  the driver only) tolerating the shape's taint;
+- ``taints-nocel``: the same pools, claims of a class without any selector (no CEL at all);
+- ``plain``: not kube-icl's pools but the least any DRA driver publishes for these nodes: 8 devices per node,
+  no counters, no attributes, no taints, a class without selectors, a claim of N chips asks ``count: N``.
+  No topology: the ceiling of the DRA path on this machine, whatever the driver.
+"""
+NOCEL_CLASS = f"nocel.{DRIVER}"
+
+
+def claim_request(shape: str, count: int, published: Collection[Shape] = (), mode: str = "cel") -> dict[str, Any]:
+    """The DRA request for (shape, count) of the pod mix, for the bench ``mode`` (:data:`MODES`).
+
+    ``any`` of k > 1 connected chips asks an ``any:k`` device when the pools publish ``any:k``
     (``published``), else k single chips (connected only by chance).
     """
     attrs = f'device.attributes["{DRIVER}"]'
+    asked: Shape | None = None
     if shape == "ring" and count > 1:
-        cls, sel, n = "ring", f"{attrs}.size == {count}", 1
+        cls, sel, n, asked = "ring", f"{attrs}.size == {count}", 1, parse_shape("ring", count=count)
     elif shape.startswith(("mesh:", "torus:")):
-        cls, sel, n = shape.split(":")[0], f'{attrs}.shape == "{shape}"', 1
+        cls, sel, n, asked = shape.split(":")[0], f'{attrs}.shape == "{shape}"', 1, parse_shape(shape)
     elif shape == "any" and count > 1 and parse_shape("any", count=count) in published:
-        cls, sel, n = "any", f"{attrs}.size == {count}", 1
+        cls, sel, n, asked = "any", f"{attrs}.size == {count}", 1, parse_shape("any", count=count)
     else:  # one chip, or "any" of k chips not published: k single chips
         cls, sel, n = "chip", "", count
-    exactly: dict[str, Any] = {"deviceClassName": f"{cls}.{DRIVER}", "count": n}
-    if sel:
-        exactly["selectors"] = [{"cel": {"expression": sel}}]
+    exactly: dict[str, Any]
+    if mode == "cel":
+        exactly = {"deviceClassName": f"{cls}.{DRIVER}", "count": n}
+        if sel:
+            exactly["selectors"] = [{"cel": {"expression": sel}}]
+    elif mode in ("taints", "taints-nocel"):
+        name = f"{SHAPE_CLASS}.{DRIVER}" if mode == "taints" else NOCEL_CLASS
+        exactly = {"deviceClassName": name, "count": n, "tolerations": [shape_toleration(DRIVER, asked)]}
+    elif mode == "plain":
+        exactly = {"deviceClassName": NOCEL_CLASS, "count": count}
+    else:
+        raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
     return {"devices": {"requests": [{"name": "accel", "exactly": exactly}]}}
+
+
+def plain_slice(node: str, generation: int, chips: int = 8) -> dict[str, Any]:
+    """The ``plain`` mode's pool of ``node``: one slice of ``chips`` bare devices (``chip-<i>``)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER.replace('.', '-')}-d0000"},
+        "spec": {
+            "driver": DRIVER,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "nodeName": node,
+            "devices": [{"name": f"chip-{i}"} for i in range(chips)],
+        },
+    }
+
+
+def publish_pools(
+    api: KubeSliceApi, specs: Sequence[Any], topologies: dict[str, NodeTopology], config: DraConfig, mode: str
+) -> None:
+    """Every node's pool for ``mode``, replacing what the node published before (a higher generation)."""
+
+    def one(spec: Any) -> None:
+        if mode != "plain":
+            selection = "cel" if mode == "cel" else "taints"
+            PoolPublisher(api, spec.name, replace(config, selection=selection)).sync(topologies[spec.name])
+            return
+        existing = api.list_slices(DRIVER, spec.name)
+        generation = 1 + max((int(x["spec"]["pool"].get("generation", 0)) for x in existing), default=0)
+        for old in existing:
+            api.delete_slice(old["metadata"]["name"])
+        api.create_slice(plain_slice(spec.name, generation, len(topologies[spec.name].ids)))
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as executor:
+        list(executor.map(one, specs))
+    _say(f"[{mode}] published {len(specs)} pools in {time.monotonic() - started:.1f}s")
 
 
 def _chips(topo: NodeTopology, device: str) -> tuple[str, ...]:
@@ -116,7 +178,9 @@ def run_dra_case(
     stall_s: float = 10.0,
     profile: Path | None = None,
     published: Collection[Shape] = (),
+    mode: str = "cel",
 ) -> tuple[CaseResult, list[str]]:
+    tag = f"dra {mode}"
     namespace = f"tp-dra-{uuid.uuid4().hex[:6]}"
     plane.ensure_namespace(namespace)
     plane.stop_scheduler()
@@ -127,7 +191,7 @@ def run_dra_case(
         container = body["spec"]["containers"][0]
         container["resources"] = {"claims": [{"name": "accel"}]}
         body["spec"]["resourceClaims"] = [{"name": "accel", "resourceClaimName": f"c{i:05d}"}]
-        bodies.append((f"c{i:05d}", claim_request(shape, count, published), body))
+        bodies.append((f"c{i:05d}", claim_request(shape, count, published, mode), body))
 
     def create(item: tuple[str, dict[str, Any], dict[str, Any]]) -> None:
         name, spec, pod = item
@@ -138,7 +202,7 @@ def run_dra_case(
     started = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(create, bodies))
-    _say(f"[dra] created {len(bodies)} claims and pods in {time.monotonic() - started:.1f}s; starting kube-scheduler")
+    _say(f"[{tag}] created {len(bodies)} claims and pods in {time.monotonic() - started:.1f}s; starting kube-scheduler")
     watch = BindWatch(plane, namespace)
     profiler: threading.Thread | None = None
     try:
@@ -151,14 +215,14 @@ def run_dra_case(
             if count != last_count:
                 last_count, last_change = count, now
             if now - last_report >= 5.0:
-                _say(f"[dra] bound {count}/{len(bodies)}")
+                _say(f"[{tag}] bound {count}/{len(bodies)}")
                 last_report = now
             if count >= len(bodies):
                 break
             if now - last_change >= stall_s:
                 waiting = [p for p in list_pods(plane, namespace) if not p.spec.node_name]
                 if all(rejected(p) for p in waiting):
-                    _say(f"[dra] {len(waiting)} pods left that kube-scheduler cannot place; stopping")
+                    _say(f"[{tag}] {len(waiting)} pods left that kube-scheduler cannot place; stopping")
                     break
                 last_change = now
             time.sleep(0.2)
@@ -172,7 +236,7 @@ def run_dra_case(
     claims = {c["metadata"]["name"]: c for c in listed}
     if len(times) > 2:
         marks = [times[min(len(times) - 1, int(q * len(times)))] - times[0] for q in (0.5, 0.9, 0.99)]
-        _say("[dra] binds after the first: 50% {:.1f}s, 90% {:.1f}s, 99% {:.1f}s".format(*marks))
+        _say(f"[{tag}] binds after the first: " + "50% {:.1f}s, 90% {:.1f}s, 99% {:.1f}s".format(*marks))
     per_shape: dict[str, list[int]] = {}
     used: dict[str, set[str]] = {}
     problems: list[str] = []
@@ -199,22 +263,52 @@ def run_dra_case(
             valid += 1
             row[2] += 1
     result = CaseResult(
-        "dra", len(bodies), len(watch.bound_at), window, valid, {k: (a, b, c) for k, (a, b, c) in per_shape.items()}
+        tag, len(bodies), len(watch.bound_at), window, valid, {k: (a, b, c) for k, (a, b, c) in per_shape.items()}
     )
-    _say(f"[dra] done: {result.bound}/{result.pods} bound in {window:.1f}s ({result.rate:.1f} pods/s)")
+    _say(f"[{tag}] done: {result.bound}/{result.pods} bound in {window:.1f}s ({result.rate:.1f} pods/s)")
     plane.stop_scheduler()
     try:
         plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     except (OSError, urllib3.exceptions.HTTPError, __import__("kubernetes").client.ApiException) as exc:
         # thousands of pods on a busy machine: the server goes on deleting after the request fails
-        _say(f"[dra] deleting the pods: {type(exc).__name__}; waiting for the server to finish")
+        _say(f"[{tag}] deleting the pods: {type(exc).__name__}; waiting for the server to finish")
     wait_for(
         lambda: not plane.core.list_namespaced_pod(namespace, limit=1).items,
         what=f"pods of {namespace} deleted",
         timeout=300,
         interval=0.5,
     )
+    _drop_claims(custom, namespace, tag)
     return result, problems
+
+
+def _drop_claims(custom: Any, namespace: str, tag: str) -> None:
+    """Delete the namespace's claims for good. The bench runs no kube-controller-manager, so nothing would
+    deallocate them or lift their delete protection (a finalizer), and the next side's pools reuse the device
+    names: allocations left behind would hold its chips."""
+    from kubernetes.client import ApiException
+
+    custom.delete_collection_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")
+
+    def release(name: str) -> None:
+        try:
+            custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaims", name, {"metadata": {"finalizers": None}}
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    listed = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")["items"]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(release, [c["metadata"]["name"] for c in listed]))
+    wait_for(
+        lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", limit=1)["items"],
+        what=f"claims of {namespace} deleted",
+        timeout=300,
+        interval=0.5,
+    )
+    _say(f"[{tag}] {len(listed)} claims deleted")
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -226,14 +320,59 @@ def _process_cpu_s(pid: int) -> float:
         return float("nan")
 
 
+def _secure_get(plane: ControlPlane, path: str, timeout: float) -> bytes:
+    """GET ``path`` on kube-scheduler's secure port, as the admin client certificate (group
+    ``system:masters``; kube-scheduler delegates authentication and authorization to the API server)."""
+    assert plane.scheduler is not None and plane.pki is not None
+    port = next(a.split("=", 1)[1] for a in plane.scheduler.argv if a.startswith("--secure-port="))
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(str(plane.pki.path("admin.crt")), str(plane.pki.path("admin.key")))
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", timeout=timeout, context=context) as response:
+        return bytes(response.read())
+
+
+def scheduler_timings(text: str) -> dict[str, float]:
+    """kube-scheduler's own seconds: its scheduling algorithm (``Algorithm``: PreFilter, Filter over the nodes
+    and Score, every cycle, ``scheduler_scheduling_algorithm_duration_seconds``), per framework extension point
+    (``scheduler_framework_extension_point_duration_seconds``; Filter has none, it is per node) and per
+    DynamicResources extension point per call (``scheduler_plugin_execution_duration_seconds``, a 10 % sample
+    of the cycles, as ``DynamicResources/<point>`` sums and ``DynamicResources/<point>#`` counts), from its
+    ``/metrics`` text.
+
+    >>> scheduler_timings('scheduler_framework_extension_point_duration_seconds_sum{extension_point="Filter",'
+    ...                   'profile="p",status="Success"} 1.5')
+    {'Filter': 1.5}
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("scheduler_scheduling_algorithm_duration_seconds_sum"):
+            out["Algorithm"] = out.get("Algorithm", 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("scheduler_framework_extension_point_duration_seconds_sum{"):
+            point = line.split('extension_point="', 1)[1].split('"', 1)[0]
+            out[point] = out.get(point, 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("scheduler_plugin_execution_duration_seconds_") and 'plugin="DynamicResources"' in line:
+            point = line.split('extension_point="', 1)[1].split('"', 1)[0]
+            if line.startswith("scheduler_plugin_execution_duration_seconds_sum{"):
+                key = f"DynamicResources/{point}"
+            elif line.startswith("scheduler_plugin_execution_duration_seconds_count{"):
+                key = f"DynamicResources/{point}#"
+            else:
+                continue
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
 class SchedulerCpu:
-    """kube-scheduler's own CPU seconds per run: read when each kube-scheduler is stopped (every side
-    starts a fresh one), so a side's figure is the CPU its scheduler spent, whatever else the shared
-    machine runs."""
+    """kube-scheduler's own CPU seconds per run, and its own timings (:func:`scheduler_timings`): read when
+    each kube-scheduler is stopped (every side starts a fresh one), so a side's figures are what its
+    scheduler spent, whatever else the shared machine runs."""
 
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
         self.samples: list[float] = []
+        self.timings: list[dict[str, float]] = []
         self._stop = plane.stop_scheduler
 
     def __enter__(self) -> SchedulerCpu:
@@ -241,6 +380,11 @@ class SchedulerCpu:
             component = self.plane.scheduler
             if component is not None and component.process is not None and component.process.poll() is None:
                 self.samples.append(_process_cpu_s(component.process.pid))
+                try:
+                    self.timings.append(scheduler_timings(_secure_get(self.plane, "/metrics", 30).decode()))
+                except (OSError, ValueError, IndexError) as exc:
+                    _say(f"no kube-scheduler metrics: {exc}")
+                    self.timings.append({})
             self._stop()
 
         setattr(self.plane, "stop_scheduler", stop)  # noqa: B010 (an instance attribute over the method)
@@ -251,6 +395,9 @@ class SchedulerCpu:
 
     def last(self) -> float:
         return self.samples[-1] if self.samples else float("nan")
+
+    def last_timings(self) -> dict[str, float]:
+        return self.timings[-1] if self.timings else {}
 
 
 def scheduler_config(qps: float | None, percentage: int | None) -> dict[str, Any]:
@@ -268,18 +415,10 @@ def _start_profile(plane: ControlPlane, path: Path, seconds: int = 15) -> thread
     Authenticated with the admin client certificate (group ``system:masters``): kube-scheduler
     delegates authentication and authorization to the API server. Read with ``go tool pprof``.
     """
-    assert plane.scheduler is not None and plane.pki is not None
-    port = next(a.split("=", 1)[1] for a in plane.scheduler.argv if a.startswith("--secure-port="))
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    context.load_cert_chain(str(plane.pki.path("admin.crt")), str(plane.pki.path("admin.key")))
-    url = f"https://127.0.0.1:{port}/debug/pprof/profile?seconds={seconds}"
 
     def fetch() -> None:
         try:
-            with urllib.request.urlopen(url, timeout=seconds + 30, context=context) as response:
-                path.write_bytes(response.read())
+            path.write_bytes(_secure_get(plane, f"/debug/pprof/profile?seconds={seconds}", seconds + 30))
             _say(f"[dra] kube-scheduler CPU profile ({seconds}s) in {path}")
         except OSError as exc:
             _say(f"[dra] no kube-scheduler profile: {exc}")
@@ -290,20 +429,43 @@ def _start_profile(plane: ControlPlane, path: Path, seconds: int = 15) -> thread
 
 
 @dataclass(frozen=True, slots=True)
+class Side:
+    """One DRA side of a run: its result, chips allocated twice, kube-scheduler's CPU seconds."""
+
+    result: CaseResult
+    problems: list[str]
+    cpu_s: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Comparison:
-    """One run of both sides: the results, chips allocated twice, kube-scheduler's CPU seconds per side."""
+    """One run: no topology, then each DRA mode (:data:`MODES`) on the same nodes and pods.
+
+    ``dra``, ``problems`` and ``dra_cpu_s`` are the first mode's."""
 
     without: CaseResult
-    dra: CaseResult
-    problems: list[str]
     without_cpu_s: float
-    dra_cpu_s: float
+    sides: dict[str, Side]
+    without_timings: dict[str, float] = field(default_factory=dict)
 
     @property
-    def ratio(self) -> float:
-        """DRA pods/s over no-topology pods/s."""
+    def dra(self) -> CaseResult:
+        return next(iter(self.sides.values())).result
+
+    @property
+    def problems(self) -> list[str]:
+        return next(iter(self.sides.values())).problems
+
+    @property
+    def dra_cpu_s(self) -> float:
+        return next(iter(self.sides.values())).cpu_s
+
+    def ratio(self, mode: str | None = None) -> float:
+        """DRA pods/s (``mode``, default the first) over no-topology pods/s."""
         w = self.without.rate
-        return self.dra.rate / w if w and not math.isnan(w) else float("nan")
+        side = self.sides[mode] if mode is not None else next(iter(self.sides.values()))
+        return side.result.rate / w if w and not math.isnan(w) else float("nan")
 
 
 def cpu_ms_per_pod(cpu_s: float, result: CaseResult) -> str:
@@ -320,32 +482,36 @@ def compare(
     pool: DraConfig | None = None,
     percentage: int | None = None,
     profile: Path | None = None,
+    modes: Sequence[str] = ("cel",),
 ) -> Comparison:
-    """Both sides on the same nodes and pods: no topology, DRA shapes, chips allocated twice.
+    """No topology, then each DRA ``mode`` (:data:`MODES`), on the same nodes and pods.
 
-    ``pool``: what the driver publishes (default: the driver's defaults); ``percentage``:
-    kube-scheduler's ``percentageOfNodesToScore`` on both sides (default: the shipped config's);
-    ``profile``: write a CPU profile of kube-scheduler during the DRA side there.
+    ``pool``: what the driver publishes (default: the mix's shapes); ``percentage``:
+    kube-scheduler's ``percentageOfNodesToScore`` on every side (default: the shipped config's);
+    ``profile``: write a CPU profile of kube-scheduler during each DRA side there (``<stem>-<mode><suffix>``).
     """
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise ValueError(f"modes: {unknown or 'none'} (known: {', '.join(MODES)})")
     pool_config = pool or DraConfig(shapes=DraConfig.parse_shapes(MIX_SHAPES))
     label = f"tp-{uuid.uuid4().hex[:6]}"
     specs = mixed_nodes(label, nodes, label)
     topologies = publish_nodes(plane, specs, progress=_say)
+    sides: dict[str, Side] = {}
     try:
         with SchedulerCpu(plane) as cpu:
             api = KubeSliceApi(plane.api_client)
-            started = time.monotonic()
-            with ThreadPoolExecutor(8) as executor:
-                list(executor.map(lambda s: PoolPublisher(api, s.name, pool_config).sync(topologies[s.name]), specs))
-            _say(f"published {len(specs)} DRA pools in {time.monotonic() - started:.1f}s")
             custom: Any = __import__("kubernetes").client.CustomObjectsApi(plane.api_client)
-            for body in device_classes():
+            nocel = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DeviceClass", "metadata": {"name": NOCEL_CLASS}}
+            for body in [*device_classes(), nocel]:
                 try:
                     custom.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", body)
                 except __import__("kubernetes").client.ApiException as exc:
                     if exc.status != 409:
                         raise
             requests = mixed_pods(pods, seed)
+            demand = sum(d for _, d in requests)
+            _say(f"{pods} pods asking for {demand} of {nodes * 8} chips ({demand / (nodes * 8):.0%})")
             without = run_case(
                 plane,
                 "without",
@@ -356,20 +522,24 @@ def compare(
                 uses_extender=False,
                 progress=_say,
             )
-            without_cpu = cpu.last()
-            dra, problems = run_dra_case(
-                plane,
-                requests,
-                label,
-                topologies,
-                scheduler_config(qps, percentage),
-                profile=profile,
-                published=pool_config.shapes,
-            )
-            dra_cpu = cpu.last()
+            without_cpu, without_timings = cpu.last(), cpu.last_timings()
+            for mode in modes:
+                publish_pools(api, specs, topologies, pool_config, mode)
+                where = profile.with_name(f"{profile.stem}-{mode}{profile.suffix}") if profile is not None else None
+                result, problems = run_dra_case(
+                    plane,
+                    requests,
+                    label,
+                    topologies,
+                    scheduler_config(qps, percentage),
+                    profile=where,
+                    published=pool_config.shapes,
+                    mode=mode,
+                )
+                sides[mode] = Side(result, problems, cpu.last(), cpu.last_timings())
     finally:
         delete_nodes(plane, [s.name for s in specs])
-    return Comparison(without, dra, problems, without_cpu, dra_cpu)
+    return Comparison(without, without_cpu, sides, without_timings)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -385,17 +555,34 @@ def main(argv: list[str] | None = None) -> int:
         "without any:3, 'any 3 connected chips' is asked as 3 single chips",
     )
     parser.add_argument(
+        "--max-per-shape",
+        type=int,
+        default=DEFAULT_MAX_PER_SHAPE,
+        help=f"placements published per shape at most, the most compact (default {DEFAULT_MAX_PER_SHAPE})",
+    )
+    parser.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
         default=None,
         help="kube-scheduler percentageOfNodesToScore on both sides (default: the shipped config's, 100)",
     )
-    parser.add_argument("--profile", type=Path, default=None, help="write kube-scheduler's CPU profile of the DRA side")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="write kube-scheduler's CPU profile of each DRA side (FILE-MODE)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="cel",
+        help=f"DRA sides to run after no topology, comma-separated, of {', '.join(MODES)} (default: cel)",
+    )
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        parser.error(f"--modes: {','.join(bad) or 'none given'}: want some of {', '.join(MODES)}")
     try:
-        pool = DraConfig(shapes=DraConfig.parse_shapes(args.shapes))
+        pool = DraConfig(shapes=DraConfig.parse_shapes(args.shapes), max_per_shape=args.max_per_shape)
     except ValueError as exc:
-        parser.error(f"--shapes: {exc}")
+        parser.error(f"--shapes/--max-per-shape: {exc}")
     binaries, reason = find_binaries()
     if binaries is None:
         print(f"dra_throughput: {reason}", file=sys.stderr)
@@ -413,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
                 pool=pool,
                 percentage=args.percentage_of_nodes_to_score,
                 profile=args.profile,
+                modes=modes,
             )
         finally:
             plane.stop()
@@ -421,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"{args.nodes} nodes, {args.pods} pods (seed {args.seed}; kube-scheduler client QPS {qps}, "
-        f"percentageOfNodesToScore {pct}; DRA pools publish {args.shapes})"
+        f"percentageOfNodesToScore {pct}; DRA pools publish {args.shapes}, at most {args.max_per_shape} per shape)"
     )
     print(format_table(result))
     return 0
@@ -429,14 +617,34 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_table(result: Comparison, extender: CaseResult | None = None) -> str:
     """The comparison as Markdown; ``extender``: the extender's side of ``bench/e2e_throughput.py``, a column."""
-    without, dra = result.without, result.dra
+    without = result.without
     sides: list[tuple[str, CaseResult]] = [("no topology", without)]
     sides += [("extender", extender)] if extender is not None else []
-    sides += [("DRA shapes", dra)]
-    cpu = {id(without): result.without_cpu_s, id(dra): result.dra_cpu_s}
+    sides += [(f"DRA {mode}", side.result) for mode, side in result.sides.items()]
+    cpu = {id(without): result.without_cpu_s} | {id(side.result): side.cpu_s for side in result.sides.values()}
+    timings = {id(without): result.without_timings} | {id(side.result): side.timings for side in result.sides.values()}
+
+    def per_pod(key: str) -> Callable[[CaseResult], str]:
+        def cell(r: CaseResult) -> str:
+            t = timings.get(id(r)) or {}
+            return f"{t[key] / r.bound * 1000:.2f}" if key in t and r.bound else "-"
+
+        return cell
+
+    def dra_call(point: str) -> Callable[[CaseResult], str]:
+        def cell(r: CaseResult) -> str:
+            t = timings.get(id(r)) or {}
+            n = t.get(f"DynamicResources/{point}#", 0.0)
+            return f"{t[f'DynamicResources/{point}'] / n * 1e6:.0f}" if n else "-"
+
+        return cell
 
     def row(label: str, cell: Callable[[CaseResult], str]) -> str:
         return f"| {label} | " + " | ".join(cell(r) for _, r in sides) + " |"
+
+    def ratio(r: CaseResult) -> str:
+        w = without.rate
+        return f"{r.rate / w:.2f}" if w and not math.isnan(w) and not math.isnan(r.rate) else "-"
 
     lines = [
         "| | " + " | ".join(name for name, _ in sides) + " |",
@@ -444,8 +652,14 @@ def format_table(result: Comparison, extender: CaseResult | None = None) -> str:
         row("pods bound", lambda r: f"{r.bound}/{r.pods}"),
         row("first to last bind (s)", lambda r: f"{r.window_s:.1f}"),
         row("pods scheduled per second", lambda r: f"{r.rate:.1f}"),
+        row("rate / no topology", ratio),
         row("bound pods on a valid shape", lambda r: f"{r.valid_fraction:.1%}"),
         row("kube-scheduler CPU per bound pod (ms)", lambda r: cpu_ms_per_pod(cpu.get(id(r), float("nan")), r)),
+        row("its scheduling algorithm per bound pod (ms, own metrics)", per_pod("Algorithm")),
+        row("of which PreFilter (ms)", per_pod("PreFilter")),
+        row("its PreBind per bound pod (ms)", per_pod("PreBind")),
+        row("its Bind per bound pod (ms)", per_pod("Bind")),
+        row("DynamicResources Filter per node call (µs, sampled)", dra_call("Filter")),
         "",
         "| shape | pods | " + " | ".join(f"valid {name} (of bound)" for name, _ in sides) + " |",
         "| --- | ---: |" + " ---: |" * len(sides),
@@ -457,12 +671,13 @@ def format_table(result: Comparison, extender: CaseResult | None = None) -> str:
             _, bound, valid = r.per_shape.get(key, (n, 0, 0))
             cells.append(f"{valid}/{bound}")
         lines.append(f"| {key} | {n} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"throughput DRA / no topology: {result.ratio:.2f} (goal >= 0.90)",
-        f"valid shapes DRA: {dra.valid_fraction:.1%} (goal 100%)",
-        f"chips allocated twice: {len(result.problems)}{' e.g. ' + result.problems[0] if result.problems else ''}",
-    ]
+    lines.append("")
+    for mode, side in result.sides.items():
+        twice = f"{len(side.problems)}{' e.g. ' + side.problems[0] if side.problems else ''}"
+        lines.append(
+            f"DRA {mode}: throughput / no topology {result.ratio(mode):.2f} (goal >= 0.90), valid shapes "
+            f"{side.result.valid_fraction:.1%} (goal 100%), chips allocated twice {twice}"
+        )
     return "\n".join(lines)
 
 

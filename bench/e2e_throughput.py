@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import tempfile
 import time
@@ -41,16 +42,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.dra_throughput import MIX_SHAPES  # noqa: E402
+from bench.dra_throughput import MIX_SHAPES, MODES  # noqa: E402
 from bench.dra_throughput import compare as compare_dra  # noqa: E402
 from bench.dra_throughput import format_table as format_dra_table  # noqa: E402
-from deviceplugin.dra.pool import DraConfig  # noqa: E402
+from deviceplugin.dra.pool import DEFAULT_MAX_PER_SHAPE, DraConfig  # noqa: E402
 from tests.e2e.harness import ControlPlane, find_binaries  # noqa: E402
 from tests.e2e.scenario import CaseResult, compare_throughput  # noqa: E402
 
 
 def _say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+    """A progress line with the UTC time and the machine's 1-minute load average (other jobs share it)."""
+    print(f"[{time.strftime('%H:%M:%S', time.gmtime())} load {os.getloadavg()[0]:.1f}] {message}", flush=True)
 
 
 def _cpu_per_pod(result: CaseResult) -> str:
@@ -141,17 +143,32 @@ def main(argv: list[str] | None = None) -> int:
         help=f"shapes the DRA pools publish, in publish order (default {MIX_SHAPES})",
     )
     parser.add_argument(
+        "--dra-max-per-shape",
+        type=int,
+        default=DEFAULT_MAX_PER_SHAPE,
+        help=f"placements the DRA pools publish per shape at most, the most compact (default {DEFAULT_MAX_PER_SHAPE})",
+    )
+    parser.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
         default=None,
-        help="kube-scheduler percentageOfNodesToScore for both sides of the DRA comparison "
-        "(default: the shipped config's, 100); the extender comparison keeps the shipped config",
+        help="kube-scheduler percentageOfNodesToScore on every side, no topology, extender and DRA alike "
+        "(default: the shipped config's, 100)",
+    )
+    parser.add_argument(
+        "--dra-modes",
+        default="cel",
+        help=f"DRA sides, comma-separated, of {', '.join(MODES)} (bench/dra_throughput.py; default: cel)",
     )
     args = parser.parse_args(argv)
+    dra_modes = [m.strip() for m in args.dra_modes.split(",") if m.strip()]
+    bad = [m for m in dra_modes if m not in MODES]
+    if bad or not dra_modes:
+        parser.error(f"--dra-modes: {','.join(bad) or 'none given'}: want some of {', '.join(MODES)}")
     try:
-        dra_pool = DraConfig(shapes=DraConfig.parse_shapes(args.dra_shapes))
+        dra_pool = DraConfig(shapes=DraConfig.parse_shapes(args.dra_shapes), max_per_shape=args.dra_max_per_shape)
     except ValueError as exc:
-        parser.error(f"--dra-shapes: {exc}")
+        parser.error(f"--dra-shapes/--dra-max-per-shape: {exc}")
     overrides: dict[str, Any] = {}
     for item in args.extender_set:
         key, sep, value = item.partition("=")
@@ -181,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 scheduler_qps=args.scheduler_qps,
                 extender_settings=overrides,
                 progress=_say,
+                percentage=args.percentage_of_nodes_to_score,
             )
             _report(args, overrides, without, with_ext)  # printed before the DRA side starts
             if args.dra:
@@ -192,13 +210,16 @@ def main(argv: list[str] | None = None) -> int:
                     qps=args.scheduler_qps,
                     pool=dra_pool,
                     percentage=args.percentage_of_nodes_to_score,
+                    modes=dra_modes,
                 )
                 pct = args.percentage_of_nodes_to_score
                 print()
                 print(
                     f"DRA: {args.nodes} fresh nodes, the same {args.pods} pods as ResourceClaims (pools publish "
-                    f"{args.dra_shapes}; percentageOfNodesToScore {'shipped (100)' if pct is None else pct}); "
-                    "no topology and DRA shapes ran side by side, the extender column is the run above",
+                    f"{args.dra_shapes}, at most {args.dra_max_per_shape} per shape; percentageOfNodesToScore "
+                    f"{'shipped (100)' if pct is None else pct} on every "
+                    "side); no topology and the DRA sides ran one after the other, the extender column is the run "
+                    "above",
                     flush=True,
                 )
                 print(format_dra_table(dra, extender=with_ext), flush=True)

@@ -711,6 +711,12 @@ def _with_qps(config: dict[str, Any], qps: float | None) -> dict[str, Any]:
     return config
 
 
+def _with_percentage(config: dict[str, Any], percentage: int | None) -> dict[str, Any]:
+    if percentage is not None:
+        config["percentageOfNodesToScore"] = percentage
+    return config
+
+
 def compare_throughput(
     plane: ControlPlane,
     workdir: Path,
@@ -722,6 +728,7 @@ def compare_throughput(
     scheduler_qps: float | None = None,
     extender_settings: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    percentage: int | None = None,
 ) -> tuple[CaseResult, CaseResult]:
     """Both sides on the same nodes and the same pods, in ``order``: kube-scheduler alone ("without"),
     and with ``icl extender`` ("with"). Returns (without, with).
@@ -730,7 +737,8 @@ def compare_throughput(
     that) on both sides; None keeps the shipped config's (kube-scheduler's default,
     50 QPS), which caps the side without the extender, where kube-scheduler posts
     every Binding itself. ``extender_settings`` overrides top-level keys of the
-    shipped extender config (e.g. ``{"keepBestNodes": 0}``).
+    shipped extender config (e.g. ``{"keepBestNodes": 0}``). ``percentage`` sets kube-scheduler's
+    ``percentageOfNodesToScore`` on both sides (None: the shipped config's).
     """
     if sorted(order) != ["with", "without"]:
         raise ValueError(f"order: expected 'without' and 'with' once each, got {list(order)}")
@@ -758,7 +766,10 @@ def compare_throughput(
                     requests,
                     node_labels(label),
                     topologies,
-                    _with_qps(shipped_scheduler_config(extender.url if extender else None), scheduler_qps),
+                    _with_percentage(
+                        _with_qps(shipped_scheduler_config(extender.url if extender else None), scheduler_qps),
+                        percentage,
+                    ),
                     uses_extender=extender is not None,
                     progress=progress,
                 )
