@@ -295,7 +295,10 @@ def test_a_holder_no_longer_called_hands_the_lease_back(fake: FakeAPIServer) -> 
         wait_for(lambda: two.bind(pods[1], "a") == "", timeout_s=20, what="the idle holder to hand the lease back")
         assert not one.ext.leader.leading if one.ext.leader else False
         lease = fake.leases.get("kube-system", "kube-icl-extender")
-        assert lease is not None and lease["spec"]["holderIdentity"] == "two"
+        # two's bind succeeded, so two held the lease then (only the holder binds); on a loaded machine more
+        # than leaseDurationSeconds may pass before this line, and two, idle in turn, hands it back by the same
+        # rule under test: what must never be seen again is one holding it
+        assert lease is not None and lease["spec"].get("holderIdentity") in ("two", "")
         assert held_twice(fake) == []
     finally:
         one.stop()
