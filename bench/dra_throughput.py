@@ -561,6 +561,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"placements published per shape at most, the most compact (default {DEFAULT_MAX_PER_SHAPE})",
     )
     parser.add_argument(
+        "--subset",
+        choices=["compact", "tiled"],
+        default="compact",
+        help="which placements past --max-per-shape (the driver's --subset; default compact)",
+    )
+    parser.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
         default=None,
@@ -580,7 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not modes:
         parser.error(f"--modes: {','.join(bad) or 'none given'}: want some of {', '.join(MODES)}")
     try:
-        pool = DraConfig(shapes=DraConfig.parse_shapes(args.shapes), max_per_shape=args.max_per_shape)
+        pool = DraConfig(
+            shapes=DraConfig.parse_shapes(args.shapes), max_per_shape=args.max_per_shape, subset=args.subset
+        )
     except ValueError as exc:
         parser.error(f"--shapes/--max-per-shape: {exc}")
     binaries, reason = find_binaries()
@@ -609,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"{args.nodes} nodes, {args.pods} pods (seed {args.seed}; kube-scheduler client QPS {qps}, "
-        f"percentageOfNodesToScore {pct}; DRA pools publish {args.shapes}, at most {args.max_per_shape} per shape)"
+        f"percentageOfNodesToScore {pct}; DRA pools publish {args.shapes}, at most {args.max_per_shape} per shape, "
+        f"{args.subset})"
     )
     print(format_table(result))
     return 0

@@ -149,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"placements the DRA pools publish per shape at most, the most compact (default {DEFAULT_MAX_PER_SHAPE})",
     )
     parser.add_argument(
+        "--dra-subset",
+        choices=["compact", "tiled"],
+        default="compact",
+        help="which placements past --dra-max-per-shape (the driver's --subset; default compact)",
+    )
+    parser.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
         default=None,
@@ -166,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad or not dra_modes:
         parser.error(f"--dra-modes: {','.join(bad) or 'none given'}: want some of {', '.join(MODES)}")
     try:
-        dra_pool = DraConfig(shapes=DraConfig.parse_shapes(args.dra_shapes), max_per_shape=args.dra_max_per_shape)
+        dra_pool = DraConfig(
+            shapes=DraConfig.parse_shapes(args.dra_shapes),
+            max_per_shape=args.dra_max_per_shape,
+            subset=args.dra_subset,
+        )
     except ValueError as exc:
         parser.error(f"--dra-shapes/--dra-max-per-shape: {exc}")
     overrides: dict[str, Any] = {}
@@ -216,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                 print()
                 print(
                     f"DRA: {args.nodes} fresh nodes, the same {args.pods} pods as ResourceClaims (pools publish "
-                    f"{args.dra_shapes}, at most {args.dra_max_per_shape} per shape; percentageOfNodesToScore "
+                    f"{args.dra_shapes}, at most {args.dra_max_per_shape} per shape, {args.dra_subset}; "
+                    "percentageOfNodesToScore "
                     f"{'shipped (100)' if pct is None else pct} on every "
                     "side); no topology and the DRA sides ran one after the other, the extender column is the run "
                     "above",

@@ -35,6 +35,11 @@ def register(verbs: argparse._SubParsersAction[argparse.ArgumentParser], common:
         action="append",
         help="max_per_shape values to compare (repeatable; default: 64, 256)",
     )
+    me.add_argument("--tiled", action="store_true", help="also a tiled=N variant per cap (the driver's --subset tiled)")
+    me.add_argument(
+        "--shapes",
+        help="shapes the arrivals ask, comma-separated, besides one chip (default: the driver's default shapes)",
+    )
     me.add_argument("--json", action="store_true", help="print JSON instead of a table")
     me.set_defaults(func=_measure)
 
@@ -48,7 +53,13 @@ def _measure(args: argparse.Namespace) -> int:
     topologies = args.topology or list(DEFAULT_TOPOLOGIES)
     caps = args.cap or list(DEFAULT_CAPS)
     try:
-        rows = measure(topologies, caps=caps, trials=args.trials, seed=args.seed)
+        shapes = None
+        if args.shapes is not None:
+            from deviceplugin.dra.pool import DraConfig
+            from topology import parse_shape
+
+            shapes = [parse_shape("ring:1"), *DraConfig.parse_shapes(args.shapes)]
+        rows = measure(topologies, caps=caps, trials=args.trials, seed=args.seed, tiled=args.tiled, shapes=shapes)
     except (ValueError, TopologyError) as exc:
         print(f"icl dra: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

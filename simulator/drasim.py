@@ -12,7 +12,8 @@ Every variant replays the same stream:
 - ``reordered``: every placement published, in the fragmentation policy's order for the current
   allocations (what ``icl dra run`` does);
 - ``static``: every placement published in fixed table order (a driver that never re-orders);
-- ``cap=N``: at most N placements per shape (the most compact), re-ordered.
+- ``cap=N``: at most N placements per shape (the most compact), re-ordered;
+- ``tiled=N``: at most N placements per shape in layers of disjoint placements (``subset="tiled"``).
 
 Reported per variant: arrivals placed, mean chips in use, and for the capped
 variants the arrivals refused although some placement of all would have fit
@@ -25,7 +26,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deviceplugin.dra.pool import DEFAULT_SHAPES, publishable
+from deviceplugin.dra.pool import DEFAULT_SHAPES, publish_order, publishable
 from topology import NodeTopology, Placer, Policy, Shape, ShapeKind, load_topology, parse_shape
 
 __all__ = ["VariantResult", "format_table", "measure", "replay"]
@@ -79,6 +80,11 @@ def _shapes(topo: NodeTopology) -> list[Shape]:
     return out
 
 
+def _offered(placer: Placer, topo: NodeTopology, shape: Shape) -> bool:
+    """The node has a placement of ``shape`` (an arrival asking what it never offers measures nothing)."""
+    return shape.size <= len(topo.ids) and bool(placer.table(shape).masks)
+
+
 def _stream(shapes: Sequence[Shape], seed: int) -> list[tuple[str, int]]:
     rng = random.Random(seed)
     return [
@@ -118,7 +124,7 @@ def replay(
             free = topo.ids_of(topo.healthy_mask & ~busy)
             keep = published[shape]
             chosen = next(
-                (i for i in placer.preference(shape, free, policy) if i in keep and not table.masks[i] & busy), None
+                (i for i in publish_order(placer, shape, free, policy) if i in keep and not table.masks[i] & busy), None
             )
             if chosen is None:
                 lost += int(bool(table.fitting(busy)))
@@ -134,28 +140,36 @@ def replay(
 
 
 def measure(
-    topologies: Sequence[str], *, caps: Sequence[int] = (64, 256), trials: int = 200, seed: int = 1
+    topologies: Sequence[str],
+    *,
+    caps: Sequence[int] = (64, 256),
+    trials: int = 200,
+    seed: int = 1,
+    tiled: bool = False,
+    shapes: Sequence[Shape] | None = None,
 ) -> list[VariantResult]:
-    """Every variant on every topology, over ``trials`` seeded streams."""
+    """Every variant on every topology, over ``trials`` seeded streams; ``tiled`` adds a ``tiled=N`` variant
+    per cap; ``shapes``: the shapes arrivals ask (default: the driver's defaults that fit, and one chip)."""
     rows: list[VariantResult] = []
     for name in topologies:
         topo = load_topology(name)
         placer = Placer.for_topology(topo)
-        shapes = _shapes(topo)
-        everything = {s: set(range(len(placer.table(s).masks))) for s in shapes}
+        offered = _shapes(topo) if shapes is None else [s for s in shapes if _offered(placer, topo, s)]
+        everything = {s: set(range(len(placer.table(s).masks))) for s in offered}
         variants: list[tuple[str, dict[Shape, set[int]], Policy]] = [
             ("reordered", everything, Policy.FRAGMENTATION),
             ("static", everything, Policy.KUBELET),
         ]
         for cap in caps:
-            sub = {s: publishable(topo, placer, s, cap)[0] for s in shapes}
-            if sub != everything:
-                variants.append((f"cap={cap}", sub, Policy.FRAGMENTATION))
-        streams = [_stream(shapes, seed * 1_000_003 + t) for t in range(trials)]
+            for subset in ("compact", "tiled") if tiled else ("compact",):
+                sub = {s: publishable(topo, placer, s, cap, subset)[0] for s in offered}
+                if sub != everything:
+                    variants.append((f"{'cap' if subset == 'compact' else 'tiled'}={cap}", sub, Policy.FRAGMENTATION))
+        streams = [_stream(offered, seed * 1_000_003 + t) for t in range(trials)]
         for label, published, policy in variants:
             sums = [0.0] * 6
             for stream in streams:
-                sums = [a + b for a, b in zip(sums, replay(topo, shapes, stream, published, policy), strict=True)]
+                sums = [a + b for a, b in zip(sums, replay(topo, offered, stream, published, policy), strict=True)]
             count = sum(len(v) for s, v in published.items() if s.size > 1)
             a, p, u, lost, asked, got = sums
             rows.append(VariantResult(name, label, int(a), int(p), u / trials, int(lost), count, int(asked), int(got)))

@@ -119,3 +119,13 @@ def test_a_cap_only_loses_placements_never_invents_them() -> None:
     assert replay(topo, shapes, stream, full, Policy.FRAGMENTATION)[3] == 0
     rows = measure(["hcm:8"], caps=(64,), trials=2)
     assert [r.variant for r in rows] == ["reordered", "static"]  # nothing to cap on hcm:8
+
+
+def test_measure_tiled_variant_and_asked_shapes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "dra", "measure", "--topology", "hcm:8", "--shapes", "ring:2,any:3", "--cap", "4", "--tiled",
+        "--trials", "10", "--json",
+    )  # fmt: skip
+    rows = {r["variant"]: r for r in json.loads(out)}
+    assert code == 0 and set(rows) == {"reordered", "static", "cap=4", "tiled=4"}
+    assert rows["reordered"]["published"] == 16 + 32 and rows["tiled=4"]["published"] == 8

@@ -220,3 +220,28 @@ def test_taints_selection_taints_every_device_with_its_shape() -> None:
 def test_selection_must_be_known() -> None:
     with pytest.raises(ValueError, match=r"^selection: 'label' is not one of cel, taints$"):
         DraConfig(selection="label")
+
+
+def test_tiled_subset_covers_the_chips_where_compact_piles_on_one() -> None:
+    topo = build_preset("hcm:8")
+    ring2 = parse_shape("ring:2")
+
+    def masks(subset: str) -> list[int]:
+        plan = plan_pool(topo, "n", DraConfig(shapes=(ring2,), max_per_shape=4, subset=subset))
+        return [s.mask for s in plan.shapes]
+
+    tiled, compact = masks("tiled"), masks("compact")
+    assert len(tiled) == len(compact) == 4
+    union = 0
+    for m in tiled:
+        assert not m & union  # pairwise disjoint: one tiling of the node
+        union |= m
+    assert union == 0xFF
+    assert any(a & b for i, a in enumerate(compact) for b in compact[i + 1 :])  # the compact cap overlaps
+    summary = plan_pool(topo, "n", DraConfig(shapes=(ring2,), max_per_shape=4, subset="tiled")).summary[1]
+    assert "in disjoint layers" in summary.note
+
+
+def test_subset_must_be_known() -> None:
+    with pytest.raises(ValueError, match=r"^subset: 'aligned' is not one of compact, tiled$"):
+        DraConfig(subset="aligned")

@@ -45,6 +45,13 @@ def _shape_options(p: argparse.ArgumentParser) -> None:
         "(kubelet: static table order; fragmentation = icl, binpack = icl-binpack) (default: icl)",
     )
     p.add_argument(
+        "--subset",
+        choices=["compact", "tiled"],
+        default="compact",
+        help="which placements past --max-per-shape: the most compact, or tiled (layers of disjoint placements, "
+        "most compact first: a small cap still covers every chip) (default: compact)",
+    )
+    p.add_argument(
         "--selection",
         choices=["cel", "taints"],
         default="cel",
@@ -68,6 +75,7 @@ def _dra_config(args: argparse.Namespace) -> Any:
         model=args.model,
         link_domain=args.link_domain,
         selection=args.selection,
+        subset=args.subset,
     )
 
 

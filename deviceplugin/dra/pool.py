@@ -39,6 +39,7 @@ __all__ = [
     "DRIVER",
     "SELECTIONS",
     "SHAPE_TAINT",
+    "SUBSETS",
     "ChipDevice",
     "DraConfig",
     "PoolPlan",
@@ -48,6 +49,7 @@ __all__ = [
     "device_name",
     "parse_device_name",
     "plan_pool",
+    "publish_order",
     "publishable",
     "shape_slug",
     "taint_value",
@@ -64,6 +66,10 @@ SELECTIONS: tuple[str, ...] = ("cel", "taints")
 selector); ``taints``, by tolerating the shape's taint (every device carries a NoSchedule taint
 ``<driver>/shape=<slug>``, so the allocator decides without CEL; docs/dra.md, throughput)."""
 SHAPE_TAINT = "shape"
+SUBSETS: tuple[str, ...] = ("compact", "tiled")
+"""Which placements a shape publishes past ``max_per_shape``: ``compact``, the most compact (fewest summed
+hops); ``tiled``, layers of disjoint placements (each layer chosen most compact first), so that a small cap
+still covers the chips (docs/dra.md, throughput)."""
 _NAME_RE = re.compile(r"^(ring|mesh|torus|any)-([0-9x]+)-([0-9a-f]+)$")
 
 
@@ -78,10 +84,13 @@ class DraConfig:
     model: str = ""
     link_domain: str = ""
     selection: str = "cel"
+    subset: str = "compact"
 
     def __post_init__(self) -> None:
         if self.selection not in SELECTIONS:
             raise ValueError(f"selection: {self.selection!r} is not one of {', '.join(SELECTIONS)}")
+        if self.subset not in SUBSETS:
+            raise ValueError(f"subset: {self.subset!r} is not one of {', '.join(SUBSETS)}")
         if not self.driver or len(self.driver) > limits.DRIVER_NAME_MAX_LENGTH or not _DNS_SUBDOMAIN.match(self.driver):
             raise ValueError(f"driver: {self.driver!r} is not a DNS subdomain of at most 63 characters")
         if self.max_per_shape < 1:
@@ -362,8 +371,31 @@ class PoolPlan:
         return out
 
 
-def compact_subset(topo: NodeTopology, placer: Placer, shape: Shape, cap: int) -> tuple[list[int], str]:
-    """Table indices to publish: all when they fit ``cap``, else the ``cap`` most compact (fewest summed hops)."""
+def _tiled(masks: Sequence[int], ranked: Sequence[int], cap: int) -> list[int]:
+    """``cap`` of ``ranked`` in layers: each layer takes, in rank order, every placement disjoint from the layer.
+
+    >>> _tiled([0b0011, 0b0110, 0b1100, 0b1001], [1, 0, 2, 3], 3)
+    [1, 3, 0]
+    """
+    chosen: list[int] = []
+    remaining = list(ranked)
+    while remaining and len(chosen) < cap:
+        layer, rest = 0, []
+        for i in remaining:
+            if len(chosen) < cap and not masks[i] & layer:
+                chosen.append(i)
+                layer |= masks[i]
+            else:
+                rest.append(i)
+        remaining = rest
+    return chosen
+
+
+def compact_subset(
+    topo: NodeTopology, placer: Placer, shape: Shape, cap: int, subset: str = "compact"
+) -> tuple[list[int], str]:
+    """Table indices to publish: all when they fit ``cap``, else ``cap`` of them: the most compact (fewest
+    summed hops), or with ``subset="tiled"`` layers of disjoint placements, each most compact first."""
     table = placer.table(shape)
     n = len(table.masks)
     note = "" if table.complete else f"table holds a prefix of the placements ({n})"
@@ -377,21 +409,27 @@ def compact_subset(topo: NodeTopology, placer: Placer, shape: Shape, cap: int) -
         for b, d in row.items():
             dist[index[a]][index[b]] = d
     ranked = sorted(range(n), key=lambda i: (hop_cost(dist, table.orders[i]), i))
-    chosen = sorted(ranked[:cap])
-    extra = f"; published the {cap} most compact of {n} (max_per_shape)"
+    if subset == "tiled":
+        chosen = sorted(_tiled(table.masks, ranked, cap))
+        extra = f"; published {cap} of {n} in disjoint layers, most compact first (max_per_shape, tiled)"
+    else:
+        chosen = sorted(ranked[:cap])
+        extra = f"; published the {cap} most compact of {n} (max_per_shape)"
     return chosen, (note + extra).lstrip("; ")
 
 
-def publishable(topo: NodeTopology, placer: Placer, shape: Shape, cap: int) -> tuple[set[int], str]:
+def publishable(
+    topo: NodeTopology, placer: Placer, shape: Shape, cap: int, subset: str = "compact"
+) -> tuple[set[int], str]:
     """The table indices of ``shape`` that the pool publishes, and a note on what it leaves out.
 
     At most ``cap`` (:func:`compact_subset`), and none that would consume from more than
     :data:`limits.CONSUMPTIONS_PER_DEVICE` counter sets (chips 0-31, 32-63, ... are one set each).
     """
     table = placer.table(shape)
-    subset, note = compact_subset(topo, placer, shape, cap)
-    keep = set(subset)
-    spanning = [i for i in subset if _sets_spanned(table.masks[i]) > limits.CONSUMPTIONS_PER_DEVICE]
+    indices, note = compact_subset(topo, placer, shape, cap, subset)
+    keep = set(indices)
+    spanning = [i for i in indices if _sets_spanned(table.masks[i]) > limits.CONSUMPTIONS_PER_DEVICE]
     if spanning:
         keep -= set(spanning)
         note = (note + "; " if note else "") + (
@@ -408,7 +446,7 @@ def _coords(topo: NodeTopology, index: int) -> str:
     return ""
 
 
-def _preference(placer: Placer, shape: Shape, free: Collection[str], policy: Policy) -> list[int]:
+def publish_order(placer: Placer, shape: Shape, free: Collection[str], policy: Policy) -> list[int]:
     """Table indices in publish order: :meth:`Placer.preference` for rings, meshes and tori; for ``any:k``
     (every connected set of k chips, which the placement core does not rank as fixed candidates) the
     sets that fit first, most compact first (fewest summed hops; ``kubelet``: table order), then the rest."""
@@ -446,8 +484,8 @@ def plan_pool(topo: NodeTopology, node: str, config: DraConfig | None = None, bu
             summary.append(ShapeSummary(str(shape), 0, 0, f"needs {shape.size} chips; the node has {len(topo.ids)}"))
             continue
         table = placer.table(shape)
-        keep, note = publishable(topo, placer, shape, config.max_per_shape)
-        order = [i for i in _preference(placer, shape, free, config.policy) if i in keep]
+        keep, note = publishable(topo, placer, shape, config.max_per_shape, config.subset)
+        order = [i for i in publish_order(placer, shape, free, config.policy) if i in keep]
         shapes += [ShapeDevice(shape, table.masks[i], table.orders[i]) for i in order]
         summary.append(ShapeSummary(str(shape), len(table.masks), len(order), note))
     return PoolPlan(node, topo, config, chips, tuple(shapes), tuple(summary))
