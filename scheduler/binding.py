@@ -18,15 +18,14 @@ from dataclasses import dataclass
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
+from scheduler.decision import Decision
 from scheduler.framework import OK, Code, CycleState, Status
 from scheduler.gang import GangManager, Slot, lease_record
 from scheduler.kube import KubeAPI, KubeError
-from scheduler.nodefit import NodeFit
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, ANN_SHAPE, PodInfo, format_devices
 from scheduler.sharing import SharePolicy
 from topology import AllocationError, ShapeError, TopologyError, parse_shape
 from topology.contract import ANN_DEVICE_MILLI
-from topology.policy import LinkedPolicy
 
 __all__ = ["Announce", "Binding", "Devices", "GangRecord", "Lease", "Request", "Unsure"]
 
@@ -142,15 +141,13 @@ class Devices:
         cache: ClusterCache,
         gangs: GangManager,
         shares: SharePolicy,
-        policy: LinkedPolicy,
-        fit: NodeFit,
+        decision: Decision,
         unsure: Mapping[str, Unsure],
     ) -> None:
         self.cache = cache
         self.gangs = gangs
         self.shares = shares
-        self.policy = policy
-        self.fit = fit
+        self.decision = decision
         self.unsure = unsure
 
     def reserve(self, state: CycleState) -> Status:
@@ -207,14 +204,12 @@ class Devices:
             view, why = self.cache.node_view(node)
             if view is None:
                 return f"cannot bind to {node}: {why}"
-            gone = f"{node}: {shape.describe()} no longer fits"
-            if len(view.free) - view.unattributed < shape.size:
-                return f"{gone}: {self.fit.evaluate(view, shape).reason}"
-            placement = self.policy.devices(view.topology, view.free, shape)
-            if placement is None:
-                return f"{gone}: {self.fit.evaluate(view, shape).reason}"
-            self.cache.assume(uid, node, placement.devices, info)
-            state.devices, state.assumed = placement.devices, True
+            devices = self.decision.devices(view, shape)  # what Decision.place replays in the simulator
+            if devices is None:
+                why = self.decision.fit.evaluate(view, shape).reason
+                return f"{node}: {shape.describe()} no longer fits: {why}"
+            self.cache.assume(uid, node, devices, info)
+            state.devices, state.assumed = devices, True
             return ""
 
 

@@ -38,13 +38,14 @@ from scheduler.binding import Announce, Binding, Devices, GangRecord, Lease, Req
 from scheduler.cache import ClusterCache, NodeView
 from scheduler.config import ExtenderConfig
 from scheduler.cycle import Cycle
+from scheduler.decision import Decision
 from scheduler.events import EventRecorder
 from scheduler.framework import CycleState, NodeAnswer, Status
 from scheduler.gang import RECORD_LABEL, GangManager, record_name
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
-from scheduler.nodefit import FitMemory, FitTiers, Need, NodeEval, NodeFit
+from scheduler.nodefit import FitTiers, Need, NodeEval
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import Preemption
 from scheduler.sharing import SharePolicy
@@ -119,8 +120,9 @@ class Extender:
 
         # The steps of the cycle (scheduler.framework), and the driver that runs them in order.
         self._seen = SeenPods()
-        fits = FitMemory()
-        self.fit = NodeFit(cache, self.policy, cfg.resource_name, cfg.keep_best_nodes, fits)
+        self.decision = Decision(cache, self.policy, cfg.resource_name, cfg.keep_best_nodes)
+        self.fit = self.decision.fit
+        fits = self.decision.fits
         self._read = ReadPod(cfg, self._seen)
         self._shares = Shares(self.shares, fits)
         self._not_ours = NotOurs()
@@ -143,7 +145,7 @@ class Extender:
             filter=self.fit,
             score=(self._shares, self._not_ours, self._gang, self.fit),
             pre_bind=(Lease(self._lead, self._lease_wait_s), Request()),
-            reserve=(self._record, Devices(cache, self.gangs, self.shares, self.policy, self.fit, self._unsure)),
+            reserve=(self._record, Devices(cache, self.gangs, self.shares, self.decision, self._unsure)),
             bind=self._binding,
             post_bind=(Announce(cfg, self.gangs, self._queue_layouts, self._event),),
             on_failure=self._failure_event,

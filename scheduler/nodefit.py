@@ -9,10 +9,11 @@ by score (:class:`FitTiers`), kept up to date from the cache's log of view chang
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from scheduler.cache import ClusterCache, NodeView
+from scheduler.cache import NodeView
 from scheduler.events import summarize_failures
 from scheduler.framework import Code, CycleState, NodeAnswer, Status
 from scheduler.podspec import PodInfo
@@ -20,7 +21,7 @@ from topology import Shape, ShapeKind, pack_node
 from topology.policy import Ask as PolicyAsk
 from topology.policy import Balance, LinkedPolicy, NodeInput
 
-__all__ = ["FitMemory", "FitTiers", "Need", "NodeEval", "NodeFit"]
+__all__ = ["FitMemory", "FitTiers", "Need", "NodeEval", "NodeFit", "NodeSource"]
 
 _MEMO_LIMIT = 200_000
 _NO_BALANCE = Balance()
@@ -97,6 +98,23 @@ class FitTiers:
         return out
 
 
+class NodeSource(Protocol):
+    """What the step asks of the cluster state: :class:`scheduler.cache.ClusterCache` in the extender,
+    the simulator's own cluster in a replay (``simulator.timesim``)."""
+
+    def view_lookup(self) -> Callable[[str], NodeView | None]: ...
+
+    def ready_views(self) -> dict[str, NodeView]: ...
+
+    def every_view(self) -> dict[str, NodeView]: ...
+
+    def node_problem(self, name: str) -> tuple[str, bool]: ...
+
+    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]: ...
+
+    def balance(self) -> Balance: ...
+
+
 class FitMemory:
     """Whether our latest filter for a pod passed any node (fair share skips pods that fit nowhere)."""
 
@@ -117,9 +135,7 @@ class NodeFit:
 
     name = "NodeFit"
 
-    def __init__(
-        self, cache: ClusterCache, policy: LinkedPolicy, resource: str, keep_best: int, fits: FitMemory
-    ) -> None:
+    def __init__(self, cache: NodeSource, policy: LinkedPolicy, resource: str, keep_best: int, fits: FitMemory) -> None:
         self.cache = cache
         self.policy = policy
         self.resource = resource

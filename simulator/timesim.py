@@ -57,6 +57,9 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from scheduler.cache import NodeView
+from scheduler.decision import Decision
+from scheduler.podspec import PodInfo
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.fill import never_fits
 from simulator.jobs import Job
@@ -76,7 +79,7 @@ from topology import (
     place_gang,
 )
 from topology.gpushare import GpuNodeSpec, TaskRequest
-from topology.policy import LINKED, SHARE, Ask, Balance, LinkedPolicy, NodeInput, PolicyName, best_nodes, linked_policy
+from topology.policy import LINKED, SHARE, Balance, LinkedPolicy, PolicyName, linked_policy
 
 __all__ = [
     "SHARE_POLICIES",
@@ -166,6 +169,7 @@ class _TopoCluster:
         self._shapes: dict[tuple[str, int], Shape] = {}
         self._distinct = list({t.fingerprint: t for t in self.base.values()}.values())
         self._specs = list({(n.cpu_milli, n.memory_mib, n.devices, n.model): n.gpu_spec() for n in spec.nodes}.values())
+        self.decision = Decision(_Nodes(self), self.linked)  # the extender's own decision over this state
 
     def shape(self, job: Job) -> Shape:
         key = (job.shape, job.count)
@@ -337,28 +341,76 @@ def _place_kubelet(c: _TopoCluster, job: Job, shape: Shape) -> tuple[_Alloc, boo
     return _Alloc(members), valid
 
 
+class _Nodes:
+    """The cluster's state as the extender's per-node step reads it (:class:`scheduler.nodefit.NodeSource`):
+    a node view per node, built from the free healthy devices and free CPU/memory now."""
+
+    def __init__(self, c: _TopoCluster) -> None:
+        self.c = c
+
+    def view(self, name: str) -> NodeView | None:
+        c = self.c
+        if name in c.down:
+            return None
+        topo = c.topo[name]
+        free = frozenset(c.usable_free(name))
+        cpu, mem = c.cpu[name], c.mem[name]
+        key = (topo.fingerprint, topo.mask_of(free), 0, -1, cpu, mem, ())
+        return NodeView(topo, free, key, 0, -1, cpu, mem)
+
+    def view_lookup(self) -> Callable[[str], NodeView | None]:
+        return self.view
+
+    def ready_views(self) -> dict[str, NodeView]:
+        return {n: v for n in self.c.order if (v := self.view(n)) is not None}
+
+    def every_view(self) -> dict[str, NodeView]:
+        return self.ready_views()
+
+    def node_problem(self, name: str) -> tuple[str, bool]:
+        return ("node is down", False) if name in self.c.nodes else ("node is not in the cluster", True)
+
+    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
+        return 0, None  # no log of changes: a best-nodes index is rebuilt every time (keepBestNodes is 0 here)
+
+    def balance(self) -> Balance:
+        return self.c.balance
+
+
+def _pod(job: Job) -> PodInfo:
+    """The job's pod as the extender reads it (one member)."""
+    return PodInfo(
+        uid=job.id,
+        namespace="sim",
+        name=job.id,
+        count=job.count,
+        shape=job.shape,
+        queue="",
+        gang=None,
+        priority=0,
+        node_name="",
+        phase="Pending",
+        devices=(),
+        deleting=False,
+        cpu_milli=job.cpu_milli,
+        mem_mib=job.memory_mib,
+    )
+
+
 def _place_icl(
     c: _TopoCluster, job: Job, shape: Shape, policy: LinkedPolicy | None = None
 ) -> tuple[_Alloc, bool] | None:
-    """kube-icl: the extender's verdicts on every node with room, the first best-scored node, the policy's
-    devices there; gangs on one node or adjacent nodes of one domain."""
+    """kube-icl: the extender's own decision (:meth:`scheduler.decision.Decision.place`: its per-node
+    filter and score steps on every node with room, the first best-scored node, the devices its bind
+    assumes there); gangs on one node or adjacent nodes of one domain."""
     policy = policy or c.linked
     if job.gang == 1:
-        ask = Ask(shape, job.cpu_milli, job.memory_mib)
-        verdicts = []
-        for node in c.order:
-            free = c.usable_free(node)
-            if len(free) < job.count or not c.room(node, job):
-                continue
-            state = NodeInput(c.topo[node], frozenset(free), cpu_free=c.cpu[node], mem_free=c.mem[node])
-            verdicts.append((node, policy.evaluate(state, ask, c.balance)))
-        best = best_nodes(verdicts)
-        if not best:
+        names = [n for n in c.order if len(c.usable_free(n)) >= job.count and c.room(n, job)]
+        decision = c.decision if policy is c.linked else Decision(_Nodes(c), policy)
+        placed = decision.place(_pod(job), shape, names)
+        if placed is None:
             return None
-        p = policy.devices(c.topo[best[0]], c.usable_free(best[0]), shape)
-        if p is None:
-            return None
-        return _Alloc([(best[0], p.devices)]), True
+        return _Alloc([placed]), True
     free_by_node = {n: c.usable_free(n) for n in c.order if c.room(n, job)}
     g = place_gang(c.spec.view, {n: c.topo[n] for n in free_by_node}, free_by_node, shape, job.gang, policy.rank)
     if g is None:
