@@ -231,3 +231,51 @@ def test_icl_leaves_cpu_only_ties_to_the_coin_once_nothing_strands(
     }
     expect = {i for i in by_fgd if growth[i] <= min(growth.values()) + 1e-6} if growth else set()
     assert {i for i, _ in brute_force_best(cluster.states, task, icl)} == expect
+
+
+@given(st.lists(st.sampled_from(TASK_MIX), min_size=1, max_size=40), st.sampled_from([0.5, 0.95, 1.0]))
+def test_icl_target_is_the_workload_less_its_rare_unconstrained_types(mix: list[TaskRequest], threshold: float) -> None:
+    """``common``: the workload's own types (memory kept) whose typical key makes FGD's popularity cut,
+    plus every model-constrained device type; popularities renormalised."""
+    workload = TargetWorkload.from_tasks(mix)
+    typical = {(t.cpu_milli, t.gpu_milli, t.num_gpu, t.gpu_spec) for t, _ in workload.typical(threshold).types}
+    got = dict(workload.common(threshold).types)
+    want = {
+        t: p
+        for t, p in workload.types
+        if (t.cpu_milli, t.gpu_milli, t.num_gpu, t.gpu_spec) in typical or (t.num_gpu and t.gpu_spec)
+    }
+    assert got.keys() == want.keys()
+    scale = sum(want.values())
+    for t, p in want.items():
+        assert got[t] == pytest.approx(p / scale)
+
+
+def test_icl_does_not_keep_whole_nodes_for_a_rare_type() -> None:
+    """A 1% 8-device type makes FGD's fragment (all types) keep a CPU-only task off the empty node,
+    whose CPU the 8-device task would need; icl's target leaves that type out, so both nodes tie."""
+    small, big = TaskRequest(8000, 0, 1, MILLI), TaskRequest(80000, 0, 8, MILLI)
+    workload = TargetWorkload.from_tasks([small] * 99 + [big])
+    specs = [GpuNodeSpec("a", 96000, 0, 8, "G2"), GpuNodeSpec("b", 96000, 0, 8, "G2")]
+    empty = NodeState.of(specs[0])
+    busy = NodeState("G2", 96000, 0, 20000, 0, (0,) * 8)
+    task = TaskRequest(20000)
+    from topology.gpushare import FragmentationModel
+    from topology.policies import Fgd, IclPack
+
+    every_type = Fgd(FragmentationModel(workload))
+    icl = make_policy("icl", specs, workload)
+    assert isinstance(icl, IclPack)
+    assert [t for t, _ in icl.frag.workload.types] == [small]
+    assert [i for i, _ in brute_force_best([empty, busy], task, every_type)] == [1]
+    assert {i for i, _ in brute_force_best([empty, busy], task, icl)} == {0, 1}
+
+
+def test_icl_target_keeps_rare_model_constrained_types() -> None:
+    anywhere, t4_only = TaskRequest(1000, 0, 1, MILLI), TaskRequest(1000, 0, 1, MILLI, frozenset({"T4"}))
+    specs = [GpuNodeSpec("t4", 16000, 0, 2, "T4"), GpuNodeSpec("g2", 96000, 0, 8, "G2")]
+    icl = make_policy("icl", specs, TargetWorkload.from_tasks([anywhere] * 99 + [t4_only]))
+    from topology.policies import IclPack
+
+    assert isinstance(icl, IclPack)
+    assert {t for t, _ in icl.frag.workload.types} == {anywhere, t4_only}

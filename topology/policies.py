@@ -25,8 +25,10 @@ Policies:
   0..100: ``floor(100 * sigmoid(-dF / 1000))`` with ``dF`` in milli-units;
   equal integer scores tie and the framework picks among them at random.
   ``levels=0`` keeps the exact real-valued gradient instead.
-- ``icl``: kube-icl's packing policy. It keeps FGD's integer gradient score and
-  resolves its ties by best fit instead of a coin toss: among placements whose
+- ``icl``: kube-icl's packing policy. It keeps FGD's integer gradient score, measured
+  against the workload less its rare types (``TargetWorkload.common``: FGD's popularity
+  cut, every model-constrained type kept, memory kept), and resolves its ties by best
+  fit instead of a coin toss: among placements whose
   fragmentation growth is the same to the score's resolution, the one that
   leaves its node with the least free CPU and devices wins, which keeps empty
   and near-empty nodes whole for whole-device and multi-device tasks that a
@@ -342,6 +344,9 @@ class Balance:
 class IclPack:
     """kube-icl: FGD's integer gradient score, ties resolved by stranding, best fit and model pressure.
 
+    ``make_policy`` gives ``frag`` the workload less its rare types (``TargetWorkload.common``) and
+    ``balance`` and ``pressure`` the whole workload.
+
     ``score = gradient_score(dF) + pack_weight * (strand_term + fit_term + pressure_term)``
     where ``strand_term = strand_weight * (stranded_after - stranded_before) / capacity.gpu_milli``
     (``Balance.stranded``: free device units the node's free CPU and memory
@@ -410,7 +415,9 @@ def make_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkloa
     if which is PolicyName.FGD:
         # the FGD authors measure fragmentation against the typical task types (95% of the tasks)
         return Fgd(FragmentationModel(workload.typical()))
-    frag = FragmentationModel(workload)
+    # icl measures fragmentation against its workload less the rare types (TargetWorkload.common); its
+    # stranding ratios and model pressure stay the whole workload's
+    frag = FragmentationModel(workload.common())
     return IclPack(frag, capacity, model_pressure(specs, workload), Balance.of(workload))
 
 
