@@ -144,6 +144,9 @@ class PodChange:
     node: str
 
 
+_GONE = 1 << 62  # the floor of a pod read as gone: every later event of its uid is stale
+
+
 def _rv(meta: Mapping[str, Any]) -> int | None:
     """A resourceVersion as a number (etcd's revision; kube-apiserver's are comparable integers), or None."""
     raw = meta.get("resourceVersion")
@@ -221,6 +224,9 @@ class ClusterCache:
         # uid -> the newest resourceVersion applied (kept after a delete as a tombstone), so that a fresh
         # list merged into a watched cache (:meth:`merge_pods`) never rolls a pod back.
         self._pod_rv: dict[str, int] = {}
+        # uid -> the resourceVersion of a consistent read applied ahead of the watch (:meth:`confirm_pod`;
+        # a pod read as gone gets _GONE): watch events older than it are stale and skipped.
+        self._floor: dict[str, int] = {}
         self._requests: dict[str, tuple[str, int, int]] = {}  # uid -> (node, CPU milli, memory MiB), bound pods
         self._device_asks: dict[str, tuple[int, int, int]] = {}  # uid -> (devices, CPU, memory), device pods
         self._ask_totals: tuple[int, int, int] = (0, 0, 0)
@@ -454,6 +460,9 @@ class ClusterCache:
         uid = str(meta.get("uid") or "")
         if not uid:
             return
+        floor = self._floor.get(uid)
+        if floor is not None and (floor == _GONE or ((rv := _rv(meta)) is not None and rv < floor)):
+            return  # an event older than what a consistent read already showed (the watch lags)
         self._note_rv(uid, meta)
         try:
             info = pod_info(obj, self.resource, self.shared_resource)
@@ -720,6 +729,31 @@ class ClusterCache:
             change = PodChange(info, failed, info.node_name or (held[0] if held else ""))
             for fn in self._listeners:
                 fn(change)
+
+    def confirm_pod(self, uid: str, obj: Mapping[str, Any] | None) -> None:
+        """Apply a consistent read (a GET) of a cached pod ahead of the watch: ``obj`` is what the API
+        server returned for its namespace and name, None when nothing (404). Gone, or another pod of the
+        same name: deleted here as the watch's event would, and later events of ``uid`` are ignored (a
+        uid is never reused). Otherwise the pod is applied, and older watch events of it are skipped."""
+        meta = (obj or {}).get("metadata") or {}
+        if obj is None or str(meta.get("uid") or "") != uid:
+            with self.lock:
+                info = self.pods.get(uid)
+                if len(self._floor) > 100_000:
+                    self._floor.clear()
+                self._floor[uid] = _GONE
+            name = {"uid": uid, "name": info.name, "namespace": info.namespace} if info else {"uid": uid}
+            self.delete_pod({"metadata": name})
+            return
+        rv = _rv(meta)
+        if rv is not None:
+            with self.lock:
+                if len(self._floor) > 100_000:
+                    self._floor.clear()
+                if rv < self._floor.get(uid, -1):
+                    return
+                self._floor[uid] = rv
+        self.upsert_pod(obj)
 
     def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
         seen = set()

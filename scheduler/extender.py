@@ -30,7 +30,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from scheduler import fairshare
@@ -47,7 +47,7 @@ from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
 from scheduler.nodefit import FitTiers, Need, NodeEval
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecError, format_devices, pod_info
-from scheduler.preempt import Preemption
+from scheduler.preempt import NamedVictims, Preemption
 from scheduler.sharing import SharePolicy
 from scheduler.steps import FairShare, Gang, GangAdmission, HeldDevices, NotOurs, ReadPod, SeenPods, Shares
 from scheduler.wire import (
@@ -150,7 +150,8 @@ class Extender:
             post_bind=(Announce(cfg, self.gangs, self._queue_layouts, self._event),),
             on_failure=self._failure_event,
         )
-        self.preemption = Preemption(cache, cfg, self.gangs, self._held_back)
+        self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
+        self.preemption = Preemption(cache, cfg, self.gangs, self._held_back, self._confirm, self.named_victims)
         self.metrics.attach_state(self._share_metrics, self.fit.free_shapes)
 
     # ------------------------------------------------------------------ lifecycle
@@ -267,7 +268,12 @@ class Extender:
         leader = self.leader
         if leader is not None and not leader.leading:
             leader.want()  # our kube-scheduler leads: take the lease as soon as it is free
-        state = self._read.state(args.pod, list(dict.fromkeys(args.names)))
+        names = list(dict.fromkeys(args.names))
+        if len(self.named_victims):
+            # A node kube-scheduler sends may be free because a victim named here is gone, which its
+            # informer saw before ours: read those victims again rather than refuse the node.
+            self._confirm(self.named_victims.due(set(names)))
+        state = self._read.state(args.pod, names)
         status = self.cycle.filter(state)
         answer = state.answer or NodeAnswer()
         return self._result(args, answer), status.label or "fit"
@@ -399,6 +405,31 @@ class Extender:
                         self.cache.forget(uid)
 
     # ------------------------------------------------------------------ preempt
+
+    def _confirm(self, uids: Iterable[str]) -> set[str]:
+        """Read these cached pods from the API server (a consistent GET each) and apply what it says to
+        the cache ahead of the watch; returns the uids that are gone or terminating. A read that fails
+        leaves the cache's view of that pod as it is."""
+        leaving: set[str] = set()
+        if self.api is None:
+            return leaving
+        for uid in uids:
+            info = self.cache.pod(uid)
+            if info is None:
+                continue
+            try:
+                pod = self.api.get_pod(info.namespace, info.name)
+            except KubeError as exc:
+                log.warning("cannot read victim %s again: %s", info.key, exc)
+                continue
+            meta = (pod or {}).get("metadata") or {}
+            if pod is None or str(meta.get("uid") or "") != uid:
+                log.info("pod %s is gone in the API server before its deletion reached the cache", info.key)
+                leaving.add(uid)
+            elif meta.get("deletionTimestamp"):
+                leaving.add(uid)
+            self.cache.confirm_pod(uid, pod)
+        return leaving
 
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         t0 = time.perf_counter()

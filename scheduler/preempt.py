@@ -7,12 +7,19 @@ fails the whole preemption on an empty one. Its proposed victims are all kept; d
 holders of lower priority are added only where the shape still does not fit; fair share
 and elastic gangs' minimums limit who may be taken. A node where no allowed set of victims
 frees the shape is left out.
+
+Under informer lag (kube-scheduler's cache sees a victim gone before the extender's does) the
+victims this replica named are remembered (:class:`NamedVictims`) and, before an answer or a
+filter that depends on them, read again from the API server (``confirm``): a preemptor whose
+earlier victims are still leaving preempts nobody else, as kube-scheduler's own rule.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 from scheduler import fairshare
 from scheduler.cache import ClusterCache, share_free
@@ -23,9 +30,68 @@ from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, Met
 from topology import Placer
 from topology.contract import MILLI_PER_DEVICE
 
-__all__ = ["Preemption", "fewest_victims"]
+__all__ = ["NamedVictims", "Preemption", "fewest_victims"]
 
 _MAX_VICTIM_SETS = 4096
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Named:
+    preemptor: str  # uid of the pod that preempts
+    node: str
+    until: float  # forgotten then, seen gone or not (cache clock)
+    checked: float  # last read from the API server (cache clock)
+
+
+class NamedVictims:
+    """Victims this replica named in its preempt answers, until the cache sees them go (``ttl_s`` at most).
+
+    kube-scheduler deletes the victims of the one node it picks; the others stay. Informers lag each
+    other: kube-scheduler may see a victim gone before the extender's cache does, and then ask again
+    (filter refuses the freed node, preemption repeats). What these victims really are is read with a
+    GET (:meth:`due` says which, at most once per ``every_s`` each, except in a preemption).
+    """
+
+    def __init__(self, cache: ClusterCache, ttl_s: float = 30.0, every_s: float = 1.0) -> None:
+        self.cache = cache
+        self.ttl_s = ttl_s
+        self.every_s = every_s
+        self._named: dict[str, _Named] = {}
+
+    def __len__(self) -> int:
+        return len(self._named)
+
+    def remember(self, preemptor: str, answer: Mapping[str, MetaVictims]) -> None:
+        now = self.cache.clock()
+        with self.cache.lock:
+            for node, victims in answer.items():
+                for p in victims.pods:
+                    self._named[p.uid] = _Named(preemptor, node, now + self.ttl_s, float("-inf"))
+            if len(self._named) > 100_000:
+                self._named.clear()
+
+    def due(self, nodes: Collection[str] | None = None, *, force: bool = False) -> list[str]:
+        """Named victims (on ``nodes``, or anywhere) that the cache still shows and that are to be read
+        again now; forgets those the cache saw go and those past their time."""
+        if not self._named:
+            return []
+        now = self.cache.clock()
+        out = []
+        with self.cache.lock:
+            for uid, n in list(self._named.items()):
+                if now >= n.until or self.cache.pod(uid) is None:
+                    del self._named[uid]
+                elif (nodes is None or n.node in nodes) and (force or now >= n.checked + self.every_s):
+                    n.checked = now
+                    out.append(uid)
+        return out
+
+    def of(self, preemptor: str) -> list[str]:
+        """The victims named for ``preemptor`` that are still remembered."""
+        with self.cache.lock:
+            return [u for u, n in self._named.items() if n.preemptor == preemptor]
 
 
 def _victims(uids: tuple[str, ...], pdb: int) -> MetaVictims:
@@ -72,23 +138,43 @@ class Preemption:
         cfg: ExtenderConfig,
         gangs: GangManager,
         held_back: Callable[[CycleState], bool],
+        confirm: Callable[[Iterable[str]], set[str]] = lambda uids: set(),
+        named: NamedVictims | None = None,
     ) -> None:
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
         self.held_back = held_back
+        # Reads these cached pods again from the API server and applies what it says to the cache;
+        # returns the uids that are gone or terminating.
+        self.confirm = confirm
+        self.named = named if named is not None else NamedVictims(cache)
 
     def victims(self, state: CycleState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         proposed = {n: (tuple(dict.fromkeys(u)), pdb) for n, (u, pdb) in args.victim_uids().items() if u}
         if state.error:
             return ExtenderPreemptionResult({})
+        preemptor = state.uid or state.info.uid
+        leaving = self.confirm(self.named.due(force=True)) if len(self.named) else set()
+        with self.cache.lock:
+            earlier = [u for u in self.named.of(preemptor) if u in leaving or ((p := self.cache.pod(u)) and p.deleting)]
+        if preemptor and earlier:
+            # kube-scheduler's rule (PodEligibleToPreemptOthers): no new victims while those of an
+            # earlier round on the chosen node are leaving; their devices are the pod's once they are gone.
+            log.info("preempt %s: waits for its earlier victims to go (%s)", state.info.key, ", ".join(sorted(earlier)))
+            return ExtenderPreemptionResult({})
+        out = self._victims(state, proposed)
+        self.named.remember(preemptor, out)
+        return ExtenderPreemptionResult(out)
+
+    def _victims(self, state: CycleState, proposed: dict[str, tuple[tuple[str, ...], int]]) -> dict[str, MetaVictims]:
         if state.info.milli:
-            return ExtenderPreemptionResult(self._share_victims(state.info.milli, proposed))
+            return self._share_victims(state.info.milli, proposed)
         if state.shape is None:
-            return ExtenderPreemptionResult({n: _victims(uids, pdb) for n, (uids, pdb) in proposed.items()})
+            return {n: _victims(uids, pdb) for n, (uids, pdb) in proposed.items()}
         info, shape = state.info, state.shape
         if self.held_back(state):
-            return ExtenderPreemptionResult({})  # a held-back pod never preempts
+            return {}  # a held-back pod never preempts
         used = self.cache.used_by_queue()
         capacity = self.cache.capacity()
         out: dict[str, MetaVictims] = {}
@@ -167,7 +253,7 @@ class Preemption:
         spare_only = {n for n, v in out.items() if self.elastic_victims(tuple(p.uid for p in v.pods)) is True}
         if spare_only:
             out = {n: v for n, v in out.items() if n in spare_only}
-        return ExtenderPreemptionResult(out)
+        return out
 
     def _share_victims(self, milli: int, proposed: dict[str, tuple[tuple[str, ...], int]]) -> dict[str, MetaVictims]:
         """A share's preemption: kube-scheduler's victims on the nodes where, once they are gone, one

@@ -1,0 +1,162 @@
+"""Preemption under informer lag: kube-scheduler's informer sees a victim gone before the extender's.
+
+The extender runs on loopback against the fake API server (the wire format of upstream), and its
+cache is fed by hand from the server's own event log (:class:`Lagging`), so the extender's informer
+is exactly as far behind as each test says. The race (issue 13's e2e, seen in CI): an elastic gang
+(min 1, max 2) runs e0 on n0 and e1 on n1, a rigid job's pod holds n2. A high-priority pod that
+needs a whole node preempts; the extender names surplus e0 (or e1); kube-scheduler deletes e0. Its
+cache sees the deletion first and tries again: the extender's filter must not refuse n0 for a pod
+that is gone, and a second preemption must not name e1 (the gang's last member then) nor the
+rigid job's pod, since the first round's node is already free.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support.extender import ExtenderHarness, node_obj, pod_obj
+
+from scheduler.config import ExtenderConfig
+
+JsonObj = dict[str, Any]
+ALL = "0,1,2,3,4,5,6,7"
+LOW, HIGH = 10, 1000
+
+
+class Lagging:
+    """The extender's informer, moved by hand: applies the fake API server's events up to a point."""
+
+    def __init__(self, h: ExtenderHarness) -> None:
+        self.h = h
+        self.applied = 0  # resourceVersion of the last event applied
+
+    def catch_up(self, upto: int | None = None) -> None:
+        with self.h.fake.lock:
+            events = [(rv, res, kind, copy.deepcopy(obj)) for rv, res, kind, obj in self.h.fake.log]
+        for rv, resource, kind, obj in events:
+            if rv <= self.applied or (upto is not None and rv > upto):
+                continue
+            if resource == "nodes" and kind == "DELETED":
+                self.h.cache.delete_node(obj["metadata"]["name"])
+            elif resource == "nodes":
+                self.h.cache.upsert_node(obj)
+            elif kind == "DELETED":
+                self.h.cache.delete_pod(obj)
+            else:
+                self.h.cache.upsert_pod(obj)
+            self.applied = rv
+        self.h.cache.nodes_synced = self.h.cache.pods_synced = True
+
+
+def _member(name: str, node: str) -> JsonObj:
+    gang = {"kube-icl.io/gang": "elastic", "kube-icl.io/gang-min": "1", "kube-icl.io/gang-max": "2"}
+    return pod_obj(
+        name, 8, "ring", node=node, phase="Running", priority=LOW, annotations={**gang, "kube-icl.io/devices": ALL}
+    )
+
+
+@pytest.fixture
+def cluster() -> Iterator[tuple[ExtenderHarness, Lagging, dict[str, str]]]:
+    with ExtenderHarness(ExtenderConfig(fair_share=False), informer=False) as h:
+        for i in range(3):
+            labels = {
+                "kube-icl.io/link-domain": "line",
+                "kube-icl.io/link-coords": str(i),
+                "kube-icl.io/link-domain-kind": "mesh",
+            }
+            h.fake.put_node(node_obj(f"n{i}", "ring:8", labels=labels))
+        uid = {}
+        for name, node in (("e0", "n0"), ("e1", "n1")):
+            uid[name] = h.fake.put_pod(_member(name, node))["metadata"]["uid"]
+        rigid = pod_obj(
+            "rigid", 8, "ring", node="n2", phase="Running", priority=LOW, annotations={"kube-icl.io/devices": ALL}
+        )
+        uid["rigid"] = h.fake.put_pod(rigid)["metadata"]["uid"]
+        uid["high"] = h.fake.put_pod(pod_obj("high", 8, "ring", priority=HIGH))["metadata"]["uid"]
+        informer = Lagging(h)
+        informer.catch_up()
+        yield h, informer, uid
+
+
+def _preempt(h: ExtenderHarness, victims: dict[str, list[str]]) -> dict[str, list[str]]:
+    pod = h.fake.pod("default", "high")
+    meta = {n: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0} for n, uids in victims.items()}
+    code, out = h.post("preempt", {"Pod": pod, "NodeNameToVictims": None, "NodeNameToMetaVictims": meta})
+    assert code == 200, out
+    return {n: [p["UID"] for p in v["Pods"]] for n, v in (out["NodeNameToMetaVictims"] or {}).items()}
+
+
+def _filter(h: ExtenderHarness, nodes: list[str]) -> list[str]:
+    code, out = h.post("filter", {"Pod": h.fake.pod("default", "high"), "Nodes": None, "NodeNames": nodes})
+    assert code == 200, out
+    return list(out["NodeNames"] or [])
+
+
+def _first_round(h: ExtenderHarness, uid: dict[str, str]) -> None:
+    """kube-scheduler's first preemption: one victim per node; the extender keeps the surplus members'
+    nodes; kube-scheduler picks n0 and deletes e0 (its DisruptionTarget condition, then the pod)."""
+    first = _preempt(h, {"n0": [uid["e0"]], "n1": [uid["e1"]], "n2": [uid["rigid"]]})
+    assert first == {"n0": [uid["e0"]], "n1": [uid["e1"]]}, "surplus members first, the rigid pod left out"
+    e0 = h.fake.pod("default", "e0")
+    assert e0 is not None
+    e0["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+    h.fake.put_pod(e0)
+    h.fake.delete_pod("default", "e0")
+
+
+def test_a_second_preemption_under_lag_names_nobody_while_the_first_rounds_victim_is_gone(
+    cluster: tuple[ExtenderHarness, Lagging, dict[str, str]],
+) -> None:
+    h, informer, uid = cluster
+    _first_round(h, uid)
+    # kube-scheduler saw e0 go; the extender's informer did not. kube-scheduler's dry run on its view:
+    # n0 needs no victim (not a candidate), n1 needs e1, n2 needs the rigid pod.
+    second = _preempt(h, {"n1": [uid["e1"]], "n2": [uid["rigid"]]})
+    assert uid["e1"] not in [u for v in second.values() for u in v], "e1 is the gang's last member now"
+    assert second == {}, "n0 is already free for the pod: no new victims anywhere (kube-scheduler's rule)"
+    # What the extender read is applied ahead of the watch: e0 is gone from its cache, the gang shrank
+    # to e1 (not failed), and the watch's late events of e0 (the condition, the deletion) change nothing.
+    assert h.cache.pod(uid["e0"]) is None
+    assert h.extender.gangs.spare("default/elastic") == 0
+    informer.catch_up()
+    assert h.cache.pod(uid["e0"]) is None and h.cache.pod(uid["e1"]) is not None
+    assert _filter(h, ["n0"]) == ["n0"]
+
+
+def test_the_filter_under_lag_passes_the_node_a_named_victim_left(
+    cluster: tuple[ExtenderHarness, Lagging, dict[str, str]],
+) -> None:
+    h, informer, uid = cluster
+    _first_round(h, uid)
+    # kube-scheduler's next attempt: its own filters pass n0 only; the extender's cache still has e0.
+    assert _filter(h, ["n0"]) == ["n0"], "e0 is gone in the API server: its devices are free"
+    # The watch catches up with the condition's update and then the deletion: e0 never comes back.
+    (cond_rv,) = [rv for rv, res, kind, obj in h.fake.log if obj["metadata"]["name"] == "e0" and kind == "MODIFIED"]
+    informer.catch_up(cond_rv)
+    assert h.cache.pod(uid["e0"]) is None, "a watch event older than the read is stale"
+    informer.catch_up()
+    assert _filter(h, ["n0"]) == ["n0"]
+    # The gang shrank to e1 rather than failing: nothing was evicted.
+    assert h.cache.pod(uid["e1"]) is not None and h.fake.pod("default", "e1") is not None
+    assert not h.fake.evictions
+
+
+def test_a_later_preemption_proceeds_once_the_cache_saw_the_first_rounds_victim_go(
+    cluster: tuple[ExtenderHarness, Lagging, dict[str, str]],
+) -> None:
+    """No lag: the extender's cache saw e0 go, and another pod took n0 since. e1 (named too, not
+    chosen) still runs; it is read again, found running, and blocks nothing: this preemption needs
+    a victim, and gets one (never e1, the gang's minimum now)."""
+    h, informer, uid = cluster
+    _first_round(h, uid)
+    informer.catch_up()
+    other = pod_obj(
+        "other", 8, "ring", node="n0", phase="Running", priority=LOW, annotations={"kube-icl.io/devices": ALL}
+    )
+    uid["other"] = h.fake.put_pod(other)["metadata"]["uid"]
+    informer.catch_up()
+    second = _preempt(h, {"n0": [uid["other"]], "n1": [uid["e1"]], "n2": [uid["rigid"]]})
+    assert second == {"n0": [uid["other"]], "n2": [uid["rigid"]]}
