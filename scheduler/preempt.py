@@ -27,7 +27,7 @@ from scheduler.config import ExtenderConfig
 from scheduler.framework import CycleState
 from scheduler.gang import GangManager
 from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
-from topology import Placer
+from topology import Placer, Shape
 from topology.contract import MILLI_PER_DEVICE
 
 __all__ = ["NamedVictims", "Preemption", "fewest_victims"]
@@ -155,13 +155,24 @@ class Preemption:
         if state.error:
             return ExtenderPreemptionResult({})
         preemptor = state.uid or state.info.uid
-        leaving = self.confirm(self.named.due(force=True)) if len(self.named) else set()
+        check = self.named.due(force=True) if len(self.named) else []
+        whole = state.shape is not None and not state.info.milli
+        if whole:
+            check += self._gang_survivors(state, proposed)
+        with self.cache.lock:
+            where = {u: held[0] for u in check if (held := self.cache.held(u)) is not None}
+        leaving = self.confirm(dict.fromkeys(check)) if check else set()
         with self.cache.lock:
             earlier = [u for u in self.named.of(preemptor) if u in leaving or ((p := self.cache.pod(u)) and p.deleting)]
         if preemptor and earlier:
             # kube-scheduler's rule (PodEligibleToPreemptOthers): no new victims while those of an
             # earlier round on the chosen node are leaving; their devices are the pod's once they are gone.
             log.info("preempt %s: waits for its earlier victims to go (%s)", state.info.key, ", ".join(sorted(earlier)))
+            return ExtenderPreemptionResult({})
+        freed = sorted({where[u] for u in leaving if u in where})
+        if whole and state.shape is not None and any(self._fits_leaving(n, state.shape) for n in freed):
+            # A pod the cache still showed is gone or leaving, and the shape fits once it is: no new victims.
+            log.info("preempt %s: fits on %s once pods already leaving are gone", state.info.key, ",".join(freed))
             return ExtenderPreemptionResult({})
         out = self._victims(state, proposed)
         self.named.remember(preemptor, out)
@@ -254,6 +265,35 @@ class Preemption:
         if spare_only:
             out = {n: v for n, v in out.items() if n in spare_only}
         return out
+
+    def _gang_survivors(self, state: CycleState, proposed: Mapping[str, tuple[tuple[str, ...], int]]) -> list[str]:
+        """The running members of the elastic gangs that a victim here may belong to: whether one is
+        surplus depends on all of them (read again before the answer, so a member gone already is no
+        survivor)."""
+        keys: set[str] = set()
+        with self.cache.lock:
+            for node, (uids, _pdb) in proposed.items():
+                here = self.cache.holders(node)
+                for u in (*uids, *(here.owners if here is not None else ())):
+                    p = self.cache.pod(u)
+                    gang = p.gang if p is not None and p.priority < state.info.priority else None
+                    if gang is not None and self.gangs.is_elastic(gang):
+                        keys.add(gang.key)
+            return [p.uid for key in sorted(keys) for p in self.gangs.survivors(key)]
+
+    def _fits_leaving(self, node: str, shape: Shape) -> bool:
+        """The shape fits on ``node`` with its free devices and those of the pods terminating there."""
+        with self.cache.lock:
+            here = self.cache.holders(node)
+            if here is None:
+                return False
+            view = here.view
+            free = set(view.free)
+            for u, devs in here.owners.items():
+                if (p := self.cache.pod(u)) is not None and p.deleting:
+                    free.update(devs)
+        placer = Placer.for_topology(view.topology)
+        return len(free) - view.unattributed >= shape.size and placer.fits(shape, frozenset(free))
 
     def _share_victims(self, milli: int, proposed: dict[str, tuple[tuple[str, ...], int]]) -> dict[str, MetaVictims]:
         """A share's preemption: kube-scheduler's victims on the nodes where, once they are gone, one

@@ -160,3 +160,17 @@ def test_a_later_preemption_proceeds_once_the_cache_saw_the_first_rounds_victim_
     informer.catch_up()
     second = _preempt(h, {"n0": [uid["other"]], "n1": [uid["e1"]], "n2": [uid["rigid"]]})
     assert second == {"n0": [uid["other"]], "n2": [uid["rigid"]]}
+
+
+def test_a_member_deleted_by_someone_else_under_lag_is_no_survivor(
+    cluster: tuple[ExtenderHarness, Lagging, dict[str, str]],
+) -> None:
+    """e0 is deleted by its job's controller (not a victim named here), kube-scheduler sees it first and
+    preempts for the pod: the members of the elastic gang are read again before e1 is judged surplus."""
+    h, _informer, uid = cluster
+    h.fake.delete_pod("default", "e0")
+    second = _preempt(h, {"n1": [uid["e1"]], "n2": [uid["rigid"]]})
+    assert uid["e1"] not in [u for v in second.values() for u in v], "e1 is the gang's last member"
+    assert second == {}, "n0, where e0 was, is free for the pod: no victims"
+    assert h.cache.pod(uid["e0"]) is None and h.extender.gangs.spare("default/elastic") == 0
+    assert not h.fake.evictions, "the gang shrank to e1, it did not fail"
