@@ -55,7 +55,14 @@ def test_the_driver_daemonset_runs_icl_dra_run_and_its_account_has_exactly_its_r
     suffix = uuid.uuid4().hex[:6]
     namespace = f"icl-dra-{suffix}"
     control_plane.ensure_namespace(namespace)
-    sets = ["dra.enabled=true", "dra.backend=sim", "dra.topology=hcm:8", "dra.extraArgs={--resync=5}"]
+    sets = [
+        "dra.enabled=true",
+        "dra.backend=sim",
+        "dra.topology=hcm:8",
+        "dra.extraArgs={--resync=5}",
+        "dra.selection=taints",
+        "dra.subset=tiled",
+    ]
     text = template(helm, None, release=f"dra-{suffix}", namespace=namespace, sets=sets)
     docs = [
         d for d in objects(text) if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "dra-driver"
@@ -66,6 +73,7 @@ def test_the_driver_daemonset_runs_icl_dra_run_and_its_account_has_exactly_its_r
     assert container["command"][:3] == ["icl", "dra", "run"]
     args = build_parser().parse_args(container["command"][1:])  # what the image's `icl` will parse
     assert (args.backend, args.topology, args.driver, args.resync) == ("sim", "hcm:8", DRIVER, 5.0)
+    assert (args.selection, args.subset) == ("taints", "tiled")
     assert args.plugin_dir == f"/var/lib/kubelet/plugins/{DRIVER}" and args.cdi_dir == "/var/run/cdi"
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert {"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi"} <= mounts
