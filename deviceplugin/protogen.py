@@ -31,11 +31,22 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2
 
-__all__ = ["GENERATED_FILES", "PROTOC_VERSION", "PROTO_FILE", "TOOLS", "check", "generate", "tools_python"]
+__all__ = [
+    "GENERATED_FILES",
+    "PROTOC_VERSION",
+    "PROTO_FILE",
+    "STUBS",
+    "TOOLS",
+    "StubSet",
+    "check",
+    "generate",
+    "tools_python",
+]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO_ROOT / "proto"
@@ -72,7 +83,7 @@ def _protoc(args: list[str]) -> None:
         raise ProtogenError(f"{tools_python()}: protoc is {version!r}, the stubs are made with {PROTOC_VERSION!r}")
     out = _run_tools([f"-I{PROTO_ROOT}", *args])  # grpc_tools adds its own include of the well-known types
     if out.returncode != 0:
-        raise ProtogenError(f"protoc exited with {out.returncode} for {PROTO_FILE}: {out.stderr.strip()}")
+        raise ProtogenError(f"protoc exited with {out.returncode} for {args[-1]}: {out.stderr.strip()}")
 
 
 def install_tools(venv: Path = TOOLS_VENV) -> Path:
@@ -144,58 +155,90 @@ def _grpc_pyi(
     return "\n".join(out) + "\n"
 
 
+@dataclass(frozen=True)
+class StubSet:
+    """The protos one command makes stubs of (``python -m GENERATOR``), each into the package of its folder.
+
+    The device plugin API's and the DRA driver's (:mod:`deviceplugin.dra.protogen`) are made the same way.
+    """
+
+    generator: str
+    proto_files: tuple[str, ...]
+
+    def generate(self, out_dir: Path) -> list[Path]:
+        """Write the four stub files of each proto under ``out_dir/<its folder>``; returns their paths."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written: list[Path] = []
+        for proto in self.proto_files:
+            with tempfile.TemporaryDirectory() as tmp:
+                desc = Path(tmp) / "api.desc"
+                _protoc(
+                    [
+                        f"--python_out={out_dir}",
+                        f"--pyi_out={out_dir}",
+                        f"--grpc_python_out={out_dir}",
+                        f"--descriptor_set_out={desc}",
+                        proto,
+                    ]
+                )
+                fds = descriptor_pb2.FileDescriptorSet.FromString(desc.read_bytes())
+            pkg = out_dir / proto.rsplit("/", 1)[0]
+            pyi = pkg / "api_pb2.pyi"
+            pyi.write_text(_fix_pb2_pyi(pyi.read_text()))
+            (pkg / "api_pb2_grpc.pyi").write_text(_grpc_pyi(fds, proto, self.generator))
+            written += [pkg / name for name in GENERATED_FILES]
+        return written
+
+    def stale(self, repo_root: Path = REPO_ROOT) -> list[str]:
+        """Paths (relative) of committed stub files that differ from a fresh generation (empty when up to date)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            stale = []
+            for path in self.generate(Path(tmp)):
+                rel = path.relative_to(tmp)
+                committed = repo_root / rel
+                if not committed.exists() or not filecmp.cmp(path, committed, shallow=False):
+                    stale.append(str(rel))
+            return stale
+
+    def main(self, argv: list[str] | None, description: str, *, tools: bool = False) -> int:
+        """The command line: regenerate, or ``--check``; with ``tools``, also ``--tools`` (install the generator)."""
+        parser = argparse.ArgumentParser(prog=f"python -m {self.generator}", description=description)
+        parser.add_argument("--check", action="store_true", help="exit 1 if the committed stubs are stale")
+        if tools:
+            parser.add_argument(
+                "--tools", action="store_true", help=f"install the pinned generator ({TOOLS}) in .venv-protoc"
+            )
+        args = parser.parse_args(argv)
+        if tools and args.tools:
+            print(f"stub generator: {install_tools()} ({TOOLS})")
+            return 0
+        if args.check:
+            stale = self.stale()
+            if stale:
+                print(f"stale generated stubs: {', '.join(stale)}; run python -m {self.generator}")
+                return 1
+            print("generated stubs are up to date")
+            return 0
+        for path in self.generate(REPO_ROOT):
+            print(f"wrote {path.relative_to(REPO_ROOT)}")
+        return 0
+
+
+STUBS = StubSet("deviceplugin.protogen", (PROTO_FILE,))
+
+
 def generate(out_dir: Path) -> list[Path]:
     """Write the four stub files of :data:`PROTO_FILE` under ``out_dir/deviceplugin/v1beta1``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        desc = Path(tmp) / "api.desc"
-        _protoc(
-            [
-                f"--python_out={out_dir}",
-                f"--pyi_out={out_dir}",
-                f"--grpc_python_out={out_dir}",
-                f"--descriptor_set_out={desc}",
-                PROTO_FILE,
-            ]
-        )
-        fds = descriptor_pb2.FileDescriptorSet.FromString(desc.read_bytes())
-    pkg = out_dir / PACKAGE_DIR
-    pyi = pkg / "api_pb2.pyi"
-    pyi.write_text(_fix_pb2_pyi(pyi.read_text()))
-    (pkg / "api_pb2_grpc.pyi").write_text(_grpc_pyi(fds))
-    return [pkg / name for name in GENERATED_FILES]
+    return STUBS.generate(out_dir)
 
 
 def check(repo_root: Path = REPO_ROOT) -> list[str]:
     """Names of committed stub files that differ from a fresh generation (empty when up to date)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        fresh = generate(Path(tmp))
-        return [
-            p.name
-            for p in fresh
-            if not (repo_root / PACKAGE_DIR / p.name).exists()
-            or not filecmp.cmp(p, repo_root / PACKAGE_DIR / p.name, shallow=False)
-        ]
+    return [Path(rel).name for rel in STUBS.stale(repo_root)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deviceplugin.protogen", description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed stubs are stale")
-    parser.add_argument("--tools", action="store_true", help=f"install the pinned generator ({TOOLS}) in .venv-protoc")
-    args = parser.parse_args(argv)
-    if args.tools:
-        print(f"stub generator: {install_tools()} ({TOOLS})")
-        return 0
-    if args.check:
-        stale = check()
-        if stale:
-            print(f"stale generated stubs: {', '.join(stale)}; run python -m deviceplugin.protogen")
-            return 1
-        print("generated stubs are up to date")
-        return 0
-    for path in generate(REPO_ROOT):
-        print(f"wrote {path.relative_to(REPO_ROOT)}")
-    return 0
+    return STUBS.main(argv, __doc__.split("\n")[0], tools=True)
 
 
 if __name__ == "__main__":  # pragma: no cover
