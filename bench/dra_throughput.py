@@ -55,15 +55,14 @@ from tests.e2e.scenario import (  # noqa: E402
     CaseResult,
     _with_qps,
     delete_nodes,
-    list_pods,
     mixed_nodes,
     mixed_pods,
     node_labels,
     pod_body,
     publish_nodes,
-    rejected,
     run_case,
     shipped_scheduler_config,
+    wait_for_binds,
 )
 from topology import NodeTopology, Placer, Shape, parse_shape  # noqa: E402
 
@@ -208,24 +207,7 @@ def run_dra_case(
     try:
         plane.start_scheduler(scheduler_config)
         profiler = _start_profile(plane, profile) if profile is not None else None
-        last_count, last_change, last_report = -1, time.monotonic(), 0.0
-        while True:
-            count = len(watch.bound_at)
-            now = time.monotonic()
-            if count != last_count:
-                last_count, last_change = count, now
-            if now - last_report >= 5.0:
-                _say(f"[{tag}] bound {count}/{len(bodies)}")
-                last_report = now
-            if count >= len(bodies):
-                break
-            if now - last_change >= stall_s:
-                waiting = [p for p in list_pods(plane, namespace) if not p.spec.node_name]
-                if all(rejected(p) for p in waiting):
-                    _say(f"[{tag}] {len(waiting)} pods left that kube-scheduler cannot place; stopping")
-                    break
-                last_change = now
-            time.sleep(0.2)
+        wait_for_binds(plane, namespace, watch, len(bodies), tag=tag, progress=_say, stall_s=stall_s)
     finally:
         watch.stop()
     if profiler is not None:
@@ -542,30 +524,60 @@ def compare(
     return Comparison(without, without_cpu, sides, without_timings)
 
 
+def add_pool_arguments(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The DRA sides' options, each named ``--PREFIX...``: ``shapes``, ``max-per-shape``, ``subset``, ``modes``."""
+    parser.add_argument(
+        f"--{prefix}shapes",
+        default=MIX_SHAPES,
+        help=f"shapes the DRA pools publish, in publish order (default: those the mix asks, {MIX_SHAPES}); "
+        "without any:3, 'any 3 connected chips' is asked as 3 single chips",
+    )
+    parser.add_argument(
+        f"--{prefix}max-per-shape",
+        type=int,
+        default=DEFAULT_MAX_PER_SHAPE,
+        help=f"placements the DRA pools publish per shape at most, the most compact (default {DEFAULT_MAX_PER_SHAPE})",
+    )
+    parser.add_argument(
+        f"--{prefix}subset",
+        choices=["compact", "tiled"],
+        default="compact",
+        help=f"which placements past --{prefix}max-per-shape (the driver's --subset; default compact)",
+    )
+    parser.add_argument(
+        f"--{prefix}modes",
+        default="cel",
+        help=f"DRA sides to run after no topology, comma-separated, of {', '.join(MODES)} (default: cel)",
+    )
+
+
+def pool_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, prefix: str = ""
+) -> tuple[DraConfig, list[str]]:
+    """The pools and the DRA sides of :func:`add_pool_arguments`' options; a bad value exits through ``parser``."""
+    attr = prefix.replace("-", "_")
+    modes = [m.strip() for m in getattr(args, f"{attr}modes").split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        parser.error(f"--{prefix}modes: {','.join(bad) or 'none given'}: want some of {', '.join(MODES)}")
+    try:
+        pool = DraConfig(
+            shapes=DraConfig.parse_shapes(getattr(args, f"{attr}shapes")),
+            max_per_shape=getattr(args, f"{attr}max_per_shape"),
+            subset=getattr(args, f"{attr}subset"),
+        )
+    except ValueError as exc:
+        parser.error(f"--{prefix}shapes/--{prefix}max-per-shape: {exc}")
+    return pool, modes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=1000, help="kwok nodes of 8 chips (default 1000)")
     parser.add_argument("--pods", type=int, default=4000, help="pods of mixed shapes (default 4000)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the pod mix")
     parser.add_argument("--scheduler-qps", type=float, default=None, help="kube-scheduler client QPS (default 50)")
-    parser.add_argument(
-        "--shapes",
-        default=MIX_SHAPES,
-        help=f"shapes the driver publishes, in publish order (default: those the mix asks, {MIX_SHAPES}); "
-        "without any:3, 'any 3 connected chips' is asked as 3 single chips",
-    )
-    parser.add_argument(
-        "--max-per-shape",
-        type=int,
-        default=DEFAULT_MAX_PER_SHAPE,
-        help=f"placements published per shape at most, the most compact (default {DEFAULT_MAX_PER_SHAPE})",
-    )
-    parser.add_argument(
-        "--subset",
-        choices=["compact", "tiled"],
-        default="compact",
-        help="which placements past --max-per-shape (the driver's --subset; default compact)",
-    )
+    add_pool_arguments(parser)
     parser.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
@@ -575,22 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", type=Path, default=None, help="write kube-scheduler's CPU profile of each DRA side (FILE-MODE)"
     )
-    parser.add_argument(
-        "--modes",
-        default="cel",
-        help=f"DRA sides to run after no topology, comma-separated, of {', '.join(MODES)} (default: cel)",
-    )
     args = parser.parse_args(argv)
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        parser.error(f"--modes: {','.join(bad) or 'none given'}: want some of {', '.join(MODES)}")
-    try:
-        pool = DraConfig(
-            shapes=DraConfig.parse_shapes(args.shapes), max_per_shape=args.max_per_shape, subset=args.subset
-        )
-    except ValueError as exc:
-        parser.error(f"--shapes/--max-per-shape: {exc}")
+    pool, modes = pool_arguments(parser, args)
     binaries, reason = find_binaries()
     if binaries is None:
         print(f"dra_throughput: {reason}", file=sys.stderr)

@@ -42,10 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.dra_throughput import MIX_SHAPES, MODES  # noqa: E402
+from bench.dra_throughput import add_pool_arguments as add_dra_arguments  # noqa: E402
 from bench.dra_throughput import compare as compare_dra  # noqa: E402
 from bench.dra_throughput import format_table as format_dra_table  # noqa: E402
-from deviceplugin.dra.pool import DEFAULT_MAX_PER_SHAPE, DraConfig  # noqa: E402
+from bench.dra_throughput import pool_arguments as dra_arguments  # noqa: E402
 from tests.e2e.harness import ControlPlane, find_binaries  # noqa: E402
 from tests.e2e.scenario import CaseResult, compare_throughput  # noqa: E402
 
@@ -137,23 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the DRA side (bench/dra_throughput.py) on fresh nodes of the same count, same pods: "
         "one table of no topology vs extender vs DRA shapes",
     )
-    parser.add_argument(
-        "--dra-shapes",
-        default=MIX_SHAPES,
-        help=f"shapes the DRA pools publish, in publish order (default {MIX_SHAPES})",
-    )
-    parser.add_argument(
-        "--dra-max-per-shape",
-        type=int,
-        default=DEFAULT_MAX_PER_SHAPE,
-        help=f"placements the DRA pools publish per shape at most, the most compact (default {DEFAULT_MAX_PER_SHAPE})",
-    )
-    parser.add_argument(
-        "--dra-subset",
-        choices=["compact", "tiled"],
-        default="compact",
-        help="which placements past --dra-max-per-shape (the driver's --subset; default compact)",
-    )
+    add_dra_arguments(parser, prefix="dra-")
     parser.add_argument(
         "--percentage-of-nodes-to-score",
         type=int,
@@ -161,24 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         help="kube-scheduler percentageOfNodesToScore on every side, no topology, extender and DRA alike "
         "(default: the shipped config's, 100)",
     )
-    parser.add_argument(
-        "--dra-modes",
-        default="cel",
-        help=f"DRA sides, comma-separated, of {', '.join(MODES)} (bench/dra_throughput.py; default: cel)",
-    )
     args = parser.parse_args(argv)
-    dra_modes = [m.strip() for m in args.dra_modes.split(",") if m.strip()]
-    bad = [m for m in dra_modes if m not in MODES]
-    if bad or not dra_modes:
-        parser.error(f"--dra-modes: {','.join(bad) or 'none given'}: want some of {', '.join(MODES)}")
-    try:
-        dra_pool = DraConfig(
-            shapes=DraConfig.parse_shapes(args.dra_shapes),
-            max_per_shape=args.dra_max_per_shape,
-            subset=args.dra_subset,
-        )
-    except ValueError as exc:
-        parser.error(f"--dra-shapes/--dra-max-per-shape: {exc}")
+    dra_pool, dra_modes = dra_arguments(parser, args, prefix="dra-")
     overrides: dict[str, Any] = {}
     for item in args.extender_set:
         key, sep, value = item.partition("=")

@@ -579,6 +579,42 @@ class BindWatch:
         self._watch.stop()  # type: ignore[no-untyped-call]
 
 
+def wait_for_binds(
+    plane: ControlPlane,
+    namespace: str,
+    watch: BindWatch,
+    total: int,
+    *,
+    tag: str,
+    progress: Callable[[str], None],
+    stall_s: float,
+) -> None:
+    """Wait until ``watch`` has seen ``total`` binds, or no bind came for ``stall_s`` and every pod still
+    unbound is one kube-scheduler found no node for; a progress line every 5 s. Raises RuntimeError when
+    kube-scheduler exits meanwhile.
+    """
+    last_count, last_change, last_report = -1, time.monotonic(), 0.0
+    while True:
+        count = len(watch.bound_at)
+        now = time.monotonic()
+        if count != last_count:
+            last_count, last_change = count, now
+        if now - last_report >= 5.0:
+            progress(f"[{tag}] bound {count}/{total}")
+            last_report = now
+        if count >= total:
+            return
+        if now - last_change >= stall_s:
+            waiting = [p for p in list_pods(plane, namespace) if not p.spec.node_name]
+            if all(rejected(p) for p in waiting):
+                progress(f"[{tag}] {len(waiting)} pods left that kube-scheduler cannot place; stopping")
+                return
+            last_change = now  # still being tried
+        if plane.scheduler is None or not plane.scheduler.running:
+            raise RuntimeError(f"kube-scheduler exited during case {tag}")
+        time.sleep(0.2)
+
+
 def kubelet_devices(
     bound: Mapping[str, Bound], order: Mapping[str, float], topologies: Mapping[str, NodeTopology]
 ) -> dict[str, tuple[str, ...]]:
@@ -624,27 +660,7 @@ def run_case(
     wall0 = time.monotonic()
     try:
         plane.start_scheduler(dict(scheduler_config))
-        last_count, last_change, last_report = -1, time.monotonic(), 0.0
-        while True:
-            count = len(watch.bound_at)
-            now = time.monotonic()
-            if count != last_count:
-                last_count, last_change = count, now
-            if now - last_report >= 5.0:
-                progress(f"[{name}] bound {count}/{len(bodies)}")
-                last_report = now
-            if count >= len(bodies):
-                break
-            if now - last_change >= stall_s:
-                pods = list_pods(plane, namespace)
-                waiting = [p for p in pods if not p.spec.node_name]
-                if all(rejected(p) for p in waiting):
-                    progress(f"[{name}] {len(waiting)} pods left that kube-scheduler cannot place; stopping")
-                    break
-                last_change = now  # still being tried
-            if plane.scheduler is None or not plane.scheduler.running:
-                raise RuntimeError(f"kube-scheduler exited during case {name}")
-            time.sleep(0.2)
+        wait_for_binds(plane, namespace, watch, len(bodies), tag=name, progress=progress, stall_s=stall_s)
     finally:
         watch.stop()
     busy1, _ = machine_cpu()
