@@ -70,7 +70,7 @@ def build(pods: int) -> tuple[ClusterCache, GangManager, Any]:
 def measure(pods: int, repeat: int) -> dict[str, float]:
     cache, gangs, info = build(pods)
     devices = tuple(str(d) for d in range(8))
-    assert len(cache.allocated) == pods + GANG - 1, len(cache.allocated)
+    assert len(cache.allocations()) == pods + GANG - 1, len(cache.allocations())
 
     def timed(fn: Any) -> float:
         fn()

@@ -33,7 +33,7 @@ from scheduler.podspec import (
     requested_count,
     requested_milli,
 )
-from scheduler.podtable import PodTable, gang_index
+from scheduler.podtable import PodTable
 from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopology, TopologyError, decode_annotation
 from topology.contract import DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE, ContractError, cpu_milli, memory_mib
 from topology.policy import Balance
@@ -51,7 +51,7 @@ JsonObj = dict[str, Any]
 StateKey = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...]]
 _SHARE_OWNER = "share:"  # the allocator's owner of a device that shares hold ("share:<device>")
 
-_VIEW_LOG_LIMIT = 100_000  # view changes kept; a reader further behind rebuilds from ``views``
+_VIEW_LOG_LIMIT = 100_000  # view changes kept; a reader further behind rebuilds from :meth:`ClusterCache.ready_views`
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,15 +195,15 @@ class ClusterCache:
         self.track_requests = requests
         self.clock = clock
         self.lock = threading.RLock()
-        self.nodes: dict[str, NodeRecord] = {}
+        self._nodes: dict[str, NodeRecord] = {}
         # Ready nodes with a usable topology -> their current view: the filter's hot path reads only this.
-        self.views: dict[str, NodeView] = {}
+        self._views: dict[str, NodeView] = {}
         # uid -> pods that ask for our resource (or are gang members); pods.by_gang: gang key -> member uids
-        self.pods = PodTable()
-        self.bad_pods: dict[str, str] = {}  # uid -> why its annotations could not be read
-        self.allocated: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> (node, devices)
-        self.shared: dict[str, tuple[str, str, int]] = {}  # uid -> (node, device, milli): shares held
-        self.assumed: dict[str, float] = {}  # uid -> time of assume (bind in flight)
+        self._pods = PodTable()
+        self._bad_pods: dict[str, str] = {}  # uid -> why its annotations could not be read
+        self._allocated: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> (node, devices)
+        self._shared: dict[str, tuple[str, str, int]] = {}  # uid -> (node, device, milli): shares held
+        self._assumed: dict[str, float] = {}  # uid -> time of assume (bind in flight)
         self.nodes_synced = False
         self.pods_synced = False
         self.generation = 0  # bumps on every change; cheap staleness check for callers
@@ -217,7 +217,7 @@ class ClusterCache:
         self._node_cap: dict[str, tuple[str, int]] = {}  # node -> (pool, healthy devices)
         self._capacity: dict[str, int] = {}
         self._listeners: list[Callable[[PodChange], None]] = []
-        # Names whose entry in ``views`` may have changed, in order; ``views_changed_since`` reads it.
+        # Names whose entry in ``_views`` may have changed, in order; ``views_changed_since`` reads it.
         self._view_log: list[str] = []
         self._view_log_base = 0  # entries before this position were dropped
         self._node_listeners: list[Callable[[str, NodeRecord | None], None]] = []
@@ -275,10 +275,10 @@ class ClusterCache:
             allocatable = 0
         cpu_alloc, mem_alloc = _allocatable_cpu_mem(obj)
         with self.lock:
-            rec = self.nodes.get(name)
+            rec = self._nodes.get(name)
             if rec is None:
                 rec = NodeRecord(name)
-                self.nodes[name] = rec
+                self._nodes[name] = rec
                 # a node seen again (deleted and re-created): the pods still bound there keep their requests
                 for node, cpu, mem in self._requests.values() if self._requests else ():
                     if node == name:
@@ -321,8 +321,8 @@ class ClusterCache:
             except (AllocationError, TopologyError) as exc:
                 log.warning("node %s: pod %s holds %s, which the new topology rejects: %s", rec.name, owner, devs, exc)
                 del rec.owners[owner]
-                self.allocated.pop(owner, None)
-                self.assumed.pop(owner, None)
+                self._allocated.pop(owner, None)
+                self._assumed.pop(owner, None)
                 rec.unattributed[owner] = len(devs)
         for owner, devs in list(rec.reserved.items()):
             try:
@@ -362,7 +362,7 @@ class ClusterCache:
 
     def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
         """(current version, names whose view may have changed since ``version``); ``None`` instead of
-        the names when ``version`` is older than the kept log (the caller starts over from ``views``)."""
+        the names when ``version`` is older than the kept log (the caller starts over from :meth:`ready_views`)."""
         with self.lock:
             now = self.views_version
             if version < self._view_log_base or version > now:
@@ -378,7 +378,7 @@ class ClusterCache:
         self._set_cap(rec.name, cap)
         if rec.topology is None or rec.allocator is None:
             rec.view = None
-            self.views.pop(rec.name, None)
+            self._views.pop(rec.name, None)
             return
         free = frozenset(rec.allocator.free_ids() & rec.healthy) - rec.shares.keys()
         shared = tuple(
@@ -401,9 +401,9 @@ class ClusterCache:
             view = NodeView(rec.topology, free, key, held, admits, cpu_free, mem_free, shared)
             rec.view = view
         if rec.ready:
-            self.views[rec.name] = view
+            self._views[rec.name] = view
         else:
-            self.views.pop(rec.name, None)
+            self._views.pop(rec.name, None)
 
     def _set_cap(self, name: str, cap: tuple[str, int] | None) -> None:
         old = self._node_cap.pop(name, None)
@@ -423,8 +423,8 @@ class ClusterCache:
 
     def delete_node(self, name: str) -> None:
         with self.lock:
-            rec = self.nodes.pop(name, None)
-            self.views.pop(name, None)
+            rec = self._nodes.pop(name, None)
+            self._views.pop(name, None)
             self._view_touched(name)
             if rec is not None:
                 self._dirty.update(rec.owners)
@@ -441,7 +441,7 @@ class ClusterCache:
         for obj in items:
             self.upsert_node(obj)
             seen.add(str((obj.get("metadata") or {}).get("name") or ""))
-        for name in [n for n in self.nodes if n not in seen]:
+        for name in [n for n in self._nodes if n not in seen]:
             self.delete_node(name)
         self.nodes_synced = True
 
@@ -471,7 +471,7 @@ class ClusterCache:
             return
         with self.lock:
             self._charge(uid, info)
-            was_bad = self.bad_pods.pop(uid, None) is not None
+            was_bad = self._bad_pods.pop(uid, None) is not None
             if info.count == 0 and info.milli == 0 and info.gang is None and not was_bad and not self._tracked(uid):
                 return  # asks for no device, names no gang, never held any: nothing to do (most pods)
             change = self._apply_pod(info)
@@ -495,13 +495,13 @@ class ClusterCache:
             if phase in ("Succeeded", "Failed"):
                 self._charge(uid, None)
             self._dirty.add(uid)
-            self.bad_pods[uid] = reason
-            prev = self.allocated.get(uid)
+            self._bad_pods[uid] = reason
+            prev = self._allocated.get(uid)
             if phase in ("Succeeded", "Failed"):
                 self._release(uid)
-                self.pods.pop(uid, None)
+                self._pods.pop(uid, None)
             elif node and count and prev is None:
-                rec = self.nodes.get(node)
+                rec = self._nodes.get(node)
                 if rec is not None:
                     rec.unattributed[uid] = count
                     self._refresh(rec)
@@ -510,51 +510,51 @@ class ClusterCache:
     def _apply_pod(self, info: PodInfo) -> PodChange | None:
         uid = info.uid
         if info.count == 0 and info.milli == 0 and info.gang is None:
-            self.pods.pop(uid, None)
+            self._pods.pop(uid, None)
             self._release(uid)
             return None
-        prev_info = self.pods.get(uid)
+        prev_info = self._pods.get(uid)
         if info.terminal:
-            held = self.allocated.get(uid)
+            held = self._allocated.get(uid)
             self._release(uid)
-            self.pods.pop(uid, None)
+            self._pods.pop(uid, None)
             if info.phase == "Failed" and (held or info.node_name):
                 return PodChange(info, True, info.node_name or (held[0] if held else ""))
             return PodChange(info, False, info.node_name) if prev_info else None
-        self.pods[uid] = info
+        self._pods[uid] = info
         if info.milli:
             if info.node_name and len(info.devices) == 1:
                 share = (info.node_name, info.devices[0], info.milli)
-                if self.shared.get(uid) == share:
-                    self.assumed.pop(uid, None)
+                if self._shared.get(uid) == share:
+                    self._assumed.pop(uid, None)
                     return None
                 self._release(uid)
                 self._hold_share(uid, *share)
-            elif info.node_name and uid not in self.shared:
+            elif info.node_name and uid not in self._shared:
                 log.warning("pod %s is bound to %s with a share but no kube-icl device", info.key, info.node_name)
             return None
         if info.node_name and info.devices:
-            held = self.allocated.get(uid)
+            held = self._allocated.get(uid)
             if held == (info.node_name, info.devices):
-                self.assumed.pop(uid, None)
+                self._assumed.pop(uid, None)
                 return None
             self._release(uid)
             self._hold(uid, info.node_name, info.devices)
             return None
-        if info.node_name and uid not in self.assumed and uid not in self.allocated:
-            rec = self.nodes.get(info.node_name)
+        if info.node_name and uid not in self._assumed and uid not in self._allocated:
+            rec = self._nodes.get(info.node_name)
             if rec is not None and info.count and rec.unattributed.get(uid) != info.count:
                 rec.unattributed[uid] = info.count
                 self._refresh(rec)
         return None
 
     def _hold(self, uid: str, node: str, devices: tuple[str, ...]) -> bool:
-        rec = self.nodes.get(node)
+        rec = self._nodes.get(node)
         if rec is None:
             # Node not seen (yet): remember the holding so it applies when the node arrives.
             rec = NodeRecord(node)
             rec.error = "node not seen yet"
-            self.nodes[node] = rec
+            self._nodes[node] = rec
         if rec.allocator is not None:
             try:
                 rec.allocator.allocate(uid, devices)
@@ -565,31 +565,31 @@ class ClusterCache:
                 return False
         rec.owners[uid] = devices
         rec.unattributed.pop(uid, None)
-        self.allocated[uid] = (node, devices)
+        self._allocated[uid] = (node, devices)
         self._refresh(rec)
         return True
 
     def _hold_share(self, uid: str, node: str, dev: str, milli: int) -> None:
         """Record a share; an over-committed device read from the API server is recorded as it is
         (its free share shows 0), so nothing more is ever promised on it."""
-        rec = self.nodes.get(node)
+        rec = self._nodes.get(node)
         if rec is None:
             rec = NodeRecord(node)
             rec.error = "node not seen yet"
-            self.nodes[node] = rec
+            self._nodes[node] = rec
         users = rec.shares.setdefault(dev, {})
         if sum(users.values()) + milli > MILLI_PER_DEVICE:
             log.error("node %s: device %s is shared beyond one device with pod %s's %d milli", node, dev, uid, milli)
         users[uid] = milli
-        self.shared[uid] = (node, dev, milli)
+        self._shared[uid] = (node, dev, milli)
         self._share_owner(rec, dev, True)
         self._refresh(rec)
 
     def _release_share(self, uid: str) -> None:
-        held = self.shared.pop(uid, None)
+        held = self._shared.pop(uid, None)
         if held is None:
             return
-        rec = self.nodes.get(held[0])
+        rec = self._nodes.get(held[0])
         if rec is None:
             return
         users = rec.shares.get(held[1], {})
@@ -601,12 +601,12 @@ class ClusterCache:
 
     def _release(self, uid: str) -> None:
         self._dirty.add(uid)
-        self.assumed.pop(uid, None)
-        if uid in self.shared:
+        self._assumed.pop(uid, None)
+        if uid in self._shared:
             self._release_share(uid)
             return
-        held = self.allocated.pop(uid, None)
-        for rec in self.nodes.values() if held is None else [self.nodes.get(held[0])]:
+        held = self._allocated.pop(uid, None)
+        for rec in self._nodes.values() if held is None else [self._nodes.get(held[0])]:
             if rec is None:
                 continue
             changed = False
@@ -642,11 +642,11 @@ class ClusterCache:
             for entry, sign in ((old, -1), (new, 1)):
                 if entry is None:
                     continue
-                rec = self.nodes.get(entry[0])
+                rec = self._nodes.get(entry[0])
                 if rec is None and sign > 0:
                     rec = NodeRecord(entry[0])
                     rec.error = "node not seen yet"
-                    self.nodes[entry[0]] = rec
+                    self._nodes[entry[0]] = rec
                 if rec is not None:
                     rec.cpu_used += sign * entry[1]
                     rec.mem_used += sign * entry[2]
@@ -696,11 +696,11 @@ class ClusterCache:
     def _tracked(self, uid: str) -> bool:
         """The cache knows this pod: kept, holding (or assumed to hold) devices, or unreadable."""
         return (
-            uid in self.pods
-            or uid in self.allocated
-            or uid in self.shared
-            or uid in self.assumed
-            or uid in self.bad_pods
+            uid in self._pods
+            or uid in self._allocated
+            or uid in self._shared
+            or uid in self._assumed
+            or uid in self._bad_pods
         )
 
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
@@ -719,10 +719,10 @@ class ClusterCache:
                 if untracked:  # never held a device here: no walk over every node for it
                     return
             self._dirty.add(uid)
-            info = self.pods.pop(uid, None)
-            held = self.allocated.get(uid)
+            info = self._pods.pop(uid, None)
+            held = self._allocated.get(uid)
             self._release(uid)
-            self.bad_pods.pop(uid, None)
+            self._bad_pods.pop(uid, None)
             self.generation += 1
         if info is not None:
             failed = bool(held or info.node_name) and info.phase != "Succeeded"
@@ -738,7 +738,7 @@ class ClusterCache:
         meta = (obj or {}).get("metadata") or {}
         if obj is None or str(meta.get("uid") or "") != uid:
             with self.lock:
-                info = self.pods.get(uid)
+                info = self._pods.get(uid)
                 if len(self._floor) > 100_000:
                     self._floor.clear()
                 self._floor[uid] = _GONE
@@ -761,11 +761,11 @@ class ClusterCache:
             self.upsert_pod(obj)
             seen.add(str((obj.get("metadata") or {}).get("uid") or ""))
         with self.lock:
-            gone = [uid for uid in [*self.pods, *self.allocated, *self.shared, *self._requests] if uid not in seen]
+            gone = [uid for uid in [*self._pods, *self._allocated, *self._shared, *self._requests] if uid not in seen]
         for uid in dict.fromkeys(gone):
-            if uid in self.assumed:
+            if uid in self._assumed:
                 continue  # our own bind in flight; the watch will confirm it
-            info = self.pods.get(uid)
+            info = self._pods.get(uid)
             self.delete_pod({"metadata": {"uid": uid, "name": info.name if info else ""}})
         self.pods_synced = True
 
@@ -794,19 +794,19 @@ class ClusterCache:
     def assume(self, uid: str, node: str, devices: tuple[str, ...], info: PodInfo | None = None) -> None:
         """Hold ``devices`` for a pod whose bind is in flight; raises AllocationError if any is taken."""
         with self.lock:
-            rec = self.nodes.get(node)
+            rec = self._nodes.get(node)
             if rec is None or rec.allocator is None:
                 raise AllocationError(f"node {node!r} is not known with a topology")
-            if uid in self.allocated:
-                raise AllocationError(f"pod {uid} already holds devices on {self.allocated[uid][0]}")
+            if uid in self._allocated:
+                raise AllocationError(f"pod {uid} already holds devices on {self._allocated[uid][0]}")
             rec.allocator.allocate(uid, devices)  # raises and changes nothing on conflict
             rec.owners[uid] = devices
             rec.unattributed.pop(uid, None)
-            self.allocated[uid] = (node, devices)
-            self.assumed[uid] = self.clock()
+            self._allocated[uid] = (node, devices)
+            self._assumed[uid] = self.clock()
             self._dirty.add(uid)
             if info is not None:
-                self.pods[uid] = info
+                self._pods[uid] = info
             self._refresh(rec)
             self.generation += 1
 
@@ -814,11 +814,11 @@ class ClusterCache:
         """Hold ``milli`` of ``dev`` for a pod whose bind is in flight; AllocationError (and no change) when
         the device is held whole, reserved, unhealthy, or has less than ``milli`` left."""
         with self.lock:
-            rec = self.nodes.get(node)
+            rec = self._nodes.get(node)
             if rec is None or rec.allocator is None or rec.view is None:
                 raise AllocationError(f"node {node!r} is not known with a topology")
-            if uid in self.allocated or uid in self.shared:
-                where = self.allocated[uid][0] if uid in self.allocated else self.shared[uid][0]
+            if uid in self._allocated or uid in self._shared:
+                where = self._allocated[uid][0] if uid in self._allocated else self._shared[uid][0]
                 raise AllocationError(f"pod {uid} already holds devices on {where}")
             if not 0 < milli < MILLI_PER_DEVICE:
                 raise AllocationError(f"share: {milli} is not in 1..{MILLI_PER_DEVICE - 1} milli-devices")
@@ -826,16 +826,16 @@ class ClusterCache:
             if milli > left:
                 raise AllocationError(f"device {dev!r} on {node} has {left} milli-devices free; {milli} asked")
             self._hold_share(uid, node, dev, milli)
-            self.assumed[uid] = self.clock()
+            self._assumed[uid] = self.clock()
             self._dirty.add(uid)
             if info is not None:
-                self.pods[uid] = info
+                self._pods[uid] = info
             self.generation += 1
 
     def forget(self, uid: str) -> None:
         """Undo :meth:`assume`; safe to call twice."""
         with self.lock:
-            if uid in self.assumed:
+            if uid in self._assumed:
                 self._release(uid)
                 self.generation += 1
 
@@ -843,7 +843,7 @@ class ClusterCache:
 
     def reserve(self, owner: str, node: str, devices: tuple[str, ...]) -> None:
         with self.lock:
-            rec = self.nodes.get(node)
+            rec = self._nodes.get(node)
             if rec is None or rec.allocator is None:
                 raise AllocationError(f"node {node!r} is not known with a topology")
             rec.allocator.reserve(owner, devices)
@@ -854,7 +854,7 @@ class ClusterCache:
     def unreserve(self, owner: str, node: str) -> None:
         """Safe to call twice, and for a node that is gone."""
         with self.lock:
-            rec = self.nodes.get(node)
+            rec = self._nodes.get(node)
             if rec is None or owner not in rec.reserved:
                 return
             del rec.reserved[owner]
@@ -865,35 +865,35 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ queries
     #
-    # The extender's steps ask these; they do not reach into the dicts above. A caller that needs
+    # The extender's steps, the tests and the benches ask these; the dicts above are private. A caller that needs
     # several answers from one state holds :attr:`lock` (re-entrant) around them.
 
     def view(self, name: str) -> NodeView | None:
         """The node's view while it is ready and has a usable topology, else ``None``."""
-        return self.views.get(name)
+        return self._views.get(name)
 
     def view_lookup(self) -> Callable[[str], NodeView | None]:
         """:meth:`view` as one bound lookup, for a loop over thousands of names (the filter's)."""
-        return self.views.get
+        return self._views.get
 
     def ready_views(self) -> dict[str, NodeView]:
         """Every ready node's view with a usable topology, by name (a copy)."""
         with self.lock:
-            return dict(self.views)
+            return dict(self._views)
 
     def every_view(self) -> dict[str, NodeView]:
         """Every node's view with a usable topology, ready or not, by name (a copy)."""
         with self.lock:
-            return {name: rec.view for name, rec in self.nodes.items() if rec.view is not None}
+            return {name: rec.view for name, rec in self._nodes.items() if rec.view is not None}
 
     def schedulable_views(self) -> list[NodeView]:
         """The views of the ready nodes new pods may go to (not cordoned)."""
         with self.lock:
-            return [r.view for r in self.nodes.values() if r.view is not None and r.ready and not r.unschedulable]
+            return [r.view for r in self._nodes.values() if r.view is not None and r.ready and not r.unschedulable]
 
     def node_view(self, name: str) -> tuple[NodeView | None, str]:
         """The node's view, ready or not (a bind decided on it), or ``None`` and why."""
-        rec = self.nodes.get(name)
+        rec = self._nodes.get(name)
         if rec is None:
             return None, "node is not known to kube-icl"
         return rec.view, rec.error
@@ -901,7 +901,7 @@ class ClusterCache:
     def node_problem(self, name: str) -> tuple[str, bool]:
         """Why a node without a view (:meth:`view`) takes no pod of ours, and whether that is
         unresolvable (no eviction helps: no usable topology)."""
-        rec = self.nodes.get(name)
+        rec = self._nodes.get(name)
         if rec is None:
             return "node is not known to kube-icl yet (no watch event for it)", False
         if rec.view is None:
@@ -910,34 +910,34 @@ class ClusterCache:
 
     def node_config(self, name: str) -> tuple[int, int]:
         """The node's allocatable CPU (milli) and memory (MiB); -1 when not reported or unknown."""
-        rec = self.nodes.get(name)
+        rec = self._nodes.get(name)
         return (rec.cpu_alloc, rec.mem_alloc) if rec is not None else (-1, -1)
 
     def held(self, uid: str) -> tuple[str, tuple[str, ...]] | None:
         """(node, devices) the pod holds whole, assumed binds included."""
         with self.lock:
-            return self.allocated.get(uid)
+            return self._allocated.get(uid)
 
     def held_share(self, uid: str) -> tuple[str, str, int] | None:
         """(node, device, milli-devices) of the pod's share, assumed binds included."""
         with self.lock:
-            return self.shared.get(uid)
+            return self._shared.get(uid)
 
     def is_assumed(self, uid: str) -> bool:
         """Whether the pod's devices are assumed by a bind the watch has not confirmed yet."""
-        return uid in self.assumed
+        return uid in self._assumed
 
     def pod(self, uid: str) -> PodInfo | None:
-        return self.pods.get(uid)
+        return self._pods.get(uid)
 
     def knows_pod(self, uid: str) -> bool:
-        return uid in self.pods
+        return uid in self._pods
 
     def has_node(self, name: str) -> bool:
-        return name in self.nodes
+        return name in self._nodes
 
     def topology_of(self, name: str) -> NodeTopology | None:
-        rec = self.nodes.get(name)
+        rec = self._nodes.get(name)
         return rec.topology if rec is not None else None
 
     def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
@@ -945,7 +945,7 @@ class ClusterCache:
         with self.lock:
             out = {}
             for name in names:
-                rec = self.nodes.get(name)
+                rec = self._nodes.get(name)
                 if rec is not None and rec.view is not None and rec.ready and not rec.unschedulable:
                     out[name] = rec.view
             return out
@@ -954,7 +954,9 @@ class ClusterCache:
         """The cross-node link labels (domain, coordinates, domain kind) of the nodes in a link
         domain, by name: of every node, or of ``names`` only."""
         with self.lock:
-            recs = self.nodes.values() if names is None else [r for n in names if (r := self.nodes.get(n)) is not None]
+            recs = (
+                self._nodes.values() if names is None else [r for n in names if (r := self._nodes.get(n)) is not None]
+            )
             out: dict[str, dict[str, str]] = {}
             for rec in recs:
                 if rec.domain:
@@ -967,18 +969,55 @@ class ClusterCache:
     def gang_members(self, key: str) -> list[tuple[str, PodInfo]]:
         """(uid, pod) of the pods naming gang ``key`` (O(members): the pod table's index)."""
         with self.lock:
-            pods = self.pods
+            pods = self._pods
             return [(uid, pods[uid]) for uid in pods.by_gang.get(key, ())]
 
     def holding_on(self, node: str) -> list[PodInfo]:
         """The pods that hold devices whole on ``node``."""
         with self.lock:
-            return [p for uid, (n, _d) in self.allocated.items() if n == node and (p := self.pods.get(uid)) is not None]
+            return [
+                p for uid, (n, _d) in self._allocated.items() if n == node and (p := self._pods.get(uid)) is not None
+            ]
+
+    def node_names(self) -> list[str]:
+        """Every node the cache knows, ready or not, with a usable topology or not."""
+        with self.lock:
+            return list(self._nodes)
+
+    def free_devices(self, name: str) -> frozenset[str]:
+        """The node's free healthy devices (whole), ready or not; empty for a node without a usable topology."""
+        rec = self._nodes.get(name)
+        return rec.free if rec is not None else frozenset()
+
+    def pods(self) -> dict[str, PodInfo]:
+        """Every pod the cache keeps (asks for our devices, holds a share, or names a gang), by uid (a copy)."""
+        with self.lock:
+            return dict(self._pods)
+
+    def allocations(self) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """uid -> (node, devices) of every pod holding devices whole, assumed binds included (a copy)."""
+        with self.lock:
+            return dict(self._allocated)
+
+    def shares(self) -> dict[str, tuple[str, str, int]]:
+        """uid -> (node, device, milli-devices) of every share held, assumed binds included (a copy)."""
+        with self.lock:
+            return dict(self._shared)
+
+    def assumed_uids(self) -> frozenset[str]:
+        """The pods whose devices are assumed by a bind the watch has not confirmed yet."""
+        with self.lock:
+            return frozenset(self._assumed)
+
+    def reservations(self) -> dict[str, dict[str, tuple[str, ...]]]:
+        """node -> reservation owner -> devices, for the nodes holding any reservation (a copy)."""
+        with self.lock:
+            return {name: dict(rec.reserved) for name, rec in self._nodes.items() if rec.reserved}
 
     def holders(self, name: str) -> NodeHolders | None:
         """Who holds what on the node (a copy), for preemption; ``None`` without a usable topology."""
         with self.lock:
-            rec = self.nodes.get(name)
+            rec = self._nodes.get(name)
             if rec is None or rec.view is None:
                 return None
             return NodeHolders(rec.view, dict(rec.owners), dict(rec.unattributed), frozenset(rec.shares))
@@ -995,7 +1034,7 @@ class ClusterCache:
                     del pools[pool]
                 if not pools:
                     del self._usage[q]
-            info = self.pods.get(uid)
+            info = self._pods.get(uid)
             was = self._pending.pop(uid, None)
             if was is not None:
                 left = self._pending_per_queue[was.queue] - 1
@@ -1007,11 +1046,11 @@ class ClusterCache:
                 continue
             rec: NodeRecord | None = None
             n = 0
-            held = self.allocated.get(uid)
+            held = self._allocated.get(uid)
             if held is not None:
-                rec, n = self.nodes.get(held[0]), len(held[1])
+                rec, n = self._nodes.get(held[0]), len(held[1])
             elif info.node_name:
-                rec = self.nodes.get(info.node_name)
+                rec = self._nodes.get(info.node_name)
                 n = rec.unattributed.get(uid, 0) if rec is not None else 0
             elif info.count > 0 and not info.deleting:
                 self._pending[uid] = info
@@ -1046,9 +1085,9 @@ class ClusterCache:
 
     def find_pod(self, namespace: str, name: str, uid: str = "") -> PodInfo | None:
         with self.lock:
-            if uid and uid in self.pods:
-                return self.pods[uid]
-            for p in self.pods.values():
+            if uid and uid in self._pods:
+                return self._pods[uid]
+            for p in self._pods.values():
                 if p.namespace == namespace and p.name == name and (not uid or p.uid == uid):
                     return p
         return None
@@ -1057,8 +1096,8 @@ class ClusterCache:
         """Allocations per node, for ``/debug/state``."""
         with self.lock:
             nodes = {}
-            for name in sorted(self.nodes):
-                rec = self.nodes[name]
+            for name in sorted(self._nodes):
+                rec = self._nodes[name]
                 nodes[name] = {
                     "topology": rec.topology.fingerprint if rec.topology is not None else None,
                     "error": rec.error or None,
@@ -1066,11 +1105,11 @@ class ClusterCache:
                     "healthy": len(rec.healthy),
                     "free": sorted(rec.free, key=lambda d: rec.index.get(d, 0)),
                     "allocations": {
-                        (self.pods[u].key if u in self.pods else u): list(d) for u, d in sorted(rec.owners.items())
+                        (self._pods[u].key if u in self._pods else u): list(d) for u, d in sorted(rec.owners.items())
                     },
                     "reservations": {o: list(d) for o, d in sorted(rec.reserved.items())},
                     "shares": {
-                        dev: {(self.pods[u].key if u in self.pods else u): m for u, m in sorted(users.items())}
+                        dev: {(self._pods[u].key if u in self._pods else u): m for u, m in sorted(users.items())}
                         for dev, users in sorted(rec.shares.items())
                     },
                     "unattributed": dict(sorted(rec.unattributed.items())),
@@ -1080,17 +1119,17 @@ class ClusterCache:
             return {
                 "synced": self.synced,
                 "nodes": nodes,
-                "assumed": sorted(self.assumed),
-                "badPods": dict(sorted(self.bad_pods.items())),
+                "assumed": sorted(self._assumed),
+                "badPods": dict(sorted(self._bad_pods.items())),
             }
 
     def check_invariants(self) -> None:
         """No device held twice, across allocations and reservations (tests call this)."""
         with self.lock:
-            for uid, (node, dev, milli) in self.shared.items():
-                if self.nodes[node].shares.get(dev, {}).get(uid) != milli:
+            for uid, (node, dev, milli) in self._shared.items():
+                if self._nodes[node].shares.get(dev, {}).get(uid) != milli:
                     raise AssertionError(f"node {node}: share of pod {uid} on {dev} is not recorded")
-            for rec in self.nodes.values():
+            for rec in self._nodes.values():
                 for dev, users in rec.shares.items():
                     if sum(users.values()) > MILLI_PER_DEVICE:
                         raise AssertionError(f"node {rec.name}: device {dev} shared beyond one device: {users}")
@@ -1106,10 +1145,10 @@ class ClusterCache:
                     raise AssertionError(f"node {rec.name}: free set overlaps holdings")
             self._settle()
             usage: dict[str, dict[str, int]] = {}
-            for uid, info in self.pods.items():
-                held = self.allocated.get(uid)
+            for uid, info in self._pods.items():
+                held = self._allocated.get(uid)
                 node = held[0] if held is not None else info.node_name
-                where = self.nodes.get(node) if node else None
+                where = self._nodes.get(node) if node else None
                 if where is None or where.topology is None:
                     continue
                 n = len(held[1]) if held is not None else where.unattributed.get(uid, 0)
@@ -1119,16 +1158,14 @@ class ClusterCache:
                     pools[pool] = pools.get(pool, 0) + n
             if usage != self._usage:
                 raise AssertionError(f"queue usage drifted: kept {self._usage}, recomputed {usage}")
-            kept = {key: set(uids) for key, uids in self.pods.by_gang.items()}
-            if kept != gang_index(self.pods.items()):
-                raise AssertionError(f"gang index drifted: kept {kept}, recomputed {gang_index(self.pods.items())}")
+            self._pods.check_index()
             waiting: dict[str, int] = {}
             for info in self._pending.values():
                 waiting[info.queue] = waiting.get(info.queue, 0) + 1
             if waiting != self._pending_per_queue:
                 raise AssertionError(f"pending per queue drifted: kept {self._pending_per_queue}, recomputed {waiting}")
             cap: dict[str, int] = {}
-            for rec in self.nodes.values():
+            for rec in self._nodes.values():
                 if rec.topology is not None:
                     cap[rec.topology.fingerprint] = cap.get(rec.topology.fingerprint, 0) + len(rec.healthy)
             if cap != self._capacity:

@@ -35,7 +35,7 @@ from typing import Any
 
 from scheduler import fairshare
 from scheduler.binding import Announce, Binding, Devices, GangRecord, Lease, Request, Unsure
-from scheduler.cache import ClusterCache, NodeView
+from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.cycle import Cycle
 from scheduler.decision import Decision
@@ -45,7 +45,6 @@ from scheduler.gang import RECORD_LABEL, GangManager, record_name
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
-from scheduler.nodefit import FitTiers, Need, NodeEval
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import NamedVictims, Preemption
 from scheduler.sharing import SharePolicy
@@ -59,11 +58,9 @@ from scheduler.wire import (
     ExtenderPreemptionResult,
     HostPriority,
 )
-from topology import Shape
-from topology.policy import Ask as PolicyAsk
-from topology.policy import Balance, Weights, linked_policy
+from topology.policy import Weights, linked_policy
 
-__all__ = ["Extender", "FitTiers", "NodeEval"]
+__all__ = ["Extender"]
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +124,8 @@ class Extender:
         self._shares = Shares(self.shares, fits)
         self._not_ours = NotOurs()
         self._fair = FairShare(cache, cfg, self.gangs, self.fit, fits)
-        self._gang = Gang(self.gangs, api, self._lead, self._lease_wait_s)
+        # The gang step (public: its group_sizes are the gang sizes read from PodGroup objects).
+        self.gang_step = Gang(self.gangs, api, self._lead, self._lease_wait_s)
         self._record = GangRecord(
             api, self.gangs, cfg.leader_election.namespace, self._holder, self._queue_record_deletion
         )
@@ -140,10 +138,10 @@ class Extender:
                 self._not_ours,
                 GangAdmission(self.gangs),
                 self._fair,
-                self._gang,
+                self.gang_step,
             ),
             filter=self.fit,
-            score=(self._shares, self._not_ours, self._gang, self.fit),
+            score=(self._shares, self._not_ours, self.gang_step, self.fit),
             pre_bind=(Lease(self._lead, self._lease_wait_s), Request()),
             reserve=(self._record, Devices(cache, self.gangs, self.shares, self.decision, self._unsure)),
             bind=self._binding,
@@ -217,10 +215,6 @@ class Extender:
     def _holder(self) -> str:
         return self.leader.identity if self.leader is not None else self.cfg.event_component
 
-    def _record_gang(self, key: str) -> str:
-        """Write the gang's reservation record before its first member binds; "" or why it failed."""
-        return self._record.record(key)
-
     def _queue_record_deletion(self, key: str) -> None:
         if self.api is None:
             return
@@ -232,26 +226,6 @@ class Extender:
         if self._evict_thread is not None:
             self._evictions.join()
         self.events.flush()
-
-    # ------------------------------------------------------------------ per-node evaluation (scheduler.nodefit)
-
-    @property
-    def _group_sizes(self) -> dict[tuple[str, str, str, str], tuple[int | None, float]]:
-        return self._gang.group_sizes
-
-    def need(self, shape: Shape, info: PodInfo | None = None) -> Need:
-        """The policy's request for ``shape`` (:meth:`scheduler.nodefit.NodeFit.need`)."""
-        return self.fit.need(shape, info)
-
-    def evaluate(self, view: NodeView, shape: Shape, skey: str | None = None, need: Need | None = None) -> NodeEval:
-        """Whether ``shape`` fits this node view, why not, and its score (memoised)."""
-        return self.fit.evaluate(view, shape, skey, need)
-
-    def _evaluate(self, view: NodeView, ask: PolicyAsk, balance: Balance) -> NodeEval:
-        return self.fit.verdict(view, ask, balance)
-
-    def _best_fitting(self, names: list[str], need: Need, shape: Shape, keep: int) -> list[str]:
-        return self.fit.best_fitting(names, need, shape, keep)
 
     # ------------------------------------------------------------------ filter
 
@@ -504,6 +478,11 @@ class Extender:
             self.events.record(info.namespace, info.name, info.uid, reason, message, event_type)
 
     # ------------------------------------------------------------------ state for /debug and /metrics
+
+    def unsure_binds(self) -> frozenset[str]:
+        """The uids of the pods whose Binding's outcome is still unknown (their devices stay assumed)."""
+        with self.cache.lock:
+            return frozenset(self._unsure)
 
     def _share_metrics(self) -> dict[str, tuple[float, int]]:
         used = self.cache.used_by_queue()

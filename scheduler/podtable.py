@@ -1,10 +1,11 @@
 """The cache's pods by uid, with an index of gang members by gang key.
 
-:class:`PodTable` is the dict :attr:`scheduler.cache.ClusterCache.pods` (uid -> :class:`PodInfo`)
-that keeps :attr:`PodTable.by_gang` (gang key -> uids of the pods naming that gang, in the order
-they came) up to date on every write, so the gang code looks at a gang's own members instead of
-every pod in the cache (the layout at each member's bind, survivors, failing a gang). A restart
-rebuilds it with the pods. :func:`gang_index` computes it afresh (the cache's invariant check).
+:class:`PodTable` is the cache's private dict of pods (uid -> :class:`PodInfo`; callers ask
+:meth:`scheduler.cache.ClusterCache.pods`) that keeps :attr:`PodTable.by_gang` (gang key -> uids of
+the pods naming that gang, in the order they came) up to date on every write, so the gang code looks
+at a gang's own members instead of every pod in the cache (the layout at each member's bind,
+survivors, failing a gang). A restart rebuilds it with the pods. :func:`gang_index` computes it
+afresh (:meth:`PodTable.check_index`, run by the cache's invariant check).
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ class PodTable(dict[str, PodInfo]):
     def __ior__(self, other: Any) -> PodTable:  # type: ignore[override,misc]
         self.update(other)
         return self
+
+    def check_index(self) -> None:
+        """Raise AssertionError when :attr:`by_gang` differs from the index computed afresh."""
+        kept = {key: set(uids) for key, uids in self.by_gang.items()}
+        fresh = gang_index(self.items())
+        if kept != fresh:
+            raise AssertionError(f"gang index drifted: kept {kept}, recomputed {fresh}")
 
     def members(self, key: str) -> Iterator[PodInfo]:
         """The pods naming gang ``key``, in the order they came (O(members))."""

@@ -222,7 +222,7 @@ def test_preemption_adds_a_surplus_holder_before_another_holder() -> None:
     assert c.schedule(members[0]) == "a"
     c.ext.sweep()
     assert c.schedule(members[1]) == "a"
-    free = sorted(c.cache.nodes["a"].free)
+    free = sorted(c.cache.free_devices("a"))
     assert free == []
     hi = c.add(pod_obj("hi", 4, "any", priority=100))
     out = _preempt(c, hi, {"a": ["not-a-holder"]})
@@ -342,7 +342,7 @@ def test_preemption_victims_against_brute_force(data: st.DataObject) -> None:
     hi = c.add(pod_obj("hi", count, shape_text, priority=100))
     out = _preempt(c, hi, {"a": ["not-a-holder"]})
 
-    topo = c.cache.nodes["a"].topology
+    topo = c.cache.topology_of("a")
     assert topo is not None
     placer = Placer.for_topology(topo)
     shape = parse_shape(shape_text, count)

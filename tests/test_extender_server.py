@@ -32,7 +32,7 @@ def h() -> Iterator[ExtenderHarness]:
         harness.fake.put_node(node_obj("a", "ring:8"))
         harness.fake.put_node(node_obj("b", "mesh:4x4"))
         harness.fake.put_node(node_obj("bad", None, annotations={"kube-icl.io/topology": "{not json"}))
-        harness.seen(lambda: len(harness.cache.nodes) == 3)
+        harness.seen(lambda: len(harness.cache.node_names()) == 3)
         yield harness
 
 
@@ -303,7 +303,7 @@ def test_https_with_a_given_certificate(tmp_path: Path) -> None:
     cfg = ExtenderConfig(tls_cert=str(cert), tls_key=str(key))
     with ExtenderHarness(cfg) as h:
         h.fake.put_node(node_obj("a", "ring:8"))
-        wait_for(lambda: "a" in h.cache.nodes)
+        wait_for(lambda: h.cache.has_node("a"))
         assert h.server.url.startswith("https://")
         ctx = ssl.create_default_context(cafile=str(cert))
         ctx.check_hostname = False

@@ -19,7 +19,7 @@ def test_concurrent_schedulers_never_double_assign() -> None:
         for name in ("a", "b"):
             h.fake.put_node(node_obj(name, "torus:4x4"))
         pods = [h.fake.put_pod(pod_obj(f"p{i}", 2, "ring")) for i in range(24)]
-        h.seen(lambda: len(h.cache.nodes) == 2 and len(h.cache.pods) == 24)
+        h.seen(lambda: len(h.cache.node_names()) == 2 and len(h.cache.pods()) == 24)
         h.fake.inject("POST", "/binding", 409, 500, 500)  # some binds fail after the annotation is written
         placed: list[str] = []
         threads = 6
@@ -41,7 +41,7 @@ def test_concurrent_schedulers_never_double_assign() -> None:
             w.join()
         assert len(placed) == 16, "2 nodes x 16 devices hold exactly 16 rings of 2"
         assert h.fake.fail[("POST", "/binding")] == [], "the injected Binding failures happened"
-        h.seen(lambda: not h.cache.assumed, "every bind confirmed by the watch")
+        h.seen(lambda: not h.cache.assumed_uids(), "every bind confirmed by the watch")
         held: Counter[tuple[str, str]] = Counter()
         bound = 0
         for pod in h.fake.pods.values():

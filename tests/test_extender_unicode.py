@@ -30,7 +30,7 @@ def h() -> Iterator[ExtenderHarness]:
         harness.fake.put_node(node_obj("b", "mesh:4x4"))
         harness.fake.put_pod(pod_obj("held", 2, "ring", node="a", annotations={"kube-icl.io/devices": "0,1"}))
         harness.fake.put_pod(pod_obj("waiting", 2, "ring"))
-        harness.seen(lambda: len(harness.cache.nodes) == 2 and len(harness.cache.pods) == 2)
+        harness.seen(lambda: len(harness.cache.node_names()) == 2 and len(harness.cache.pods()) == 2)
         yield harness
 
 

@@ -63,7 +63,7 @@ def cluster() -> Iterator[ExtenderHarness]:
         h.fake.put_node(node_obj("node-c", None))
         h.fake.put_pod(fixture("pod-bound.json"))
         h.fake.put_pod(fixture("pod-pending.json"))
-        h.seen(lambda: "node-c" in h.cache.nodes and len(h.cache.pods) == 2)
+        h.seen(lambda: h.cache.has_node("node-c") and len(h.cache.pods()) == 2)
         yield h
 
 

@@ -164,14 +164,14 @@ def test_an_unknown_outcome_holds_the_devices_until_the_api_server_says(fake: Fa
         error = r.bind(first, "a")
         assert "outcome is unknown" in error and "stay held" in error
         uid = first["metadata"]["uid"]
-        assert r.cache.allocated[uid][0] == "a" and uid in r.cache.assumed
+        assert (r.cache.held(uid) or ("",))[0] == "a" and r.cache.is_assumed(uid)
         assert r.bind(second, "a") == ""
         assert "no longer fits" in r.bind(third, "a")
         assert held_twice(fake) == []
         clock.now += 1.5  # past kube.requestTimeoutSeconds: sweep asks the API server again
         r.ext.sweep()
-        assert uid not in r.cache.assumed and r.cache.allocated[uid][0] == "a"
-        assert not r.ext._unsure
+        assert not r.cache.is_assumed(uid) and (r.cache.held(uid) or ("",))[0] == "a"
+        assert not r.ext.unsure_binds()
     finally:
         r.stop()
 
@@ -186,12 +186,12 @@ def test_an_unknown_outcome_that_did_not_land_frees_the_devices_after_the_rechec
         error = r.bind(first, "a")
         assert "outcome is unknown" in error
         uid = first["metadata"]["uid"]
-        assert uid in r.cache.allocated, "held until the request surely ended"
+        assert r.cache.held(uid) is not None, "held until the request surely ended"
         r.ext.sweep()
-        assert uid in r.cache.allocated, "not before the recheck time"
+        assert r.cache.held(uid) is not None, "not before the recheck time"
         clock.now += 1.5
         r.ext.sweep()
-        assert uid not in r.cache.allocated and not r.ext._unsure
+        assert r.cache.held(uid) is None and not r.ext.unsure_binds()
         assert r.bind(first, "a") == ""  # kube-scheduler's retry
     finally:
         r.stop()
@@ -204,7 +204,7 @@ def test_a_definite_refusal_frees_the_devices_at_once(fake: FakeAPIServer) -> No
     try:
         fake.inject("POST", "/binding", 422)
         assert "injected 422" in r.bind(first, "a")
-        assert first["metadata"]["uid"] not in r.cache.allocated
+        assert r.cache.held(first["metadata"]["uid"]) is None
     finally:
         r.stop()
 
@@ -270,7 +270,8 @@ def test_only_the_lease_holder_binds_and_a_graceful_stop_hands_it_over(fake: Fak
     two = replica(fake, _config(), watch=True, identity="two")
     try:
         assert one.bind(pods[0], "a") == ""
-        error = two.ext._lead(0.5)  # one holds it and renews (it was called just now)
+        assert two.ext.leader is not None
+        error = two.ext.leader.ensure(0.5)  # one holds it and renews (it was called just now)
         assert "extender replica one holds the lease" in error
         for r in (one, two):
             r.ext.sweep()
@@ -350,7 +351,7 @@ def test_a_gang_reservation_is_recorded_before_the_first_member_binds_and_restor
         assert [s.pod_uid for s in claimed] == [members[0]["metadata"]["uid"]]
         for s in restored.slots:
             if not s.pod_uid:
-                assert new.cache.nodes[s.node].reserved[s.owner] == s.devices
+                assert new.cache.reservations()[s.node][s.owner] == s.devices
         for member in members[1:]:
             allowed = new.filter(member, ["a", "b"])
             assert allowed and new.bind(member, allowed[0]) == ""
@@ -408,6 +409,6 @@ def test_a_fresh_list_merged_after_takeover_never_rolls_the_watch_back() -> None
     new = pod_obj("new", 2, "ring", node="a", annotations={"kube-icl.io/devices": "2,3"})
     new["metadata"]["resourceVersion"] = "11"  # bound, but its watch event has not arrived
     assert cache.merge_pods([old, new]) == 1
-    assert old["metadata"]["uid"] not in cache.allocated, "a deleted pod is not brought back by an older list"
-    assert cache.allocated[new["metadata"]["uid"]] == ("a", ("2", "3"))
+    assert cache.held(old["metadata"]["uid"]) is None, "a deleted pod is not brought back by an older list"
+    assert cache.held(new["metadata"]["uid"]) == ("a", ("2", "3"))
     cache.check_invariants()

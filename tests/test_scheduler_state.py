@@ -133,8 +133,8 @@ class BindMachine(RuleBasedStateMachine):
         event(f"bind: {'failed' if out.error else 'bound'}{' (injected ' + fail + ' failure)' if fail else ''}")
         if out.error:
             # A 5xx may come after the write: the devices stay held until the API server says (sweep asks).
-            unsure = meta["uid"] in self.ext._unsure
-            assert meta["uid"] not in self.cache.allocated or unsure, "a failed bind must forget its devices"
+            unsure = meta["uid"] in self.ext.unsure_binds()
+            assert self.cache.held(meta["uid"]) is None or unsure, "a failed bind must forget its devices"
             assert "kube-icl.io/devices" not in stored["metadata"].get("annotations", {}), "one write: all or nothing"
             return
         assert stored["spec"]["nodeName"] == node
@@ -164,7 +164,7 @@ class BindMachine(RuleBasedStateMachine):
         """Time passes beyond the API request timeout: sweep asks the API server about unknown outcomes."""
         self.clock.now += CONFIG.kube.request_timeout_s + 0.5
         self.ext.sweep()
-        assert not self.ext._unsure
+        assert not self.ext.unsure_binds()
 
     @rule()
     def restart(self) -> None:
@@ -177,29 +177,32 @@ class BindMachine(RuleBasedStateMachine):
     @invariant()
     def reservations_match_the_cache(self) -> None:
         live = set()
+        reservations = self.cache.reservations()
         for res in self.ext.gangs.reservations.values():
             for slot in res.slots:
                 if slot.pod_uid:
-                    held = self.cache.allocated.get(slot.pod_uid)
+                    held = self.cache.held(slot.pod_uid)
                     assert held is None or held == (slot.node, slot.devices)
                 else:
                     live.add(slot.owner)
-                    assert self.cache.nodes[slot.node].reserved.get(slot.owner) == slot.devices
-        reserved = {o for rec in self.cache.nodes.values() for o in rec.reserved}
+                    assert reservations.get(slot.node, {}).get(slot.owner) == slot.devices
+        reserved = {o for owners in reservations.values() for o in owners}
         assert reserved == live, "a reservation leaked or vanished"
 
     @invariant()
     def gang_index_matches_a_fresh_computation(self) -> None:
         """The cache's index of gang members (kept on every pod event, rebuilt at restart) equals a scan of all pods."""
         scan: dict[str, set[str]] = {}
-        for uid, info in self.cache.pods.items():
+        pods = self.cache.pods()
+        for uid, info in pods.items():
             if info.gang is not None:
                 scan.setdefault(info.gang.key, set()).add(uid)
-        assert {k: set(v) for k, v in self.cache.pods.by_gang.items()} == scan
+        for key, uids in scan.items():
+            assert {uid for uid, _info in self.cache.gang_members(key)} == uids, key
         for uids in scan.values():
-            gang = self.cache.pods[next(iter(uids))].gang
+            gang = pods[next(iter(uids))].gang
             assert gang is not None
-            bound = sorted(u for u in uids if u in self.cache.allocated)
+            bound = sorted(u for u in uids if self.cache.held(u) is not None)
             assert sorted(p.uid for p in self.ext.gangs.members_bound(gang)) == bound
 
     @invariant()
@@ -217,13 +220,13 @@ class BindMachine(RuleBasedStateMachine):
         for count, text in ASKS:
             shape = parse_shape(text, count=count)
             fresh = {}
-            need = self.ext.need(shape)
+            need = self.ext.fit.need(shape)
             for name in NODES:
-                view = self.cache.views.get(name)
-                if view is not None and (ev := self.ext._evaluate(view, need[0], need[1])).ok:
+                view = self.cache.view(name)
+                if view is not None and (ev := self.ext.fit.verdict(view, need[0], need[1])).ok:
                     fresh[name] = ev.score
             for keep in (1, len(NODES)):
-                best = self.ext._best_fitting(list(NODES), need, shape, keep)
+                best = self.ext.fit.best_fitting(list(NODES), need, shape, keep)
                 assert set(best) <= set(fresh) and len(best) == min(keep, len(fresh)), (text, count, best, fresh)
                 assert min((fresh[n] for n in best), default=0) >= max(
                     (fresh[n] for n in fresh if n not in best), default=0
@@ -244,17 +247,17 @@ class BindMachine(RuleBasedStateMachine):
 
     @invariant()
     def holdings_have_their_shape(self) -> None:
-        for uid, (node, devs) in self.cache.allocated.items():
-            info = self.cache.pods.get(uid)
-            rec = self.cache.nodes[node]
-            assert info is not None and rec.topology is not None
+        for uid, (node, devs) in self.cache.allocations().items():
+            info = self.cache.pod(uid)
+            topology = self.cache.topology_of(node)
+            assert info is not None and topology is not None
             shape = parse_shape(info.shape, count=info.count)
-            assert Placer.for_topology(rec.topology).is_valid(shape, devs), (info.shape, devs)
+            assert Placer.for_topology(topology).is_valid(shape, devs), (info.shape, devs)
 
     @invariant()
     def api_and_cache_agree_on_bound_pods(self) -> None:
         for uid, node, devs in _bound_devices(self.api):
-            assert self.cache.allocated.get(uid) == (node, devs)
+            assert self.cache.held(uid) == (node, devs)
 
 
 TestBindMachine = BindMachine.TestCase

@@ -193,19 +193,19 @@ def test_bind_refuses_a_node_where_the_share_no_longer_fits() -> None:
     out = ext.bind(ExtenderBindingArgs(meta["name"], meta["namespace"], meta["uid"], "a"))
     assert "no longer fits" in out.error
     assert not api.pods[("default", "s")]["spec"].get("nodeName")
-    assert meta["uid"] not in cache.shared
+    assert cache.held_share(meta["uid"]) is None
 
 
 def test_restart_rebuilds_shares_from_the_api_server() -> None:
     api, cache, ext = world({"a": "ring:2", "b": "ring:2"})
     for i, milli in enumerate((700, 300, 400)):
         assert schedule(ext, api, submit(api, cache, share_pod(f"s{i}", milli)), ["a", "b"])[1] == ""
-    before = dict(cache.shared)
+    before = cache.shares()
     fresh = ClusterCache(DEFAULT_RESOURCE)
     Informer(api, fresh).sync_once()
-    assert fresh.shared == before
+    assert fresh.shares() == before
     fresh.check_invariants()
-    assert {v.key for v in fresh.views.values()} == {v.key for v in cache.views.values()}
+    assert {v.key for v in fresh.ready_views().values()} == {v.key for v in cache.ready_views().values()}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -241,7 +241,7 @@ def test_filter_passes_exactly_the_fill_policys_best_nodes(
     kept = [
         TaskRequest(0, 0, 1, int(p["spec"]["containers"][0]["resources"]["requests"][MILLI]))
         for p in api.pods.values()
-        if p["metadata"]["name"] != "new" and p["metadata"]["uid"] in cache.shared
+        if p["metadata"]["name"] != "new" and cache.held_share(p["metadata"]["uid"]) is not None
     ]
     workload = TargetWorkload.from_tasks([*kept, TaskRequest(cpu, 0, 1, ask)])
     specs = [GpuNodeSpec(n, 32000, 256 * 1024, 4) for n in nodes]
@@ -346,7 +346,7 @@ class ShareMachine(RuleBasedStateMachine):
     @invariant()
     def cache_agrees_with_the_api_server(self) -> None:
         live = {uid: (node, dev, milli) for uid, node, dev, milli in bound_shares(self.api)}
-        mine = {uid: v for uid, v in self.cache.shared.items() if uid not in self.cache.assumed}
+        mine = {uid: v for uid, v in self.cache.shares().items() if not self.cache.is_assumed(uid)}
         assert mine == live
 
 

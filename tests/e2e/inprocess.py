@@ -72,13 +72,17 @@ class InProcessExtender:
         created = self.control_plane.core.create_namespaced_pod(namespace, cast(Any, body))
         uid = str(created.metadata.uid)
         name = body["metadata"]["name"]
-        wait_for(lambda: self.cache.allocated.get(uid, ("", ()))[0] == node, timeout_s=30, what=f"{name} in the cache")
+        wait_for(lambda: (self.cache.held(uid) or ("", ()))[0] == node, timeout_s=30, what=f"{name} in the cache")
         return uid
 
     def wait_cached(self, names: Iterable[str]) -> None:
         """Until the extender's cache knows every node in ``names``."""
         wanted = list(names)
-        wait_for(lambda: all(n in self.cache.views for n in wanted), timeout_s=30, what="nodes in the extender cache")
+        wait_for(
+            lambda: all(self.cache.view(n) is not None for n in wanted),
+            timeout_s=30,
+            what="nodes in the extender cache",
+        )
 
 
 def shaped_pod(

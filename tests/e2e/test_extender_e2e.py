@@ -212,7 +212,7 @@ def test_preemption_frees_a_whole_shape(control_plane: ControlPlane, extender: R
         _create(control_plane, namespace, pinned(f"low{i}", 2, "ring", "icl-e2e-low"))
     for i in range(8):
         _devices(control_plane, namespace, f"low{i}")
-    assert extender.cache.nodes[torus].free == frozenset()
+    assert extender.cache.free_devices(torus) == frozenset()
     _create(control_plane, namespace, pinned("high", 4, "mesh:2x2", "icl-e2e-high"))
     node, devices = _devices(control_plane, namespace, "high")
     assert node == torus
@@ -317,5 +317,5 @@ def test_gang_size_comes_from_a_scheduler_plugins_pod_group(
     placed = [_devices(control_plane, namespace, f"pg{i}") for i in range(2)]
     assert placed[0][0] == placed[1][0], f"both members on the node reserved for the PodGroup: {placed}"
     assert not set(placed[0][1]) & set(placed[1][1])
-    size, _when = extender.ext._group_sizes[("scheduler-plugins", namespace, "trainer", "")]
+    size, _when = extender.ext.gang_step.group_sizes[("scheduler-plugins", namespace, "trainer", "")]
     assert size == 2, "the gang size was read from the PodGroup object"

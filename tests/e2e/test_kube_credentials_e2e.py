@@ -120,7 +120,9 @@ def test_extender_publisher_and_topo_show_through_an_exec_plugin(
         publisher = NodePublisher(KubernetesNodePatcher(session), node, link_domain="rack-exec")
         assert asyncio.run(publisher.publish(topo)), publisher.last_error
         # ... and the extender's watch, authenticated the same way, sees it.
-        wait_for(lambda: node in cache.views, timeout_s=30, what="published topology seen by the extender's watch")
+        wait_for(
+            lambda: cache.view(node) is not None, timeout_s=30, what="published topology seen by the extender's watch"
+        )
 
         pod_body: Any = {
             "apiVersion": "v1",

@@ -172,7 +172,7 @@ async def test_kubelet_device_manager_gets_the_extenders_share_device(
         control_plane.core.patch_node_status(node, {"status": {"allocatable": resources, "capacity": resources}})
     try:
         await asyncio.to_thread(
-            wait_for, lambda: node in extender.cache.views, timeout_s=30, what="the node in the extender cache"
+            wait_for, lambda: extender.cache.view(node) is not None, timeout_s=30, what="the node in the extender cache"
         )
         # 700 + 700 need two devices; the 250s then pack by the policy; p3 and p1 may share a device
         asks = [("p0", 700), ("p1", 700), ("p2", 250), ("p3", 250)]
