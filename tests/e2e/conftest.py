@@ -8,7 +8,6 @@ build them; with ``ICL_E2E_REQUIRED=1`` (CI) that skip is a failure.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -36,10 +35,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A fresh namespace; its pods are force-deleted after the test."""
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    control_plane.ensure_namespace(name)
-    yield name
-    control_plane.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    with control_plane.scratch_namespace("e2e") as name:
+        yield name
 
 
 @pytest.hookimpl(wrapper=True)

@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -811,6 +812,16 @@ class ControlPlane:
         except k8s.ApiException as error:
             if error.status != 409:
                 raise
+
+    @contextlib.contextmanager
+    def scratch_namespace(self, prefix: str, hex_digits: int = 8) -> Iterator[str]:
+        """A fresh namespace ``PREFIX-<random hex>``, created; its pods are force-deleted on leaving."""
+        name = f"{prefix}-{uuid.uuid4().hex[:hex_digits]}"
+        self.ensure_namespace(name)
+        try:
+            yield name
+        finally:
+            self.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
     def create_node(
         self,

@@ -102,6 +102,14 @@ def objects(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
 
 
+def release_namespace(plane: ControlPlane, prefix: str) -> tuple[str, str]:
+    """A fresh suffix (6 hex digits) and the namespace ``PREFIX-SUFFIX``, created, to render a release into."""
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"{prefix}-{suffix}"
+    plane.ensure_namespace(namespace)
+    return suffix, namespace
+
+
 @pytest.mark.parametrize("name", VALUES)
 def test_the_chart_lints_strictly(helm: str, name: str) -> None:
     values = VALUES[name]
@@ -333,9 +341,7 @@ def subject_access(plane: ControlPlane, user: str, verb: str, resource: str, *ex
 @pytest.fixture(scope="module")
 def installed_rbac(control_plane: ControlPlane, helm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The service accounts and RBAC of a sidecar release and a remote release, applied for real."""
-    suffix = uuid.uuid4().hex[:6]
-    namespace = f"icl-rbac-{suffix}"
-    control_plane.ensure_namespace(namespace)
+    suffix, namespace = release_namespace(control_plane, "icl-rbac")
     rendered = template(helm, None, release=f"side-{suffix}", namespace=namespace) + "\n---\n"
     rendered += template(helm, VALUES["remote-mtls"], release=f"remote-{suffix}", namespace=namespace)
     rbac = [d for d in objects(rendered) if d["kind"] in RBAC_KINDS]
@@ -461,9 +467,7 @@ def test_the_node_patch_policy_names_the_releases_plugin(
     control_plane: ControlPlane, helm: str, tmp_path: Path
 ) -> None:
     """A release in another namespace: its plugin may patch only its own node's kube-icl.io/ keys."""
-    suffix = uuid.uuid4().hex[:6]
-    namespace = f"icl-vap-{suffix}"
-    control_plane.ensure_namespace(namespace)
+    suffix, namespace = release_namespace(control_plane, "icl-vap")
     docs = objects(template(helm, None, release=f"vap-{suffix}", namespace=namespace))
     wanted = RBAC_KINDS | {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     path = tmp_path / "vap.yaml"

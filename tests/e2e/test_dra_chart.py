@@ -3,7 +3,6 @@ API server, absent by default, and a bad driver name is refused by the values sc
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,9 @@ from deviceplugin.dra.classes import device_classes
 from deviceplugin.dra.pool import DRIVER
 
 from .harness import ControlPlane
-from .test_chart import helm_path, objects, run_helm, template
+from .test_chart import CHART, helm_path, objects, release_namespace, run_helm, template
 
 pytestmark = pytest.mark.e2e
-
-CHART = Path(__file__).resolve().parents[2] / "charts" / "kube-icl"
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +49,7 @@ def test_the_driver_daemonset_runs_icl_dra_run_and_its_account_has_exactly_its_r
 
     from .test_chart import can_i
 
-    suffix = uuid.uuid4().hex[:6]
-    namespace = f"icl-dra-{suffix}"
-    control_plane.ensure_namespace(namespace)
+    suffix, namespace = release_namespace(control_plane, "icl-dra")
     sets = [
         "dra.enabled=true",
         "dra.backend=sim",

@@ -12,12 +12,13 @@ into a CDI spec whose environment lists the chips in rank order.
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from kubernetes import client as k8s
@@ -175,10 +176,8 @@ def _pending_reason(plane: ControlPlane, namespace: str, pod: str) -> str:
 
 @pytest.fixture
 def ns(plane: ControlPlane) -> Iterator[str]:
-    name = f"dra-{uuid.uuid4().hex[:6]}"
-    plane.ensure_namespace(name)
-    yield name
-    plane.core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    with plane.scratch_namespace("dra", hex_digits=6) as name:
+        yield name
 
 
 def _publishers(plane: ControlPlane, topo: NodeTopology) -> dict[str, PoolPublisher]:
@@ -266,8 +265,6 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
     """``icl dra run`` as a process for a torus:4x4 node; the test plays the kubelet on its sockets."""
     import asyncio
     import json
-    import signal
-    import subprocess
 
     import grpc.aio
 
@@ -409,16 +406,21 @@ def test_icl_dra_run_publishes_reorders_and_prepares_for_the_kubelet(plane: Cont
                 for s in ("ring:2", "ring:4", "ring:8", "mesh:2x2", "mesh:2x4", "mesh:4x4", "torus:4x4")
             )
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            log.close()
-            output = (d / "driver.log").read_text()
+            code, output = _stop_driver(proc, log)
         assert code == 0, output
         assert not (d / "registry" / f"{DRIVER}-reg.sock").exists()
+
+
+def _stop_driver(proc: subprocess.Popen[bytes], log: IO[str]) -> tuple[int, str]:
+    """SIGTERM ``icl dra run``, wait up to 30 s (then SIGKILL); its exit code and what it wrote to ``log``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    log.close()
+    return code, Path(log.name).read_text()
 
 
 def _dramanager_binary() -> Path:
@@ -434,8 +436,6 @@ def test_the_kubelets_own_dra_manager_prepares_a_ring_through_icl_dra_run(plane:
     prepare a ring-of-4 claim kube-scheduler allocated: the container gets the driver's CDI device, whose spec
     lists the ring's chips in ring order."""
     import json
-    import signal
-    import subprocess
 
     from deviceplugin.allocation import ENV_SHAPE, ENV_VISIBLE
     from tests.support.plugin import short_tmpdir
@@ -477,12 +477,5 @@ def test_the_kubelets_own_dra_manager_prepares_a_ring_through_icl_dra_run(plane:
             assert [json.loads(x) for x in again.stdout.splitlines()][-1]["unprepared"] is True
             assert not (d / "cdi" / f"{DRIVER}-claim_{uid}.json").exists()
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-            log.close()
-            output = (d / "driver.log").read_text()
+            code, output = _stop_driver(proc, log)
         assert code == 0, output
