@@ -31,10 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from simulator.fill import inflate, run_fill
+from simulator.fill import fill_policy, inflate, run_fill
 from simulator.openb import read_nodes, read_pods
 from topology.gpushare import GpuNodeSpec, TargetWorkload, TaskRequest
-from topology.policies import make_policy
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "openb-gpu-2023"
 NODES_FILE = "openb_node_list_gpu_node.csv"
@@ -86,7 +85,7 @@ def _quiet_worker() -> None:
 def run_one(data: str, workload: str, policy: str, seed: int) -> tuple[str, str, int, float, float]:
     """One fill run: (workload, policy, seed, unallocated % as published, seconds)."""
     nodes, tasks = _inputs(data, workload)
-    pol = make_policy(policy, nodes, TargetWorkload.from_tasks(tasks))
+    pol = fill_policy(policy, nodes, TargetWorkload.from_tasks(tasks))
     t0 = time.perf_counter()
     result = run_fill(nodes, tasks, pol, seed)
     return workload, policy, seed, result.paper_unallocated_pct(), time.perf_counter() - t0

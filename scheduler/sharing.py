@@ -2,8 +2,8 @@
 
 A pod that asks the shared resource (milli-devices, ``topology.contract.DEFAULT_SHARED_RESOURCE``)
 gets a share of one device. Which node and which device is the share form of the configured policy
-(``topology.policies.make_policy``: for ``icl`` the same ``IclPack`` scoring the fill simulator runs),
-over node states read from the cache:
+(``topology.policies.make_policy``: for ``icl``, ``IclPack``), over node states read from a node
+source (:class:`ShareNodes`). In the extender the source is the cache (:class:`CacheNodes`):
 
 - a node's devices, in index order, each with the milli-devices a new share may take
   (:func:`scheduler.cache.share_free`: 1000 when free, 1000 minus its shares when shared,
@@ -12,15 +12,21 @@ over node states read from the cache:
 - the target workload: every non-terminal device and share pod the cache knows, by type
   (:meth:`scheduler.cache.ClusterCache.task_types`), plus the pod being placed.
 
-Filter passes exactly the nodes whose policy score is the best (lower is better in the share form),
-so kube-scheduler picks among the policy's own ties; prioritize scores them :data:`MAX_PRIORITY`,
-and bind re-decides the device on the chosen node under the cache lock.
+The fill simulator's ``icl`` (``simulator.fill``) runs this same object over its own cluster as the
+node source (the trace's workload as the target), so a fill replay is the extender's decision.
+
+:meth:`SharePolicy.rank` is the decision: every node state scored once per task (memoised), the
+nodes whose score is the best (lower is better in the share form, ties within ``1e-9``), in the
+source's order, with the devices chosen there. Filter passes exactly those nodes, so kube-scheduler
+picks among the policy's own ties; prioritize scores them :data:`MAX_PRIORITY`, and bind re-decides
+the device on the chosen node under the cache lock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from scheduler.cache import ClusterCache, NodeView, share_free
 from scheduler.podspec import PodInfo
@@ -28,12 +34,45 @@ from topology.contract import MILLI_PER_DEVICE
 from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
 from topology.policies import Choice, FracPolicy, make_policy
 
-__all__ = ["ShareDecision", "SharePolicy"]
+__all__ = ["CacheNodes", "Ranked", "ShareDecision", "ShareNodes", "SharePolicy", "Target"]
 
 _PLENTY = 1 << 40  # CPU (milli) or memory (MiB) a node does not report: never the short resource
 _TIE = 1e-9
+_LOW = 1e300  # above every score, below a non-fit's
+_NO_FIT: Choice = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
-_Memo = dict[tuple[NodeState, TaskRequest], Choice | None]
+
+Target = tuple[Sequence[GpuNodeSpec], TargetWorkload]
+"""The node capacities and the target workload a policy is built for (``make_policy``'s arguments)."""
+
+
+class ShareNodes(Protocol):
+    """What the share decision reads of the cluster state: :class:`CacheNodes` in the extender, the fill
+    simulator's cluster in a replay (``simulator.fill.FillNodes``)."""
+
+    def target(self, uid: str, task: TaskRequest) -> tuple[Hashable, Callable[[], Target]]:
+        """A key of the capacities and target workload the policy is built for now, and how to read them
+        (the policy is rebuilt only when the key changes); ``uid`` and ``task``: the pod being placed."""
+        ...
+
+    def groups(self, names: Sequence[Any] | None) -> Iterable[tuple[Hashable, Sequence[Any]]]:
+        """The nodes ``names`` (``None``: every node) grouped by state: (a key of the state, its nodes);
+        a source that does not know a name leaves it out."""
+        ...
+
+    def state(self, key: Any) -> NodeState:
+        """The node state a group key stands for."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """One task's best nodes: ``tied`` (their nodes in the source's order, the choice there) and the
+    best score; ``scored``: every group with its choice (``None``: does not fit), when asked for."""
+
+    tied: list[tuple[Sequence[Any], Choice]]
+    low: float
+    scored: list[tuple[Hashable, Sequence[Any], Choice | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,21 +84,17 @@ class ShareDecision:
     scores: dict[str, float]  # fitting nodes only; lower is better
 
 
-class SharePolicy:
-    """The share form of one policy name, rebuilt when the cluster's workload or capacity changes."""
+class CacheNodes:
+    """The extender's cache as the share decision's node source."""
 
-    def __init__(self, cache: ClusterCache, name: str = "icl") -> None:
+    def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
-        self.name = name
-        # (workload and capacity key, the policy, its answers by (node state, task)): replaced whole, so a
-        # concurrent filter keeps the policy and the answers it started with
-        self._current: tuple[object, FracPolicy, _Memo] | None = None
 
-    @staticmethod
-    def task(info: PodInfo) -> TaskRequest:
-        return TaskRequest(info.cpu_milli, info.mem_mib, 1, info.milli)
+    def state(self, key: Any) -> NodeState:
+        state: NodeState = key  # the extender groups nodes by their state itself
+        return state
 
-    def state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
+    def node_state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
         """The node as the share policy sees it, and its device ids in the state's order (kept on the
         view, which the cache replaces on every change of the node)."""
         hit: tuple[NodeState, list[str]] | None = view.memo.get(_STATE)
@@ -78,22 +113,33 @@ class SharePolicy:
         state = NodeState("", cpu_total, mem_total, cpu_free, mem_free, tuple(left for _, left in devices))
         return state, [dev for dev, _ in devices]
 
-    def policy(self, info: PodInfo, states: Iterable[NodeState]) -> FracPolicy:
-        """The policy for the cluster now: the workload is the cache's task types plus ``info``'s."""
-        return self._policy_memo(info, states)[0]
+    def groups(self, names: Sequence[Any] | None) -> list[tuple[Hashable, Sequence[Any]]]:
+        out: dict[NodeState, list[str]] = {}
+        with self.cache.lock:
+            views = self.cache.ready_views()
+            for name in views if names is None else names:
+                view = views.get(name)
+                if view is not None:
+                    out.setdefault(self.node_state(name, view)[0], []).append(name)
+        return list(out.items())
 
-    def _policy_memo(self, info: PodInfo, states: Iterable[NodeState]) -> tuple[FracPolicy, _Memo]:
-        types = self.cache.task_types()
-        own = (info.cpu_milli, info.mem_mib, 1, info.milli)
-        if not self.cache.knows_pod(info.uid) or types.get(own, 0) == 0:
+    def target(self, uid: str, task: TaskRequest) -> tuple[Hashable, Callable[[], Target]]:
+        """The cache's task types plus the pod's own (when the cache does not count it yet); the
+        capacities of every ready node."""
+        with self.cache.lock:
+            states = [self.node_state(n, v)[0] for n, v in self.cache.ready_views().items()]
+            types = self.cache.task_types()
+            known = self.cache.knows_pod(uid)
+        own = (task.cpu_milli, task.memory_mib, task.num_gpu, task.gpu_milli)
+        if not known or types.get(own, 0) == 0:
             types[own] = types.get(own, 0) + 1
         specs = [GpuNodeSpec("", s.cpu_total, s.mem_total, len(s.gpu_free)) for s in states]
         if not specs:
             specs = [GpuNodeSpec("", 1, 1, 1)]
         cap = (max(s.cpu_milli for s in specs), max(s.gpus for s in specs))
         key = (tuple(sorted(types.items())), cap)
-        current = self._current
-        if current is None or current[0] != key:
+
+        def read() -> Target:
             total = sum(types.values())
             workload = TargetWorkload(
                 tuple(
@@ -101,59 +147,126 @@ class SharePolicy:
                     for (cpu, mem, n, milli), count in sorted(types.items())
                 )
             )
-            current = (key, make_policy(self.name, specs, workload), {})
-            self._current = current
-        return current[1], current[2]
+            return specs, workload
+
+        return key, read
+
+
+class SharePolicy:
+    """The share form of one policy name over a node source, rebuilt when the source's target changes.
+
+    ``nodes``: the extender's :class:`scheduler.cache.ClusterCache` (read through :class:`CacheNodes`)
+    or any :class:`ShareNodes`; :meth:`decide` and :meth:`choose` (the extender's verbs) need the cache.
+    """
+
+    def __init__(self, nodes: ClusterCache | ShareNodes, name: str = "icl", memo_limit: int = 100_000) -> None:
+        self.cache: ClusterCache | None = nodes if isinstance(nodes, ClusterCache) else None
+        self.nodes: ShareNodes = CacheNodes(nodes) if isinstance(nodes, ClusterCache) else nodes
+        self.name = name
+        self.memo_limit = memo_limit
+        # (target key, the policy, its answers by task and group key): replaced whole, so a concurrent
+        # filter keeps the policy and the answers it started with
+        self._current: tuple[Hashable, FracPolicy, dict[TaskRequest, dict[Any, Choice]]] | None = None
+        self._entries = 0
+        self.evaluations = 0
+        """Policy scores computed (each state once per task and target)."""
 
     @staticmethod
-    def _score(policy: FracPolicy, memo: _Memo, state: NodeState, task: TaskRequest) -> Choice | None:
-        key = (state, task)
-        if key not in memo:
-            if len(memo) > 100_000:
+    def task(info: PodInfo) -> TaskRequest:
+        return TaskRequest(info.cpu_milli, info.mem_mib, 1, info.milli)
+
+    def state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
+        """The node as the share policy sees it, and its device ids in the state's order."""
+        return self._cache_nodes().node_state(name, view)
+
+    def _cache_nodes(self) -> CacheNodes:
+        if not isinstance(self.nodes, CacheNodes):
+            raise TypeError("share policy: the extender's verbs need the cluster cache as the node source")
+        return self.nodes
+
+    def policy(self, uid: str, task: TaskRequest) -> FracPolicy:
+        """The policy for the cluster now (the source's target for this pod)."""
+        return self._policy_memo(uid, task)[0]
+
+    def _policy_memo(self, uid: str, task: TaskRequest) -> tuple[FracPolicy, dict[TaskRequest, dict[Any, Choice]]]:
+        key, read = self.nodes.target(uid, task)
+        current = self._current
+        if current is None or current[0] != key:
+            specs, workload = read()
+            current = (key, make_policy(self.name, specs, workload), {})
+            self._current = current
+            self._entries = 0
+        return current[1], current[2]
+
+    def rank(self, uid: str, task: TaskRequest, names: Sequence[Any] | None = None, *, every: bool = False) -> Ranked:
+        """The decision: ``names`` (``None``: every node of the source) scored, each state once per task
+        (memoised), and the best ones in the source's order with their choice; ``every``: keep every
+        group's answer in :attr:`Ranked.scored` too."""
+        policy, memo = self._policy_memo(uid, task)
+        answers = memo.get(task)
+        if answers is None or self._entries > self.memo_limit:
+            if self._entries > self.memo_limit:
                 memo.clear()
-            memo[key] = policy.score(state, task)
-        return memo[key]
+                self._entries = 0
+            answers = memo[task] = {}
+        state = self.nodes.state
+        score = policy.score
+        low = _LOW
+        near: list[tuple[float, Sequence[Any], Choice]] = []
+        scored: list[tuple[Hashable, Sequence[Any], Choice | None]] = []
+        for key, members in self.nodes.groups(names):
+            choice = answers.get(key)
+            if choice is None:
+                choice = answers[key] = score(state(key), task) or _NO_FIT
+                self._entries += 1
+                self.evaluations += 1
+            if every:
+                scored.append((key, members, choice if choice is not _NO_FIT else None))
+            value = choice[0]
+            if value <= low + _TIE:
+                if value < low:
+                    low = value
+                near.append((value, members, choice))
+        tied = [(members, choice) for value, members, choice in near if value <= low + _TIE]
+        return Ranked(tied, low, scored)
 
     def decide(self, info: PodInfo, names: list[str]) -> ShareDecision:
         """Filter and prioritize: every named node's score, the best ones, the reasons of the rest."""
+        cache = self._cache_nodes().cache
         task = self.task(info)
         failed: dict[str, str] = {}
-        states: dict[str, NodeState] = {}
-        with self.cache.lock:
-            views = self.cache.ready_views()
-            every = {n: self.state(n, v)[0] for n, v in views.items()}
+        with cache.lock:
+            views = cache.ready_views()
             for name in names:
-                view = views.get(name)
-                if view is None:
-                    failed[name] = self.cache.node_problem(name)[0]
-                    continue
-                states[name] = every[name]
-        policy, memo = self._policy_memo(info, every.values())
+                if name not in views:
+                    failed[name] = cache.node_problem(name)[0]
+        ranked = self.rank(info.uid, task, [n for n in names if n not in failed], every=True)
         scores: dict[str, float] = {}
-        for name, state in states.items():
-            choice = self._score(policy, memo, state, task)
-            if choice is None:
-                failed[name] = _why(state, task)
-            else:
-                scores[name] = choice[0]
-        if not scores:
-            return ShareDecision([], failed, scores)
-        low = min(scores.values())
-        best = [n for n in names if n in scores and scores[n] <= low + _TIE]
-        for name, value in scores.items():
-            if value > low + _TIE:
+        for key, members, choice in ranked.scored:
+            for name in members:
+                if choice is None:
+                    failed[name] = _why(self.nodes.state(key), task)
+                else:
+                    scores[name] = choice[0]
+        for name in names:  # a node that went away between the two reads
+            if name not in scores and name not in failed:
+                failed[name] = cache.node_problem(name)[0]
+        best_set = {name for members, _ in ranked.tied for name in members}
+        best = [n for n in names if n in best_set]
+        for name in scores:
+            if name not in best_set:
                 failed[name] = f"a share of {info.milli} milli-devices fits, but policy {self.name} prefers other nodes"
         return ShareDecision(best, failed, scores)
 
     def choose(self, info: PodInfo, node: str) -> tuple[str, str]:
         """Bind: the device on ``node`` (call with the cache lock held): (device, "") or ("", why not)."""
-        view, why = self.cache.node_view(node)
+        nodes = self._cache_nodes()
+        view, why = nodes.cache.node_view(node)
         if view is None:
             return "", f"cannot bind to {node}: {why}"
-        state, ids = self.state(node, view)
-        every = [self.state(n, v)[0] for n, v in self.cache.ready_views().items()]
+        state, ids = nodes.node_state(node, view)
         task = self.task(info)
-        choice = self.policy(info, every).score(state, task)
+        choice = self.policy(info.uid, task).score(state, task)
         if choice is None:
             return "", f"{node}: a share of {info.milli} milli-devices no longer fits: {_why(state, task)}"
         (index,) = state.pick(choice[1])

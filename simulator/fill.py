@@ -10,7 +10,11 @@ authors' scheduler does). A task that fits nowhere is dropped. The run records
 allocated device units against arrived demand; ``FillResult.paper_unallocated_pct``
 measures it as the paper's figures do.
 
-The engine only drives: scoring is ``topology.policies``. Nodes with equal
+The engine only drives: the baselines (random, bestfit, fgd, ...) score with
+``topology.policies`` (:class:`Scorer`); ``icl`` decides through the extender's
+own share decision (``scheduler.sharing.SharePolicy``) over this cluster as its
+node source (:class:`FillNodes`, the trace's workload as the target;
+:func:`fill_policy`), so a replay is the product's decision. Nodes with equal
 canonical state (``NodeState.key``) are interchangeable, so the engine keeps
 nodes grouped by state and scores each distinct state once per task type
 (memoised), which makes a 1,213-node run take seconds.
@@ -22,11 +26,25 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from topology.gpushare import FragmentationModel, GpuNodeSpec, NodeState, StateKey, TaskRequest, fits
-from topology.policies import Choice, FracPolicy, TieBreak
+from scheduler.sharing import SharePolicy, Target
+from topology.gpushare import FragmentationModel, GpuNodeSpec, NodeState, StateKey, TargetWorkload, TaskRequest, fits
+from topology.policies import Choice, FracPolicy, TieBreak, make_policy
+from topology.policy import PolicyName
 
-__all__ = ["FillResult", "FracCluster", "inflate", "never_fits", "node_order", "run_fill"]
+__all__ = [
+    "ExtenderPolicy",
+    "FillNodes",
+    "FillResult",
+    "FracCluster",
+    "ShareScorer",
+    "fill_policy",
+    "inflate",
+    "never_fits",
+    "node_order",
+    "run_fill",
+]
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -203,20 +221,96 @@ class Scorer:
                 tied = [(members, choice)]
             elif s <= best + _EPS and s != _INF:
                 tied.append((members, choice))
-        if not tied:
-            return None
-        if len(tied) == 1 and len(tied[0][0]) == 1:
-            return tied[0][0][0], tied[0][1]
-        if self.policy.tie_break is TieBreak.FIRST:
-            rank = cluster.rank
-            return min(((cluster.first(m), c) for m, c in tied), key=lambda nc: rank[nc[0]])
-        total = sum(len(m) for m, _ in tied)
-        r = rng.randrange(total)
-        for members, choice in tied:
-            if r < len(members):
-                return members[r], choice
-            r -= len(members)
-        raise AssertionError("internal error: tie-break ran past the tied nodes")
+        return _pick(cluster, tied, self.policy.tie_break, rng)
+
+
+def _pick(
+    cluster: FracCluster, tied: Sequence[tuple[Sequence[int], Choice]], tie_break: TieBreak, rng: random.Random
+) -> tuple[int, Choice] | None:
+    """One node of the tied groups (nodes, their choice): uniformly at random, or the first in ``rank``
+    order; no draw when one node is best."""
+    if not tied:
+        return None
+    if len(tied) == 1 and len(tied[0][0]) == 1:
+        return tied[0][0][0], tied[0][1]
+    if tie_break is TieBreak.FIRST:
+        rank = cluster.rank
+        return min(((cluster.first(list(m)), c) for m, c in tied), key=lambda nc: rank[nc[0]])
+    total = sum(len(m) for m, _ in tied)
+    r = rng.randrange(total)
+    for members, choice in tied:
+        if r < len(members):
+            return members[r], choice
+        r -= len(members)
+    raise AssertionError("internal error: tie-break ran past the tied nodes")
+
+
+class FillNodes:
+    """The fill cluster as the extender's share decision's node source (``scheduler.sharing.ShareNodes``):
+    its visible nodes grouped by canonical state (group ids are the keys), a fixed target: the cluster's
+    node specs and the trace's workload."""
+
+    def __init__(self, cluster: FracCluster, workload: TargetWorkload) -> None:
+        self.cluster = cluster
+        self.workload = workload
+
+    def target(self, uid: str, task: TaskRequest) -> tuple[int, Callable[[], Target]]:
+        return 0, lambda: (self.cluster.specs, self.workload)
+
+    def groups(self, names: Sequence[Any] | None) -> Any:
+        if names is None:
+            return self.cluster.groups.items()
+        wanted = set(names)
+        picked = ((gid, [i for i in members if i in wanted]) for gid, members in self.cluster.groups.items())
+        return [(gid, members) for gid, members in picked if members]
+
+    def state(self, key: Any) -> NodeState:
+        return NodeState.from_key(self.cluster.key_of[key])
+
+
+@dataclass(frozen=True)
+class ExtenderPolicy:
+    """A fill policy that decides through the extender's share decision (``SharePolicy`` of ``name``) with
+    ``workload`` as its target; what ``fill_policy`` gives for ``icl``."""
+
+    workload: TargetWorkload
+    name: str = PolicyName.ICL.value
+    uniform_devices: bool = False
+    ordered_devices: bool = False  # the source keys nodes by canonical state; icl's choice is order-free
+    tie_break: TieBreak = TieBreak.RANDOM  # kube-scheduler picks one of the nodes filter passes at random
+
+
+FillPolicy = FracPolicy | ExtenderPolicy
+
+
+def fill_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkload | None = None) -> FillPolicy:
+    """What ``icl sim --mode fill`` runs for a policy name: ``icl`` is the extender's own share decision
+    (:class:`ExtenderPolicy`); the baselines are ``topology.policies.make_policy``'s."""
+    policy = make_policy(name, specs, workload)  # checks the name and the workload
+    if policy.name == PolicyName.ICL.value and workload is not None:
+        return ExtenderPolicy(workload)
+    return policy
+
+
+class ShareScorer:
+    """``Scorer``'s place for an :class:`ExtenderPolicy`: every decision is ``SharePolicy.rank`` over the
+    cluster (:class:`FillNodes`), one of its best nodes drawn as kube-scheduler draws among the nodes
+    the extender's filter passes."""
+
+    def __init__(self, policy: ExtenderPolicy, cluster: FracCluster) -> None:
+        self.policy = policy
+        self.cluster = cluster
+        self.shares = SharePolicy(FillNodes(cluster, policy.workload), policy.name, memo_limit=1 << 62)
+
+    @property
+    def evaluations(self) -> int:
+        return self.shares.evaluations
+
+    def choose(self, cluster: FracCluster, task: TaskRequest, rng: random.Random) -> tuple[int, Choice] | None:
+        if cluster is not self.cluster:
+            raise ValueError("share scorer: one scorer serves the cluster it was made for")
+        ranked = self.shares.rank("", task)
+        return _pick(cluster, ranked.tied, self.policy.tie_break, rng)
 
 
 def node_order(specs: Sequence[GpuNodeSpec], seed: int) -> list[int]:
@@ -350,7 +444,7 @@ class FillResult:
 def run_fill(
     specs: Sequence[GpuNodeSpec],
     tasks: Sequence[TaskRequest],
-    policy: FracPolicy,
+    policy: FillPolicy,
     seed: int,
     *,
     inflation: float = 1.3,
@@ -369,7 +463,7 @@ def run_fill(
     cluster = FracCluster(specs, ordered_devices=policy.ordered_devices, rank=node_order(specs, seed))
     workload = inflate(tasks, cluster.capacity_milli, inflation, seed)
     rng = random.Random(seed * 7919 + 1)
-    scorer = Scorer(policy)
+    scorer = ShareScorer(policy, cluster) if isinstance(policy, ExtenderPolicy) else Scorer(policy)
     result = FillResult(policy.name, seed, len(specs), cluster.capacity_milli)
     arrived = 0
     allocated = 0

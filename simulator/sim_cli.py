@@ -401,10 +401,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_fill(args: argparse.Namespace, report: Report) -> None:
-    from simulator.fill import never_fits, run_fill
+    from simulator.fill import fill_policy, never_fits, run_fill
     from simulator.report import Progress
     from topology.gpushare import FragmentationModel, TargetWorkload
-    from topology.policies import make_policy
     from topology.policy import SHARE
 
     nodes: list[GpuNodeSpec]
@@ -444,7 +443,7 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
     seeds = _seeds(args.seeds) if args.seeds else (list(PUBLISHED_SEEDS) if args.pods else [1, 2, 3])
     names = _policy_names(args, [p.value for p in SHARE], [p.value for p in SHARE])
     workload = TargetWorkload.from_tasks(tasks)
-    policies = [make_policy(n, nodes, workload) for n in names]
+    policies = [fill_policy(n, nodes, workload) for n in names]
     frag = FragmentationModel(workload)
     capacity = sum(n.gpus for n in nodes)
     report.notes.append(

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.fill import FracCluster, Scorer, inflate, run_fill
+from simulator.fill import FracCluster, Scorer, fill_policy, inflate, run_fill
 from simulator.fracgen import scaled_cluster, synthetic_tasks
 from topology.gpushare import FragmentationModel, TargetWorkload, TaskRequest, fits
 from topology.policies import make_policy
@@ -23,8 +23,8 @@ WORKLOAD = TargetWorkload.from_tasks(TASKS)
 @settings(max_examples=15)
 @given(st.integers(0, 10_000), st.sampled_from([p.value for p in SHARE]))
 def test_fill_is_deterministic_per_seed(seed: int, name: str) -> None:
-    a = run_fill(NODES, TASKS, make_policy(name, NODES, WORKLOAD), seed)
-    b = run_fill(NODES, TASKS, make_policy(name, NODES, WORKLOAD), seed)
+    a = run_fill(NODES, TASKS, fill_policy(name, NODES, WORKLOAD), seed)
+    b = run_fill(NODES, TASKS, fill_policy(name, NODES, WORKLOAD), seed)
     assert a.placed == b.placed and a.allocated_milli == b.allocated_milli
 
 
@@ -101,7 +101,7 @@ def test_packing_policies_beat_random_on_the_builtin_mix() -> None:
     """Averaged over a few seeds, FGD and icl leave fewer devices unallocated than random."""
     out = {}
     for name in ("random", "fgd", "icl"):
-        policy = make_policy(name, NODES, WORKLOAD)
+        policy = fill_policy(name, NODES, WORKLOAD)  # icl: the extender's share decision
         out[name] = sum(run_fill(NODES, TASKS, policy, s).unallocated_pct_at() for s in range(4)) / 4
     assert out["fgd"] < out["random"]
     assert out["icl"] < out["random"]

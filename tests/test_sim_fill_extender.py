@@ -1,0 +1,188 @@
+"""Fill mode's ``icl`` is the extender's own share decision.
+
+``simulator.fill.fill_policy("icl", ...)`` runs ``scheduler.sharing.SharePolicy`` (the object the
+extender's filter, prioritize and bind call for a pod asking a share) over the fill cluster as its
+node source (``FillNodes``): every fill decision is ``SharePolicy.rank``'s answer, and for random
+cluster states the nodes the fill step may pick are exactly the nodes the extender's filter passes,
+with the device its bind takes. The baselines keep ``topology.policies``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.extender import Extender
+from scheduler.informer import Informer
+from scheduler.sharing import CacheNodes, Ranked, SharePolicy
+from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from simulator.fill import (
+    ExtenderPolicy,
+    FracCluster,
+    ShareScorer,
+    fill_policy,
+    inflate,
+    run_fill,
+)
+from simulator.fracgen import scaled_cluster, synthetic_tasks
+from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
+from topology import build_preset
+from topology.contract import ANN_DEVICES, DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE
+from topology.gpushare import GpuNodeSpec, TargetWorkload, TaskRequest, fits
+from topology.policies import make_policy
+
+NODES = scaled_cluster(12)
+TASKS = synthetic_tasks(120, 4)
+WORKLOAD = TargetWorkload.from_tasks(TASKS)
+PRESETS = ["ring:4", "mesh:2x2", "ring:8"]
+
+
+class Recording(SharePolicy):
+    """The real share decision, remembering each answer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.answers: list[Ranked] = []
+
+    def rank(self, *args: Any, **kwargs: Any) -> Ranked:
+        out = super().rank(*args, **kwargs)
+        self.answers.append(out)
+        return out
+
+
+def test_icl_is_the_extenders_share_policy_and_the_baselines_are_unchanged() -> None:
+    icl = fill_policy("icl", NODES, WORKLOAD)
+    assert isinstance(icl, ExtenderPolicy)
+    ext = Extender(ExtenderConfig(), ClusterCache(DEFAULT_RESOURCE))
+    scorer = ShareScorer(icl, FracCluster(NODES, ordered_devices=icl.ordered_devices))
+    assert type(ext.shares) is type(scorer.shares) is SharePolicy
+    assert type(SharePolicy(ClusterCache(DEFAULT_RESOURCE)).nodes) is CacheNodes  # the extender's source
+    for name in ("random", "bestfit", "fgd", "spread"):
+        assert type(fill_policy(name, NODES, WORKLOAD)) is type(make_policy(name, NODES, WORKLOAD))
+
+
+def test_every_fill_decision_of_icl_is_the_share_policys_answer() -> None:
+    policy = fill_policy("icl", NODES, WORKLOAD)
+    assert isinstance(policy, ExtenderPolicy)
+    cluster = FracCluster(NODES, ordered_devices=policy.ordered_devices)
+    scorer = ShareScorer(policy, cluster)
+    rec = Recording(scorer.shares.nodes, policy.name)
+    scorer.shares = rec
+    rng = random.Random(3)
+    allocated = 0
+    workload = inflate(TASKS, cluster.capacity_milli, 1.3, 3)
+    for k, task in enumerate(workload):
+        picked = scorer.choose(cluster, task, rng)
+        assert len(rec.answers) == k + 1
+        tied = rec.answers[-1].tied
+        if picked is None:
+            assert not tied and not any(fits(s, task) for s in cluster.states)
+            continue
+        node, choice = picked
+        assert (node, choice) in [(n, c) for members, c in tied for n in members]
+        cluster.allocate(node, task, choice[1])
+        allocated += task.gpu_demand
+        assert cluster.allocated_milli == allocated
+    assert allocated > 0
+
+
+def test_fill_with_the_extenders_decision_is_deterministic_per_seed() -> None:
+    policy = fill_policy("icl", NODES, WORKLOAD)
+    a, b = (run_fill(NODES, TASKS, policy, 7) for _ in range(2))
+    assert a.placed == b.placed and a.allocated_milli == b.allocated_milli
+    assert a.evaluations > 0 and a.policy == "icl"
+
+
+# ------------------------------------------------------------------------- parity with the extender
+
+
+@st.composite
+def scenes(draw: st.DrawFn) -> dict[str, Any]:
+    nodes = [
+        (draw(st.sampled_from(PRESETS)), draw(st.sampled_from([8000, 32000]))) for _ in range(draw(st.integers(1, 4)))
+    ]
+    load = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, len(nodes) - 1),
+                st.integers(0, 7),
+                st.sampled_from([100, 250, 333, 500, 750, 900, MILLI_PER_DEVICE]),
+                st.sampled_from([0, 1000, 4000]),
+            ),
+            max_size=12,
+        )
+    )
+    ask = draw(st.sampled_from([100, 250, 500, 600, 999]))
+    cpu = draw(st.sampled_from([0, 1000, 8000]))
+    return {"nodes": nodes, "load": load, "ask": ask, "cpu": cpu}
+
+
+def _requests(pod: dict[str, Any], cpu: int) -> dict[str, Any]:
+    pod["spec"]["containers"][0]["resources"].setdefault("requests", {})["cpu"] = f"{cpu}m"
+    return pod
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenes(), st.integers(0, 1000))
+def test_a_fill_step_chooses_what_the_extenders_filter_and_bind_choose(scene: dict[str, Any], seed: int) -> None:
+    """The same cluster as API objects (the extender's real filter and bind, in process) and as a fill
+    cluster: the nodes a fill step may pick are the nodes filter passes, and on the node it picks, bind
+    takes the device the fill step takes."""
+    api = MemoryKubeAPI()
+    names = [f"n{i}" for i in range(len(scene["nodes"]))]
+    ids = [list(build_preset(preset).ids) for preset, _ in scene["nodes"]]
+    specs = [GpuNodeSpec(names[i], cpu, 256 * 1024, len(ids[i])) for i, (_, cpu) in enumerate(scene["nodes"])]
+    for name, (preset, cpu) in zip(names, scene["nodes"], strict=True):
+        obj = node_obj(name, preset)
+        for part in ("capacity", "allocatable"):
+            obj["status"][part]["cpu"] = f"{cpu}m"
+        api.nodes[name] = obj
+    cluster = FracCluster(specs)
+    used: dict[tuple[int, int], int] = defaultdict(int)
+    cpu_used = [0] * len(specs)
+    for k, (i, dev, milli, cpu) in enumerate(scene["load"]):
+        dev %= len(ids[i])
+        whole = milli == MILLI_PER_DEVICE
+        if used[(i, dev)] + milli > MILLI_PER_DEVICE or (whole and used[(i, dev)]):
+            continue
+        if used[(i, dev)] == MILLI_PER_DEVICE or cpu_used[i] + cpu > specs[i].cpu_milli:
+            continue
+        used[(i, dev)] += milli
+        cpu_used[i] += cpu
+        ann = {ANN_DEVICES: ids[i][dev]}
+        if whole:
+            pod = pod_obj(f"h{k}", 1, "any", node=names[i], phase="Running", annotations=ann)
+        else:
+            pod = pod_obj(f"h{k}", milli, resource=DEFAULT_SHARED_RESOURCE, node=names[i], phase="Running")
+            pod["metadata"]["annotations"].update(ann)
+        api.pods[("default", f"h{k}")] = _requests(pod, cpu)
+        cluster.allocate_devices(i, TaskRequest(cpu, 0, 1, milli), [dev])
+    new = _requests(pod_obj("new", scene["ask"], resource=DEFAULT_SHARED_RESOURCE), scene["cpu"])
+    api.pods[("default", "new")] = new
+    cache = ClusterCache(DEFAULT_RESOURCE)
+    Informer(api, cache).sync_once()
+    ext = Extender(ExtenderConfig(fair_share=False, gang_timeout_s=100.0), cache, api)
+    task = TaskRequest(scene["cpu"], 0, 1, scene["ask"])
+    # the target the extender's policy is built for (the cache's pods); the fill run's is its trace's
+    _, target = CacheNodes(cache).target(new["metadata"]["uid"], task)
+    scorer = ShareScorer(ExtenderPolicy(target()[1]), cluster)
+
+    passed = ext.filter(ExtenderArgs(pod=new, node_names=names)).node_names or []
+    tied = scorer.shares.rank("", task).tied
+    assert sorted(passed) == sorted(names[n] for members, _ in tied for n in members)
+    event(f"nodes the filter passes: {len(passed)} of {len(names)}")
+    picked = scorer.choose(cluster, task, random.Random(seed))
+    if picked is None:
+        assert not passed
+        return
+    node, choice = picked
+    (dev,) = cluster.states[node].pick(choice[1])
+    err = ext.bind(ExtenderBindingArgs("new", "default", new["metadata"]["uid"], names[node])).error
+    assert err == ""
+    assert api.pods[("default", "new")]["metadata"]["annotations"][ANN_DEVICES] == ids[node][dev]
