@@ -139,3 +139,28 @@ def test_the_publisher_reads_the_watch_not_a_list_per_sync() -> None:
     results = [pub.sync(topo) for _ in range(5)]
     assert api.claim_lists == 1
     assert [r.busy for r in results] == [4] * 5  # the watch's ring-4-f: chips 0-3 held
+
+
+def test_a_quiet_watch_ends_by_the_next_relist() -> None:
+    """--relist below the watch's own timeout: the server is asked to end the watch by the relist, so a
+    watch without events does not put the next list off until its timeout (240 s)."""
+    api = WatchApi([_claim("a", "ring-4-f")])
+    timeouts: list[int] = []
+    watch_claims = api.watch_claims
+
+    def recording(resource_version: str, timeout_s: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        timeouts.append(timeout_s)
+        return watch_claims(resource_version, timeout_s)
+
+    api.watch_claims = recording  # type: ignore[method-assign]
+    watch = ClaimWatch(api, "kube-icl.io", "node-a", relist_s=5.0, watch_timeout_s=240)
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: len(timeouts) == 1)
+        assert 1 <= timeouts[0] <= 5
+    finally:
+        stop.set()
+        api.events.put(None)
+        thread.join(timeout=5)

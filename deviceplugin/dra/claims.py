@@ -13,6 +13,7 @@ them with a :class:`ClaimApi` (``deviceplugin.dra.publish.KubeSliceApi`` on the 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -114,8 +115,10 @@ class ClaimWatch:
                 self._held.pop(key, None)
             return old != devices
 
-    def _events(self, rv: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        yield from self.api.watch_claims(rv, self.watch_timeout_s)
+    def _events(self, rv: str, listed_at: float) -> Iterator[tuple[str, dict[str, Any]]]:
+        # The server ends the watch by the next relist at the latest, so a quiet watch cannot delay it.
+        left = math.ceil(self.relist_s - (time.monotonic() - listed_at))
+        yield from self.api.watch_claims(rv, max(1, min(self.watch_timeout_s, left)))
 
     def run(self, stop: threading.Event) -> None:
         """List, then watch, until ``stop`` is set; list again every ``relist_s`` and after any failure."""
@@ -130,7 +133,7 @@ class ClaimWatch:
                     if self.replace(items):
                         self.on_change()
                     log.debug("listed %d claims at resourceVersion %s", len(items), rv)
-                for kind, obj in self._events(rv):
+                for kind, obj in self._events(rv, listed_at):
                     if stop.is_set():
                         return
                     new_rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
