@@ -455,13 +455,17 @@ class ClusterCache:
             if rv > self._pod_rv.get(uid, -1):
                 self._pod_rv[uid] = rv
 
+    def _stale(self, uid: str, meta: Mapping[str, Any]) -> bool:
+        """Whether a watch event of ``uid`` is older than a consistent read applied (:meth:`confirm_pod`)."""
+        floor = self._floor.get(uid)
+        return floor is not None and (floor == _GONE or ((rv := _rv(meta)) is not None and rv < floor))
+
     def upsert_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         if not uid:
             return
-        floor = self._floor.get(uid)
-        if floor is not None and (floor == _GONE or ((rv := _rv(meta)) is not None and rv < floor)):
+        if self._stale(uid, meta):
             return  # an event older than what a consistent read already showed (the watch lags)
         self._note_rv(uid, meta)
         try:
@@ -470,6 +474,8 @@ class ClusterCache:
             self._bad_pod(uid, obj, str(exc))
             return
         with self.lock:
+            if self._stale(uid, meta):
+                return  # a read (confirm_pod) applied while this event was being parsed
             self._charge(uid, info)
             was_bad = self._bad_pods.pop(uid, None) is not None
             if info.count == 0 and info.milli == 0 and info.gang is None and not was_bad and not self._tracked(uid):
@@ -492,6 +498,8 @@ class ClusterCache:
         except PodSpecError:
             count = 0
         with self.lock:
+            if self._stale(uid, meta):
+                return  # a read (confirm_pod) applied while this event was being parsed
             if phase in ("Succeeded", "Failed"):
                 self._charge(uid, None)
             self._dirty.add(uid)

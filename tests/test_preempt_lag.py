@@ -13,12 +13,15 @@ rigid job's pod, since the first round's node is already free.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from support.extender import ExtenderHarness, node_obj, pod_obj
 
+import scheduler.cache
+from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 
 JsonObj = dict[str, Any]
@@ -174,3 +177,36 @@ def test_a_member_deleted_by_someone_else_under_lag_is_no_survivor(
     assert second == {}, "n0, where e0 was, is free for the pod: no victims"
     assert h.cache.pod(uid["e0"]) is None and h.extender.gangs.spare("default/elastic") == 0
     assert not h.fake.evictions, "the gang shrank to e1, it did not fail"
+
+
+def test_a_watch_event_parsed_while_a_read_shows_its_pod_gone_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watch's thread passes the stale-event check, then a filter's read (confirm_pod) shows the pod
+    gone and deletes it while the event is still being parsed: the event must not bring the pod back."""
+    cache = ClusterCache("kube-icl.io/accelerator")
+    cache.upsert_node(node_obj("n0", "ring:8"))
+    pod = pod_obj("v", 8, "ring", uid="u-v", node="n0", phase="Running", annotations={"kube-icl.io/devices": ALL})
+    pod["metadata"]["resourceVersion"] = "5"
+    cache.upsert_pod(pod)
+    assert cache.held("u-v") is not None
+    late = copy.deepcopy(pod)
+    late["metadata"]["resourceVersion"] = "6"  # a MODIFIED event the lagging watch delivers now
+    parsing, go = threading.Event(), threading.Event()
+    real = scheduler.cache.pod_info
+
+    def parse(obj: Any, *args: Any) -> Any:
+        if threading.current_thread().name == "watch":
+            parsing.set()
+            go.wait(10)
+        return real(obj, *args)
+
+    monkeypatch.setattr(scheduler.cache, "pod_info", parse)
+    watch = threading.Thread(target=cache.upsert_pod, args=(late,), name="watch")
+    watch.start()
+    try:
+        assert parsing.wait(10)
+        cache.confirm_pod("u-v", None)  # the GET: 404
+    finally:
+        go.set()
+        watch.join(10)
+    assert cache.pod("u-v") is None and cache.held("u-v") is None
+    assert sorted(cache.free_devices("n0")) == sorted(ALL.split(","))
