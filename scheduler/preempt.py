@@ -72,9 +72,12 @@ class NamedVictims:
             if len(self._named) > 100_000:
                 self._named.clear()
 
-    def due(self, nodes: Collection[str] | None = None, *, force: bool = False) -> list[str]:
-        """Named victims (on ``nodes``, or anywhere) that the cache still shows and that are to be read
-        again now; forgets those the cache saw go and those past their time."""
+    def due(
+        self, nodes: Collection[str] | None = None, *, force: bool = False, preemptor: str | None = None
+    ) -> list[str]:
+        """Named victims (on ``nodes``, or anywhere; and wherever they are, those named for ``preemptor``)
+        that the cache still shows and that are to be read again now; forgets those the cache saw go and
+        those past their time."""
         if not self._named:
             return []
         now = self.cache.clock()
@@ -83,7 +86,9 @@ class NamedVictims:
             for uid, n in list(self._named.items()):
                 if now >= n.until or self.cache.pod(uid) is None:
                     del self._named[uid]
-                elif (nodes is None or n.node in nodes) and (force or now >= n.checked + self.every_s):
+                elif (nodes is None or n.node in nodes or n.preemptor == preemptor) and (
+                    force or now >= n.checked + self.every_s
+                ):
                     n.checked = now
                     out.append(uid)
         return out
@@ -155,7 +160,9 @@ class Preemption:
         if state.error:
             return ExtenderPreemptionResult({})
         preemptor = state.uid or state.info.uid
-        check = self.named.due(force=True) if len(self.named) else []
+        # This pod's own earlier victims wherever they are, and any named victim on a proposed node:
+        # not every victim remembered for every preemptor (a GET each).
+        check = self.named.due(set(proposed), force=True, preemptor=preemptor) if len(self.named) else []
         whole = state.shape is not None and not state.info.milli
         if whole:
             check += self._gang_survivors(state, proposed)

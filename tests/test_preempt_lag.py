@@ -23,6 +23,8 @@ from support.extender import ExtenderHarness, node_obj, pod_obj
 import scheduler.cache
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
+from scheduler.preempt import NamedVictims
+from scheduler.wire import MetaPod, MetaVictims
 
 JsonObj = dict[str, Any]
 ALL = "0,1,2,3,4,5,6,7"
@@ -210,3 +212,23 @@ def test_a_watch_event_parsed_while_a_read_shows_its_pod_gone_is_skipped(monkeyp
         watch.join(10)
     assert cache.pod("u-v") is None and cache.held("u-v") is None
     assert sorted(cache.free_devices("n0")) == sorted(ALL.split(","))
+
+
+def test_a_preemption_reads_its_own_named_victims_and_those_on_proposed_nodes_only() -> None:
+    """Each re-read is a GET: a preempt call reads the victims named for this preemptor (wherever they
+    are) and any named victim on a node kube-scheduler proposes, not every victim remembered."""
+    cache = ClusterCache("kube-icl.io/accelerator")
+    for n in ("n0", "n1", "n2"):
+        cache.upsert_node(node_obj(n, "ring:8"))
+    for name, node in (("a", "n0"), ("b", "n1"), ("c", "n2")):
+        pod = pod_obj(
+            name, 8, "ring", uid=f"u-{name}", node=node, phase="Running", annotations={"kube-icl.io/devices": ALL}
+        )
+        cache.upsert_pod(pod)
+    named = NamedVictims(cache)
+    named.remember("p1", {"n0": MetaVictims((MetaPod("u-a"),), 0)})
+    named.remember("p2", {"n1": MetaVictims((MetaPod("u-b"),), 0), "n2": MetaVictims((MetaPod("u-c"),), 0)})
+    assert named.due({"n9"}, force=True, preemptor="p1") == ["u-a"]
+    assert sorted(named.due({"n1"}, force=True, preemptor="p1")) == ["u-a", "u-b"]
+    assert sorted(named.due(force=True)) == ["u-a", "u-b", "u-c"], "no filter: every remembered victim"
+    assert named.due({"n2"}, preemptor="p1") == [], "read just now: not again within every_s"
