@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ __all__ = ["Announce", "Binding", "Devices", "GangRecord", "Lease", "Request", "
 log = logging.getLogger(__name__)
 
 _FAILED = "FailedBinding"
+_RECORD_STRIPES = 64  # writers of gang records (one lock each; a gang's is its key's crc32 modulo this)
 
 
 @dataclass(slots=True)
@@ -92,7 +94,9 @@ class GangRecord:
         self.namespace = namespace
         self.holder = holder
         self.forget = forget
-        self._lock = threading.Lock()
+        # Striped writers: the API calls of one gang's record run under its stripe's lock, so one slow
+        # write holds up only the gangs that share the stripe, not every gang.
+        self._locks = tuple(threading.Lock() for _ in range(_RECORD_STRIPES))
 
     def reserve(self, state: CycleState) -> Status:
         if state.shape is None or state.info.gang is None:
@@ -107,7 +111,7 @@ class GangRecord:
         """ "" when the record is written (or was), else why not."""
         if self.api is None or self.gangs.unrecorded(key) is None:
             return ""
-        with self._lock:
+        with self._locks[zlib.crc32(key.encode("utf-8", "surrogatepass")) % _RECORD_STRIPES]:
             res = self.gangs.unrecorded(key)
             if res is None:
                 return ""

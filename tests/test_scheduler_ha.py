@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from scheduler import binding
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, KubeConfig, LeaderElectionConfig
 from scheduler.extender import Extender
@@ -412,3 +414,53 @@ def test_a_fresh_list_merged_after_takeover_never_rolls_the_watch_back() -> None
     assert cache.held(old["metadata"]["uid"]) is None, "a deleted pod is not brought back by an older list"
     assert cache.held(new["metadata"]["uid"]) == ("a", ("2", "3"))
     cache.check_invariants()
+
+
+def test_one_gangs_slow_record_does_not_hold_up_another_gangs_bind(fake: FakeAPIServer) -> None:
+    """Gang records are written under a lock per gang (striped), not one lock for all: while the API server
+    holds gang a's record write, gang b's first member still records and binds."""
+    for n in ("a", "b"):
+        fake.put_node(node_obj(n, "ring:8"))
+    gangs = {g: {"kube-icl.io/gang": g, "kube-icl.io/gang-size": "2"} for g in ("slow", "fast")}
+    first = {g: fake.put_pod(pod_obj(f"{g}0", 2, "ring", annotations=ann)) for g, ann in gangs.items()}
+    stripe = [zlib.crc32(f"default/{g}".encode()) % binding._RECORD_STRIPES for g in gangs]
+    assert stripe[0] != stripe[1], "the test needs the two gangs on different stripes"
+    # the held write must not time out on the client's side while the other gang binds, however slow the machine
+    patient = _config(
+        kube=KubeConfig(request_timeout_s=60.0),
+        leader_election=LeaderElectionConfig(lease_duration_s=120.0, renew_interval_s=0.25),
+    )
+    one = replica(fake, patient, watch=False, identity="one", timeout_s=60.0)
+    held, release = threading.Event(), threading.Event()
+
+    def hold(namespace: str, name: str) -> None:
+        if name == record_name("default/slow"):
+            held.set()
+            release.wait(60)
+
+    fake.in_flight_lease = hold
+    results: dict[str, str] = {}
+    try:
+        where = {g: one.filter(first[g], ["a", "b"]) for g in gangs}
+        assert where["slow"] and where["fast"], "both gangs fit"
+        slow = threading.Thread(
+            target=lambda: results.__setitem__("slow", one.bind(first["slow"], where["slow"][0])), daemon=True
+        )
+        slow.start()
+        wait_for(held.is_set, what="gang slow's record write to be in flight")
+        fast = threading.Thread(
+            target=lambda: results.__setitem__("fast", one.bind(first["fast"], where["fast"][0])), daemon=True
+        )
+        fast.start()
+        fast.join(15)
+        assert results.get("fast") == "", "gang fast bound while gang slow's record was still being written"
+        assert "slow" not in results
+    finally:
+        release.set()
+        fake.in_flight_lease = None
+    slow.join(15)
+    assert results.get("slow") == ""
+    assert sorted(r["metadata"]["name"] for r in fake.leases.list("kube-system", f"{RECORD_LABEL}=true")) == sorted(
+        record_name(f"default/{g}") for g in gangs
+    )
+    one.stop()

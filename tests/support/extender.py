@@ -267,6 +267,8 @@ class FakeAPIServer:
         self.after_bind_delay_s = 0.0  # wait this long before that answer (a slow or timed-out request)
         # Called (without the server's lock) before a Binding is applied: a test holds it "in flight" here.
         self.in_flight_bind: Callable[[str, str], None] | None = None
+        # Called (without the server's lock) before a Lease is created, with its namespace and name.
+        self.in_flight_lease: Callable[[str, str], None] | None = None
         self.leases = LeaseStore()
         self.hang_up = 0  # close this many connections silently after their response
         self.connections = 0  # TCP connections accepted so far
@@ -474,6 +476,9 @@ class FakeAPIServer:
         self, h: BaseHTTPRequestHandler, method: str, ns: str, name: str | None, body: Any, query: dict[str, str]
     ) -> None:
         store = self.leases
+        hold = self.in_flight_lease
+        if hold is not None and name is None and method == "POST" and isinstance(body, dict):
+            hold(ns, str((body.get("metadata") or {}).get("name", "")))
         try:
             with self.lock:
                 if name is None and method == "GET":
