@@ -208,10 +208,9 @@ class Devices:
             view, why = self.cache.node_view(node)
             if view is None:
                 return f"cannot bind to {node}: {why}"
-            devices = self.decision.devices(view, shape)  # what Decision.place replays in the simulator
-            if devices is None:
-                why = self.decision.fit.evaluate(view, shape).reason
-                return f"{node}: {shape.describe()} no longer fits: {why}"
+            devices, why = self.decision.devices_on(info, shape, node, view)  # what Decision.place replays
+            if not devices:
+                return why
             self.cache.assume(uid, node, devices, info)
             state.devices, state.assumed = devices, True
             return ""

@@ -58,7 +58,7 @@ from scheduler.wire import (
     ExtenderPreemptionResult,
     HostPriority,
 )
-from topology.policy import Weights, linked_policy
+from topology.policy import PolicyName, Weights, linked_policy
 
 __all__ = ["Extender"]
 
@@ -117,7 +117,10 @@ class Extender:
 
         # The steps of the cycle (scheduler.framework), and the driver that runs them in order.
         self._seen = SeenPods()
-        self.decision = Decision(cache, self.policy, cfg.resource_name, cfg.keep_best_nodes)
+        # with the product's policy (icl), its share policy also decides shape-less whole-device pods on
+        # nodes without links (scheduler.decision): the decision fill mode's icl replays
+        whole_shares = self.shares if self.policy.name is PolicyName.ICL else None
+        self.decision = Decision(cache, self.policy, cfg.resource_name, cfg.keep_best_nodes, whole_shares)
         self.fit = self.decision.fit
         fits = self.decision.fits
         self._read = ReadPod(cfg, self._seen)
@@ -140,8 +143,8 @@ class Extender:
                 self._fair,
                 self.gang_step,
             ),
-            filter=self.fit,
-            score=(self._shares, self._not_ours, self.gang_step, self.fit),
+            filter=self.decision.step,
+            score=(self._shares, self._not_ours, self.gang_step, self.decision.step),
             pre_bind=(Lease(self._lead, self._lease_wait_s), Request()),
             reserve=(self._record, Devices(cache, self.gangs, self.shares, self.decision, self._unsure)),
             bind=self._binding,

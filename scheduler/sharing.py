@@ -25,22 +25,66 @@ the device on the chosen node under the cache lock.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduler.cache import ClusterCache, NodeView, share_free
 from scheduler.podspec import PodInfo
+from topology import NodeTopology, Shape, ShapeKind
 from topology.contract import MILLI_PER_DEVICE
 from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
 from topology.policies import Choice, FracPolicy, make_policy
 
-__all__ = ["CacheNodes", "Ranked", "ShareDecision", "ShareNodes", "SharePolicy", "Target"]
+__all__ = [
+    "CacheNodes",
+    "Ranked",
+    "ShareDecision",
+    "ShareNodes",
+    "SharePolicy",
+    "ShareSource",
+    "Target",
+    "decides_whole",
+    "links_free",
+]
 
 _PLENTY = 1 << 40  # CPU (milli) or memory (MiB) a node does not report: never the short resource
 _TIE = 1e-9
 _LOW = 1e300  # above every score, below a non-fit's
 _NO_FIT: Choice = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
+
+_LINKS_FREE: dict[str, bool] = {}
+
+
+def links_free(topology: NodeTopology) -> bool:
+    """Whether the node's links give no set of its healthy devices an edge over another of the same
+    size: no healthy link between healthy devices at all, or every pair of healthy devices joined by
+    one healthy link of the same kind, lanes and bandwidth (``full:N``; a ring of 2 or 3 devices).
+    Rings of 4 or more, meshes, tori, ``hcm:8``, and a ``full:N`` with a broken link are linked.
+
+    On such a node a whole-device pod that asks no shape is decided by the share policy
+    (:class:`SharePolicy`), as fill mode decides it; elsewhere by :class:`scheduler.decision.Decision`.
+    """
+    hit = _LINKS_FREE.get(topology.fingerprint)
+    if hit is None:
+        g = topology.graph
+        n = g.number_of_nodes()
+        edges = list(g.edges(data=True))
+        kinds = {(d.get("kind"), d.get("lanes"), d.get("bandwidth")) for _, _, d in edges}
+        hit = not edges or (len(edges) == n * (n - 1) // 2 and len(kinds) == 1)
+        if len(_LINKS_FREE) > 10_000:
+            _LINKS_FREE.clear()
+        _LINKS_FREE[topology.fingerprint] = hit
+    return hit
+
+
+def decides_whole(info: PodInfo, shape: Shape | None) -> bool:
+    """Whether the share policy decides this whole-device pod on nodes without links
+    (:func:`links_free`): it asks whole devices, no shape (``any``), and is no gang member (a gang's
+    plan is topology-aware across nodes)."""
+    return shape is not None and not info.milli and info.gang is None and shape.kind is ShapeKind.ANY
+
 
 Target = tuple[Sequence[GpuNodeSpec], TargetWorkload]
 """The node capacities and the target workload a policy is built for (``make_policy``'s arguments)."""
@@ -84,10 +128,30 @@ class ShareDecision:
     scores: dict[str, float]  # fitting nodes only; lower is better
 
 
-class CacheNodes:
-    """The extender's cache as the share decision's node source."""
+class ShareSource(Protocol):
+    """What :class:`CacheNodes` reads: :class:`scheduler.cache.ClusterCache` in the extender, the time
+    simulator's cluster (``simulator.timesim``) in a replay."""
 
-    def __init__(self, cache: ClusterCache) -> None:
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    def ready_views(self) -> dict[str, NodeView]: ...
+
+    def node_view(self, name: str) -> tuple[NodeView | None, str]: ...
+
+    def node_problem(self, name: str) -> tuple[str, bool]: ...
+
+    def node_config(self, name: str) -> tuple[int, int]: ...
+
+    def task_types(self) -> dict[tuple[int, int, int, int], int]: ...
+
+    def knows_pod(self, uid: str) -> bool: ...
+
+
+class CacheNodes:
+    """The extender's cache (or any :class:`ShareSource`) as the share decision's node source."""
+
+    def __init__(self, cache: ShareSource) -> None:
         self.cache = cache
 
     def state(self, key: Any) -> NodeState:
@@ -156,7 +220,8 @@ class SharePolicy:
     """The share form of one policy name over a node source, rebuilt when the source's target changes.
 
     ``nodes``: the extender's :class:`scheduler.cache.ClusterCache` (read through :class:`CacheNodes`)
-    or any :class:`ShareNodes`; :meth:`decide` and :meth:`choose` (the extender's verbs) need the cache.
+    or any :class:`ShareNodes`; :meth:`decide` and :meth:`choose` (the extender's verbs) need a
+    :class:`CacheNodes` (over the cache, or over the time simulator's cluster).
     """
 
     def __init__(self, nodes: ClusterCache | ShareNodes, name: str = "icl", memo_limit: int = 100_000) -> None:
@@ -173,7 +238,10 @@ class SharePolicy:
 
     @staticmethod
     def task(info: PodInfo) -> TaskRequest:
-        return TaskRequest(info.cpu_milli, info.mem_mib, 1, info.milli)
+        """A share: one device's ``milli``; a whole-device pod: ``count`` whole devices."""
+        if info.milli:
+            return TaskRequest(info.cpu_milli, info.mem_mib, 1, info.milli)
+        return TaskRequest(info.cpu_milli, info.mem_mib, info.count, MILLI_PER_DEVICE)
 
     def state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
         """The node as the share policy sees it, and its device ids in the state's order."""
@@ -255,30 +323,46 @@ class SharePolicy:
         best = [n for n in names if n in best_set]
         for name in scores:
             if name not in best_set:
-                failed[name] = f"a share of {info.milli} milli-devices fits, but policy {self.name} prefers other nodes"
+                failed[name] = f"{_what(task)} fits, but policy {self.name} prefers other nodes"
         return ShareDecision(best, failed, scores)
 
     def choose(self, info: PodInfo, node: str) -> tuple[str, str]:
         """Bind: the device on ``node`` (call with the cache lock held): (device, "") or ("", why not)."""
+        devices, why = self.choose_devices(info, node)
+        return (devices[0] if devices else ""), why
+
+    def choose_devices(self, info: PodInfo, node: str) -> tuple[tuple[str, ...], str]:
+        """Bind: the devices on ``node`` (call with the cache lock held): one for a share, ``count``
+        for a whole-device pod; ((), why not) when it no longer fits."""
         nodes = self._cache_nodes()
         view, why = nodes.cache.node_view(node)
         if view is None:
-            return "", f"cannot bind to {node}: {why}"
+            return (), f"cannot bind to {node}: {why}"
         state, ids = nodes.node_state(node, view)
         task = self.task(info)
         choice = self.policy(info.uid, task).score(state, task)
         if choice is None:
-            return "", f"{node}: a share of {info.milli} milli-devices no longer fits: {_why(state, task)}"
-        (index,) = state.pick(choice[1])
-        return ids[index], ""
+            return (), f"{node}: {_what(task)} no longer fits: {_why(state, task)}"
+        return tuple(ids[index] for index in state.pick(choice[1])), ""
+
+
+def _what(task: TaskRequest) -> str:
+    if task.gpu_milli < MILLI_PER_DEVICE or task.num_gpu == 0:
+        return f"a share of {task.gpu_milli} milli-devices"
+    return f"{task.num_gpu} whole device{'s' if task.num_gpu != 1 else ''}"
 
 
 def _why(state: NodeState, task: TaskRequest) -> str:
+    who = "a share" if task.gpu_milli < MILLI_PER_DEVICE else "the pod"
     if task.cpu_milli > state.cpu_free:
-        return f"a share needs {task.cpu_milli} milli-CPU; {state.cpu_free} are free"
+        return f"{who} needs {task.cpu_milli} milli-CPU; {state.cpu_free} are free"
     if task.memory_mib > state.mem_free:
-        return f"a share needs {task.memory_mib} MiB of memory; {state.mem_free} are free"
+        return f"{who} needs {task.memory_mib} MiB of memory; {state.mem_free} are free"
     most = max(state.gpu_free, default=0)
+    if task.gpu_milli >= MILLI_PER_DEVICE:
+        whole = sum(1 for left in state.gpu_free if left >= MILLI_PER_DEVICE)
+        healthy = len(state.gpu_free)
+        return f"{task.num_gpu} whole devices do not fit: {whole} of {healthy} healthy devices are free whole"
     return (
         f"a share of {task.gpu_milli} milli-devices does not fit: the most any device has left is {most} "
         f"(of {MILLI_PER_DEVICE}, {len(state.gpu_free)} healthy devices)"

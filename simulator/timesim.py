@@ -45,6 +45,7 @@ counts the work failures cost (progress thrown away, shrink stalls) in device-se
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -60,6 +61,7 @@ import networkx as nx
 from scheduler.cache import NodeView
 from scheduler.decision import Decision
 from scheduler.podspec import PodInfo
+from scheduler.sharing import CacheNodes, SharePolicy
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.fill import never_fits
 from simulator.jobs import Job
@@ -78,6 +80,7 @@ from topology import (
     parse_shape,
     place_gang,
 )
+from topology.contract import MILLI_PER_DEVICE
 from topology.gpushare import GpuNodeSpec, TaskRequest
 from topology.policy import LINKED, SHARE, Balance, LinkedPolicy, PolicyName, linked_policy
 
@@ -169,7 +172,14 @@ class _TopoCluster:
         self._shapes: dict[tuple[str, int], Shape] = {}
         self._distinct = list({t.fingerprint: t for t in self.base.values()}.values())
         self._specs = list({(n.cpu_milli, n.memory_mib, n.devices, n.model): n.gpu_spec() for n in spec.nodes}.values())
-        self.decision = Decision(_Nodes(self), self.linked)  # the extender's own decision over this state
+        # (CPU, memory, devices, milli per device) -> running members asking it: the share policy's
+        # target workload, as the extender's cache counts its pods (scheduler.cache.ClusterCache.task_types)
+        self.types: dict[tuple[int, int, int, int], int] = {}
+        # the extender's own decision over this state; with the product's policy (icl) its share policy
+        # decides shape-less whole-device pods on nodes without links, as the extender's does
+        nodes = _Nodes(self)
+        self.shares = SharePolicy(CacheNodes(nodes)) if policy is PolicyName.ICL else None
+        self.decision = Decision(nodes, self.linked, shares=self.shares)
 
     def shape(self, job: Job) -> Shape:
         key = (job.shape, job.count)
@@ -220,11 +230,20 @@ class _TopoCluster:
         self.free[node] -= set(devices)
         self.cpu[node] -= job.cpu_milli
         self.mem[node] -= job.memory_mib
+        if devices:
+            key = (job.cpu_milli, job.memory_mib, len(devices), MILLI_PER_DEVICE)
+            self.types[key] = self.types.get(key, 0) + 1
 
     def give_devices(self, node: str, devices: Sequence[str], job: Job) -> None:
         self.free[node] |= set(devices)
         self.cpu[node] += job.cpu_milli
         self.mem[node] += job.memory_mib
+        key = (job.cpu_milli, job.memory_mib, len(devices), MILLI_PER_DEVICE)
+        left = self.types.get(key, 0) - 1
+        if left > 0:
+            self.types[key] = left
+        else:
+            self.types.pop(key, None)
 
     def take(self, alloc: _Alloc, job: Job) -> None:
         for node, devs in alloc.members:
@@ -375,6 +394,24 @@ class _Nodes:
 
     def balance(self) -> Balance:
         return self.c.balance
+
+    # what the share policy reads (scheduler.sharing.ShareSource)
+
+    lock = contextlib.nullcontext()  # one thread
+
+    def node_view(self, name: str) -> tuple[NodeView | None, str]:
+        view = self.view(name)
+        return view, "" if view is not None else self.node_problem(name)[0]
+
+    def node_config(self, name: str) -> tuple[int, int]:
+        spec = self.c.nodes[name]
+        return spec.cpu_milli, spec.memory_mib
+
+    def task_types(self) -> dict[tuple[int, int, int, int], int]:
+        return dict(self.c.types)
+
+    def knows_pod(self, uid: str) -> bool:
+        return False  # the job being placed is not running yet
 
 
 def _pod(job: Job) -> PodInfo:

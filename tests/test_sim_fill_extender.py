@@ -277,7 +277,6 @@ def test_on_one_node_without_links_bind_takes_the_devices_a_fill_step_takes(
         assert got == fill
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 12: whole-device pods, two deciders")
 @pytest.mark.parametrize(
     ("nodes", "load", "k"),
     [
@@ -288,10 +287,10 @@ def test_on_one_node_without_links_bind_takes_the_devices_a_fill_step_takes(
         ([("full:4", 8000), ("full:4", 32000)], [], 1),
     ],
 )
-def test_whole_device_pods_across_nodes_are_not_yet_decided_by_one_path(
+def test_whole_device_pods_across_nodes_are_decided_by_one_path(
     nodes: list[tuple[str, int]], load: list[tuple[int, int, int]], k: int
 ) -> None:
-    """Strict xfail: the day the extender and fill mode decide whole-device pods through one object
-    this passes, and the whole-device case belongs in the parity test above."""
+    """The two cases where the extender's bin-pack and fill's icl used to rank differently: the
+    extender now decides shape-less whole-device pods on nodes without links through the share policy."""
     ext_best, fill_best, _, _ = _whole_device_scene(nodes, load, k, 0)
     assert ext_best == fill_best
