@@ -294,3 +294,40 @@ def test_whole_device_pods_across_nodes_are_decided_by_one_path(
     extender now decides shape-less whole-device pods on nodes without links through the share policy."""
     ext_best, fill_best, _, _ = _whole_device_scene(nodes, load, k, 0)
     assert ext_best == fill_best
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.sampled_from(["full:2", "full:4", "full:8"]), st.sampled_from([8000, 32000])), max_size=4),
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 7), st.sampled_from([100, 250, 500, 750, MILLI_PER_DEVICE])),
+        max_size=12,
+    ),
+    st.integers(1, 4),
+    st.sampled_from([0, 4000, 16000]),
+    st.integers(0, 3),
+)
+def test_whole_device_pods_on_nodes_without_links_fill_and_extender_choose_alike(
+    nodes: list[tuple[str, int]], load: list[tuple[int, int, int]], k: int, cpu: int, pick: int
+) -> None:
+    """Random clusters of nodes without links (``full:N``), partly shared and partly held whole: the
+    extender's best nodes for a shape-less whole-device pod (filter, then prioritize's top score) are
+    the nodes a fill step of ``icl`` may pick, and on any of them bind takes the fill step's devices."""
+    if not nodes:
+        nodes = [("full:4", 32000)]
+    sizes = [len(build_preset(preset).ids) for preset, _ in nodes]
+    used: dict[tuple[int, int], int] = defaultdict(int)
+    running: list[tuple[int, int, int]] = []
+    for i, dev, milli in load:
+        i %= len(nodes)
+        dev %= sizes[i]
+        if used[(i, dev)] + milli > MILLI_PER_DEVICE or (milli == MILLI_PER_DEVICE and used[(i, dev)]):
+            continue
+        used[(i, dev)] += milli
+        running.append((i, dev, milli))
+    ext_best, fill_best, _, bind = _whole_device_scene(nodes, running, k, cpu)
+    assert ext_best == fill_best
+    event(f"best nodes: {len(fill_best)} of {len(nodes)}")
+    if fill_best:
+        got, fill = bind(int(fill_best[pick % len(fill_best)][1:]))
+        assert got == fill
