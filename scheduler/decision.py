@@ -97,6 +97,11 @@ class WholeFit:
             return self.fit.filter(state, names)
         flat, other = split
         best, flat_failed = self.shared_best(state, flat)
+        keep = self.fit.keep_best
+        if 0 < keep < len(best):  # keepBestNodes: the first of the tied best, in the scheduler's order
+            why = f"one of {len(best)} equally good nodes; keepBestNodes passes {keep}"
+            flat_failed = {**flat_failed, **dict.fromkeys(best[keep:], why)}
+            best = best[:keep]
         if best:
             self.fit.fits.note(state.info.uid, True)
             count = state.info.count

@@ -174,3 +174,18 @@ def test_preemption_on_a_node_without_links_frees_what_the_share_path_then_uses(
 
 def _uids(api: MemoryKubeAPI, names: list[str]) -> list[str]:
     return [str(api.pods[("default", n)]["metadata"]["uid"]) for n in names]
+
+
+def test_keep_best_nodes_caps_the_share_paths_tied_nodes_in_the_schedulers_order() -> None:
+    api = MemoryKubeAPI()
+    names = [f"n{i}" for i in range(6)]
+    for name in names:
+        api.nodes[name] = node_obj(name, "full:4")
+    cache = ClusterCache(DEFAULT_RESOURCE)
+    Informer(api, cache).sync_once()
+    ext = Extender(ExtenderConfig(fair_share=False, keep_best_nodes=2), cache, api)
+    pod = _new(api, cache, 1)
+    order = ["n4", "n1", "n5", "n0", "n2", "n3"]
+    result = ext.filter(ExtenderArgs(pod=pod, node_names=order))
+    assert result.node_names == ["n4", "n1"]
+    assert "keepBestNodes passes 2" in result.failed_nodes["n5"]
