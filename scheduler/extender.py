@@ -6,8 +6,10 @@ each other, each answering with a :class:`scheduler.framework.Status`:
 
 1. pre-filter (:mod:`scheduler.steps`): read the pod, devices it already holds, shares,
    not ours, gang admission, fair share (:mod:`scheduler.fairshare`), gang (:mod:`scheduler.gang`);
-2. filter and score per node (:mod:`scheduler.nodefit`): does the shape fit the node's free
-   healthy devices (:class:`topology.Placer`), and how well (:mod:`topology.policy`);
+2. filter and score per node (:class:`scheduler.decision.WholeFit` over :mod:`scheduler.nodefit`):
+   does the shape fit the node's free healthy devices (:class:`topology.Placer`), and how well
+   (:mod:`topology.policy`); a shape-less whole-device pod on nodes without links is ranked by
+   the share policy (:mod:`scheduler.sharing`), as fill mode ranks it;
 3. bind (:mod:`scheduler.binding`): the lease, the request, reserve (the gang's record, the
    devices, under the cache lock with the same placement code), the Binding, post-bind;
    a failed Binding undoes the reservations.
