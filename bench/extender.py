@@ -2,7 +2,8 @@
 
 For 100, 1,000 and 5,000 nodes of an 8-device (torus:2x2x2) and a 16-device
 (torus:4x4) topology, with seeded random allocations already on the nodes (so
-free sets differ from node to node), one pod asking for a ring of 4 is sent
+free sets differ from node to node), one pod asking for a ring of 4 (and, on
+``full:8`` nodes, one asking 4 devices and no shape: the share policy's path) is sent
 through filter and then prioritize, exactly as kube-scheduler sends them with
 ``nodeCacheCapable: true`` (node names in, names out). Two timings per case:
 
@@ -47,7 +48,12 @@ from scheduler.server import ExtenderServer  # noqa: E402
 from tests.support.extender import node_obj, pod_obj  # noqa: E402
 from topology import Placer, build_preset, parse_shape  # noqa: E402
 
-TOPOLOGIES = {"8-device": "torus:2x2x2", "16-device": "torus:4x4"}
+# label -> (preset, the pod's shape annotation; None: no shape, as an openb task asking 4 whole devices)
+TOPOLOGIES: dict[str, tuple[str, str | None]] = {
+    "8-device": ("torus:2x2x2", "ring"),
+    "16-device": ("torus:4x4", "ring"),
+    "8-device no shape": ("full:8", None),
+}
 KEEP_BEST = 64  # keepBestNodes of the shipped extender config
 
 
@@ -111,12 +117,12 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples)
 
 
-def run_case(n: int, preset: str, repeat: int, seed: int) -> dict[str, float]:
+def run_case(n: int, preset: str, repeat: int, seed: int, shape: str | None = "ring") -> dict[str, float]:
     server, names = build_cluster(n, preset, seed)
-    pod = with_requests(pod_obj("bench", 4, "ring", namespace="alpha"), 16000, 65536)
+    pod = with_requests(pod_obj("bench", 4, shape, namespace="alpha"), 16000, 65536)
     request = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
     topo = build_preset(preset)
-    Placer.for_topology(topo).fits(parse_shape("ring", count=4), topo.ids)  # candidate table, as at start-up
+    Placer.for_topology(topo).fits(parse_shape(shape or "any", count=4), topo.ids)  # candidate table, as at start-up
 
     def extender() -> tuple[bytes, bytes]:
         return server.handle("filter", request), server.handle("prioritize", request)
@@ -161,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'topology':<22} {'nodes':>6} {'fit':>5} {'json ms':>9} {'warm ms':>9} {'cold ms':>9} "
           f"{'warm/json':>9} {'cold/json':>9} {'keep64 ms':>9} {'warm/keep64':>11}")  # fmt: skip
     worst = 0.0
-    for label, preset in TOPOLOGIES.items():
+    for label, (preset, shape) in TOPOLOGIES.items():
         for n in sizes:
-            r = run_case(n, preset, args.repeat, args.seed)
+            r = run_case(n, preset, args.repeat, args.seed, shape)
             ratio = r["warm"] / r["json"]
             if n == max(sizes):
                 worst = max(worst, ratio)

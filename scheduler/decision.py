@@ -55,20 +55,23 @@ class WholeFit:
         self.fit = fit
         self.shares = shares
 
-    def split(self, state: CycleState, names: list[str]) -> tuple[list[str], list[str]] | None:
-        """(nodes without links, the other names) when the share policy decides the pod on some of
-        ``names``; ``None`` when ``NodeFit`` decides it everywhere."""
+    def split(self, state: CycleState, names: list[str]) -> tuple[list[tuple[str, NodeView]], list[str]] | None:
+        """(nodes without links with their views, the other names) when the share policy decides the
+        pod on some of ``names``; ``None`` when ``NodeFit`` decides it everywhere."""
         if self.shares is None or not decides_whole(state.info, state.shape):
             return None
         view_of = self.nodes.view_lookup()
-        flat: list[str] = []
+        flat: list[tuple[str, NodeView]] = []
         other: list[str] = []
         for name in names:
             view = view_of(name)
-            (flat if view is not None and links_free(view.topology) else other).append(name)
+            if view is not None and links_free(view.topology):
+                flat.append((name, view))
+            else:
+                other.append(name)
         return (flat, other) if flat else None
 
-    def shared_best(self, state: CycleState, flat: list[str]) -> tuple[list[str], dict[str, str]]:
+    def shared_best(self, state: CycleState, flat: list[tuple[str, NodeView]]) -> tuple[list[str], dict[str, str]]:
         """The share policy's best of ``flat`` and why the others fail. Feasibility is ``NodeFit``'s
         too (free devices less those in use by pods the cache cannot name, what the kubelet still
         admits, CPU and memory): a node ``NodeFit`` rejects fails with its reason, so the share
@@ -76,16 +79,15 @@ class WholeFit:
         say the pod does not fit."""
         assert self.shares is not None and state.shape is not None
         need = self.fit.need(state.shape, state.info)
-        view_of = self.nodes.view_lookup()
+        evaluate, shape = self.fit.evaluate, state.shape
         failed: dict[str, str] = {}
         fitting: list[str] = []
-        for name in flat:
-            view = view_of(name)
-            ev = self.fit.evaluate(view, state.shape, need=need) if view is not None else None
-            if ev is not None and ev.ok:
+        for name, view in flat:
+            ev = evaluate(view, shape, need=need)
+            if ev.ok:
                 fitting.append(name)
             else:
-                failed[name] = ev.reason if ev is not None else self.nodes.node_problem(name)[0]
+                failed[name] = ev.reason
         if not fitting:
             return [], failed
         share = self.shares.decide(state.info, fitting)

@@ -137,6 +137,8 @@ class ShareSource(Protocol):
 
     def ready_views(self) -> dict[str, NodeView]: ...
 
+    def view_lookup(self) -> Callable[[str], NodeView | None]: ...
+
     def node_view(self, name: str) -> tuple[NodeView | None, str]: ...
 
     def node_problem(self, name: str) -> tuple[str, bool]: ...
@@ -147,12 +149,19 @@ class ShareSource(Protocol):
 
     def knows_pod(self, uid: str) -> bool: ...
 
+    @property
+    def generation(self) -> int:
+        """Bumps on every change of the nodes or pods read above; -1: not tracked (nothing memoised)."""
+        ...
+
 
 class CacheNodes:
     """The extender's cache (or any :class:`ShareSource`) as the share decision's node source."""
 
     def __init__(self, cache: ShareSource) -> None:
         self.cache = cache
+        # the source's generation, and what target() read of every ready node and pod then
+        self._base: tuple[int, dict[tuple[int, int, int, int], int], list[GpuNodeSpec]] | None = None
 
     def state(self, key: Any) -> NodeState:
         state: NodeState = key  # the extender groups nodes by their state itself
@@ -180,24 +189,33 @@ class CacheNodes:
     def groups(self, names: Sequence[Any] | None) -> list[tuple[Hashable, Sequence[Any]]]:
         out: dict[NodeState, list[str]] = {}
         with self.cache.lock:
-            views = self.cache.ready_views()
-            for name in views if names is None else names:
-                view = views.get(name)
+            if names is None:
+                pairs: Iterable[tuple[str, NodeView | None]] = self.cache.ready_views().items()
+            else:
+                view_of = self.cache.view_lookup()  # no copy of every view for a filter's names
+                pairs = ((name, view_of(name)) for name in names)
+            node_state = self.node_state
+            for name, view in pairs:
                 if view is not None:
-                    out.setdefault(self.node_state(name, view)[0], []).append(name)
+                    out.setdefault(node_state(name, view)[0], []).append(name)
         return list(out.items())
 
     def target(self, uid: str, task: TaskRequest) -> tuple[Hashable, Callable[[], Target]]:
         """The cache's task types plus the pod's own (when the cache does not count it yet); the
         capacities of every ready node."""
         with self.cache.lock:
-            states = [self.node_state(n, v)[0] for n, v in self.cache.ready_views().items()]
-            types = self.cache.task_types()
+            gen, base = self.cache.generation, self._base
+            if base is None or gen < 0 or base[0] != gen:  # a scan of every ready node, once per change
+                states = [self.node_state(n, v)[0] for n, v in self.cache.ready_views().items()]
+                specs = [GpuNodeSpec("", s.cpu_total, s.mem_total, len(s.gpu_free)) for s in states]
+                base = (gen, self.cache.task_types(), specs)
+                if gen >= 0:
+                    self._base = base
             known = self.cache.knows_pod(uid)
+        types, specs = dict(base[1]), list(base[2])
         own = (task.cpu_milli, task.memory_mib, task.num_gpu, task.gpu_milli)
         if not known or types.get(own, 0) == 0:
             types[own] = types.get(own, 0) + 1
-        specs = [GpuNodeSpec("", s.cpu_total, s.mem_total, len(s.gpu_free)) for s in states]
         if not specs:
             specs = [GpuNodeSpec("", 1, 1, 1)]
         cap = (max(s.cpu_milli for s in specs), max(s.gpus for s in specs))

@@ -398,6 +398,7 @@ class _Nodes:
     # what the share policy reads (scheduler.sharing.ShareSource)
 
     lock = contextlib.nullcontext()  # one thread
+    generation = -1  # changes are not counted here: the share policy reads the cluster afresh each time
 
     def node_view(self, name: str) -> tuple[NodeView | None, str]:
         view = self.view(name)
