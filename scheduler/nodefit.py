@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduler.cache import NodeView
@@ -19,7 +18,7 @@ from scheduler.framework import Code, CycleState, NodeAnswer, Status
 from scheduler.podspec import PodInfo
 from topology import Shape, ShapeKind, pack_node
 from topology.policy import Ask as PolicyAsk
-from topology.policy import Balance, LinkedPolicy, NodeInput
+from topology.policy import Balance, LinkedPolicy, NodeInput, Verdict
 
 __all__ = ["FitMemory", "FitTiers", "Need", "NodeEval", "NodeFit", "NodeSource"]
 
@@ -30,14 +29,8 @@ _FIT_INDEX_LIMIT = 256  # shapes whose fitting nodes are indexed (oldest dropped
 Need = tuple[PolicyAsk, Balance, str]  # the policy's request, the stranding ratios, their memo key
 
 
-@dataclass(frozen=True, slots=True)
-class NodeEval:
-    """One node's answer for one shape: fits or why not, and its 0..10 score."""
-
-    ok: bool
-    reason: str
-    score: int
-    unresolvable: bool = False
+NodeEval = Verdict
+"""One node's answer for one shape: fits or why not, and its 0..10 score (the policy's own verdict)."""
 
 
 class FitTiers:
@@ -182,8 +175,7 @@ class NodeFit:
     def verdict(self, view: NodeView, ask: PolicyAsk, balance: Balance) -> NodeEval:
         """The shared policy's verdict on this view, not memoised."""
         node = NodeInput(view.topology, view.free, view.unattributed, view.admits, view.cpu_free, view.mem_free)
-        v = self.policy.evaluate(node, ask, balance, resource=self.resource)
-        return NodeEval(v.ok, v.reason, v.score, v.unresolvable)
+        return self.policy.evaluate(node, ask, balance, resource=self.resource)
 
     # ------------------------------------------------------------------ the steps
 
