@@ -122,6 +122,28 @@ class PodInfo:
     mem_mib: int = 0  # effective memory request
     milli: int = 0  # a share of one device, in milli-devices (1..999) of the shared resource; 0: none
 
+    @classmethod
+    def pending(
+        cls, uid: str, namespace: str, name: str, count: int, shape: str, *, cpu_milli: int = 0, mem_mib: int = 0
+    ) -> PodInfo:
+        """A pod not placed yet, in no queue or gang, at priority 0, holding no devices."""
+        return cls(
+            uid=uid,
+            namespace=namespace,
+            name=name,
+            count=count,
+            shape=shape,
+            queue="",
+            gang=None,
+            priority=0,
+            node_name="",
+            phase="Pending",
+            devices=(),
+            deleting=False,
+            cpu_milli=cpu_milli,
+            mem_mib=mem_mib,
+        )
+
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"

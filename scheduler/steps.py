@@ -81,19 +81,12 @@ class ReadPod:
             info = pod_info(pod, self.cfg.resource_name, self.cfg.shared_resource_name)
         except PodSpecError as exc:
             meta = pod.get("metadata") or {}
-            info = PodInfo(
-                uid=str(meta.get("uid") or ""),
-                namespace=str(meta.get("namespace") or "default"),
-                name=str(meta.get("name") or ""),
-                count=0,
-                shape="any",
-                queue="",
-                gang=None,
-                priority=0,
-                node_name="",
-                phase="Pending",
-                devices=(),
-                deleting=False,
+            info = PodInfo.pending(
+                str(meta.get("uid") or ""),
+                str(meta.get("namespace") or "default"),
+                str(meta.get("name") or ""),
+                0,
+                "any",
             )
             return CycleState(pod, info, None, str(exc), names)
         if info.count == 0:

@@ -417,22 +417,7 @@ class _Nodes:
 
 def _pod(job: Job) -> PodInfo:
     """The job's pod as the extender reads it (one member)."""
-    return PodInfo(
-        uid=job.id,
-        namespace="sim",
-        name=job.id,
-        count=job.count,
-        shape=job.shape,
-        queue="",
-        gang=None,
-        priority=0,
-        node_name="",
-        phase="Pending",
-        devices=(),
-        deleting=False,
-        cpu_milli=job.cpu_milli,
-        mem_mib=job.memory_mib,
-    )
+    return PodInfo.pending(job.id, "sim", job.id, job.count, job.shape, cpu_milli=job.cpu_milli, mem_mib=job.memory_mib)
 
 
 def _place_icl(
