@@ -71,27 +71,29 @@ class WholeFit:
                 other.append(name)
         return (flat, other) if flat else None
 
-    def shared_best(self, state: CycleState, flat: list[tuple[str, NodeView]]) -> tuple[list[str], dict[str, str]]:
-        """The share policy's best of ``flat`` and why the others fail. Feasibility is ``NodeFit``'s
+    def shared_best(
+        self, state: CycleState, flat: list[tuple[str, NodeView]], *, reasons: bool = True
+    ) -> tuple[list[str], dict[str, str]]:
+        """The share policy's best of ``flat`` and (``reasons``) why the others fail. Feasibility is ``NodeFit``'s
         too (free devices less those in use by pods the cache cannot name, what the kubelet still
         admits, CPU and memory): a node ``NodeFit`` rejects fails with its reason, so the share
         path never passes a node where the topology-aware path (and preemption, fair share) would
         say the pod does not fit."""
         assert self.shares is not None and state.shape is not None
         need = self.fit.need(state.shape, state.info)
-        evaluate, shape = self.fit.evaluate, state.shape
+        evaluate, shape, skey = self.fit.evaluate, state.shape, need[2]
         failed: dict[str, str] = {}
-        fitting: list[str] = []
+        fitting: list[tuple[str, NodeView]] = []
         for name, view in flat:
-            ev = evaluate(view, shape, need=need)
+            ev = view.memo.get(skey) or evaluate(view, shape, skey, need)
             if ev.ok:
-                fitting.append(name)
-            else:
+                fitting.append((name, view))
+            elif reasons:
                 failed[name] = ev.reason
         if not fitting:
             return [], failed
-        share = self.shares.decide(state.info, fitting)
-        return share.best, {**failed, **share.failed}
+        share = self.shares.decide_views(state.info, fitting, reasons=reasons)
+        return share.best, {**failed, **share.failed} if reasons else failed
 
     def filter(self, state: CycleState, names: list[str]) -> Status:
         split = self.split(state, names)
@@ -128,7 +130,7 @@ class WholeFit:
         split = self.split(state, names)
         if split is None or self.shares is None:
             return self.fit.score(state, names)
-        best = set(self.shared_best(state, split[0])[0])
+        best = set(self.shared_best(state, split[0], reasons=False)[0])
         if not best:
             return self.fit.score(state, names)  # no node without links fits: NodeFit ranks the linked ones
         return [MAX_PRIORITY if n in best else 0 for n in names]

@@ -53,6 +53,7 @@ _TIE = 1e-9
 _LOW = 1e300  # above every score, below a non-fit's
 _NO_FIT: Choice = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
+_CANON_LIMIT = 200_000  # distinct node states kept canonical at once
 
 _LINKS_FREE: dict[str, bool] = {}
 
@@ -121,11 +122,10 @@ class Ranked:
 
 @dataclass(frozen=True, slots=True)
 class ShareDecision:
-    """The filter's answer for one share: the best nodes, the others' reasons, each node's score."""
+    """The filter's answer for one share: the best nodes (in the scheduler's order) and the others' reasons."""
 
     best: list[str]
     failed: dict[str, str]
-    scores: dict[str, float]  # fitting nodes only; lower is better
 
 
 class ShareSource(Protocol):
@@ -162,6 +162,9 @@ class CacheNodes:
         self.cache = cache
         # the source's generation, and what target() read of every ready node and pod then
         self._base: tuple[int, dict[tuple[int, int, int, int], int], list[GpuNodeSpec]] | None = None
+        # one object per distinct node state, so grouping thousands of nodes compares identities, not
+        # fields (nodes in equal states that got different objects after a clear form two groups, both right)
+        self._canon: dict[NodeState, NodeState] = {}
 
     def state(self, key: Any) -> NodeState:
         state: NodeState = key  # the extender groups nodes by their state itself
@@ -172,8 +175,10 @@ class CacheNodes:
         view, which the cache replaces on every change of the node)."""
         hit: tuple[NodeState, list[str]] | None = view.memo.get(_STATE)
         if hit is None:
-            hit = self._state(name, view)
-            view.memo[_STATE] = hit
+            state, ids = self._state(name, view)
+            if len(self._canon) >= _CANON_LIMIT:
+                self._canon.clear()
+            hit = view.memo[_STATE] = (self._canon.setdefault(state, state), ids)
         return hit
 
     def _state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
@@ -187,18 +192,27 @@ class CacheNodes:
         return state, [dev for dev, _ in devices]
 
     def groups(self, names: Sequence[Any] | None) -> list[tuple[Hashable, Sequence[Any]]]:
-        out: dict[NodeState, list[str]] = {}
         with self.cache.lock:
             if names is None:
                 pairs: Iterable[tuple[str, NodeView | None]] = self.cache.ready_views().items()
             else:
                 view_of = self.cache.view_lookup()  # no copy of every view for a filter's names
                 pairs = ((name, view_of(name)) for name in names)
-            node_state = self.node_state
-            for name, view in pairs:
-                if view is not None:
-                    out.setdefault(node_state(name, view)[0], []).append(name)
-        return list(out.items())
+            return self.group_views((name, view) for name, view in pairs if view is not None)
+
+    def group_views(self, pairs: Iterable[tuple[str, NodeView]]) -> list[tuple[Hashable, Sequence[Any]]]:
+        """``pairs`` (name, view) grouped by node state, in order of first appearance (call with the
+        cache lock held)."""
+        by_state: dict[int, tuple[NodeState, list[str]]] = {}
+        node_state = self.node_state
+        for name, view in pairs:
+            state = (view.memo.get(_STATE) or node_state(name, view))[0]
+            group = by_state.get(id(state))
+            if group is None:
+                by_state[id(state)] = (state, [name])
+            else:
+                group[1].append(name)
+        return list(by_state.values())
 
     def target(self, uid: str, task: TaskRequest) -> tuple[Hashable, Callable[[], Target]]:
         """The cache's task types plus the pod's own (when the cache does not count it yet); the
@@ -288,6 +302,12 @@ class SharePolicy:
         """The decision: ``names`` (``None``: every node of the source) scored, each state once per task
         (memoised), and the best ones in the source's order with their choice; ``every``: keep every
         group's answer in :attr:`Ranked.scored` too."""
+        return self.rank_groups(uid, task, self.nodes.groups(names), every=every)
+
+    def rank_groups(
+        self, uid: str, task: TaskRequest, groups: Iterable[tuple[Hashable, Sequence[Any]]], *, every: bool = False
+    ) -> Ranked:
+        """:meth:`rank` over nodes already grouped by the source (:meth:`ShareNodes.groups`)."""
         policy, memo = self._policy_memo(uid, task)
         answers = memo.get(task)
         if answers is None or self._entries > self.memo_limit:
@@ -300,7 +320,7 @@ class SharePolicy:
         low = _LOW
         near: list[tuple[float, Sequence[Any], Choice]] = []
         scored: list[tuple[Hashable, Sequence[Any], Choice | None]] = []
-        for key, members in self.nodes.groups(names):
+        for key, members in groups:
             choice = answers.get(key)
             if choice is None:
                 choice = answers[key] = score(state(key), task) or _NO_FIT
@@ -316,33 +336,41 @@ class SharePolicy:
         tied = [(members, choice) for value, members, choice in near if value <= low + _TIE]
         return Ranked(tied, low, scored)
 
-    def decide(self, info: PodInfo, names: list[str]) -> ShareDecision:
-        """Filter and prioritize: every named node's score, the best ones, the reasons of the rest."""
+    def decide(self, info: PodInfo, names: list[str], *, reasons: bool = True) -> ShareDecision:
+        """Filter and prioritize: the best of the named nodes and (``reasons``) why each other one is not."""
         cache = self._cache_nodes().cache
-        task = self.task(info)
         failed: dict[str, str] = {}
+        pairs: list[tuple[str, NodeView]] = []
         with cache.lock:
-            views = cache.ready_views()
+            view_of = cache.view_lookup()
             for name in names:
-                if name not in views:
+                view = view_of(name)
+                if view is not None:
+                    pairs.append((name, view))
+                elif reasons:
                     failed[name] = cache.node_problem(name)[0]
-        ranked = self.rank(info.uid, task, [n for n in names if n not in failed], every=True)
-        scores: dict[str, float] = {}
-        for key, members, choice in ranked.scored:
-            for name in members:
-                if choice is None:
-                    failed[name] = _why(self.nodes.state(key), task)
-                else:
-                    scores[name] = choice[0]
-        for name in names:  # a node that went away between the two reads
-            if name not in scores and name not in failed:
-                failed[name] = cache.node_problem(name)[0]
+        share = self.decide_views(info, pairs, reasons=reasons)
+        return ShareDecision(share.best, {**failed, **share.failed}) if failed else share
+
+    def decide_views(self, info: PodInfo, pairs: list[tuple[str, NodeView]], *, reasons: bool = True) -> ShareDecision:
+        """:meth:`decide` over nodes already read from the cache: (name, view), in the scheduler's order."""
+        nodes = self._cache_nodes()
+        task = self.task(info)
+        with nodes.cache.lock:
+            groups = nodes.group_views(pairs)
+        ranked = self.rank_groups(info.uid, task, groups, every=reasons)
         best_set = {name for members, _ in ranked.tied for name in members}
-        best = [n for n in names if n in best_set]
-        for name in scores:
-            if name not in best_set:
-                failed[name] = f"{_what(task)} fits, but policy {self.name} prefers other nodes"
-        return ShareDecision(best, failed, scores)
+        best = [name for name, _ in pairs if name in best_set]
+        failed: dict[str, str] = {}
+        if reasons:
+            prefer = f"{_what(task)} fits, but policy {self.name} prefers other nodes"
+            bar = ranked.low + _TIE
+            for key, members, choice in ranked.scored:
+                if choice is None:
+                    failed.update(dict.fromkeys(members, _why(nodes.state(key), task)))
+                elif choice[0] > bar:
+                    failed.update(dict.fromkeys(members, prefer))
+        return ShareDecision(best, failed)
 
     def choose(self, info: PodInfo, node: str) -> tuple[str, str]:
         """Bind: the device on ``node`` (call with the cache lock held): (device, "") or ("", why not)."""

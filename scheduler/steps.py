@@ -149,7 +149,7 @@ class Shares:
     def score(self, state: CycleState, names: list[str]) -> list[int] | None:
         if not state.info.milli or state.error:
             return None
-        best = set(self.shares.decide(state.info, names).best)
+        best = set(self.shares.decide(state.info, names, reasons=False).best)
         return [MAX_PRIORITY if n in best else 0 for n in names]
 
 

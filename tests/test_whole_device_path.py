@@ -9,10 +9,12 @@ Feasibility stays ``NodeFit``'s, so preemption and fair share agree with the fil
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scheduler import sharing
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
@@ -189,3 +191,40 @@ def test_keep_best_nodes_caps_the_share_paths_tied_nodes_in_the_schedulers_order
     result = ext.filter(ExtenderArgs(pod=pod, node_names=order))
     assert result.node_names == ["n4", "n1"]
     assert "keepBestNodes passes 2" in result.failed_nodes["n5"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(["full:2", "full:4", "full:8", "ring:8"]), min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), max_size=16),
+    st.integers(1, 4),
+)
+def test_nodes_in_equal_states_split_into_several_groups_decide_the_same(
+    presets: list[str], load: list[tuple[int, int]], k: int
+) -> None:
+    """The share path groups nodes by one object per distinct state; when that table is cleared
+    (every state its own object here), equal states form several groups and the answer is the same:
+    the same nodes pass, the same reasons, the same scores, every node answered once."""
+    nodes = {f"n{i}": p for i, p in enumerate(presets)}
+    held: dict[str, list[str]] = {}
+    for i, dev in load:
+        name = f"n{i % len(presets)}"
+        ids = build_preset(nodes[name]).ids
+        d = ids[dev % len(ids)]
+        if d not in held.setdefault(name, []):
+            held[name].append(d)
+    names = list(nodes)
+
+    def answer() -> tuple[Any, ...]:
+        api, cache, ext = _world(nodes, held)
+        pod = _new(api, cache, k)
+        result = ext.filter(ExtenderArgs(pod=pod, node_names=names))
+        scores = ext.prioritize(ExtenderArgs(pod=pod, node_names=names))
+        return result.node_names, result.failed_nodes, result.failed_and_unresolvable_nodes, scores
+
+    grouped = answer()
+    with mock.patch.object(sharing, "_CANON_LIMIT", 0):
+        split = answer()
+    assert split == grouped
+    passed, failed, unresolvable, _ = grouped
+    assert sorted([*(passed or []), *failed, *unresolvable]) == sorted(names)
