@@ -44,6 +44,7 @@ __all__ = [
     "never_fits",
     "node_order",
     "run_fill",
+    "scorer_for",
 ]
 
 _EPS = 1e-9
@@ -313,6 +314,12 @@ class ShareScorer:
         return _pick(cluster, ranked.tied, self.policy.tie_break, rng)
 
 
+def scorer_for(policy: FillPolicy, cluster: FracCluster) -> Scorer | ShareScorer:
+    """What decides each task for ``policy`` on ``cluster`` (fill mode and time mode's ``share:`` policies):
+    the extender's share decision for ``icl`` (:class:`ShareScorer`), ``Scorer`` for the baselines."""
+    return ShareScorer(policy, cluster) if isinstance(policy, ExtenderPolicy) else Scorer(policy)
+
+
 def node_order(specs: Sequence[GpuNodeSpec], seed: int) -> list[int]:
     """Each node's place in the run's tie-break order (``TieBreak.FIRST``): a seeded random permutation.
 
@@ -463,7 +470,7 @@ def run_fill(
     cluster = FracCluster(specs, ordered_devices=policy.ordered_devices, rank=node_order(specs, seed))
     workload = inflate(tasks, cluster.capacity_milli, inflation, seed)
     rng = random.Random(seed * 7919 + 1)
-    scorer = ShareScorer(policy, cluster) if isinstance(policy, ExtenderPolicy) else Scorer(policy)
+    scorer = scorer_for(policy, cluster)
     result = FillResult(policy.name, seed, len(specs), cluster.capacity_milli)
     arrived = 0
     allocated = 0

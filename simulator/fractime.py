@@ -1,8 +1,9 @@
 """The fractional-device cluster as a time-mode backend (``share:`` policies of ``run_time``).
 
-Jobs ask CPU, memory and devices or device shares; placement is a
-``topology.policies`` policy driven by the same engine as fill mode
-(``simulator.fill.Scorer``). Nodes and devices fail (there are no links in
+Jobs ask CPU, memory and devices or device shares; placement is what fill mode runs for the
+policy name (``simulator.fill.fill_policy``): ``share:icl`` is the extender's own share decision
+(``scheduler.sharing.SharePolicy`` over this cluster, ``simulator.fill.ShareScorer``), the
+baselines are ``topology.policies`` policies (``simulator.fill.Scorer``). Nodes and devices fail (there are no links in
 this model): a failed device is held by a placeholder until repaired, a
 failed node leaves scoring.
 """
@@ -12,11 +13,11 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from simulator.fill import FracCluster, Scorer, never_fits, node_order
+from simulator.fill import FracCluster, fill_policy, never_fits, node_order, scorer_for
 from simulator.jobs import Job
 from simulator.timebase import Alloc, FailureRates
 from topology.gpushare import MILLI, GpuNodeSpec, TargetWorkload, TaskRequest
-from topology.policies import TieBreak, make_policy
+from topology.policies import TieBreak
 
 __all__ = ["FracBackend", "task_of"]
 
@@ -33,12 +34,12 @@ class FracBackend:
         self.specs = list(nodes)
         self.index = {n.name: i for i, n in enumerate(self.specs)}
         tasks = [task_of(j) for j in jobs] or [TaskRequest(0)]
-        self.policy = make_policy(policy, self.specs, TargetWorkload.from_tasks(tasks))
+        self.policy = fill_policy(policy, self.specs, TargetWorkload.from_tasks(tasks))
         # FGD and BestFit break ties towards the first node of a random order fixed for the run (as in the
         # FGD authors' simulator, see simulator.fill.node_order); the other policies toss a coin per decision
         rank = node_order(self.specs, rng.randrange(2**31)) if self.policy.tie_break is TieBreak.FIRST else None
         self.cluster = FracCluster(self.specs, ordered_devices=self.policy.ordered_devices, rank=rank)
-        self.scorer = Scorer(self.policy)
+        self.scorer = scorer_for(self.policy, self.cluster)
         self.rng = rng
         self.total = sum(n.gpus for n in self.specs)
         self.down: set[int] = set()

@@ -26,12 +26,15 @@ from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
 from simulator.fill import (
     ExtenderPolicy,
     FracCluster,
+    Scorer,
     ShareScorer,
     fill_policy,
     inflate,
     run_fill,
 )
 from simulator.fracgen import scaled_cluster, synthetic_tasks
+from simulator.fractime import FracBackend
+from simulator.jobs import Job
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import build_preset
 from topology.contract import ANN_DEVICES, DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE
@@ -53,7 +56,8 @@ class Recording(SharePolicy):
 
     def rank(self, *args: Any, **kwargs: Any) -> Ranked:
         out = super().rank(*args, **kwargs)
-        self.answers.append(out)
+        # the fill source's groups are its live member lists: keep them as they were at this decision
+        self.answers.append(Ranked([(list(members), c) for members, c in out.tied], out.low, out.scored))
         return out
 
 
@@ -331,3 +335,48 @@ def test_whole_device_pods_on_nodes_without_links_fill_and_extender_choose_alike
     if fill_best:
         got, fill = bind(int(fill_best[pick % len(fill_best)][1:]))
         assert got == fill
+
+
+def test_time_modes_share_icl_decides_every_member_through_the_share_policy() -> None:
+    """``icl sim --mode time --policies share:icl`` places each gang member where the extender's share
+    decision says (one of ``SharePolicy.rank``'s tied nodes, its choice of devices); the baselines of
+    time mode stay ``topology.policies``."""
+    rng = random.Random(5)
+    jobs = []
+    for k, task in enumerate(TASKS[:60]):
+        whole = task.gpu_milli >= MILLI_PER_DEVICE or task.num_gpu == 0
+        jobs.append(
+            Job(
+                f"j{k}",
+                0.0,
+                60.0,
+                task.num_gpu if whole else 1,
+                gang=rng.choice([1, 1, 2]),
+                cpu_milli=task.cpu_milli,
+                memory_mib=task.memory_mib,
+                gpu_milli=task.gpu_milli if task.num_gpu else MILLI_PER_DEVICE,
+            )
+        )
+    backend = FracBackend(NODES, "icl", jobs, random.Random(1))
+    assert isinstance(backend.scorer, ShareScorer)
+    assert isinstance(FracBackend(NODES, "fgd", jobs, random.Random(1)).scorer, Scorer)
+    rec = Recording(backend.scorer.shares.nodes, "icl")
+    backend.scorer.shares = rec
+    placed = 0
+    for job in jobs:
+        before = len(rec.answers)
+        got = backend.place(job)
+        answers = rec.answers[before:]
+        if got is None:
+            continue
+        alloc, _ = got
+        assert len(answers) == len(alloc.members) == job.gang
+        for (name, devices), ranked in zip(alloc.members, answers, strict=True):
+            index = backend.index[name]
+            tied = {n: choice for members, choice in ranked.tied for n in members}
+            assert index in tied, f"{job.id}: {name} is not one of the share policy's best nodes"
+            state = backend.cluster.states[index]
+            assert job.gang > 1 or tuple(int(d) for d in devices) == tuple(state.pick(tied[index][1]))
+        backend.take(alloc, job)
+        placed += 1
+    assert placed > 10
