@@ -15,6 +15,7 @@ Example::
     weights: {fragmentation: 2, binpack: 1, stranding: 1}
     gangTimeoutSeconds: 120
     keepBestNodes: 64
+    decideCpuPods: false        # true: pods asking no device are placed by the share policy too
     events: {enabled: true, onBind: false}
     queues:
       research: {weight: 2}
@@ -115,6 +116,9 @@ class ExtenderConfig:
     event_component: str = "kube-icl-extender"
     events_on_bind: bool = False  # a Normal DevicesAssigned event per bound pod (the annotation says the same)
     keep_best_nodes: int = 0  # filter passes only this many best-scoring nodes; 0: every node that fits
+    # pods asking no device are decided by the share policy as well (kube-scheduler must then send every
+    # pod: no managedResources in its extender stanza); False: they are kube-scheduler's to place
+    decide_cpu_pods: bool = False
     kube: KubeConfig = field(default_factory=KubeConfig)
 
     def queue(self, name: str) -> QueueConfig:
@@ -140,6 +144,7 @@ _TOP_KEYS = {
     "defaultQueueWeight",
     "events",
     "keepBestNodes",
+    "decideCpuPods",
     "kube",
 }
 
@@ -292,6 +297,8 @@ def parse_config(raw: Any) -> ExtenderConfig:
         kw["events_on_bind"] = _bool(events["onBind"], "events.onBind")
     if "keepBestNodes" in top:
         kw["keep_best_nodes"] = _int(top["keepBestNodes"], "keepBestNodes")
+    if "decideCpuPods" in top:
+        kw["decide_cpu_pods"] = _bool(top["decideCpuPods"], "decideCpuPods")
     if "component" in events:
         kw["event_component"] = _str(events["component"], "events.component")
     le = _map(top.get("leaderElection"), "leaderElection")
@@ -350,6 +357,11 @@ def parse_config(raw: Any) -> ExtenderConfig:
         else 30.0,
     )
     cfg = ExtenderConfig(**kw)
+    if cfg.decide_cpu_pods and cfg.kube.pod_selection != "all":
+        raise ConfigError(
+            "decideCpuPods: true needs kube.podSelection: all (the CPU and memory pods without the label hold "
+            f"decide where a pod asking no device strands devices), got {cfg.kube.pod_selection!r}"
+        )
     if election.enabled and election.lease_duration_s <= cfg.kube.request_timeout_s + election.renew_interval_s:
         raise ConfigError(
             f"leaderElection.leaseDurationSeconds: {election.lease_duration_s:g} must exceed "

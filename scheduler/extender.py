@@ -50,7 +50,7 @@ from scheduler.metrics import Metrics
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import NamedVictims, Preemption
 from scheduler.sharing import SharePolicy
-from scheduler.steps import FairShare, Gang, GangAdmission, HeldDevices, NotOurs, ReadPod, SeenPods, Shares
+from scheduler.steps import CpuPods, FairShare, Gang, GangAdmission, HeldDevices, NotOurs, ReadPod, SeenPods, Shares
 from scheduler.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -127,6 +127,7 @@ class Extender:
         fits = self.decision.fits
         self._read = ReadPod(cfg, self._seen)
         self._shares = Shares(self.shares, fits)
+        self._cpu_pods = CpuPods(self.shares, cfg.decide_cpu_pods)
         self._not_ours = NotOurs()
         self._fair = FairShare(cache, cfg, self.gangs, self.fit, fits)
         # The gang step (public: its group_sizes are the gang sizes read from PodGroup objects).
@@ -140,13 +141,14 @@ class Extender:
                 self._read,
                 HeldDevices(cache),
                 self._shares,
+                self._cpu_pods,
                 self._not_ours,
                 GangAdmission(self.gangs),
                 self._fair,
                 self.gang_step,
             ),
             filter=self.decision.step,
-            score=(self._shares, self._not_ours, self.gang_step, self.decision.step),
+            score=(self._shares, self._cpu_pods, self._not_ours, self.gang_step, self.decision.step),
             pre_bind=(Lease(self._lead, self._lease_wait_s), Request()),
             reserve=(self._record, Devices(cache, self.gangs, self.shares, self.decision, self._unsure)),
             bind=self._binding,

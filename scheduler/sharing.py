@@ -54,6 +54,9 @@ _LOW = 1e300  # above every score, below a non-fit's
 _NO_FIT: Choice = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
 _CANON_LIMIT = 200_000  # distinct node states kept canonical at once
+# a node kube-icl has no devices on (no usable topology), as a pod asking no device sees it: no devices,
+# CPU and memory as plenty (kube-scheduler's own filters already checked that the pod fits there)
+_DEVICELESS = NodeState("", _PLENTY, _PLENTY, _PLENTY, _PLENTY, ())
 
 _LINKS_FREE: dict[str, bool] = {}
 
@@ -270,7 +273,10 @@ class SharePolicy:
 
     @staticmethod
     def task(info: PodInfo) -> TaskRequest:
-        """A share: one device's ``milli``; a whole-device pod: ``count`` whole devices."""
+        """A share: one device's ``milli``; a whole-device pod: ``count`` whole devices; a pod asking
+        no device: its CPU and memory only."""
+        if not info.milli and not info.count:
+            return TaskRequest(info.cpu_milli, info.mem_mib, 0, 0)
         if info.milli:
             return TaskRequest(info.cpu_milli, info.mem_mib, 1, info.milli)
         return TaskRequest(info.cpu_milli, info.mem_mib, info.count, MILLI_PER_DEVICE)
@@ -336,31 +342,55 @@ class SharePolicy:
         tied = [(members, choice) for value, members, choice in near if value <= low + _TIE]
         return Ranked(tied, low, scored)
 
-    def decide(self, info: PodInfo, names: list[str], *, reasons: bool = True) -> ShareDecision:
-        """Filter and prioritize: the best of the named nodes and (``reasons``) why each other one is not."""
+    def decide(
+        self, info: PodInfo, names: list[str], *, reasons: bool = True, deviceless: bool = False
+    ) -> ShareDecision:
+        """Filter and prioritize: the best of the named nodes and (``reasons``) why each other one is not.
+
+        ``deviceless`` (a pod asking no device): a node kube-icl has no devices on (no usable topology:
+        a CPU-only node) is ranked as a node with no devices, where such a pod strands nothing, instead
+        of failing."""
         cache = self._cache_nodes().cache
         failed: dict[str, str] = {}
         pairs: list[tuple[str, NodeView]] = []
+        bare: list[str] = []
         with cache.lock:
             view_of = cache.view_lookup()
             for name in names:
                 view = view_of(name)
                 if view is not None:
                     pairs.append((name, view))
+                    continue
+                why, hopeless = cache.node_problem(name)
+                if deviceless and hopeless:
+                    bare.append(name)
                 elif reasons:
-                    failed[name] = cache.node_problem(name)[0]
-        share = self.decide_views(info, pairs, reasons=reasons)
+                    failed[name] = why
+        share = self.decide_views(info, pairs, reasons=reasons, bare=bare, order=names if bare else None)
         return ShareDecision(share.best, {**failed, **share.failed}) if failed else share
 
-    def decide_views(self, info: PodInfo, pairs: list[tuple[str, NodeView]], *, reasons: bool = True) -> ShareDecision:
-        """:meth:`decide` over nodes already read from the cache: (name, view), in the scheduler's order."""
+    def decide_views(
+        self,
+        info: PodInfo,
+        pairs: list[tuple[str, NodeView]],
+        *,
+        reasons: bool = True,
+        bare: Sequence[str] = (),
+        order: Sequence[str] | None = None,
+    ) -> ShareDecision:
+        """:meth:`decide` over nodes already read from the cache: (name, view), in the scheduler's order;
+        ``bare``: nodes with no devices of ours (:meth:`decide`'s ``deviceless``); ``order``: the
+        scheduler's order of all of them (default: ``pairs``, then ``bare``)."""
         nodes = self._cache_nodes()
         task = self.task(info)
         with nodes.cache.lock:
             groups = nodes.group_views(pairs)
+        if bare:
+            groups.append((_DEVICELESS, list(bare)))
         ranked = self.rank_groups(info.uid, task, groups, every=reasons)
         best_set = {name for members, _ in ranked.tied for name in members}
-        best = [name for name, _ in pairs if name in best_set]
+        names = order if order is not None else [*(name for name, _ in pairs), *bare]
+        best = [name for name in names if name in best_set]
         failed: dict[str, str] = {}
         if reasons:
             prefer = f"{_what(task)} fits, but policy {self.name} prefers other nodes"
@@ -393,13 +423,15 @@ class SharePolicy:
 
 
 def _what(task: TaskRequest) -> str:
-    if task.gpu_milli < MILLI_PER_DEVICE or task.num_gpu == 0:
+    if task.num_gpu == 0:
+        return "a pod asking no device"
+    if task.gpu_milli < MILLI_PER_DEVICE:
         return f"a share of {task.gpu_milli} milli-devices"
     return f"{task.num_gpu} whole device{'s' if task.num_gpu != 1 else ''}"
 
 
 def _why(state: NodeState, task: TaskRequest) -> str:
-    who = "a share" if task.gpu_milli < MILLI_PER_DEVICE else "the pod"
+    who = "a share" if 0 < task.gpu_milli < MILLI_PER_DEVICE else "the pod"
     if task.cpu_milli > state.cpu_free:
         return f"{who} needs {task.cpu_milli} milli-CPU; {state.cpu_free} are free"
     if task.memory_mib > state.mem_free:

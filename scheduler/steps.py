@@ -34,6 +34,7 @@ from scheduler.wire import MAX_PRIORITY
 from topology import ShapeError, parse_shape
 
 __all__ = [
+    "CpuPods",
     "FairShare",
     "Gang",
     "GangAdmission",
@@ -150,6 +151,38 @@ class Shares:
         if not state.info.milli or state.error:
             return None
         best = set(self.shares.decide(state.info, names, reasons=False).best)
+        return [MAX_PRIORITY if n in best else 0 for n in names]
+
+
+class CpuPods:
+    """A pod asking no device, when the extender decides those too (``decideCpuPods``): the share
+    policy ranks the nodes for its CPU and memory, as fill mode's ``icl`` ranks a task asking no
+    device; a node without devices of ours (no usable topology) is a node with no devices there.
+    Filter passes the best nodes only, prioritize scores them :data:`MAX_PRIORITY`."""
+
+    name = "CpuPods"
+
+    def __init__(self, shares: SharePolicy, enabled: bool) -> None:
+        self.shares = shares
+        self.enabled = enabled
+
+    def _mine(self, state: CycleState) -> bool:
+        return self.enabled and state.shape is None and not state.error and not state.info.milli
+
+    def pre_filter(self, state: CycleState) -> Status:
+        if not self._mine(state):
+            return OK
+        share = self.shares.decide(state.info, state.names, deviceless=True)
+        state.answer = NodeAnswer(share.best, share.failed, {})
+        if not share.best and state.names:
+            summary = summarize_failures(share.failed, len(state.names), "a pod asking no device")
+            return Status(Code.UNSCHEDULABLE, summary, label="unschedulable", event="FailedPlacement")
+        return Status(label="fit")
+
+    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
+        if not self._mine(state):
+            return None
+        best = set(self.shares.decide(state.info, names, reasons=False, deviceless=True).best)
         return [MAX_PRIORITY if n in best else 0 for n in names]
 
 
