@@ -27,6 +27,7 @@ import yaml
 
 from deviceplugin.config import config_from_mapping
 from scheduler.config import parse_config
+from topology.contract import DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE
 from topology.fileformat import topology_from_mapping
 
 from . import build
@@ -240,6 +241,11 @@ def _pools(*pools: dict[str, Any]) -> dict[str, Any]:
         (_pools("a"), "at '/devicePlugin/pools/0': got string, want object"),  # type: ignore[arg-type]
         ({"extender": {"mode": "remote"}, "tls": {"clientSecretName": ""}}, "tls: extender.mode=remote needs"),
         ({"scheduler": {"replicas": 0}}, "at '/scheduler/replicas': minimum: got 0, want 1"),
+        ({"extender": {"config": {"decideCpuPods": "yes"}}}, "extender.config.decideCpuPods: expected true or"),
+        (
+            {"extender": {"config": {"decideCpuPods": True, "kube": {"podSelection": "labelled"}}}},
+            "extender.config.decideCpuPods: true needs extender.config.kube.podSelection: all",
+        ),
     ],
     ids=[
         "mode",
@@ -254,6 +260,8 @@ def _pools(*pools: dict[str, Any]) -> dict[str, Any]:
         "not-a-map",
         "remote-no-tls",
         "replicas",
+        "cpu-pods-type",
+        "cpu-pods-labelled",
     ],
 )
 def test_bad_values_fail_with_one_line_naming_the_value(
@@ -265,6 +273,26 @@ def test_bad_values_fail_with_one_line_naming_the_value(
     assert result.returncode != 0 and result.stdout == ""
     # One line names the field (the schema's, or the chart's own check); helm adds its own header.
     assert any(message in line for line in result.stderr.splitlines()), result.stderr
+
+
+def test_deciding_cpu_pods_sends_every_pod_of_the_profile_to_the_extender(helm: str, tmp_path: Path) -> None:
+    """``extender.config.decideCpuPods: true``: the stanza names no managedResources (kube-scheduler then
+    calls the extender for every pod of the chart's own scheduler), and the extender reads the key."""
+
+    def rendered(values: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        docs = objects(template(helm, path))
+        configs = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
+        (stanza,) = yaml.safe_load(configs["kube-icl-scheduler"]["kube-scheduler-config.yaml"])["extenders"]
+        return stanza, parse_config(yaml.safe_load(configs["kube-icl-extender"]["extender.yaml"]))
+
+    stanza, cfg = rendered({})
+    assert [r["name"] for r in stanza["managedResources"]] == [DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE]
+    assert cfg.decide_cpu_pods is False
+    stanza, cfg = rendered({"extender": {"config": {"decideCpuPods": True}}})
+    assert "managedResources" not in stanza and stanza["bindVerb"] == "bind"
+    assert cfg.decide_cpu_pods is True
 
 
 def _checksums(helm: str, values: dict[str, Any], directory: Path) -> dict[str, str]:

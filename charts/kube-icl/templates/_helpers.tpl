@@ -49,6 +49,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail "tls: extender.mode=remote needs tls.serverSecretName and tls.clientSecretName (mutual TLS)" -}}
 {{- end -}}
 {{- end -}}
+{{- $extcfg := default dict .Values.extender.config -}}
+{{- if and (hasKey $extcfg "decideCpuPods") (not (kindIs "bool" $extcfg.decideCpuPods)) -}}
+{{- fail (printf "extender.config.decideCpuPods: expected true or false, got %v" $extcfg.decideCpuPods) -}}
+{{- end -}}
+{{- if eq (toString (get $extcfg "decideCpuPods")) "true" -}}
+{{- if eq (toString (dig "kube" "podSelection" "all" $extcfg)) "labelled" -}}
+{{- fail "extender.config.decideCpuPods: true needs extender.config.kube.podSelection: all (it reads every pod's CPU and memory)" -}}
+{{- end -}}
+{{- end -}}
 {{- $seen := dict -}}
 {{- range $i, $pool := .Values.devicePlugin.pools -}}
 {{- if not (kindIs "map" $pool) -}}
@@ -117,11 +126,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   nodeCacheCapable: true
   httpTimeout: {{ .Values.extender.httpTimeout }}
   ignorable: {{ .Values.extender.ignorable }}
+  {{- if ne (toString (get (default dict .Values.extender.config) "decideCpuPods")) "true" }}
   managedResources:
     - name: {{ .Values.resourceName }}
       ignoredByScheduler: false
     - name: {{ .Values.sharedResourceName | default "kube-icl.io/accelerator-milli" }}
       ignoredByScheduler: false
+  {{- end }}
 {{- end -}}
 
 {{/* One pool's plugin config file: devicePlugin.config, pool keys, pool.config, then the chart's own keys. */}}
