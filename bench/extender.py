@@ -3,7 +3,8 @@
 For 100, 1,000 and 5,000 nodes of an 8-device (torus:2x2x2) and a 16-device
 (torus:4x4) topology, with seeded random allocations already on the nodes (so
 free sets differ from node to node), one pod asking for a ring of 4 (and, on
-``full:8`` nodes, one asking 4 devices and no shape: the share policy's path) is sent
+``full:8`` nodes, one asking 4 devices and no shape, and one asking 16 CPUs and no device with
+``decideCpuPods: true``: the share policy's paths) is sent
 through filter and then prioritize, exactly as kube-scheduler sends them with
 ``nodeCacheCapable: true`` (node names in, names out). Two timings per case:
 
@@ -48,18 +49,20 @@ from scheduler.server import ExtenderServer  # noqa: E402
 from tests.support.extender import node_obj, pod_obj  # noqa: E402
 from topology import Placer, build_preset, parse_shape  # noqa: E402
 
-# label -> (preset, the pod's shape annotation; None: no shape, as an openb task asking 4 whole devices)
-TOPOLOGIES: dict[str, tuple[str, str | None]] = {
-    "8-device": ("torus:2x2x2", "ring"),
-    "16-device": ("torus:4x4", "ring"),
-    "8-device no shape": ("full:8", None),
+# label -> (preset, the pod's shape annotation (None: no shape, as an openb task asking 4 whole devices),
+# the devices it asks (0: a CPU-only pod, decided by the extender with decideCpuPods: true))
+TOPOLOGIES: dict[str, tuple[str, str | None, int]] = {
+    "8-device": ("torus:2x2x2", "ring", 4),
+    "16-device": ("torus:4x4", "ring", 4),
+    "8-device no shape": ("full:8", None, 4),
+    "8-device CPU pod": ("full:8", None, 0),
 }
 KEEP_BEST = 64  # keepBestNodes of the shipped extender config
 
 
-def build_cluster(n: int, preset: str, seed: int) -> tuple[ExtenderServer, list[str]]:
+def build_cluster(n: int, preset: str, seed: int, decide_cpu_pods: bool = False) -> tuple[ExtenderServer, list[str]]:
     rng = random.Random(seed)
-    cfg = ExtenderConfig(host="127.0.0.1", port=0, events=False)
+    cfg = ExtenderConfig(host="127.0.0.1", port=0, events=False, decide_cpu_pods=decide_cpu_pods)
     cache = ClusterCache(cfg.resource_name)
     names = [f"node-{i:05d}" for i in range(n)]
     cache.replace_nodes(node_obj(name, preset) for name in names)
@@ -117,9 +120,11 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(samples)
 
 
-def run_case(n: int, preset: str, repeat: int, seed: int, shape: str | None = "ring") -> dict[str, float]:
-    server, names = build_cluster(n, preset, seed)
-    pod = with_requests(pod_obj("bench", 4, shape, namespace="alpha"), 16000, 65536)
+def run_case(
+    n: int, preset: str, repeat: int, seed: int, shape: str | None = "ring", count: int = 4
+) -> dict[str, float]:
+    server, names = build_cluster(n, preset, seed, decide_cpu_pods=count == 0)
+    pod = with_requests(pod_obj("bench", count, shape, namespace="alpha"), 16000, 65536)
     request = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
     topo = build_preset(preset)
     Placer.for_topology(topo).fits(parse_shape(shape or "any", count=4), topo.ids)  # candidate table, as at start-up
@@ -167,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'topology':<22} {'nodes':>6} {'fit':>5} {'json ms':>9} {'warm ms':>9} {'cold ms':>9} "
           f"{'warm/json':>9} {'cold/json':>9} {'keep64 ms':>9} {'warm/keep64':>11}")  # fmt: skip
     worst = 0.0
-    for label, (preset, shape) in TOPOLOGIES.items():
+    for label, (preset, shape, count) in TOPOLOGIES.items():
         for n in sizes:
-            r = run_case(n, preset, args.repeat, args.seed, shape)
+            r = run_case(n, preset, args.repeat, args.seed, shape, count)
             ratio = r["warm"] / r["json"]
             if n == max(sizes):
                 worst = max(worst, ratio)
