@@ -18,7 +18,8 @@ this module only drives time. Policies (their linked forms, ``topology.policy.LI
 - ``icl-binpack``: as ``icl`` with ``DeviceRank.BINPACK`` on the node.
 
 The ``share:NAME`` policies are the share forms (``topology.policy.SHARE``) on a
-cluster of shared devices (``simulator.fractime``).
+cluster of shared devices (``simulator.fractime``); ``share:icl`` is the extender's own share
+decision (``scheduler.sharing.SharePolicy``), as fill mode's ``icl``.
 
 Queues share the cluster by weighted dominant-resource fairness: at each
 scheduling pass the queue with the lowest (devices in use / weight) goes
