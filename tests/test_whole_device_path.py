@@ -122,6 +122,20 @@ def test_with_the_binpack_policy_nodefit_decides_every_whole_device_pod() -> Non
     assert scores["n0"] > scores["n1"]  # bin-pack: the fuller node
 
 
+def _loaded(presets: list[str], load: list[tuple[int, int]]) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """Nodes ``n0..`` of ``presets``; ``load``: (node, device) pairs held by running one-device pods
+    (indices wrap; a device named twice is held once)."""
+    nodes = {f"n{i}": p for i, p in enumerate(presets)}
+    held: dict[str, list[str]] = {}
+    for i, dev in load:
+        name = f"n{i % len(presets)}"
+        ids = build_preset(nodes[name]).ids
+        d = ids[dev % len(ids)]
+        if d not in held.setdefault(name, []):
+            held[name].append(d)
+    return nodes, held
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.sampled_from(["full:2", "full:4", "full:8", "ring:8"]), min_size=1, max_size=4),
@@ -134,14 +148,7 @@ def test_the_share_path_passes_a_node_only_where_nodefit_says_the_pod_fits(
 ) -> None:
     """Feasibility is NodeFit's (what preemption, fair share and the gang checks use): a node passes
     only where NodeFit says the pod fits, and some node passes whenever NodeFit says one fits."""
-    nodes = {f"n{i}": p for i, p in enumerate(presets)}
-    held: dict[str, list[str]] = {}
-    for i, dev in load:
-        name = f"n{i % len(presets)}"
-        ids = build_preset(nodes[name]).ids
-        d = ids[dev % len(ids)]
-        if d not in held.setdefault(name, []):
-            held[name].append(d)
+    nodes, held = _loaded(presets, load)
     api, cache, ext = _world(nodes, held)
     pod = _new(api, cache, k)
     pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = f"{cpu}m"
@@ -205,14 +212,7 @@ def test_nodes_in_equal_states_split_into_several_groups_decide_the_same(
     """The share path groups nodes by one object per distinct state; when that table is cleared
     (every state its own object here), equal states form several groups and the answer is the same:
     the same nodes pass, the same reasons, the same scores, every node answered once."""
-    nodes = {f"n{i}": p for i, p in enumerate(presets)}
-    held: dict[str, list[str]] = {}
-    for i, dev in load:
-        name = f"n{i % len(presets)}"
-        ids = build_preset(nodes[name]).ids
-        d = ids[dev % len(ids)]
-        if d not in held.setdefault(name, []):
-            held[name].append(d)
+    nodes, held = _loaded(presets, load)
     names = list(nodes)
 
     def answer() -> tuple[Any, ...]:
