@@ -63,7 +63,7 @@ KEEP_BEST = 64  # keepBestNodes of the shipped extender config
 def build_cluster(n: int, preset: str, seed: int, decide_cpu_pods: bool = False) -> tuple[ExtenderServer, list[str]]:
     rng = random.Random(seed)
     cfg = ExtenderConfig(host="127.0.0.1", port=0, events=False, decide_cpu_pods=decide_cpu_pods)
-    cache = ClusterCache(cfg.resource_name)
+    cache = ClusterCache(cfg.resource_name, cpu_pods_of=cfg.scheduler_name if decide_cpu_pods else "")
     names = [f"node-{i:05d}" for i in range(n)]
     cache.replace_nodes(node_obj(name, preset) for name in names)
     topo = build_preset(preset)

@@ -115,6 +115,7 @@ class NodeRecord:
     shares: dict[str, dict[str, int]] = field(default_factory=dict)  # device -> pod uid -> milli-devices
     view: NodeView | None = None
     version: int = 0
+    seen: bool = False  # its Node object was read (not only named by a pod bound to it)
 
     @property
     def free(self) -> frozenset[str]:
@@ -185,11 +186,12 @@ class ClusterCache:
         *,
         requests: bool = True,
         shared_resource: str = DEFAULT_SHARED_RESOURCE,
+        cpu_pods_of: str = "",
     ) -> None:
         """``requests``: keep every fed pod's CPU/memory requests on its node (free CPU/memory in the
         views); off when the cache is fed only some pods (``kube.podSelection: labelled``), whose
         views then report CPU/memory as unknown. ``shared_resource``: the milli-device resource of
-        shared (fractional) devices."""
+        shared (fractional) devices. ``cpu_pods_of``: :meth:`count_cpu_pods_of` from the start."""
         self.resource = resource
         self.shared_resource = shared_resource
         self.track_requests = requests
@@ -233,6 +235,7 @@ class ClusterCache:
         # (CPU, memory, devices, milli per device) -> non-terminal pods asking it: the share policy's workload
         self._task_types: dict[tuple[int, int, int, int], int] = {}
         self._task_type: dict[str, tuple[int, int, int, int]] = {}  # uid -> its entry in _task_types
+        self._cpu_pods_of = cpu_pods_of  # the scheduler whose pods asking no device count in _task_types too
 
     # ------------------------------------------------------------------ listeners
 
@@ -284,6 +287,7 @@ class ClusterCache:
                     if node == name:
                         rec.cpu_used += cpu
                         rec.mem_used += mem
+            rec.seen = True
             rec.allocatable = allocatable
             rec.cpu_alloc, rec.mem_alloc = cpu_alloc, mem_alloc
             rec.domain = str(labels.get(LABEL_LINK_DOMAIN) or "")
@@ -670,6 +674,15 @@ class ClusterCache:
             else:
                 new_type = (info.cpu_milli, info.mem_mib, info.count, MILLI_PER_DEVICE)
             self._task_type[uid] = new_type
+        elif (
+            info is not None
+            and not info.terminal
+            and self._cpu_pods_of
+            and info.scheduler_name == self._cpu_pods_of
+            and (info.cpu_milli or info.mem_mib)
+        ):
+            new_type = (info.cpu_milli, info.mem_mib, 0, 0)  # a pod asking no device, of the deciding scheduler
+            self._task_type[uid] = new_type
         if old_type != new_type:
             if old_type is not None:
                 left = types[old_type] - 1
@@ -679,6 +692,7 @@ class ClusterCache:
                     del types[old_type]
             if new_type is not None:
                 types[new_type] = types.get(new_type, 0) + 1
+            self.generation += 1  # the share policy's workload changed
         dev_old = self._device_asks.pop(uid, None)
         dev_new = None
         if info is not None and not info.terminal and info.count > 0:
@@ -690,9 +704,23 @@ class ClusterCache:
                 if ask is not None:
                     self._ask_totals = t = (t[0] + sign * ask[0], t[1] + sign * ask[1], t[2] + sign * ask[2])
 
+    def count_cpu_pods_of(self, scheduler_name: str) -> None:
+        """Count the non-terminal pods of ``scheduler_name`` that ask no device (but CPU or memory) in
+        :meth:`task_types` too (the extender decides them: ``decideCpuPods``). Only before the cache is
+        fed any pod (it keeps no record of the pods asking no device): a ``RuntimeError`` after."""
+        with self.lock:
+            if scheduler_name == self._cpu_pods_of:
+                return
+            if self._pod_rv or self._requests or self._pods or self.pods_synced:
+                raise RuntimeError(
+                    "count_cpu_pods_of: the cache was already fed pods; build it with cpu_pods_of= instead"
+                )
+            self._cpu_pods_of = scheduler_name
+
     def task_types(self) -> dict[tuple[int, int, int, int], int]:
         """(CPU milli, memory MiB, devices, milli per device) -> how many non-terminal pods ask it (device
-        and share pods): the workload the share policy measures fragmentation against."""
+        and share pods, and with :meth:`count_cpu_pods_of` the scheduler's pods asking no device, as
+        ``(cpu, memory, 0, 0)``): the workload the share policy measures fragmentation against."""
         with self.lock:
             return dict(self._task_types)
 
@@ -769,7 +797,8 @@ class ClusterCache:
             self.upsert_pod(obj)
             seen.add(str((obj.get("metadata") or {}).get("uid") or ""))
         with self.lock:
-            gone = [uid for uid in [*self._pods, *self._allocated, *self._shared, *self._requests] if uid not in seen]
+            known = [*self._pods, *self._allocated, *self._shared, *self._requests, *self._task_type]
+            gone = [uid for uid in known if uid not in seen]
         for uid in dict.fromkeys(gone):
             if uid in self._assumed:
                 continue  # our own bind in flight; the watch will confirm it
@@ -915,6 +944,13 @@ class ClusterCache:
         if rec.view is None:
             return rec.error or "node has no usable topology", True
         return "node is not ready", False
+
+    def deviceless(self, name: str) -> bool:
+        """Whether kube-icl has no devices on this node, as far as its Node object says: no topology
+        annotation and no allocatable of the resource (a CPU-only node). A node not seen yet, or one
+        whose devices are there but not published (plugin not running, a broken annotation), is not."""
+        rec = self._nodes.get(name)
+        return rec is not None and rec.seen and not rec.raw_topology and not rec.allocatable
 
     def node_config(self, name: str) -> tuple[int, int]:
         """The node's allocatable CPU (milli) and memory (MiB); -1 when not reported or unknown."""

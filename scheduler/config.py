@@ -16,6 +16,7 @@ Example::
     gangTimeoutSeconds: 120
     keepBestNodes: 64
     decideCpuPods: false        # true: pods asking no device are placed by the share policy too
+    schedulerName: kube-icl     # the profile whose pods the extender serves (decideCpuPods counts them)
     events: {enabled: true, onBind: false}
     queues:
       research: {weight: 2}
@@ -119,6 +120,9 @@ class ExtenderConfig:
     # pods asking no device are decided by the share policy as well (kube-scheduler must then send every
     # pod: no managedResources in its extender stanza); False: they are kube-scheduler's to place
     decide_cpu_pods: bool = False
+    # the kube-scheduler profile whose pods reach the extender: with decide_cpu_pods its pods asking no
+    # device count in the share policy's workload, as a trace's CPU-only tasks do in ``icl sim``
+    scheduler_name: str = "kube-icl"
     kube: KubeConfig = field(default_factory=KubeConfig)
 
     def queue(self, name: str) -> QueueConfig:
@@ -145,6 +149,7 @@ _TOP_KEYS = {
     "events",
     "keepBestNodes",
     "decideCpuPods",
+    "schedulerName",
     "kube",
 }
 
@@ -299,6 +304,8 @@ def parse_config(raw: Any) -> ExtenderConfig:
         kw["keep_best_nodes"] = _int(top["keepBestNodes"], "keepBestNodes")
     if "decideCpuPods" in top:
         kw["decide_cpu_pods"] = _bool(top["decideCpuPods"], "decideCpuPods")
+    if "schedulerName" in top:
+        kw["scheduler_name"] = _str(top["schedulerName"], "schedulerName")
     if "component" in events:
         kw["event_component"] = _str(events["component"], "events.component")
     le = _map(top.get("leaderElection"), "leaderElection")

@@ -100,18 +100,20 @@ class WholeFit:
         if split is None or self.shares is None:
             return self.fit.filter(state, names)
         flat, other = split
-        best, flat_failed = self.shared_best(state, flat)
         keep = self.fit.keep_best
-        if 0 < keep < len(best):  # keepBestNodes: the first of the tied best, in the scheduler's order
-            why = f"one of {len(best)} equally good nodes; keepBestNodes passes {keep}"
-            flat_failed = {**flat_failed, **dict.fromkeys(best[keep:], why)}
-            best = best[:keep]
+        # keepBestNodes: as NodeFit's, no reasons while some node passes, the first ``keep`` of the tied best
+        best, flat_failed = self.shared_best(state, flat, reasons=keep <= 0)
         if best:
             self.fit.fits.note(state.info.uid, True)
+            if keep > 0:
+                state.answer = NodeAnswer(best[:keep])
+                return Status(label="fit")
             count = state.info.count
             why = f"a pod asking {count} devices and no shape goes to a node without links while one fits"
             state.answer = NodeAnswer(best, {**flat_failed, **dict.fromkeys(other, why)}, {})
             return Status(label="fit")
+        if keep > 0:
+            flat_failed = self.shared_best(state, flat)[1]  # none fits here: every node's reason
         if other:
             status = self.fit.filter(state, other)
             answer = state.answer or NodeAnswer()

@@ -121,6 +121,7 @@ class PodInfo:
     cpu_milli: int = 0  # effective CPU request (topology.contract.pod_requests)
     mem_mib: int = 0  # effective memory request
     milli: int = 0  # a share of one device, in milli-devices (1..999) of the shared resource; 0: none
+    scheduler_name: str = ""  # spec.schedulerName ("" when absent)
 
     @classmethod
     def pending(
@@ -370,6 +371,7 @@ def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAU
         cpu_milli=cpu,
         mem_mib=mem,
         milli=milli,
+        scheduler_name=str(spec.get("schedulerName") or ""),
     )
 
 

@@ -53,7 +53,7 @@ _TIE = 1e-9
 _LOW = 1e300  # above every score, below a non-fit's
 _NO_FIT: Choice = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
-_CANON_LIMIT = 200_000  # distinct node states kept canonical at once
+_CANON_LIMIT = 4096  # distinct node states kept canonical at once: this, or 4 per ready node when more
 # a node kube-icl has no devices on (no usable topology), as a pod asking no device sees it: no devices,
 # CPU and memory as plenty (kube-scheduler's own filters already checked that the pod fits there)
 _DEVICELESS = NodeState("", _PLENTY, _PLENTY, _PLENTY, _PLENTY, ())
@@ -152,6 +152,8 @@ class ShareSource(Protocol):
 
     def knows_pod(self, uid: str) -> bool: ...
 
+    def deviceless(self, name: str) -> bool: ...
+
     @property
     def generation(self) -> int:
         """Bumps on every change of the nodes or pods read above; -1: not tracked (nothing memoised)."""
@@ -179,10 +181,14 @@ class CacheNodes:
         hit: tuple[NodeState, list[str]] | None = view.memo.get(_STATE)
         if hit is None:
             state, ids = self._state(name, view)
-            if len(self._canon) >= _CANON_LIMIT:
+            if len(self._canon) >= self._canon_limit():  # mostly old states of nodes since changed
                 self._canon.clear()
             hit = view.memo[_STATE] = (self._canon.setdefault(state, state), ids)
         return hit
+
+    def _canon_limit(self) -> int:
+        nodes = len(self._base[2]) if self._base is not None else 0
+        return max(_CANON_LIMIT, 4 * nodes)
 
     def _state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
         cpu_alloc, mem_alloc = self.cache.node_config(name)
@@ -231,8 +237,12 @@ class CacheNodes:
             known = self.cache.knows_pod(uid)
         types, specs = dict(base[1]), list(base[2])
         own = (task.cpu_milli, task.memory_mib, task.num_gpu, task.gpu_milli)
-        if not known or types.get(own, 0) == 0:
+        if task.num_gpu and (not known or types.get(own, 0) == 0):
+            # the pod being placed counts in the device workload; a pod asking no device is measured
+            # against the device workload alone (its own size would set the CPU-per-device ratios)
             types[own] = types.get(own, 0) + 1
+        if not types:  # no device workload at all (a pod asking no device, no device pods): nothing to strand
+            types[(0, 0, 1, MILLI_PER_DEVICE)] = 1
         if not specs:
             specs = [GpuNodeSpec("", 1, 1, 1)]
         cap = (max(s.cpu_milli for s in specs), max(s.gpus for s in specs))
@@ -347,9 +357,9 @@ class SharePolicy:
     ) -> ShareDecision:
         """Filter and prioritize: the best of the named nodes and (``reasons``) why each other one is not.
 
-        ``deviceless`` (a pod asking no device): a node kube-icl has no devices on (no usable topology:
-        a CPU-only node) is ranked as a node with no devices, where such a pod strands nothing, instead
-        of failing."""
+        ``deviceless`` (a pod asking no device): a node kube-icl has no devices on (a CPU-only node:
+        no topology annotation, no allocatable devices; ``ShareSource.deviceless``) is ranked as a node
+        with no devices, where such a pod strands nothing, instead of failing."""
         cache = self._cache_nodes().cache
         failed: dict[str, str] = {}
         pairs: list[tuple[str, NodeView]] = []
@@ -361,11 +371,10 @@ class SharePolicy:
                 if view is not None:
                     pairs.append((name, view))
                     continue
-                why, hopeless = cache.node_problem(name)
-                if deviceless and hopeless:
+                if deviceless and cache.deviceless(name):
                     bare.append(name)
                 elif reasons:
-                    failed[name] = why
+                    failed[name] = cache.node_problem(name)[0]
         share = self.decide_views(info, pairs, reasons=reasons, bare=bare, order=names if bare else None)
         return ShareDecision(share.best, {**failed, **share.failed}) if failed else share
 

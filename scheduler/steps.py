@@ -2,12 +2,13 @@
 
 Pre-filter, in this order: :class:`ReadPod` (the pod's annotations), :class:`HeldDevices`
 (a pod whose last bind is not settled goes back where its devices are), :class:`Shares`
-(a fraction of a device: the share policy decides the nodes), :class:`NotOurs` (no device of
+(a fraction of a device: the share policy decides the nodes), :class:`CpuPods` (no device
+asked, with ``decideCpuPods``: the share policy decides the nodes), :class:`NotOurs` (no device of
 ours asked: skip), :class:`GangAdmission` (is the member's gang admitted as a whole),
 :class:`FairShare` (may hold the pod back), :class:`Gang` (the gang's size, the lease, the
 gang's reservation or next-to-members rule). Then :class:`scheduler.nodefit.NodeFit` per node.
 
-Score: :class:`Shares`, :class:`NotOurs` (zeros), :class:`Gang` (its reserved nodes), then
+Score: :class:`Shares`, :class:`CpuPods`, :class:`NotOurs` (zeros), :class:`Gang` (its reserved nodes), then
 :class:`scheduler.nodefit.NodeFit`.
 """
 
@@ -162,9 +163,10 @@ class CpuPods:
 
     name = "CpuPods"
 
-    def __init__(self, shares: SharePolicy, enabled: bool) -> None:
+    def __init__(self, shares: SharePolicy, enabled: bool, keep_best: int = 0) -> None:
         self.shares = shares
         self.enabled = enabled
+        self.keep_best = keep_best
 
     def _mine(self, state: CycleState) -> bool:
         return self.enabled and state.shape is None and not state.error and not state.info.milli
@@ -172,6 +174,12 @@ class CpuPods:
     def pre_filter(self, state: CycleState) -> Status:
         if not self._mine(state):
             return OK
+        keep = self.keep_best
+        if keep > 0:  # keepBestNodes: the first ``keep`` of the best, no reasons while some node passes
+            best = self.shares.decide(state.info, state.names, reasons=False, deviceless=True).best
+            if best:
+                state.answer = NodeAnswer(best[:keep])
+                return Status(label="fit")
         share = self.shares.decide(state.info, state.names, deviceless=True)
         state.answer = NodeAnswer(share.best, share.failed, {})
         if not share.best and state.names:

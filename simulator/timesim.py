@@ -415,6 +415,9 @@ class _Nodes:
     def knows_pod(self, uid: str) -> bool:
         return False  # the job being placed is not running yet
 
+    def deviceless(self, name: str) -> bool:
+        return False  # every node of the cluster has devices
+
 
 def _pod(job: Job) -> PodInfo:
     """The job's pod as the extender reads it (one member)."""

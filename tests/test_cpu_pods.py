@@ -11,6 +11,7 @@ the nodes a fill step may pick are the nodes the extender's filter passes.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -21,13 +22,12 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, ExtenderConfig, parse_config
 from scheduler.extender import Extender
 from scheduler.informer import Informer
-from scheduler.sharing import CacheNodes
 from scheduler.wire import MAX_PRIORITY, ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 from simulator.fill import ExtenderPolicy, FracCluster, ShareScorer
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import build_preset
 from topology.contract import ANN_DEVICES, DEFAULT_RESOURCE
-from topology.gpushare import GpuNodeSpec, TaskRequest
+from topology.gpushare import GpuNodeSpec, TargetWorkload, TaskRequest
 
 
 def _node(name: str, preset: str | None, cpu_milli: int) -> dict[str, Any]:
@@ -46,16 +46,22 @@ def _cpu(pod: dict[str, Any], cpu_milli: int) -> dict[str, Any]:
 
 
 def _world(
-    nodes: dict[str, tuple[str | None, int]], running: list[tuple[str, str, int]], **cfg: Any
+    nodes: dict[str, tuple[str | None, int]],
+    running: list[tuple[str, str, int]],
+    cpu_running: list[tuple[str, int]] = (),  # type: ignore[assignment]
+    **cfg: Any,
 ) -> tuple[MemoryKubeAPI, ClusterCache, Extender]:
-    """``nodes``: name -> (preset or None, milli-CPU); ``running``: (node, device, milli-CPU) one-device pods."""
+    """``nodes``: name -> (preset or None, milli-CPU); ``running``: (node, device, milli-CPU) one-device
+    pods; ``cpu_running``: (node, milli-CPU) pods asking no device, of the kube-icl scheduler."""
     api = MemoryKubeAPI()
     for name, (preset, cpu) in nodes.items():
         api.nodes[name] = _node(name, preset, cpu)
     for k, (node, dev, cpu) in enumerate(running):
         pod = pod_obj(f"r{k}", 1, "any", node=node, phase="Running", annotations={ANN_DEVICES: dev})
         api.pods[("default", f"r{k}")] = _cpu(pod, cpu)
-    cache = ClusterCache(DEFAULT_RESOURCE)
+    for k, (node, cpu) in enumerate(cpu_running):
+        api.pods[("default", f"c{k}")] = _cpu(pod_obj(f"c{k}", 0, node=node, phase="Running"), cpu)
+    cache = ClusterCache(DEFAULT_RESOURCE, cpu_pods_of="kube-icl" if cfg.get("decide_cpu_pods") else "")
     Informer(api, cache).sync_once()
     return api, cache, Extender(ExtenderConfig(fair_share=False, **cfg), cache, api)
 
@@ -146,16 +152,23 @@ def test_config_key_and_its_guard() -> None:
         max_size=5,
     ),
     st.lists(st.tuples(st.integers(0, 4), st.integers(0, 7), st.sampled_from([0, 2000, 8000])), max_size=12),
+    st.lists(st.tuples(st.integers(0, 4), st.sampled_from([1000, 4000, 12000])), max_size=4),
     st.sampled_from([500, 4000, 12000, 24000]),
     st.integers(0, 1000),
 )
 def test_a_fill_step_for_a_cpu_task_chooses_what_the_extenders_filter_chooses(
-    nodes: list[tuple[str | None, int]], load: list[tuple[int, int, int]], cpu: int, seed: int
+    nodes: list[tuple[str | None, int]],
+    load: list[tuple[int, int, int]],
+    cpu_load: list[tuple[int, int]],
+    cpu: int,
+    seed: int,
 ) -> None:
-    """The same cluster as API objects and as a fill cluster (CPU-only nodes included, with no devices):
-    the nodes a fill step of ``icl`` may pick for a task asking ``cpu`` and no device are the nodes the
-    extender's filter passes among those kube-scheduler's own CPU filter passes, and prioritize gives
-    exactly those the top score."""
+    """The same cluster as API objects and as a fill cluster (CPU-only nodes included, with no devices;
+    running pods with and without devices): the nodes a fill step of ``icl`` may pick for a task asking
+    ``cpu`` and no device are the nodes the extender's filter passes among those kube-scheduler's own
+    CPU filter passes, and prioritize gives exactly those the top score. The fill side's target is
+    built here from the tasks themselves, as fill mode builds it from a trace (every task, CPU-only
+    ones included), not read from the extender."""
     names = [f"n{i}" for i in range(len(nodes))]
     ids = [list(build_preset(preset).ids) if preset else [] for preset, _ in nodes]
     specs = [GpuNodeSpec(names[i], c, 256 * 1024, len(ids[i])) for i, (_, c) in enumerate(nodes)]
@@ -174,11 +187,23 @@ def test_a_fill_step_for_a_cpu_task_chooses_what_the_extenders_filter_chooses(
         cpu_used[i] += c
         running.append((names[i], ids[i][dev], c))
         cluster.allocate_devices(i, TaskRequest(c, 0, 1, 1000), [dev])
-    api, cache, ext = _world(dict(zip(names, nodes, strict=True)), running, decide_cpu_pods=True)
+    cpu_running: list[tuple[str, int]] = []
+    for i, c in cpu_load:
+        i %= len(nodes)
+        if cpu_used[i] + c > specs[i].cpu_milli:
+            continue
+        cpu_used[i] += c
+        cpu_running.append((names[i], c))
+        cluster.allocate_devices(i, TaskRequest(c, 0, 0, 0), [])
+    api, cache, ext = _world(dict(zip(names, nodes, strict=True)), running, cpu_running, decide_cpu_pods=True)
     pod = _new(api, cache, cpu)
     task = TaskRequest(cpu, 0, 0, 0)
-    _, target = CacheNodes(cache).target(pod["metadata"]["uid"], task)
-    scorer = ShareScorer(ExtenderPolicy(target()[1]), cluster)
+    tasks = [TaskRequest(c, 0, 1, 1000) for _, _, c in running] + [TaskRequest(c, 0, 0, 0) for _, c in cpu_running]
+    counts = Counter([*tasks, task])
+    total = sum(counts.values())
+    order = sorted(counts, key=lambda t: (t.cpu_milli, t.memory_mib, t.num_gpu, t.gpu_milli))
+    workload = TargetWorkload(tuple((t, counts[t] / total) for t in order))
+    scorer = ShareScorer(ExtenderPolicy(workload), cluster)
 
     cpu_fits = [names[i] for i in range(len(nodes)) if specs[i].cpu_milli - cpu_used[i] >= cpu]
     passed = ext.filter(ExtenderArgs(pod=pod, node_names=cpu_fits)).node_names or []
@@ -192,3 +217,27 @@ def test_a_fill_step_for_a_cpu_task_chooses_what_the_extenders_filter_chooses(
     assert (picked is None) == (not passed)
     if picked is not None:
         assert names[picked[0]] in passed
+
+
+def test_the_cache_counts_the_deciding_schedulers_cpu_pods_in_the_share_workload() -> None:
+    """With ``decideCpuPods`` the pods it decides are part of the workload the share policy measures
+    against (as a trace's CPU-only tasks in ``icl sim``): pods of that scheduler asking CPU or memory
+    and no device, pending or bound, until they end or go; not other schedulers' pods."""
+    cache = ClusterCache(DEFAULT_RESOURCE, cpu_pods_of="kube-icl")
+    mine = _cpu(pod_obj("etl", 0), 4000)
+    other = _cpu(pod_obj("daemon", 0, scheduler_name="default-scheduler"), 100)
+    gen = cache.generation
+    cache.replace_pods([mine, other])
+    assert cache.task_types() == {(4000, 0, 0, 0): 1}
+    assert cache.generation > gen, "a change of the workload is a change the share policy's memo must see"
+    done = _cpu(pod_obj("etl", 0, uid=mine["metadata"]["uid"], node="n", phase="Succeeded"), 4000)
+    cache.upsert_pod(done)
+    assert cache.task_types() == {}
+    cache.upsert_pod(mine)
+    cache.replace_pods([other])  # a relist without it: gone while the watch was down
+    assert cache.task_types() == {}
+    with pytest.raises(RuntimeError, match="already fed pods"):
+        cache.count_cpu_pods_of("other-profile")
+    plain = ClusterCache(DEFAULT_RESOURCE)
+    plain.replace_pods([mine])
+    assert plain.task_types() == {}, "without decideCpuPods they are kube-scheduler's, not in the workload"

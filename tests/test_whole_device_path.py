@@ -197,7 +197,14 @@ def test_keep_best_nodes_caps_the_share_paths_tied_nodes_in_the_schedulers_order
     order = ["n4", "n1", "n5", "n0", "n2", "n3"]
     result = ext.filter(ExtenderArgs(pod=pod, node_names=order))
     assert result.node_names == ["n4", "n1"]
-    assert "keepBestNodes passes 2" in result.failed_nodes["n5"]
+    # as NodeFit's keepBestNodes: the nodes left out are in neither failed map, no reasons while one passes
+    assert not result.failed_nodes and not result.failed_and_unresolvable_nodes
+    # when none fits, every node gets its reason
+    for name in names:
+        api.pods[("default", f"busy-{name}")] = pod_obj(f"busy-{name}", 4, "any", node=name, phase="Running")
+        cache.upsert_pod(api.pods[("default", f"busy-{name}")])
+    none = ext.filter(ExtenderArgs(pod=pod, node_names=order))
+    assert not none.node_names and sorted(none.failed_nodes) == sorted(names)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -223,7 +230,7 @@ def test_nodes_in_equal_states_split_into_several_groups_decide_the_same(
         return result.node_names, result.failed_nodes, result.failed_and_unresolvable_nodes, scores
 
     grouped = answer()
-    with mock.patch.object(sharing, "_CANON_LIMIT", 0):
+    with mock.patch.object(sharing.CacheNodes, "_canon_limit", lambda self: 0):
         split = answer()
     assert split == grouped
     passed, failed, unresolvable, _ = grouped

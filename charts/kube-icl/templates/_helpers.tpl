@@ -88,7 +88,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 
 {{/* The extender's config file: extender.config, then the keys the chart owns. */}}
 {{- define "kube-icl.extenderConfig" -}}
-{{- $owned := dict "resourceName" .Values.resourceName -}}
+{{- $owned := dict "resourceName" .Values.resourceName "schedulerName" .Values.scheduler.schedulerName -}}
 {{- $_ := set $owned "probeListen" (dict "host" "0.0.0.0" "port" (int .Values.extender.probePort)) -}}
 {{- $election := dict "namespace" .Release.Namespace "leaseName" (include "kube-icl.extender" .) -}}
 {{- $_ := set $owned "leaderElection" (mustMergeOverwrite (deepCopy (default dict .Values.extender.config.leaderElection)) $election) -}}
