@@ -241,3 +241,18 @@ def test_the_cache_counts_the_deciding_schedulers_cpu_pods_in_the_share_workload
     plain = ClusterCache(DEFAULT_RESOURCE)
     plain.replace_pods([mine])
     assert plain.task_types() == {}, "without decideCpuPods they are kube-scheduler's, not in the workload"
+
+
+def test_decided_a_device_node_whose_devices_are_not_published_is_not_taken_for_a_cpu_only_node() -> None:
+    """A node that advertises devices but has no topology annotation yet (its plugin not running) may
+    hold devices the pod would strand: it fails with its reason instead of ranking as a node with none."""
+    api, cache, ext = _world(NODES, RUNNING, decide_cpu_pods=True)
+    unpublished = node_obj("gpu-new", None)
+    unpublished["status"]["allocatable"][DEFAULT_RESOURCE] = "4"
+    api.nodes["gpu-new"] = unpublished
+    cache.upsert_node(unpublished)
+    pod = _new(api, cache, 1000)
+    result = ext.filter(ExtenderArgs(pod=pod, node_names=["gpu-new", "cpu"]))
+    assert result.node_names == ["cpu"]
+    assert "annotation" in result.failed_nodes["gpu-new"]
+    assert cache.deviceless("cpu") and not cache.deviceless("gpu-new") and not cache.deviceless("unseen")
