@@ -9,8 +9,9 @@ source (:class:`ShareNodes`). In the extender the source is the cache (:class:`C
   (:func:`scheduler.cache.share_free`: 1000 when free, 1000 minus its shares when shared,
   0 when held whole, reserved or unhealthy);
 - its free CPU and memory (the cache's, as for whole devices; unknown counts as plenty);
-- the target workload: every non-terminal device and share pod the cache knows, by type
-  (:meth:`scheduler.cache.ClusterCache.task_types`), plus the pod being placed.
+- the target workload: every non-terminal device and share pod the cache knows, by type, and with
+  ``decideCpuPods`` its profile's pods asking CPU or memory and no device
+  (:meth:`scheduler.cache.ClusterCache.task_types`), plus the device pod being placed.
 
 The fill simulator's ``icl`` (``simulator.fill``) runs this same object over its own cluster as the
 node source (the trace's workload as the target), so a fill replay is the extender's decision.
@@ -54,7 +55,7 @@ _LOW = 1e300  # above every score, below a non-fit's
 _NO_FIT: Choice = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
 _CANON_LIMIT = 4096  # distinct node states kept canonical at once: this, or 4 per ready node when more
-# a node kube-icl has no devices on (no usable topology), as a pod asking no device sees it: no devices,
+# a node kube-icl has no devices on (ShareSource.deviceless), as a pod asking no device sees it: no devices,
 # CPU and memory as plenty (kube-scheduler's own filters already checked that the pod fits there)
 _DEVICELESS = NodeState("", _PLENTY, _PLENTY, _PLENTY, _PLENTY, ())
 
@@ -224,7 +225,7 @@ class CacheNodes:
         return list(by_state.values())
 
     def target(self, uid: str, task: TaskRequest) -> tuple[Hashable, Callable[[], Target]]:
-        """The cache's task types plus the pod's own (when the cache does not count it yet); the
+        """The cache's task types plus a device pod's own (when the cache does not count it yet); the
         capacities of every ready node."""
         with self.cache.lock:
             gen, base = self.cache.generation, self._base
@@ -238,8 +239,9 @@ class CacheNodes:
         types, specs = dict(base[1]), list(base[2])
         own = (task.cpu_milli, task.memory_mib, task.num_gpu, task.gpu_milli)
         if task.num_gpu and (not known or types.get(own, 0) == 0):
-            # the pod being placed counts in the device workload; a pod asking no device is measured
-            # against the device workload alone (its own size would set the CPU-per-device ratios)
+            # the device pod being placed counts; a pod asking no device counts only as the cache counts
+            # it (decideCpuPods: its profile's CPU-only pods), never alone (its own size would set the
+            # CPU-per-device ratios)
             types[own] = types.get(own, 0) + 1
         if not types:  # no device workload at all (a pod asking no device, no device pods): nothing to strand
             types[(0, 0, 1, MILLI_PER_DEVICE)] = 1
