@@ -84,10 +84,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("API server %s, %s (%s)", api.credentials.server, api.credentials.method.name, api.credentials.source)
     # every pod's CPU/memory requests count only when the cache sees every pod (kube.podSelection: all)
     cache = ClusterCache(
-        cfg.resource_name,
-        requests=kube.pod_selection == "all",
-        shared_resource=cfg.shared_resource_name,
-        cpu_pods_of=cfg.scheduler_name if cfg.decide_cpu_pods else "",
+        cfg.resource_name, requests=kube.pod_selection == "all", shared_resource=cfg.shared_resource_name
     )
     events = EventRecorder(api, cfg.event_component, enabled=cfg.events)
     extender = Extender(cfg, cache, api, events=events)

@@ -127,7 +127,7 @@ class Extender:
         fits = self.decision.fits
         self._read = ReadPod(cfg, self._seen)
         self._shares = Shares(self.shares, fits)
-        self._cpu_pods = CpuPods(self.shares, cfg.decide_cpu_pods, cfg.keep_best_nodes)
+        self._cpu_pods = CpuPods(self.shares, fits, cfg.decide_cpu_pods, cfg.keep_best_nodes)
         if cfg.decide_cpu_pods:  # the pods it decides are part of the workload its share policy protects
             cache.count_cpu_pods_of(cfg.scheduler_name)  # a no-op when the cache was built counting them
         self._not_ours = NotOurs()

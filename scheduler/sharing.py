@@ -272,7 +272,6 @@ class SharePolicy:
     """
 
     def __init__(self, nodes: ClusterCache | ShareNodes, name: str = "icl", memo_limit: int = 100_000) -> None:
-        self.cache: ClusterCache | None = nodes if isinstance(nodes, ClusterCache) else None
         self.nodes: ShareNodes = CacheNodes(nodes) if isinstance(nodes, ClusterCache) else nodes
         self.name = name
         self.memo_limit = memo_limit
@@ -292,10 +291,6 @@ class SharePolicy:
         if info.milli:
             return TaskRequest(info.cpu_milli, info.mem_mib, 1, info.milli)
         return TaskRequest(info.cpu_milli, info.mem_mib, info.count, MILLI_PER_DEVICE)
-
-    def state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
-        """The node as the share policy sees it, and its device ids in the state's order."""
-        return self._cache_nodes().node_state(name, view)
 
     def _cache_nodes(self) -> CacheNodes:
         if not isinstance(self.nodes, CacheNodes):

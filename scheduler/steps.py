@@ -127,71 +127,67 @@ class HeldDevices:
 
 class Shares:
     """A pod asking for a fraction of a device: the share policy (:mod:`scheduler.sharing`) decides
-    its nodes and scores them."""
+    its nodes and scores them. Filter passes the policy's best nodes (with ``keep_best``, the first
+    of them and no reasons while one passes), prioritize scores them :data:`MAX_PRIORITY`."""
 
     name = "Shares"
+    deviceless = False  # whether a node without devices of ours ranks as a node with none (CpuPods)
 
-    def __init__(self, shares: SharePolicy, fits: FitMemory) -> None:
+    def __init__(self, shares: SharePolicy, fits: FitMemory, keep_best: int = 0) -> None:
         self.shares = shares
         self.fits = fits
+        self.keep_best = keep_best
+
+    def mine(self, state: CycleState) -> bool:
+        """Whether this step decides the pod."""
+        return bool(state.info.milli) and not state.error
+
+    def what(self, info: PodInfo) -> str:
+        return f"a share of {info.milli} milli-devices"
 
     def pre_filter(self, state: CycleState) -> Status:
-        info = state.info
-        if not info.milli:
+        if not self.mine(state):
             return OK
-        share = self.shares.decide(info, state.names)
+        info, keep = state.info, self.keep_best
+        if keep > 0:
+            best = self.shares.decide(info, state.names, reasons=False, deviceless=self.deviceless).best
+            if best:
+                self.fits.note(info.uid, True)
+                state.answer = NodeAnswer(best[:keep])
+                return Status(label="fit")
+        share = self.shares.decide(info, state.names, deviceless=self.deviceless)
         self.fits.note(info.uid, bool(share.best))
         state.answer = NodeAnswer(share.best, share.failed, {})
         if not share.best and state.names:
-            what = f"a share of {info.milli} milli-devices"
-            summary = summarize_failures(share.failed, len(state.names), what)
+            summary = summarize_failures(share.failed, len(state.names), self.what(info))
             return Status(Code.UNSCHEDULABLE, summary, label="unschedulable", event="FailedPlacement")
         return Status(label="fit")
 
     def score(self, state: CycleState, names: list[str]) -> list[int] | None:
-        if not state.info.milli or state.error:
+        if not self.mine(state):
             return None
-        best = set(self.shares.decide(state.info, names, reasons=False).best)
+        best = set(self.shares.decide(state.info, names, reasons=False, deviceless=self.deviceless).best)
         return [MAX_PRIORITY if n in best else 0 for n in names]
 
 
-class CpuPods:
+class CpuPods(Shares):
     """A pod asking no device, when the extender decides those too (``decideCpuPods``): the share
     policy ranks the nodes for its CPU and memory, as fill mode's ``icl`` ranks a task asking no
-    device; a node without devices of ours (no usable topology) is a node with no devices there.
-    Filter passes the best nodes only, prioritize scores them :data:`MAX_PRIORITY`."""
+    device; a node without devices of ours (:meth:`scheduler.cache.ClusterCache.deviceless`) is a
+    node with no devices there."""
 
     name = "CpuPods"
+    deviceless = True
 
-    def __init__(self, shares: SharePolicy, enabled: bool, keep_best: int = 0) -> None:
-        self.shares = shares
+    def __init__(self, shares: SharePolicy, fits: FitMemory, enabled: bool, keep_best: int = 0) -> None:
+        super().__init__(shares, fits, keep_best)
         self.enabled = enabled
-        self.keep_best = keep_best
 
-    def _mine(self, state: CycleState) -> bool:
+    def mine(self, state: CycleState) -> bool:
         return self.enabled and state.shape is None and not state.error and not state.info.milli
 
-    def pre_filter(self, state: CycleState) -> Status:
-        if not self._mine(state):
-            return OK
-        keep = self.keep_best
-        if keep > 0:  # keepBestNodes: the first ``keep`` of the best, no reasons while some node passes
-            best = self.shares.decide(state.info, state.names, reasons=False, deviceless=True).best
-            if best:
-                state.answer = NodeAnswer(best[:keep])
-                return Status(label="fit")
-        share = self.shares.decide(state.info, state.names, deviceless=True)
-        state.answer = NodeAnswer(share.best, share.failed, {})
-        if not share.best and state.names:
-            summary = summarize_failures(share.failed, len(state.names), "a pod asking no device")
-            return Status(Code.UNSCHEDULABLE, summary, label="unschedulable", event="FailedPlacement")
-        return Status(label="fit")
-
-    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
-        if not self._mine(state):
-            return None
-        best = set(self.shares.decide(state.info, names, reasons=False, deviceless=True).best)
-        return [MAX_PRIORITY if n in best else 0 for n in names]
+    def what(self, info: PodInfo) -> str:
+        return "a pod asking no device"
 
 
 class NotOurs:
