@@ -23,9 +23,10 @@ from scheduler.config import ExtenderConfig, LeaderElectionConfig
 from tests.support.extender import wait_for
 from topology.contract import ANN_DEVICES, DEFAULT_RESOURCE
 
-from .harness import KWOK_TOLERATIONS, ControlPlane
+from .harness import ControlPlane
 from .inprocess import InProcessExtender as Running
 from .inprocess import extender_in_process
+from .scenario import pod_body
 
 pytestmark = pytest.mark.e2e
 
@@ -51,25 +52,14 @@ def extender(control_plane: ControlPlane) -> Iterator[Running]:
 
 
 def _pod(name: str, label: str, cpu: str, devices: int = 0) -> dict[str, Any]:
-    requests = {"cpu": cpu, **({DEFAULT_RESOURCE: str(devices)} if devices else {})}
-    limits = {DEFAULT_RESOURCE: str(devices)} if devices else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": "kube-icl",
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example/job:1",
-                    "resources": {"requests": requests, "limits": limits},
-                }
-            ],
-            "tolerations": KWOK_TOLERATIONS,
-            "nodeSelector": {"kube-icl.io/e2e": label},
-        },
-    }
+    """The scenarios' pod (:func:`tests.e2e.scenario.pod_body`) asking ``cpu`` CPUs and ``devices``
+    whole devices (0: no device resource at all)."""
+    body = pod_body(name, devices, None, selector={"kube-icl.io/e2e": label})
+    resources = body["spec"]["containers"][0]["resources"]
+    if not devices:
+        resources.clear()
+    resources.setdefault("requests", {})["cpu"] = cpu
+    return body
 
 
 def _bound(pod: Any) -> bool:
