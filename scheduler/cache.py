@@ -38,7 +38,7 @@ from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopo
 from topology.contract import DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE, ContractError, cpu_milli, memory_mib
 from topology.policy import Balance
 
-__all__ = ["ClusterCache", "NodeHolders", "NodeRecord", "NodeView", "PodChange", "StateKey", "share_free"]
+__all__ = ["ClusterCache", "NodeHolders", "NodeRecord", "NodeView", "PodChange", "ViewKey", "share_free"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ JsonObj = dict[str, Any]
 #  devices the kubelet's allocatable still admits, or -1 when the node reports none,
 #  free CPU (milli) and free memory (MiB) for new pods, -1 when the node reports none,
 #  the shared devices and their used milli-devices)
-StateKey = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...]]
+ViewKey = tuple[str, int, int, int, int, int, tuple[tuple[str, int], ...]]
 _SHARE_OWNER = "share:"  # the allocator's owner of a device that shares hold ("share:<device>")
 
 _VIEW_LOG_LIMIT = 100_000  # view changes kept; a reader further behind rebuilds from :meth:`ClusterCache.ready_views`
@@ -60,7 +60,7 @@ class NodeView:
 
     topology: NodeTopology
     free: frozenset[str]
-    key: StateKey
+    key: ViewKey
     unattributed: int
     admits: int = -1  # allocatable minus devices held by pods on the node; -1: allocatable not reported
     cpu_free: int = -1  # allocatable CPU (milli) minus the requests of the pods bound there; -1: not reported

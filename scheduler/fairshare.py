@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 from scheduler.config import ExtenderConfig
 
-__all__ = ["Verdict", "admit", "dominant_share", "shares", "victim_allowed"]
+__all__ = ["HoldBack", "admit", "dominant_share", "shares", "victim_allowed"]
 
 Usage = Mapping[str, Mapping[str, int]]  # queue -> pool -> devices
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class HoldBack:
     """Why a pod may not be placed now; ``unresolvable`` means preemption would not help."""
 
     reason: str
@@ -56,7 +56,7 @@ def admit(
     waiting: Mapping[str, str],
     *,
     surplus: bool = False,
-) -> Verdict | None:
+) -> HoldBack | None:
     """``None`` when a pod of ``queue`` asking for ``count`` devices may go now, else why not.
 
     ``waiting`` maps each other queue that has a pending pod which would fit now to a
@@ -66,7 +66,7 @@ def admit(
     qcfg = cfg.queue(queue)
     held = _total(used.get(queue))
     if qcfg.quota is not None and held + count > qcfg.quota:
-        return Verdict(
+        return HoldBack(
             f"queue {queue!r} is at its quota: {held} of {qcfg.quota} devices in use, this pod asks for {count}"
         )
     if not cfg.fair_share:
@@ -76,13 +76,13 @@ def admit(
         if other == queue:
             continue
         if surplus:
-            return Verdict(
+            return HoldBack(
                 f"queue {queue!r}: this member is above its elastic gang's minimum and waits while queue "
                 f"{other!r} has {pod} waiting that fits"
             )
         theirs = dominant_share(used.get(other, {}), capacity, cfg.queue(other).weight)
         if theirs < mine:
-            return Verdict(
+            return HoldBack(
                 f"queue {queue!r} is above its fair share (dominant share {mine:.2f}, weight {qcfg.weight:g}) "
                 f"while queue {other!r} (share {theirs:.2f}) has {pod} waiting that fits; held back"
             )

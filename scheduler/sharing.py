@@ -35,7 +35,7 @@ from scheduler.podspec import PodInfo
 from topology import NodeTopology, Shape, ShapeKind
 from topology.contract import MILLI_PER_DEVICE
 from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
-from topology.policies import Choice, FracPolicy, make_policy
+from topology.policies import FracPolicy, Pick, make_policy
 
 __all__ = [
     "CacheNodes",
@@ -52,7 +52,7 @@ __all__ = [
 _PLENTY = 1 << 40  # CPU (milli) or memory (MiB) a node does not report: never the short resource
 _TIE = 1e-9
 _LOW = 1e300  # above every score, below a non-fit's
-_NO_FIT: Choice = (float("inf"), ())
+_NO_FIT: Pick = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
 _CANON_LIMIT = 4096  # distinct node states kept canonical at once: this, or 4 per ready node when more
 # a node kube-icl has no devices on (ShareSource.deviceless), as a pod asking no device sees it: no devices,
@@ -119,9 +119,9 @@ class Ranked:
     """One task's best nodes: ``tied`` (their nodes in the source's order, the choice there) and the
     best score; ``scored``: every group with its choice (``None``: does not fit), when asked for."""
 
-    tied: list[tuple[Sequence[Any], Choice]]
+    tied: list[tuple[Sequence[Any], Pick]]
     low: float
-    scored: list[tuple[Hashable, Sequence[Any], Choice | None]]
+    scored: list[tuple[Hashable, Sequence[Any], Pick | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +277,7 @@ class SharePolicy:
         self.memo_limit = memo_limit
         # (target key, the policy, its answers by task and group key): replaced whole, so a concurrent
         # filter keeps the policy and the answers it started with
-        self._current: tuple[Hashable, FracPolicy, dict[TaskRequest, dict[Any, Choice]]] | None = None
+        self._current: tuple[Hashable, FracPolicy, dict[TaskRequest, dict[Any, Pick]]] | None = None
         self._entries = 0
         self.evaluations = 0
         """Policy scores computed (each state once per task and target)."""
@@ -301,7 +301,7 @@ class SharePolicy:
         """The policy for the cluster now (the source's target for this pod)."""
         return self._policy_memo(uid, task)[0]
 
-    def _policy_memo(self, uid: str, task: TaskRequest) -> tuple[FracPolicy, dict[TaskRequest, dict[Any, Choice]]]:
+    def _policy_memo(self, uid: str, task: TaskRequest) -> tuple[FracPolicy, dict[TaskRequest, dict[Any, Pick]]]:
         key, read = self.nodes.target(uid, task)
         current = self._current
         if current is None or current[0] != key:
@@ -331,8 +331,8 @@ class SharePolicy:
         state = self.nodes.state
         score = policy.score
         low = _LOW
-        near: list[tuple[float, Sequence[Any], Choice]] = []
-        scored: list[tuple[Hashable, Sequence[Any], Choice | None]] = []
+        near: list[tuple[float, Sequence[Any], Pick]] = []
+        scored: list[tuple[Hashable, Sequence[Any], Pick | None]] = []
         for key, members in groups:
             choice = answers.get(key)
             if choice is None:

@@ -243,7 +243,7 @@ class FairShare:
             return OK
         return Status(Code.UNRESOLVABLE, verdict.reason, label="held", event="QueueHeldBack")
 
-    def verdict(self, info: PodInfo) -> fairshare.Verdict | None:
+    def verdict(self, info: PodInfo) -> fairshare.HoldBack | None:
         """Why the pod's queue must wait, or ``None`` when it may go."""
         used = self.cache.used_by_queue()
         capacity = self.cache.capacity()

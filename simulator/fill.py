@@ -29,8 +29,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.sharing import SharePolicy, Target
-from topology.gpushare import FragmentationModel, GpuNodeSpec, NodeState, StateKey, TargetWorkload, TaskRequest, fits
-from topology.policies import Choice, FracPolicy, TieBreak, make_policy
+from topology.gpushare import (
+    FragmentationModel,
+    GpuNodeSpec,
+    NodeState,
+    NodeStateKey,
+    TargetWorkload,
+    TaskRequest,
+    fits,
+)
+from topology.policies import FracPolicy, Pick, TieBreak, make_policy
 from topology.policy import PolicyName
 
 __all__ = [
@@ -49,7 +57,7 @@ __all__ = [
 
 _EPS = 1e-9
 _INF = float("inf")
-_NO_FIT: Choice = (_INF, ())
+_NO_FIT: Pick = (_INF, ())
 
 
 class FracCluster:
@@ -81,10 +89,10 @@ class FracCluster:
         self.states: list[NodeState] = [NodeState.of(s) for s in specs]
         self.groups: dict[int, list[int]] = {}
         """State id -> nodes in that state (only non-empty groups, visible nodes)."""
-        self.key_of: list[StateKey] = []
+        self.key_of: list[NodeStateKey] = []
         self.cpu_of: list[int] = []
         self.mem_of: list[int] = []
-        self._ids: dict[StateKey, int] = {}
+        self._ids: dict[NodeStateKey, int] = {}
         self._pos: list[int] = [0] * len(specs)
         self._gid: list[int] = [0] * len(specs)
         self.hidden: set[int] = set()
@@ -92,7 +100,7 @@ class FracCluster:
             self._join(i, self._id(self.key(state)))
         self.capacity_milli = sum(s.gpu_total for s in self.states)
 
-    def key(self, state: NodeState) -> StateKey:
+    def key(self, state: NodeState) -> NodeStateKey:
         """The key nodes are grouped by: ``NodeState.key``, or ``ordered_key`` with ``ordered_devices``."""
         return state.ordered_key() if self.ordered_devices else state.key()
 
@@ -100,7 +108,7 @@ class FracCluster:
         """The member that comes first in ``rank`` order."""
         return min(members) if self.rank_is_index else min(members, key=self.rank.__getitem__)
 
-    def _id(self, key: StateKey) -> int:
+    def _id(self, key: NodeStateKey) -> int:
         gid = self._ids.get(key)
         if gid is None:
             gid = len(self.key_of)
@@ -187,11 +195,11 @@ class Scorer:
 
     def __init__(self, policy: FracPolicy) -> None:
         self.policy = policy
-        self._memo: dict[tuple[int, int, int, int, tuple[str, ...]], dict[int, Choice]] = {}
+        self._memo: dict[tuple[int, int, int, int, tuple[str, ...]], dict[int, Pick]] = {}
         self._cluster: int | None = None
         self.evaluations = 0
 
-    def choose(self, cluster: FracCluster, task: TaskRequest, rng: random.Random) -> tuple[int, Choice] | None:
+    def choose(self, cluster: FracCluster, task: TaskRequest, rng: random.Random) -> tuple[int, Pick] | None:
         """Best node and its choice, or ``None``; exact ties by the policy's ``tie_break``:
         uniformly at random, or the node first in the cluster's ``rank`` order."""
         if cluster.ordered_devices != self.policy.ordered_devices:
@@ -205,7 +213,7 @@ class Scorer:
         if memo is None:
             memo = self._memo[task.key] = {}
         best = _INF
-        tied: list[tuple[list[int], Choice]] = []
+        tied: list[tuple[list[int], Pick]] = []
         cpu, mem = task.cpu_milli, task.memory_mib
         cpu_of, mem_of = cluster.cpu_of, cluster.mem_of
         for gid, members in cluster.groups.items():
@@ -226,8 +234,8 @@ class Scorer:
 
 
 def _pick(
-    cluster: FracCluster, tied: Sequence[tuple[Sequence[int], Choice]], tie_break: TieBreak, rng: random.Random
-) -> tuple[int, Choice] | None:
+    cluster: FracCluster, tied: Sequence[tuple[Sequence[int], Pick]], tie_break: TieBreak, rng: random.Random
+) -> tuple[int, Pick] | None:
     """One node of the tied groups (nodes, their choice): uniformly at random, or the first in ``rank``
     order; no draw when one node is best."""
     if not tied:
@@ -307,7 +315,7 @@ class ShareScorer:
     def evaluations(self) -> int:
         return self.shares.evaluations
 
-    def choose(self, cluster: FracCluster, task: TaskRequest, rng: random.Random) -> tuple[int, Choice] | None:
+    def choose(self, cluster: FracCluster, task: TaskRequest, rng: random.Random) -> tuple[int, Pick] | None:
         if cluster is not self.cluster:
             raise ValueError("share scorer: one scorer serves the cluster it was made for")
         ranked = self.shares.rank("", task)

@@ -191,9 +191,9 @@ def test_icl_keeps_cpu_off_nodes_whose_devices_it_would_strand() -> None:
 
 @given(st.lists(st.sampled_from(TASK_MIX), min_size=1, max_size=10), st.integers(0, 64000), st.integers(0, 4000))
 def test_balance_strands_at_most_the_free_units(mix: list[TaskRequest], cpu_free: int, gpu_free: int) -> None:
-    from topology.policies import Balance
+    from topology.policies import DemandRatios
 
-    balance = Balance.of(TargetWorkload.from_tasks(mix))
+    balance = DemandRatios.of(TargetWorkload.from_tasks(mix))
     state = NodeState("A", 64000, 0, cpu_free, 0, (min(gpu_free, MILLI), max(0, gpu_free - MILLI) % (MILLI + 1)))
     assert 0 <= balance.stranded(state) <= state.gpu_free_total
 
@@ -218,12 +218,12 @@ def test_icl_leaves_cpu_only_ties_to_the_coin_once_nothing_strands(
 ) -> None:
     """Definition, by brute force: for a task without devices, icl's best nodes are exactly
     FGD's best nodes that grow the stranded units least (no best fit among them)."""
-    from topology.policies import Balance
+    from topology.policies import DemandRatios
 
     specs, history = setup
     workload = TargetWorkload.from_tasks(TASK_MIX)
     fgd, icl, cluster = _fgd_icl_after(specs, workload, history)
-    balance = Balance.of(workload)
+    balance = DemandRatios.of(workload)
     task = TaskRequest(4000, 1024)
     by_fgd = {i for i, _ in brute_force_best(cluster.states, task, fgd)}
     growth = {

@@ -45,7 +45,7 @@ __all__ = [
     "FragmentationModel",
     "GpuNodeSpec",
     "NodeState",
-    "StateKey",
+    "NodeStateKey",
     "TargetWorkload",
     "TaskRequest",
     "fits",
@@ -59,7 +59,7 @@ MILLI = 1000
 TYPICAL_THRESHOLD = 0.95
 """Share of tasks the FGD authors' typical task types cover (their ``podPopularityThreshold``, 95%)."""
 
-StateKey = tuple[str, int, int, int, int, tuple[int, ...]]
+NodeStateKey = tuple[str, int, int, int, int, tuple[int, ...]]
 """Canonical, hashable form of a node state: model, CPU/memory capacity and
 free amounts, and the sorted free units of its devices. Nodes with equal keys
 are interchangeable for every policy."""
@@ -150,10 +150,10 @@ class NodeState:
         return cls.empty(spec.cpu_milli, spec.memory_mib, spec.gpus, spec.model)
 
     @classmethod
-    def from_key(cls, key: StateKey) -> NodeState:
+    def from_key(cls, key: NodeStateKey) -> NodeState:
         return cls(*key)
 
-    def key(self) -> StateKey:
+    def key(self) -> NodeStateKey:
         """Canonical key: device order does not matter."""
         return (
             self.model,
@@ -164,7 +164,7 @@ class NodeState:
             tuple(sorted(self.gpu_free)),
         )
 
-    def ordered_key(self) -> StateKey:
+    def ordered_key(self) -> NodeStateKey:
         """As ``key`` with the devices in index order: for policies whose choice depends on that order."""
         return (self.model, self.cpu_total, self.mem_total, self.cpu_free, self.mem_free, self.gpu_free)
 
@@ -405,7 +405,7 @@ class FragmentationModel:
             (num, milli, spec, tuple(members), sum(p for _, _, p in members))
             for (num, milli, spec), members in groups.items()
         )
-        self._cache: dict[StateKey, float] = {}
+        self._cache: dict[NodeStateKey, float] = {}
 
     def __call__(self, state: NodeState) -> float:
         key = state.key()
@@ -415,14 +415,14 @@ class FragmentationModel:
             self._cache[key] = value
         return value
 
-    def of_key(self, key: StateKey) -> float:
+    def of_key(self, key: NodeStateKey) -> float:
         value = self._cache.get(key)
         if value is None:
             value = self._compute(key)
             self._cache[key] = value
         return value
 
-    def _compute(self, key: StateKey) -> float:
+    def _compute(self, key: NodeStateKey) -> float:
         model, _, _, cpu_free, mem_free, gpu_free = key
         total = sum(gpu_free)
         if total == 0:

@@ -35,7 +35,7 @@ Policies:
   random spread would starve. Before best fit, it avoids stranding devices:
   of FGD's ties, the placement that least grows the node's free device units
   its free CPU and memory could no longer feed at the target workload's demand
-  ratios (``Balance``) wins. Best fit is for device tasks only: a task that
+  ratios (``DemandRatios``) wins. Best fit is for device tasks only: a task that
   asks no device keeps no node whole by packing, so after stranding its ties
   stay FGD's coin toss; packing CPU-only tasks into the CPU left on the
   fullest nodes only lets more of them in where CPU runs short for the
@@ -67,12 +67,12 @@ from topology.policy import SHARE, PolicyName, policy_name
 from topology.scoring import stranded_units
 
 __all__ = [
-    "Balance",
     "BestFit",
-    "Choice",
+    "DemandRatios",
     "Fgd",
     "FracPolicy",
     "IclPack",
+    "Pick",
     "RandomFit",
     "Spread",
     "TieBreak",
@@ -81,7 +81,7 @@ __all__ = [
     "model_pressure",
 ]
 
-Choice = tuple[float, tuple[int, ...]]
+Pick = tuple[float, tuple[int, ...]]
 """A node's best option: its score (lower is better) and the devices, as free values."""
 
 
@@ -123,7 +123,7 @@ class FracPolicy(Protocol):
         """True when the choice depends on the devices' index order (the caller keeps it in the state)."""
         ...
 
-    def score(self, state: NodeState, task: TaskRequest) -> Choice | None: ...
+    def score(self, state: NodeState, task: TaskRequest) -> Pick | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +153,7 @@ class RandomFit:
     tie_break: TieBreak = TieBreak.RANDOM
     ordered_devices: bool = False
 
-    def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
+    def score(self, state: NodeState, task: TaskRequest) -> Pick | None:
         opts = options(state, task)
         return (0.0, opts[0]) if opts else None
 
@@ -168,7 +168,7 @@ class Spread:
     tie_break: TieBreak = TieBreak.RANDOM
     ordered_devices: bool = False
 
-    def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
+    def score(self, state: NodeState, task: TaskRequest) -> Pick | None:
         opts = options(state, task)
         if not opts:
             return None
@@ -198,7 +198,7 @@ class BestFit:
     tie_break: TieBreak = TieBreak.FIRST
     ordered_devices: bool = False
 
-    def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
+    def score(self, state: NodeState, task: TaskRequest) -> Pick | None:
         opts = options(state, task)
         if not opts:
             return None
@@ -258,14 +258,14 @@ class Fgd:
     tie_break: TieBreak = TieBreak.FIRST
     ordered_devices: bool = True
 
-    def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
+    def score(self, state: NodeState, task: TaskRequest) -> Pick | None:
         if not fits(state, task):
             return None
         before = self.frag(state)
         if not task.fractional:
             take = (MILLI,) * task.num_gpu
             return (gradient_score(self.frag(state.apply(task, take)) - before, self.levels, self.scale), take)
-        best: Choice | None = None
+        best: Pick | None = None
         seen: set[int] = set()
         for free in state.gpu_free:  # device index order: the first best device wins
             if free < task.gpu_milli or free in seen:
@@ -309,7 +309,7 @@ def model_pressure(specs: Sequence[GpuNodeSpec], workload: TargetWorkload) -> di
 
 
 @dataclass(frozen=True, slots=True)
-class Balance:
+class DemandRatios:
     """The target workload's CPU and memory per device milli-unit (its demand ratios).
 
     ``stranded(state)`` is the node's free device units that its free CPU and
@@ -317,7 +317,7 @@ class Balance:
     units beyond ``min(cpu_free / cpu_per_milli, mem_free / mem_per_milli)``.
     A dimension the workload does not ask for never strands anything.
 
-    >>> b = Balance(cpu_per_milli=4.0, mem_per_milli=0.0)
+    >>> b = DemandRatios(cpu_per_milli=4.0, mem_per_milli=0.0)
     >>> b.stranded(NodeState("A", 8000, 0, 2000, 0, (1000, 0)))
     500.0
     """
@@ -326,7 +326,7 @@ class Balance:
     mem_per_milli: float
 
     @classmethod
-    def of(cls, workload: TargetWorkload) -> Balance:
+    def of(cls, workload: TargetWorkload) -> DemandRatios:
         gpu = sum(p * t.gpu_demand for t, p in workload.types)
         if gpu <= 0:
             return cls(0.0, 0.0)
@@ -349,7 +349,7 @@ class IclPack:
 
     ``score = gradient_score(dF) + pack_weight * (strand_term + fit_term + pressure_term)``
     where ``strand_term = strand_weight * (stranded_after - stranded_before) / capacity.gpu_milli``
-    (``Balance.stranded``: free device units the node's free CPU and memory
+    (``DemandRatios.stranded``: free device units the node's free CPU and memory
     could no longer feed at the workload's demand ratios), ``fit_term`` is
     ``remaining_after`` (best fit) for a device task and 0 for a task without
     devices (its remaining ties go to the caller's coin toss), and
@@ -364,7 +364,7 @@ class IclPack:
     frag: FragmentationModel
     capacity: Capacity
     pressure: Mapping[str, float] = field(default_factory=dict)
-    balance: Balance = field(default_factory=lambda: Balance(0.0, 0.0))
+    demand: DemandRatios = field(default_factory=lambda: DemandRatios(0.0, 0.0))
     levels: int = 100
     scale: float = 1000.0
     pack_weight: float = 1e-3
@@ -375,7 +375,7 @@ class IclPack:
     tie_break: TieBreak = TieBreak.RANDOM
     ordered_devices: bool = False
 
-    def score(self, state: NodeState, task: TaskRequest) -> Choice | None:
+    def score(self, state: NodeState, task: TaskRequest) -> Pick | None:
         opts = options(state, task)
         if not opts:
             return None
@@ -383,12 +383,12 @@ class IclPack:
         avoid = 0.0
         if task.num_gpu and not task.gpu_spec:
             avoid = self.pressure_weight * self.pressure.get(state.model, 0.0)
-        stranded = self.balance.stranded(state)
-        best: Choice | None = None
+        stranded = self.demand.stranded(state)
+        best: Pick | None = None
         for take in opts:
             after = state.apply(task, take)
             value = gradient_score(self.frag(after) - before, self.levels, self.scale)
-            strand = self.strand_weight * (self.balance.stranded(after) - stranded) / self.capacity.gpu_milli
+            strand = self.strand_weight * (self.demand.stranded(after) - stranded) / self.capacity.gpu_milli
             fit = self.capacity.remaining(after) if task.num_gpu else 0.0
             value += self.pack_weight * (strand + fit + avoid)
             if best is None or value < best[0] - 1e-12:
@@ -418,7 +418,7 @@ def make_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkloa
     # icl measures fragmentation against its workload less the rare types (TargetWorkload.common); its
     # stranding ratios and model pressure stay the whole workload's
     frag = FragmentationModel(workload.common())
-    return IclPack(frag, capacity, model_pressure(specs, workload), Balance.of(workload))
+    return IclPack(frag, capacity, model_pressure(specs, workload), DemandRatios.of(workload))
 
 
 def brute_force_best(
