@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from deviceplugin.argtypes import positive_seconds
+
 __all__ = ["register"]
 
 
@@ -51,6 +53,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         help="nvml: another plugin (NVIDIA's) hands out these GPUs: refuse to start, warn, or skip (default: fail)",
     )
     p.add_argument("--no-events", dest="events", action="store_false", default=None, help="post no Events on the node")
+    p.add_argument(
+        "--audit-interval",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="placement audit: seconds between reads of the kubelet's PodResources API (default: 30)",
+    )
+    p.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        help="placement audit: the kubelet's PodResources socket "
+        "(default: /var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    p.add_argument(
+        "--no-audit",
+        dest="audit",
+        action="store_false",
+        default=None,
+        help="no placement audit (the kubelet's devices per pod against kube-icl.io/devices and the shape asked)",
+    )
     p.set_defaults(func=run_plugin)
 
 
@@ -77,6 +98,11 @@ def run_plugin(args: argparse.Namespace) -> int:
         "recover_after": args.recover_after,
         "pre_start_required": args.pre_start,
         "events": args.events,
+        "audit": {
+            "enabled": args.audit,
+            "interval": args.audit_interval,
+            "socket": Path(args.pod_resources_socket) if args.pod_resources_socket else None,
+        },
         "nvml": {
             "device_list_strategy": tuple(v.strip() for v in args.device_list_strategy.split(",") if v.strip())
             if args.device_list_strategy is not None

@@ -24,6 +24,8 @@ A config file looks like::
     nvml: {fatalXids: [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95], fixture: "",
            deviceListStrategy: [envvar], deviceIdStrategy: uuid, passDeviceSpecs: true,
            cudaVisibleDevices: true, nvidiaPluginCheck: fail}
+    audit: {enabled: true, interval: 30, socket: /var/lib/kubelet/pod-resources/kubelet.sock}
+                                     # placement audit: the kubelet's PodResources answer vs kube-icl.io/devices
 
 Every key is optional. Unknown keys and wrong types are errors naming the key.
 """
@@ -45,7 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PLUGIN_DIR",
+    "DEFAULT_POD_RESOURCES_SOCKET",
     "DEFAULT_RESOURCE",
+    "AuditConfig",
     "ConfigError",
     "NvmlConfig",
     "PluginConfig",
@@ -55,6 +59,7 @@ __all__ = [
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_RESOURCE = "kube-icl.io/accelerator"
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 BACKENDS = ("sim", "udev", "nvml")
 # XIDs that mean the GPU needs a reset (NVIDIA's XID catalog: "reset GPU" / "contact support").
 DEFAULT_FATAL_XIDS = (13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95)
@@ -112,6 +117,25 @@ class NvmlConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditConfig:
+    """The placement audit (deviceplugin.audit): the kubelet's PodResources answer against kube-icl's choice.
+
+    It runs when enabled and the plugin reads pods (``pods: kubernetes`` or ``file:``): without the
+    pods' ``kube-icl.io/devices`` there is nothing to compare with.
+    """
+
+    enabled: bool = True
+    interval: float = 30.0  # seconds between rounds
+    socket: Path = Path(DEFAULT_POD_RESOURCES_SOCKET)
+
+    def __post_init__(self) -> None:
+        if not self.interval > 0:
+            raise ConfigError(
+                f"audit.interval: must be > 0 seconds, got {self.interval} (audit.enabled: false turns it off)"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class PluginConfig:
     resource_name: str = DEFAULT_RESOURCE
     shared_resource_name: str = ""  # shared devices in milli-devices, a second endpoint (deviceplugin/sharing.py)
@@ -134,6 +158,7 @@ class PluginConfig:
     events: bool = True  # post Events on this node (registration, health) when API access is configured
     udev: UdevConfig = field(default_factory=UdevConfig)
     nvml: NvmlConfig = field(default_factory=NvmlConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
     def __post_init__(self) -> None:
         if not _RESOURCE_RE.match(self.resource_name):
@@ -243,6 +268,8 @@ def _section(cls: type[Any], data: Any, prefix: str) -> dict[str, Any]:
             out[f.name] = UdevConfig(**_section(UdevConfig, value, "udev."))
         elif f.name == "nvml":
             out[f.name] = NvmlConfig(**_section(NvmlConfig, value, "nvml."))
+        elif f.name == "audit":
+            out[f.name] = AuditConfig(**_section(AuditConfig, value, "audit."))
         else:
             out[f.name] = _coerce(value, str(f.type), where)
     return out
@@ -253,9 +280,14 @@ def config_from_mapping(data: Any, **overrides: Any) -> PluginConfig:
     values = _section(PluginConfig, data if data is not None else {}, "")
     values.setdefault("node_name", os.environ.get("NODE_NAME", ""))
     nvml = overrides.pop("nvml", None)  # {field: value} merged into the file's nvml section
+    audit = overrides.pop("audit", None)  # the same for the audit section
     values.update({k: v for k, v in overrides.items() if v is not None})
     if nvml:
         values["nvml"] = replace(values.get("nvml", NvmlConfig()), **{k: v for k, v in nvml.items() if v is not None})
+    if audit:
+        values["audit"] = replace(
+            values.get("audit", AuditConfig()), **{k: v for k, v in audit.items() if v is not None}
+        )
     return PluginConfig(**values)
 
 

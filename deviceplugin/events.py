@@ -1,8 +1,10 @@
-"""Events the plugin posts on its Node: registration with the kubelet, device and link health changes.
+"""Events the plugin posts on its Node (registration with the kubelet, device and link health changes)
+and on the pods of its node (the placement audit's findings, :mod:`deviceplugin.audit`).
 
-Posted as core/v1 Events (what ``kubectl describe node`` and ``kubectl get events`` show) in the
-``default`` namespace with ``involvedObject`` the Node, as the kubelet does for node events, and
-only when the plugin has API access (``pods: kubernetes`` or ``publish: true``) and ``events: true``.
+Posted as core/v1 Events (what ``kubectl describe node``/``pod`` and ``kubectl get events`` show):
+node events in the ``default`` namespace with ``involvedObject`` the Node, as the kubelet does for
+node events; pod events in the pod's namespace with ``involvedObject`` the Pod. Only when the
+plugin has API access (``pods: kubernetes`` or ``publish: true``) and ``events: true``.
 
 Like client-go's event recorder, a repeat of the same event (same type, reason and message)
 within :attr:`NodeEventRecorder.aggregate_window` seconds bumps ``count`` and
@@ -29,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from deviceplugin.backends.base import ABSENT, HealthChange
+from deviceplugin.pods import PodInfo
 from topology import NodeTopology
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "KubernetesNodeApi",
     "NodeApi",
     "NodeEventRecorder",
+    "PodRef",
     "health_events",
 ]
 
@@ -99,10 +103,20 @@ class KubernetesNodeApi:
 
 
 @dataclass(frozen=True, slots=True)
+class PodRef:
+    """The pod an event is about (the node's own events have none)."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
 class _Pending:
     type: str
     reason: str
     message: str
+    pod: PodRef | None = None
 
 
 @dataclass(slots=True)
@@ -151,7 +165,7 @@ class NodeEventRecorder:
         self._tokens = float(burst)
         self._refilled_at = clock()
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(queue_size)
-        self._posted: dict[tuple[str, str, str], _Posted] = {}
+        self._posted: dict[tuple[str, str, str, PodRef | None], _Posted] = {}
         self._uid: str | None = None
         self._on_outcome = on_outcome
         self.counts = {"posted": 0, "aggregated": 0, "dropped": 0, "failed": 0}
@@ -166,6 +180,13 @@ class NodeEventRecorder:
         except asyncio.QueueFull:
             self._count("dropped", type_)
 
+    def record_pod(self, pod: PodInfo, type_: str, reason: str, message: str) -> None:
+        """Queue an event about ``pod`` (in its namespace); dropped (and counted) when the queue is full."""
+        try:
+            self._queue.put_nowait(_Pending(type_, reason, _cap(message), PodRef(pod.namespace, pod.name, pod.uid)))
+        except asyncio.QueueFull:
+            self._count("dropped", type_)
+
     def record_health(self, changes: Sequence[HealthChange], topo: NodeTopology, resource: str) -> None:
         for type_, reason, message in health_events(changes, topo, resource):
             self.record(type_, reason, message)
@@ -174,13 +195,13 @@ class NodeEventRecorder:
         """Post queued events until cancelled."""
         while True:
             ev = await self._queue.get()
-            await asyncio.to_thread(self.post, ev.type, ev.reason, ev.message)
+            await asyncio.to_thread(self.post, ev.type, ev.reason, ev.message, ev.pod)
 
     async def drain(self) -> None:
         """Post what is queued now (tests, shutdown)."""
         while not self._queue.empty():
             ev = self._queue.get_nowait()
-            await asyncio.to_thread(self.post, ev.type, ev.reason, ev.message)
+            await asyncio.to_thread(self.post, ev.type, ev.reason, ev.message, ev.pod)
 
     # -- posting (a worker thread) ---------------------------------------------------------------
 
@@ -207,10 +228,12 @@ class NodeEventRecorder:
                 self._uid = self.node
         return self._uid
 
-    def post(self, type_: str, reason: str, message: str) -> str:
-        """Create or aggregate one event now; returns the outcome (posted, aggregated, dropped, failed)."""
+    def post(self, type_: str, reason: str, message: str, pod: PodRef | None = None) -> str:
+        """Create or aggregate one event now (about ``pod``, else the node); returns the outcome
+        (posted, aggregated, dropped, failed)."""
         now = self._clock()
-        key = (type_, reason, message)
+        key = (type_, reason, message, pod)
+        namespace = pod.namespace if pod is not None else self.namespace
         if not self._take_token():
             log.debug("event %s on node %s dropped by the rate limit: %s", reason, self.node, message)
             self._count("dropped", type_)
@@ -219,7 +242,7 @@ class NodeEventRecorder:
         stamp = _timestamp(now)
         if prev is not None and now - prev.last_at <= self.aggregate_window:
             try:
-                self.api.patch_event(self.namespace, prev.name, {"count": prev.count + 1, "lastTimestamp": stamp})
+                self.api.patch_event(namespace, prev.name, {"count": prev.count + 1, "lastTimestamp": stamp})
             except Exception as e:  # deleted meanwhile, or the API is away: post a fresh one below
                 log.debug("patching event %s failed (%s); posting a new one", prev.name, e)
             else:
@@ -227,12 +250,18 @@ class NodeEventRecorder:
                 prev.last_at = now
                 self._count("aggregated", type_)
                 return "aggregated"
-        event_name = f"{self.node}.{time.time_ns():x}"  # as client-go names them: <object>.<unix nanoseconds hex>
+        # as client-go names them: <object>.<unix nanoseconds hex>
+        event_name = f"{pod.name if pod is not None else self.node}.{time.time_ns():x}"
+        involved: dict[str, str] = (
+            {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
+            if pod is not None
+            else {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self._node_uid()}
+        )
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": event_name, "namespace": self.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": self._node_uid()},
+            "metadata": {"name": event_name, "namespace": namespace},
+            "involvedObject": involved,
             "reason": reason,
             "message": message,
             "type": type_,
@@ -244,9 +273,10 @@ class NodeEventRecorder:
             "reportingInstance": self.instance[:128],
         }
         try:
-            created = self.api.create_event(self.namespace, body)
+            created = self.api.create_event(namespace, body)
         except Exception as e:
-            log.warning("posting event %s on node %s failed: %s", reason, self.node, e)
+            about = f"pod {pod.namespace}/{pod.name}" if pod is not None else f"node {self.node}"
+            log.warning("posting event %s on %s failed: %s", reason, about, e)
             self._count("failed", type_)
             return "failed"
         name = str((created.get("metadata") or {}).get("name") or event_name)

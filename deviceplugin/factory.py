@@ -15,6 +15,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+from deviceplugin.audit import PlacementAuditor
 from deviceplugin.backends.base import Backend
 from deviceplugin.config import ConfigError, PluginConfig
 from deviceplugin.events import KubernetesNodeApi, NodeApi, NodeEventRecorder
@@ -23,9 +24,17 @@ from deviceplugin.nvidia import CONFLICT_ADVICE, GpuPluginReport, other_gpu_plug
 from deviceplugin.pods import FilePodSource, KubernetesPodSource, NoPods, PodSource
 from deviceplugin.publisher import KubernetesNodePatcher, NodePublisher, kube_api_client
 from deviceplugin.server import DevicePlugin
-from topology import encode_annotation, load_topology
+from topology import NodeTopology, encode_annotation, load_topology
 
-__all__ = ["GpuPluginConflict", "build_backend", "build_plugin", "check_other_gpu_plugins", "serve", "start_http"]
+__all__ = [
+    "GpuPluginConflict",
+    "build_auditor",
+    "build_backend",
+    "build_plugin",
+    "check_other_gpu_plugins",
+    "serve",
+    "start_http",
+]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +101,8 @@ def build_plugin(config: PluginConfig, **plugin_kwargs: Any) -> DevicePlugin:
             config.node_name,
             on_outcome=lambda type_, outcome: metrics.events.labels(type_, outcome).inc(),
         )
+    pods = build_pods(config, api_client)
+    auditor = build_auditor(config, pods, metrics, events)
     publisher = None
     if config.publish:
         publisher = NodePublisher(
@@ -101,14 +112,44 @@ def build_plugin(config: PluginConfig, **plugin_kwargs: Any) -> DevicePlugin:
             link_coords=config.link_coords,
             on_failure=metrics.publish_failures.inc,
         )
-    return DevicePlugin(
+    plugin = DevicePlugin(
         config,
         build_backend(config),
-        build_pods(config, api_client),
+        pods,
         metrics=metrics,
         publisher=publisher,
         events=events,
+        auditor=auditor,
         **plugin_kwargs,
+    )
+    if auditor is not None:
+        auditor.topology = lambda: plugin.topology
+    return plugin
+
+
+def build_auditor(
+    config: PluginConfig, pods: PodSource, metrics: PluginMetrics, events: NodeEventRecorder | None
+) -> PlacementAuditor | None:
+    """The placement audit of ``config``, or None when it is off or has no pods to compare with."""
+    if not config.audit.enabled:
+        log.info("placement audit off (audit.enabled: false / --no-audit)")
+        return None
+    if isinstance(pods, NoPods) or not config.node_name:
+        log.info(
+            "placement audit off: it compares the kubelet's devices with each pod's kube-icl.io/devices, "
+            "and this plugin reads no pods (pods: none, or no node name)"
+        )
+        return None
+    return PlacementAuditor(
+        config.audit.socket,
+        config.node_name,
+        config.resource_name,
+        pods,
+        lambda: NodeTopology((), ()),  # replaced by the plugin's live topology once the plugin exists
+        metrics,
+        shared_resource=config.shared_resource_name,
+        events=events,
+        interval=config.audit.interval,
     )
 
 

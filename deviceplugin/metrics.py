@@ -69,8 +69,41 @@ class PluginMetrics:
             ["type", "outcome"],
             registry=r,
         )
+        # The placement audit (deviceplugin.audit): the kubelet's PodResources answer against kube-icl's choice.
+        self.audit = Counter(
+            "kube_icl_placement_audit",
+            "Pods audited against the kubelet's PodResources answer, once per pod and result: "
+            "agree, mismatch (devices or shape), unannounced (no kube-icl.io/devices)",
+            ["result"],
+            registry=r,
+        )
+        self.mismatches = Counter(
+            "kube_icl_placement_mismatch",
+            "Placement findings, once per pod and kind: devices (not the extender's choice), shape (not the "
+            "shape asked), unannounced (devices given without the extender)",
+            ["kind"],
+            registry=r,
+        )
+        self.audit_polls = Counter(
+            "kube_icl_placement_audit_polls",
+            "Placement audit rounds by outcome: ok, unavailable (pod-resources socket missing or dead), "
+            "malformed (an answer that does not decode), no_pods (the pod list failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.audit_last_success = Gauge(
+            "kube_icl_placement_audit_last_success_timestamp_seconds",
+            "When the placement audit last read the kubelet's answer (unix time; 0 = never)",
+            registry=r,
+        )
         for source in ("scheduler", "topology", "fallback"):
             self.preferred.labels(source)
+        for result in ("agree", "mismatch", "unannounced"):
+            self.audit.labels(result)
+        for kind in ("devices", "shape", "unannounced"):
+            self.mismatches.labels(kind)
+        for outcome in ("ok", "unavailable", "malformed", "no_pods"):
+            self.audit_polls.labels(outcome)
 
     def observe_topology(self, topo: NodeTopology) -> None:
         self.devices_total.set(len(topo.devices))

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -48,6 +48,9 @@ from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from topology import NodeTopology
 from topology.contract import ContractError
 from topology.policy import linked_policy
+
+if TYPE_CHECKING:
+    from deviceplugin.audit import PlacementAuditor
 
 __all__ = [
     "API_VERSION",
@@ -227,6 +230,7 @@ class DevicePlugin:
         metrics: PluginMetrics | None = None,
         publisher: NodePublisher | None = None,
         events: NodeEventRecorder | None = None,
+        auditor: PlacementAuditor | None = None,
         watch_interval: float = 0.5,
         backoff: tuple[float, float] = (0.2, 10.0),
         grace: float = 2.0,
@@ -237,6 +241,7 @@ class DevicePlugin:
         self.metrics = metrics or PluginMetrics()
         self.publisher = publisher
         self.events = events
+        self.auditor = auditor  # the placement audit, run beside the server (deviceplugin.audit)
         self.watch_interval = watch_interval
         self.backoff = backoff
         self.grace = grace
@@ -485,6 +490,8 @@ class DevicePlugin:
             self._tasks.append(asyncio.create_task(self.events.run(), name="events"))
         if self.publisher is not None:
             self._tasks.append(asyncio.create_task(self.publisher.follow(self.backend.feed.follow())))
+        if self.auditor is not None:
+            self._tasks.append(asyncio.create_task(self.auditor.run(), name="placement-audit"))
 
     def _health_events(self, changes: list[HealthChange], topo: NodeTopology) -> None:
         if self.events is not None:

@@ -22,6 +22,14 @@ It does what ``pkg/kubelet/cm/devicemanager`` does, over the same gRPC API:
   until released; an admission that falls short because of them says so, and
   :meth:`KubeletEmulator.clear_checkpoint` (``icl kubelet-emu --fresh``) starts empty.
 
+With ``pod_resources_socket`` it also serves the kubelet's PodResources API v1
+(``v1.PodResourcesLister``: List, Get, GetAllocatableResources) on that unix socket, as the
+kubelet does on ``/var/lib/kubelet/pod-resources/kubelet.sock``, field by field as
+``pkg/kubelet/apis/podresources/server_v1.go`` fills it: every pod it admitted with each container
+and, per device and NUMA node, one ``ContainerDevices`` (resource, one id, the NUMA node the plugin
+reported); allocatable = the healthy devices, one entry each. A pod is named by what
+:meth:`KubeletEmulator.admit` was told (``pod_name``, ``namespace``), else by its uid in ``default``.
+
 Like the kubelet, it creates its device-plugin directory when missing
 (``create_dir=True``, the default); ``icl kubelet-emu`` passes ``create_dir=False``,
 since there a missing directory is a mistyped path.
@@ -37,7 +45,7 @@ import contextlib
 import json
 import logging
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +53,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from deviceplugin.podresources.v1 import api_pb2 as pr_pb2
+from deviceplugin.podresources.v1 import api_pb2_grpc as pr_grpc
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 __all__ = ["AdmissionError", "ContainerAllocation", "KubeletEmulator", "PluginEndpoint"]
@@ -103,6 +113,44 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
         return api_pb2.Empty()
 
 
+class _PodResources(pr_grpc.PodResourcesListerServicer):
+    """The kubelet's PodResources v1 server, answering from the emulator's allocations."""
+
+    def __init__(self, kubelet: KubeletEmulator) -> None:
+        self.kubelet = kubelet
+
+    async def List(
+        self,
+        request: pr_pb2.ListPodResourcesRequest,
+        context: grpc.aio.ServicerContext[pr_pb2.ListPodResourcesRequest, pr_pb2.ListPodResourcesResponse],
+    ) -> pr_pb2.ListPodResourcesResponse:
+        self.kubelet.pod_resources_calls += 1
+        return pr_pb2.ListPodResourcesResponse(pod_resources=self.kubelet.pod_resources())
+
+    async def Get(
+        self,
+        request: pr_pb2.GetPodResourcesRequest,
+        context: grpc.aio.ServicerContext[pr_pb2.GetPodResourcesRequest, pr_pb2.GetPodResourcesResponse],
+    ) -> pr_pb2.GetPodResourcesResponse:
+        self.kubelet.pod_resources_calls += 1
+        for pod in self.kubelet.pod_resources():
+            if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
+                return pr_pb2.GetPodResourcesResponse(pod_resources=pod)
+        # the kubelet returns a plain Go error here, which gRPC sends as UNKNOWN
+        await context.abort(
+            grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
+        )
+        raise AssertionError("unreachable: abort raises")
+
+    async def GetAllocatableResources(
+        self,
+        request: pr_pb2.AllocatableResourcesRequest,
+        context: grpc.aio.ServicerContext[pr_pb2.AllocatableResourcesRequest, pr_pb2.AllocatableResourcesResponse],
+    ) -> pr_pb2.AllocatableResourcesResponse:
+        self.kubelet.pod_resources_calls += 1
+        return pr_pb2.AllocatableResourcesResponse(devices=self.kubelet.allocatable_devices())
+
+
 class KubeletEmulator:
     """The device-manager side of the kubelet, on a real unix socket."""
 
@@ -112,10 +160,15 @@ class KubeletEmulator:
         *,
         allocate_order: Callable[[list[str]], list[str]] = sorted,
         create_dir: bool = True,
+        pod_resources_socket: str | Path | None = None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.allocate_order = allocate_order
         self.create_dir = create_dir
+        self.pod_resources_socket = Path(pod_resources_socket) if pod_resources_socket is not None else None
+        self.pod_names: dict[str, tuple[str, str]] = {}  # pod uid -> (namespace, name), as admit was told
+        self.pod_resources_calls = 0
+        self._pr_server: grpc.aio.Server | None = None
         self.endpoints: dict[str, PluginEndpoint] = {}
         self.allocations: dict[tuple[str, str, str], ContainerAllocation] = {}
         self.restored: set[tuple[str, str, str]] = set()  # allocations reloaded from the checkpoint
@@ -155,11 +208,38 @@ class KubeletEmulator:
         await server.start()
         self._server = server
         log.info("kubelet emulator listening on %s", self.socket_path)
+        if self.pod_resources_socket is not None:
+            await self.start_pod_resources()
+
+    async def start_pod_resources(self) -> None:
+        """Serve PodResources v1 on :attr:`pod_resources_socket` (a stale socket is replaced)."""
+        path = self.pod_resources_socket
+        if path is None:
+            raise ValueError("pod_resources_socket: not set; the emulator serves no PodResources API")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        server = grpc.aio.server()
+        pr_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), server)
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+        self._pr_server = server
+        log.info("kubelet emulator serving PodResources v1 on %s", path)
+
+    async def stop_pod_resources(self) -> None:
+        """Stop serving PodResources and remove its socket (a kubelet that went away)."""
+        server, self._pr_server = self._pr_server, None
+        if server is not None:
+            await server.stop(0.5)
+        if self.pod_resources_socket is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.pod_resources_socket.unlink()
 
     async def stop(self) -> None:
         if self._server is not None:
             await self._server.stop(0.5)
             self._server = None
+        await self.stop_pod_resources()
         for task in list(self._pending):
             task.cancel()
         for ep in list(self.endpoints.values()):
@@ -262,8 +342,15 @@ class KubeletEmulator:
 
     # -- admission ---------------------------------------------------------------------------------
 
-    async def admit(self, pod_uid: str, container: str, resource: str, count: int) -> ContainerAllocation:
-        """Allocate ``count`` devices of ``resource`` to a container, the way the device manager does."""
+    async def admit(
+        self, pod_uid: str, container: str, resource: str, count: int, *, pod_name: str = "", namespace: str = ""
+    ) -> ContainerAllocation:
+        """Allocate ``count`` devices of ``resource`` to a container, the way the device manager does.
+
+        ``pod_name`` and ``namespace`` name the pod in the PodResources answers (default: its uid, ``default``).
+        """
+        if pod_name:
+            self.pod_names[pod_uid] = (namespace or "default", pod_name)
         key = (pod_uid, container, resource)
         if key in self.allocations:
             return self.allocations[key]  # restarted container: same devices
@@ -328,7 +415,51 @@ class KubeletEmulator:
         for key in [k for k in self.allocations if k[0] == pod_uid]:
             del self.allocations[key]
             self.restored.discard(key)
+        self.pod_names.pop(pod_uid, None)
         self._write_checkpoint()
+
+    # -- PodResources ------------------------------------------------------------------------------
+
+    def _container_devices(self, resource: str, ids: Iterable[str]) -> list[pr_pb2.ContainerDevices]:
+        # As containerDevicesFromResourceDeviceInstances: one entry per device and NUMA node, none without.
+        ep = self.endpoints.get(resource)
+        out = []
+        for d in ids:
+            numa = ep.numa.get(d, []) if ep is not None else []
+            if not numa:
+                out.append(pr_pb2.ContainerDevices(resource_name=resource, device_ids=[d]))
+            for n in numa:
+                out.append(
+                    pr_pb2.ContainerDevices(
+                        resource_name=resource,
+                        device_ids=[d],
+                        topology=pr_pb2.TopologyInfo(nodes=[pr_pb2.NUMANode(ID=n)]),
+                    )
+                )
+        return out
+
+    def pod_resources(self) -> list[pr_pb2.PodResources]:
+        """What List answers: each pod holding devices, its containers (admission order) and their devices."""
+        pods: dict[str, dict[str, list[pr_pb2.ContainerDevices]]] = {}
+        for (uid, container, resource), a in self.allocations.items():
+            pods.setdefault(uid, {}).setdefault(container, []).extend(self._container_devices(resource, a.devices))
+        out = []
+        for uid, containers in pods.items():
+            namespace, name = self.pod_names.get(uid, ("default", uid))
+            out.append(
+                pr_pb2.PodResources(
+                    name=name,
+                    namespace=namespace,
+                    containers=[pr_pb2.ContainerResources(name=c, devices=devs) for c, devs in containers.items()],
+                )
+            )
+        return out
+
+    def allocatable_devices(self) -> list[pr_pb2.ContainerDevices]:
+        """What GetAllocatableResources answers: every healthy device of every registered resource."""
+        return [
+            d for resource in sorted(self.endpoints) for d in self._container_devices(resource, self.healthy(resource))
+        ]
 
     def restored_pods(self, resource: str) -> dict[str, tuple[str, ...]]:
         """Pods reloaded from the checkpoint that still hold devices of ``resource``: pod uid -> devices."""

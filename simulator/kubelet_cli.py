@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         "--wait", type=positive_seconds, default=30.0, help="seconds to wait for the plugin (default: %(default)s)"
     )
     k.add_argument("--serve", action="store_true", help="keep serving after the admissions")
+    k.add_argument(
+        "--pod-resources-socket",
+        metavar="PATH",
+        help="also serve the kubelet's PodResources API v1 there, as the kubelet does on "
+        "/var/lib/kubelet/pod-resources/kubelet.sock (what each admitted pod got; the plugin's audit reads it)",
+    )
     k.set_defaults(func=run_kubelet)
 
 
@@ -64,7 +70,7 @@ def run_kubelet(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
     async def main() -> int:
-        kubelet = KubeletEmulator(plugin_dir, create_dir=False)
+        kubelet = KubeletEmulator(plugin_dir, create_dir=False, pod_resources_socket=args.pod_resources_socket)
         if args.fresh:
             kubelet.clear_checkpoint()
         try:
@@ -101,7 +107,7 @@ def run_kubelet(args: argparse.Namespace) -> int:
             for i, n in enumerate(args.admit):
                 pod = f"pod-{i}-{uuid.uuid4().hex[:6]}"
                 try:
-                    a = await kubelet.admit(pod, "main", args.resource, n)
+                    a = await kubelet.admit(pod, "main", args.resource, n, pod_name=pod)
                 except AdmissionError as e:
                     print(json.dumps({"pod": pod, "asked": n, "error": str(e)}))
                     code = 1

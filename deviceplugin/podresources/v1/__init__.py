@@ -1,0 +1,1 @@
+"""Generated stubs of the kubelet PodResources API v1 (see ``deviceplugin.podresources.protogen``)."""
