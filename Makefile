@@ -29,7 +29,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) e2e-bins protoc-tools image torch-venv
+unit: $(STAMP) e2e-bins node-runtime protoc-tools image torch-venv
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -58,6 +58,18 @@ manifests:
 .PHONY: e2e-bins
 e2e-bins:
 	@$(PYTHON) tests/e2e/build.py
+
+## node-runtime: runc for the real node of the e2e tests (tests/e2e/realnode.py: kubelet + containerd, built by
+## e2e-bins), from the distribution's packages when it is missing (as root)
+.PHONY: node-runtime
+node-runtime:
+	@command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "node-runtime: apt-get install runc"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends runc; \
+	  else \
+	    echo "node-runtime: runc not installed and no apt-get as root: the real-node e2e tests will skip"; \
+	  fi; }
 
 ## torch-venv: PyTorch from PyPI (CUDA wheel, used on CPU with gloo) in its own virtualenv outside the repository,
 ## built once, for tests/e2e/test_torchrun_elastic.py (a real torchrun elastic job; docs/scheduler.md)

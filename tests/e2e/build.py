@@ -17,9 +17,17 @@ Usage::
     python3 tests/e2e/build.py --sync     # after editing versions.env: regenerate gomod/
     python3 tests/e2e/build.py --bin-dir  # print where the binaries are (or would be)
     python3 tests/e2e/build.py --tools    # build only the pinned tools of tools.env (helm)
+    python3 tests/e2e/build.py --node     # build only the real node: kubelet, containerd, shim, ctr, pause
+    python3 tests/e2e/build.py --node-dir # print where the real node's binaries are (or would be)
 
 The tools of ``tests/e2e/tools.env`` (helm) are built after the control plane with
 ``go install PACKAGE@VERSION`` into their own cache entry, ``<cache>/tools-<hash>/bin``.
+
+The real node of ``tests/e2e/realnode.py`` (pins in ``tests/e2e/node.env``) has its own cache entry,
+``<cache>/node-<hash>/bin``: the kubelet (built from the wrapper module, so at the control plane's
+Kubernetes pin), containerd with its runc shim and ``ctr`` (``go install`` of the pinned containerd
+release, static), the sandbox's ``pause`` and ``pause.tar``, a one-binary image of it that containerd
+imports (no registry is reachable). runc comes from the distribution (``make node-runtime``).
 """
 
 from __future__ import annotations
@@ -27,17 +35,19 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,12 +60,15 @@ __all__ = [
     "Versions",
     "bin_dir",
     "build",
+    "build_node",
     "build_tools",
     "cache_key",
     "cache_root",
     "check_gomod",
     "load_versions",
     "missing_binaries",
+    "missing_node_binaries",
+    "node_dir",
     "sync",
     "tool_dir",
     "tool_path",
@@ -64,10 +77,17 @@ __all__ = [
 HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.env"
 TOOLS_FILE = HERE / "tools.env"
+NODE_FILE = HERE / "node.env"
+PAUSE_SOURCE = HERE / "realnode" / "pause" / "main.go"
 GOMOD_DIR = HERE / "gomod"
 # Bump when the way binaries are built changes, so that cached ones are rebuilt.
 RECIPE = "go build -trimpath -ldflags='-s -w -X <version>'; recipe 2"
 TOOLS_RECIPE = "GOBIN=<dir> go install -trimpath -ldflags='-s -w -X <version>' <package>@<version>; recipe 1"
+NODE_RECIPE = (
+    "kubelet: go build -trimpath -ldflags='-s -w -X <version>' in the wrapper module; "
+    "containerd: CGO_ENABLED=0 go install -tags '<tags>' -ldflags='-s -w -X <version>' <package>@<version>; "
+    "pause: CGO_ENABLED=0 go build; pause.tar: docker archive; recipe 1"
+)
 HEARTBEAT_S = 20.0
 MODULE_PATH = "kube-icl.io/e2e-bins"
 # kwok needs Stage objects to play nodes and pods; the pinned release ships them as data.
@@ -569,6 +589,155 @@ def build_tools(*, force: bool = False) -> Path:
     return target_dir
 
 
+# --------------------------------------------------------------------------- the real node
+
+KUBELET = Target("kubelet", "k8s.io/kubernetes/cmd/kubelet")
+CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
+# The runtime's three commands; the shim is what containerd starts per pod to drive runc.
+CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
+# Static (no cgo): the btrfs snapshotter needs cgo and its headers; devmapper and zfs are not used here.
+CONTAINERD_TAGS = "no_btrfs no_devmapper no_zfs"
+PAUSE_IMAGE = "kube-icl.io/e2e/pause:1"
+PAUSE_TAR = "pause.tar"
+NODE_FILES = (KUBELET.name, *CONTAINERD_COMMANDS, "pause")
+
+
+def load_node_versions(path: Path = NODE_FILE) -> dict[str, str]:
+    """The pins of ``node.env``: ``{"containerd": "v2.4.2"}``."""
+    values = _read_env(path)
+    pin = values.get("CONTAINERD_VERSION")
+    if pin is None:
+        raise BuildError(f"{path}: CONTAINERD_VERSION is missing")
+    if not _SEMVER.match(pin):
+        raise BuildError(f"{path}: CONTAINERD_VERSION={pin!r} is not a release version like v1.2.3")
+    return {"containerd": pin}
+
+
+def node_dir() -> Path:
+    """Where the real node's binaries are: ``$ICL_E2E_NODE_DIR`` if set, else ``<cache>/node-<hash>/bin``."""
+    configured = os.environ.get("ICL_E2E_NODE_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    digest = hashlib.sha256()
+    for path in (VERSIONS_FILE, NODE_FILE, GOMOD_DIR / "go.mod", GOMOD_DIR / "go.sum", PAUSE_SOURCE):
+        digest.update(path.name.encode() + b"\0")
+        digest.update(path.read_bytes() if path.exists() else b"<missing>")
+    digest.update(NODE_RECIPE.encode())
+    return cache_root() / f"node-{digest.hexdigest()[:16]}" / "bin"
+
+
+def missing_node_binaries(directory: Path | None = None) -> list[str]:
+    """Names of the real node's files not in ``directory`` (default: :func:`node_dir`)."""
+    directory = node_dir() if directory is None else directory
+    missing = [name for name in NODE_FILES if not os.access(directory / name, os.X_OK)]
+    if not (directory / PAUSE_TAR).is_file():
+        missing.append(PAUSE_TAR)
+    return missing
+
+
+def _run_build(command: Sequence[str], cwd: Path, env: Mapping[str, str], what: str) -> float:
+    started = time.monotonic()
+    result = subprocess.run(list(command), cwd=cwd, env=dict(env), capture_output=True, text=True, check=False)
+    took = time.monotonic() - started
+    if result.returncode != 0:
+        raise BuildError(
+            f"{what}: `{' '.join(command)}` failed after {_format_duration(took)}:\n" + result.stderr.strip()[-3000:]
+        )
+    return took
+
+
+def _layer_file(archive: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    archive.addfile(info, io.BytesIO(data))
+
+
+def write_image_archive(
+    out: Path, reference: str, files: Mapping[str, tuple[bytes, int]], entrypoint: list[str]
+) -> None:
+    """A ``docker save`` archive (``ctr images import`` reads it) of one layer holding ``files``
+    (path in the image -> (content, mode)), named ``reference``; reproducible (fixed times, sorted)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        for name in sorted(files):
+            data, mode = files[name]
+            _layer_file(archive, name, data, mode)
+    layer_bytes = layer.getvalue()
+    layer_digest = hashlib.sha256(layer_bytes).hexdigest()
+    config = {
+        "architecture": "amd64" if os.uname().machine in ("x86_64", "amd64") else "arm64",
+        "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_digest}"]},
+        "history": [{"created_by": "tests/e2e/build.py", "created": "1970-01-01T00:00:00Z"}],
+        "created": "1970-01-01T00:00:00Z",
+    }
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+    manifest = [{"Config": config_name, "RepoTags": [reference], "Layers": [f"{layer_digest}/layer.tar"]}]
+    partial = out.with_suffix(".partial")
+    with tarfile.open(partial, mode="w", format=tarfile.GNU_FORMAT) as archive:
+        _layer_file(archive, config_name, config_bytes, 0o644)
+        _layer_file(archive, f"{layer_digest}/layer.tar", layer_bytes, 0o644)
+        _layer_file(archive, "manifest.json", json.dumps(manifest).encode(), 0o644)
+    partial.replace(out)
+
+
+def build_node(*, force: bool = False) -> Path:
+    """Build the real node's missing binaries (kubelet, containerd, shim, ctr, pause, pause.tar); their directory."""
+    versions = load_versions()
+    containerd = load_node_versions()["containerd"]
+    target_dir = node_dir()
+    if not force and not missing_node_binaries(target_dir):
+        _say(f"node up to date: {target_dir}")
+        return target_dir
+    entry = target_dir.parent
+    with _locked(entry.with_suffix(".lock")):
+        target_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        go_env = _go_env()
+        kubelet = target_dir / KUBELET.name
+        if force or not os.access(kubelet, os.X_OK):
+            work = entry / "src"
+            work.mkdir(parents=True, exist_ok=True)
+            for name in ("go.mod", "go.sum"):
+                shutil.copyfile(GOMOD_DIR / name, work / name)
+            _say(f"node: kubelet {versions.kubernetes}: building {KUBELET.package} (cold: minutes)")
+            ldflags = _ldflags(KUBELET, versions)
+            command = ["nice", "-n", "10", "go", "build", "-trimpath", f"-ldflags={ldflags}"]
+            took = _run_build([*command, "-o", f"{kubelet}.tmp", KUBELET.package], work, go_env, "kubelet")
+            os.replace(f"{kubelet}.tmp", kubelet)
+            _say(f"node: kubelet done in {_format_duration(took)}")
+        if force or any(not os.access(target_dir / name, os.X_OK) for name in CONTAINERD_COMMANDS):
+            _say(f"node: containerd {containerd}: go install {', '.join(CONTAINERD_COMMANDS)} (cold: minutes)")
+            ldflags = f"-s -w -X {CONTAINERD_MODULE}/version.Version={containerd}"
+            with tempfile.TemporaryDirectory(prefix="kube-icl-containerd-", dir=entry) as scratch:
+                flags = [f for f in os.environ.get("GOFLAGS", "").split() if not f.startswith("-mod=")]
+                env = {**os.environ, "GOBIN": scratch, "GOFLAGS": " ".join(flags), "CGO_ENABLED": "0"}
+                packages = [f"{CONTAINERD_MODULE}/cmd/{name}@{containerd}" for name in CONTAINERD_COMMANDS]
+                command = ["nice", "-n", "10", "go", "install", "-trimpath", f"-tags={CONTAINERD_TAGS}"]
+                # Outside any module, so containerd's own go.mod decides its dependencies.
+                took = _run_build([*command, f"-ldflags={ldflags}", *packages], Path(scratch), env, "containerd")
+                for name in CONTAINERD_COMMANDS:
+                    os.replace(Path(scratch) / name, target_dir / name)
+            _say(f"node: containerd done in {_format_duration(took)}")
+        pause = target_dir / "pause"
+        if force or not os.access(pause, os.X_OK):
+            with tempfile.TemporaryDirectory(prefix="kube-icl-pause-", dir=entry) as scratch:
+                (Path(scratch) / "go.mod").write_text("module kube-icl.io/e2e-pause\n\ngo 1.26.0\n")
+                shutil.copyfile(PAUSE_SOURCE, Path(scratch) / "main.go")
+                flags = [f for f in os.environ.get("GOFLAGS", "").split() if not f.startswith("-mod=")]
+                env = {**os.environ, "GOFLAGS": " ".join(flags), "CGO_ENABLED": "0"}
+                command = ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", f"{pause}.tmp", "."]
+                _run_build(command, Path(scratch), env, "pause")
+            os.replace(f"{pause}.tmp", pause)
+        if force or not (target_dir / PAUSE_TAR).is_file():
+            write_image_archive(target_dir / PAUSE_TAR, PAUSE_IMAGE, {"pause": (pause.read_bytes(), 0o755)}, ["/pause"])
+        shutil.copyfile(NODE_FILE, target_dir / "node.env")
+        _say(f"node built in {_format_duration(time.monotonic() - started)}: {target_dir}")
+    return target_dir
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group()
@@ -577,6 +746,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     group.add_argument("--check", action="store_true", help="check gomod/ against versions.env")
     group.add_argument("--tools-dir", action="store_true", help="print the tools' directory (helm) and exit")
     group.add_argument("--tools", action="store_true", help="build only the tools of tools.env (helm)")
+    group.add_argument("--node", action="store_true", help="build only the real node (kubelet, containerd, pause)")
+    group.add_argument("--node-dir", action="store_true", help="print the real node's binaries' directory and exit")
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
     args = parser.parse_args(argv)
     try:
@@ -585,6 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.tools_dir:
             print(tool_dir())
+            return 0
+        if args.node_dir:
+            print(node_dir())
             return 0
         if args.check:
             problems = check_gomod(load_versions())
@@ -603,8 +777,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.tools:
             build_tools(force=args.force)
             return 0
+        if args.node:
+            build_node(force=args.force)
+            return 0
         build(force=args.force)
         build_tools(force=args.force)
+        build_node(force=args.force)
     except BuildError as error:
         _say(f"error: {error}")
         return 1
