@@ -107,6 +107,7 @@ class NodeRecord:
     domain: str = ""
     coords: str = ""  # raw kube-icl.io/link-coords label (x, x.y or x.y.z)
     domain_kind: str = ""  # raw kube-icl.io/link-domain-kind label
+    labels: Mapping[str, str] = field(default_factory=dict)  # the Node's labels (network tiers are read from them)
     ready: bool = True
     unschedulable: bool = False
     owners: dict[str, tuple[str, ...]] = field(default_factory=dict)  # pod uid -> devices held
@@ -210,6 +211,8 @@ class ClusterCache:
         self.pods_synced = False
         self.generation = 0  # bumps on every change; cheap staleness check for callers
         self._topologies: dict[str, NodeTopology | str] = {}  # raw annotation -> topology or error text
+        self.tier_keys: tuple[str, ...] = ()  # network tier label keys, lowest first (config ``tiers``)
+        self._untiered: set[str] = set()  # nodes already said to lack a tier label
         # Accounting kept incrementally: uids whose charge may have changed are settled on read.
         self._dirty: set[str] = set()
         self._charged: dict[str, tuple[str, str, int]] = {}  # uid -> (queue, pool, devices)
@@ -293,6 +296,7 @@ class ClusterCache:
             rec.domain = str(labels.get(LABEL_LINK_DOMAIN) or "")
             rec.coords = str(labels.get(LABEL_LINK_COORDS) or "")
             rec.domain_kind = str(labels.get(DOMAIN_KIND_LABEL) or "")
+            rec.labels = labels if isinstance(labels, Mapping) else {}
             rec.ready = _ready(obj)
             rec.unschedulable = bool((obj.get("spec") or {}).get("unschedulable"))
             if raw != rec.raw_topology or rec.topology is None:
@@ -1008,6 +1012,25 @@ class ClusterCache:
                     if rec.domain_kind:
                         labels[DOMAIN_KIND_LABEL] = rec.domain_kind
                     out[rec.name] = labels
+            return out
+
+    def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
+        """Each node's value of every network tier label (:attr:`tier_keys`; "" where it has none), by name:
+        of every node, or of ``names`` only; empty when no tiers are configured. A node without a tier's
+        label is a domain of its own at that tier, which is logged once per node."""
+        keys = self.tier_keys
+        if not keys:
+            return {}
+        with self.lock:
+            recs = (
+                self._nodes.values() if names is None else [r for n in names if (r := self._nodes.get(n)) is not None]
+            )
+            out = {r.name: tuple(str(r.labels.get(k) or "") for k in keys) for r in recs}
+            for name, path in out.items():
+                if "" in path and name not in self._untiered:
+                    self._untiered.add(name)
+                    missing = ", ".join(k for k, v in zip(keys, path, strict=True) if not v)
+                    log.info("node %s has no %s label: a domain of its own at that tier", name, missing)
             return out
 
     def gang_members(self, key: str) -> list[tuple[str, PodInfo]]:

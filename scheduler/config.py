@@ -14,6 +14,8 @@ Example::
     policy: icl                 # or icl-binpack; former names fragmentation, binpack still read
     weights: {fragmentation: 2, binpack: 1, stranding: 1}
     gangTimeoutSeconds: 120
+    tiers: [example.com/rack, example.com/block]  # network tiers above the link domain, lowest first;
+                                # or a preset: topograph, gke, eks
     keepBestNodes: 64
     decideCpuPods: false        # true: pods asking no device are placed by the share policy too
     schedulerName: kube-icl     # the profile whose pods the extender serves (decideCpuPods counts them)
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from topology import TopologyError, parse_tiers
 from topology.contract import DEFAULT_SHARED_RESOURCE
 from topology.policy import PolicyName, policy_name
 
@@ -110,6 +113,8 @@ class ExtenderConfig:
     binpack_weight: float = 1.0
     stranding_weight: float = 1.0
     gang_timeout_s: float = 120.0
+    # node label keys of the network tiers above the link domain, lowest first (topology.parse_tiers)
+    tiers: tuple[str, ...] = ()
     fair_share: bool = True
     queues: Mapping[str, QueueConfig] = field(default_factory=dict)
     default_queue_weight: float = 1.0
@@ -143,6 +148,7 @@ _TOP_KEYS = {
     "policy",
     "weights",
     "gangTimeoutSeconds",
+    "tiers",
     "fairShare",
     "queues",
     "defaultQueueWeight",
@@ -277,6 +283,11 @@ def parse_config(raw: Any) -> ExtenderConfig:
         raise ConfigError("weights: at least one weight must be positive")
     if "gangTimeoutSeconds" in top:
         kw["gang_timeout_s"] = _num(top["gangTimeoutSeconds"], "gangTimeoutSeconds", strict=True)
+    if "tiers" in top:
+        try:
+            kw["tiers"] = parse_tiers(top["tiers"])
+        except TopologyError as exc:
+            raise ConfigError(str(exc)) from None
     if "fairShare" in top:
         kw["fair_share"] = _bool(top["fairShare"], "fairShare")
     if "defaultQueueWeight" in top:

@@ -87,6 +87,7 @@ class Extender:
         self.shares = SharePolicy(cache, cfg.policy if cfg.policy == "icl" else "icl")
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
+        cache.tier_keys = cfg.tiers  # the network tiers gangs are placed by
         self.gangs = GangManager(
             cache,
             cfg.gang_timeout_s,

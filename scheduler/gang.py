@@ -1,7 +1,8 @@
 """Gang reservations: all members placed at once, or none.
 
 When the first member of a gang reaches filter, every remaining member gets a
-slot (a node and its exact devices) from :func:`topology.place_gang`, and the
+slot (a node and its exact devices) from :func:`topology.place_gang` (the lowest network
+tier that holds the gang, within the tier it names, if any), and the
 slots are reserved in the cache under owners ``gang:<ns>/<name>#<i>``. Later
 members are filtered to the nodes of unclaimed slots; bind claims a slot on the
 chosen node (unreserve + assume, under the cache lock). Unclaimed slots are
@@ -11,8 +12,9 @@ controller requeues the gang whole.
 
 Elastic gangs (``kube-icl.io/gang-min`` .. ``gang-max``): the reservation covers the
 minimum only, all or nothing, as above. Once the minimum runs, each further member
-up to the maximum is placed on its own, only next to the running members
-(:func:`topology.extend_gang`: a node holding a member, else one linked to one).
+up to the maximum is placed on its own, as near the running members as it can
+(:func:`topology.extend_gang`: a node holding a member, else one linked to one, else the
+lowest tier shared with one, up to the tier the gang names).
 Losing members (failure, deletion, node gone) shrinks the gang while at least its
 minimum survives; below it the gang fails whole. A gang that is still starting (its
 reservation open) fails whole on any loss, as a rigid one does.
@@ -284,13 +286,21 @@ class GangManager:
             remaining = gang.size - len(bound)
             if remaining <= 0:
                 return None, ""
-            placement = self._place(self.cache.usable_views(candidates), shape, remaining)
-            if placement is None:
+            views = self.cache.usable_views(candidates)
+            cluster, topologies, free_by_node = self._inputs(views, shape)
+            try:
+                within = cluster.level_of(gang.tier) if gang.tier else None
+            except TopologyError as exc:
+                return None, f"gang {gang.name!r}: {exc}"
+            found = place_gang(cluster, topologies, free_by_node, shape, remaining, self.policy, within)
+            if found is None:
+                where = f"within one {gang.tier}" if gang.tier else "on the cluster's free devices"
                 return None, (
-                    f"gang {gang.name!r} needs {remaining} x {shape.describe()} at once "
-                    f"(one node, or adjacent nodes of one link domain); the free devices do not hold them"
+                    f"gang {gang.name!r} needs {remaining} x {shape.describe()} at once {where}; "
+                    f"the free devices do not hold them"
                 )
-            domain, chosen = placement
+            domain = found.domain
+            chosen = [(node, p.devices) for node, p in found.members]
             slots = [Slot(f"gang:{gang.key}#{i}", node, devs) for i, (node, devs) in enumerate(chosen)]
             done: list[Slot] = []
             try:
@@ -331,12 +341,17 @@ class GangManager:
             return None, f"gang {gang.name!r} runs its maximum of {most} members (annotation kube-icl.io/gang-max)"
         cluster, topologies, free_by_node = self._inputs(self.cache.usable_views(candidates), shape)
         held = [h[0] for p in alive if (h := self.cache.held(p.uid)) is not None]
-        ranked = extend_gang(cluster, topologies, free_by_node, shape, held, self.policy)
+        try:
+            within = cluster.level_of(gang.tier) if gang.tier else None
+        except TopologyError as exc:
+            return None, f"gang {gang.name!r}: {exc}"
+        ranked = extend_gang(cluster, topologies, free_by_node, shape, held, self.policy, within)
         if not ranked:
             where = ",".join(sorted(set(held))) or "no node"
+            bound = f"in the {gang.tier} of a node holding a member" if gang.tier else "in the cluster"
             return None, (
-                f"gang {gang.name!r} (elastic, {len(alive)} running, {gang.size}..{most}): no node holding a member "
-                f"({where}) or linked to one has {shape.describe()} free; this member waits"
+                f"gang {gang.name!r} (elastic, {len(alive)} running, {gang.size}..{most}): no node {bound} "
+                f"({where}) has {shape.describe()} free; this member waits"
             )
         tier = ranked[0][1]
         return {n for n, t in ranked if t == tier}, ""
@@ -372,18 +387,15 @@ class GangManager:
         try:
             cluster = ClusterView.from_labels(labels)
         except TopologyError as exc:
-            log.warning("link-domain labels are inconsistent, placing gangs on single nodes only: %s", exc)
+            log.warning("link-domain labels are inconsistent, placing gangs without link domains: %s", exc)
             cluster = ClusterView()
-        return cluster, topologies, free_by_node
+        return self._tiered(cluster), topologies, free_by_node
 
-    def _place(
-        self, views: Mapping[str, NodeView], shape: Shape, members: int
-    ) -> tuple[str, list[tuple[str, tuple[str, ...]]]] | None:
-        cluster, topologies, free_by_node = self._inputs(views, shape)
-        found = place_gang(cluster, topologies, free_by_node, shape, members, self.policy)
-        if found is None:
-            return None
-        return found.domain, [(node, p.devices) for node, p in found.members]
+    def _tiered(self, cluster: ClusterView, names: Iterable[str] | None = None) -> ClusterView:
+        """``cluster`` with the network tiers of the cache's nodes (of ``names`` only when given)."""
+        if not self.cache.tier_keys:
+            return cluster
+        return ClusterView(cluster.domains, self.cache.tier_keys, self.cache.tier_paths(names))
 
     # ------------------------------------------------------------------ bind
 
@@ -655,11 +667,12 @@ class GangManager:
         res = self.reservations.get(key)
         if res is not None:
             items += [Member("", s.node, s.devices) for s in res.slots if not s.pod_uid]
-        labels = self.cache.link_labels(dict.fromkeys(m.node for m in items))
+        nodes = dict.fromkeys(m.node for m in items)
+        labels = self.cache.link_labels(nodes)
         try:
-            cluster = ClusterView.from_labels(labels)
+            cluster = self._tiered(ClusterView.from_labels(labels), nodes)
         except TopologyError:
-            cluster = ClusterView()
+            cluster = self._tiered(ClusterView(), nodes)
 
         def index(node: str, device: str) -> int:
             topo = self.cache.topology_of(node)

@@ -6,6 +6,7 @@ annotation and its value; callers turn it into a per-node failure and an Event.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from topology.contract import (
     ANN_GANG_MAX,
     ANN_GANG_MIN,
     ANN_GANG_SIZE,
+    ANN_GANG_TIER,
     ANN_QUEUE,
     ANN_SHAPE,
     ANN_TOPOLOGY,
@@ -35,6 +37,7 @@ __all__ = [
     "ANN_GANG_MAX",
     "ANN_GANG_MIN",
     "ANN_GANG_SIZE",
+    "ANN_GANG_TIER",
     "ANN_QUEUE",
     "ANN_SHAPE",
     "ANN_TOPOLOGY",
@@ -88,6 +91,9 @@ class GangRef:
     source: str  # which field named the gang: annotation, pod-group label, schedulingGroup, workloadRef
     group: GroupRef | None = None
     max_size: int = 0  # kube-icl.io/gang-max; 0: rigid (the maximum is the minimum)
+    # the tier the gang must stay within (kube-icl.io/gang-required-tier, or the group object's topology
+    # key); "": none, the whole cluster
+    tier: str = ""
 
     @property
     def key(self) -> str:
@@ -267,6 +273,13 @@ def _gang(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> G
     """The gang this pod belongs to: kube-icl's annotation first, then the cluster's native grouping."""
     ref = _gang_ref(meta, spec, namespace)
     ann = meta.get("annotations") or {}
+    raw_tier = ann.get(ANN_GANG_TIER)
+    if raw_tier is not None:
+        if ref is None:
+            raise PodSpecError(f"annotation {ANN_GANG_TIER}: {raw_tier!r} needs a gang (annotation {ANN_GANG})")
+        if not isinstance(raw_tier, str) or not raw_tier.strip():
+            raise PodSpecError(f"annotation {ANN_GANG_TIER}: expected a tier name or node label key, got {raw_tier!r}")
+        ref = dataclasses.replace(ref, tier=raw_tier.strip())
     raw_max = ann.get(ANN_GANG_MAX)
     if raw_max is None:
         return ref
@@ -275,7 +288,7 @@ def _gang(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> G
     top = _size(raw_max, f"annotation {ANN_GANG_MAX}")
     if ref.size and top < ref.size:
         raise PodSpecError(f"annotation {ANN_GANG_MAX}: {top} is below the gang's minimum {ref.size}")
-    return GangRef(ref.namespace, ref.name, ref.size, ref.source, ref.group, top)
+    return dataclasses.replace(ref, max_size=top)
 
 
 def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> GangRef | None:

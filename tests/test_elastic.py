@@ -29,6 +29,7 @@ from topology import (
     parse_shape,
     ring_order,
 )
+from topology.cluster import LEVEL_LINK
 
 LINE = {"kube-icl.io/link-domain": "rack", "kube-icl.io/link-domain-kind": "mesh"}  # a line: no wrap-around
 RESOURCE = "kube-icl.io/accelerator"
@@ -99,10 +100,22 @@ def test_native_group_min_with_gang_max_is_elastic() -> None:
 # ---------------------------------------------------------------------- start and grow
 
 
+def test_elastic_gang_without_a_tier_grows_next_to_itself_first_then_anywhere() -> None:
+    c = line_cluster(5)
+    fill(c, "n3", "busy3")
+    members = [c.add(elastic_pod(f"w{i}", "job", 2, 4)) for i in range(4)]
+    assert sorted(c.schedule(m) or "" for m in members[:2]) == ["n0", "n1"]
+    c.ext.sweep()
+    assert c.filter(members[2]).node_names == ["n2"], "n2 is linked to n1: the link tier before the cluster"
+    assert c.schedule(members[2]) == "n2"
+    assert c.schedule(members[3]) == "n4", "no linked node is free: the gang names no tier, so the cluster"
+
+
 def test_elastic_gang_starts_at_its_minimum_and_grows_next_to_itself() -> None:
     c = line_cluster(5)
     blockers = [fill(c, f"n{i}", f"busy{i}") for i in (2, 3)]
-    members = [c.add(elastic_pod(f"w{i}", "job", 2, 4)) for i in range(4)]
+    tier = {"kube-icl.io/gang-required-tier": "link-domain"}
+    members = [c.add(elastic_pod(f"w{i}", "job", 2, 4, annotations=tier)) for i in range(4)]
     placed = [c.schedule(m) for m in members[:2]]
     assert sorted(placed) == ["n0", "n1"], "the minimum fits at once on n0, n1"
     assert len(c.ext.gangs.reservations["default/job"].slots) == 2
@@ -111,7 +124,7 @@ def test_elastic_gang_starts_at_its_minimum_and_grows_next_to_itself() -> None:
     # n4 is free but not next to the gang: the third member waits rather than go there.
     result = c.filter(members[2])
     assert result.node_names == []
-    assert "no node holding a member (n0,n1) or linked to one" in result.failed_nodes["n4"]
+    assert "no node in the link-domain of a node holding a member (n0,n1)" in result.failed_nodes["n4"]
     # busy2 finishes: n2 is next to n1, the gang grows there.
     blockers[0]["status"]["phase"] = "Succeeded"
     c.sync()
@@ -120,7 +133,7 @@ def test_elastic_gang_starts_at_its_minimum_and_grows_next_to_itself() -> None:
     blockers[1]["status"]["phase"] = "Succeeded"
     c.sync()
     assert c.schedule(members[3]) == "n3"
-    extra = c.add(elastic_pod("w4", "job", 2, 4))
+    extra = c.add(elastic_pod("w4", "job", 2, 4, annotations=tier))
     result = c.filter(extra)
     assert result.node_names == [] and "runs its maximum of 4 members" in result.failed_nodes["n4"]
 
@@ -259,7 +272,7 @@ def test_surplus_members_wait_while_another_queue_has_work_that_fits() -> None:
     kind=st.sampled_from(["ring", "mesh"]),
     data=st.data(),
 )
-def test_extend_gang_offers_exactly_the_adjacent_nodes_that_fit(n: int, kind: str, data: st.DataObject) -> None:
+def test_extend_gang_within_the_link_tier_offers_exactly_the_adjacent_nodes_that_fit(n: int, kind: str, data: st.DataObject) -> None:
     names = [f"n{i}" for i in range(n)]
     cluster = ClusterView.from_labels(
         {m: {DOMAIN_LABEL: "d", COORDS_LABEL: str(i), DOMAIN_KIND_LABEL: kind} for i, m in enumerate(names)}
@@ -270,7 +283,7 @@ def test_extend_gang_offers_exactly_the_adjacent_nodes_that_fit(n: int, kind: st
     held = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=4), label="members on")
     k = data.draw(st.sampled_from([1, 2, 4]), label="k")
     shape = parse_shape("ring", k)
-    got = extend_gang(cluster, topos, free, shape, held)
+    got = extend_gang(cluster, topos, free, shape, held, within=LEVEL_LINK)
     g = cluster.domains["d"].graph
     dist = nx.multi_source_dijkstra_path_length(g, set(held))
     placer = Placer.for_topology(topo)

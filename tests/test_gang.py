@@ -22,6 +22,7 @@ from topology import (
     parse_shape,
     place_gang,
 )
+from topology.cluster import LEVEL_LINK
 
 NODE = build_preset("torus:2x4")
 
@@ -111,7 +112,7 @@ def test_gang_is_exact_against_brute_force(n_nodes: int, free_sets: list[set[str
     topos = dict.fromkeys(names, NODE)
     free = {n: free_sets[i] for i, n in enumerate(names)}
     shape = parse_shape("ring", k)
-    got = place_gang(view, topos, free, shape, members)
+    got = place_gang(view, topos, free, shape, members, within=LEVEL_LINK)
     # brute force: capacity per node by exhaustive disjoint packing, then any contiguous run of the line
     cap = {n: _max_pack(free[n], shape, members) for n in names}
     possible = any(cap[n] >= members for n in names) or any(
@@ -127,7 +128,7 @@ def test_gang_is_exact_against_brute_force(n_nodes: int, free_sets: list[set[str
             assert not used.setdefault(node, set()) & set(p.devices)
             used[node] |= set(p.devices)
             assert forms_shape(NODE, shape, p.devices)
-        if got.domain:
+        if got.level == LEVEL_LINK:
             assert nx.is_connected(view.domains["rack"].graph.subgraph(got.nodes))
 
 

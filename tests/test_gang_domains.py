@@ -1,5 +1,9 @@
 """Gang placement through the extender sees a link domain whole, whatever is free.
 
+The gangs here name the link domain as the tier they must stay within
+(``kube-icl.io/gang-required-tier: link-domain``); without it a gang that no link domain
+holds is placed across the cluster (``tests/test_gang_tiers.py``).
+
 The link domain's graph (which nodes are adjacent, wrap-around links included) follows
 from the coordinates of every node in the domain. Full nodes, or nodes the kube-scheduler
 left out of the candidates, must not change it: a ring of six with n5 full still has n4
@@ -13,13 +17,22 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_scheduler_policies import Cluster, gang_pod
+from test_scheduler_policies import Cluster
+from test_scheduler_policies import gang_pod as any_gang_pod
 
 from scheduler.config import ExtenderConfig
 from scheduler.wire import ExtenderArgs
 from tests.support.extender import pod_obj
 
 Coords = tuple[int, ...]
+LINKED = {"kube-icl.io/gang-required-tier": "link-domain"}
+
+
+def gang_pod(name: str, gang: str, size: int, count: int, shape: str) -> dict[str, Any]:
+    """A member of a gang that must stay within one link domain."""
+    pod = any_gang_pod(name, gang, size, count, shape)
+    pod["metadata"]["annotations"].update(LINKED)
+    return pod
 
 
 def truly_adjacent(a: Coords, b: Coords, dims: Coords, wrap: bool) -> bool:
@@ -122,7 +135,7 @@ def test_a_full_node_does_not_close_a_ring_around_it() -> None:
 
 
 def elastic(name: str, least: int, most: int) -> Any:
-    ann = {"kube-icl.io/gang": "el", "kube-icl.io/gang-min": str(least), "kube-icl.io/gang-max": str(most)}
+    ann = {"kube-icl.io/gang": "el", "kube-icl.io/gang-min": str(least), "kube-icl.io/gang-max": str(most), **LINKED}
     return pod_obj(name, 2, "ring", annotations=ann)
 
 

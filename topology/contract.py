@@ -32,6 +32,7 @@ __all__ = [
     "ANN_GANG_MAX",
     "ANN_GANG_MIN",
     "ANN_GANG_SIZE",
+    "ANN_GANG_TIER",
     "ANN_QUEUE",
     "ANN_SHAPE",
     "ANN_TOPOLOGY",
@@ -67,6 +68,8 @@ ANN_GANG = "kube-icl.io/gang"
 ANN_GANG_SIZE = "kube-icl.io/gang-size"
 ANN_GANG_MIN = "kube-icl.io/gang-min"  # elastic gang: the all-or-nothing minimum (instead of gang-size)
 ANN_GANG_MAX = "kube-icl.io/gang-max"  # elastic gang: members up to this many join when they fit
+# the network tier a gang must stay within: node, link-domain, a configured tier's label key, or cluster
+ANN_GANG_TIER = "kube-icl.io/gang-required-tier"
 ANN_GANG_LAYOUT = "kube-icl.io/gang-layout"  # written by the extender: the member's place in its gang (JSON)
 ANN_QUEUE = "kube-icl.io/queue"
 ANN_DEVICES = "kube-icl.io/devices"
