@@ -159,7 +159,7 @@ def main() -> int:
     def relation(a: str, b: str) -> str:
         i, j = uuids.index(a), uuids.index(b)
         rel = fixture["extra"]["nvidia_smi_topo_m"] if "extra" in fixture else ""
-        from deviceplugin.probe import parse_smi_topo
+        from probe import parse_smi_topo
 
         try:
             return parse_smi_topo(rel).relation[i][j]

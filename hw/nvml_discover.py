@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from deviceplugin.backends.nvml import FixtureNvml, NvmlBackend, PynvmlApi, record
-from deviceplugin.probe import parse_smi_nvlink, parse_smi_topo, smi_topology_check
+from probe import parse_smi_nvlink, parse_smi_topo, smi_topology_check
 
 
 def cap_index(value: Any) -> int:

@@ -22,12 +22,12 @@ __all__ = ["COMMANDS", "build_parser", "main", "version_string"]
 
 # Subcommand -> the module that registers it, in the order ``icl --help`` lists them.
 COMMANDS: dict[str, str] = {
-    "topo": "simulator.topo_cli",
+    "topo": "topocli.cli",
     "demo": "icl.demo",
     "plugin": "deviceplugin.cli",
     "dra": "deviceplugin.dra.cli",
     "kubelet-emu": "simulator.kubelet_cli",
-    "probe": "deviceplugin.probe_cli",
+    "probe": "probe.cli",
     "extender": "scheduler.cli",
     "sim": "simulator.sim_cli",
 }

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
 
 def _run(args: argparse.Namespace) -> int:
     from icl.cli import main
-    from simulator.topo_cli import tour
+    from topocli.cli import tour
 
     if not args.no_tour:
         print("Part 1: the placement core on built-in topologies (icl topo tour)\n")

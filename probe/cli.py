@@ -76,15 +76,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from deviceplugin.backends.nvml import NvmlUnavailable
-    from deviceplugin.probe import (
-        EngineUnavailable,
-        ProbeResult,
-        compare,
-        format_report,
-        heatmap_png,
-        load_engine,
-        measure,
-    )
+    from probe.analysis import compare
+    from probe.measuring import EngineUnavailable, load_engine, measure
+    from probe.png import heatmap_png
+    from probe.report import format_report
+    from probe.result import ProbeResult
     from topology import TopologyError
 
     def fail(code: int, message: str) -> int:

@@ -1,5 +1,6 @@
 """The ``icl`` entry point imports only the part it runs: ``icl plugin`` and ``icl extender`` (what the
-plugin's and the extender's images run) never import the simulator or matplotlib (issue 12 item 6)."""
+plugin's and the extender's images run) never import the simulator, matplotlib or the tools beside the product
+(the link probe, the topology CLI), so the image's two long-running commands start with what they need."""
 
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ def test_product_commands_import_neither_the_simulator_nor_plotting(argv: list[s
     bad = sorted(n for n in names if n.split(".")[0] in UNWANTED)
     assert not bad, f"icl {' '.join(argv)} imported {bad}"
     assert COMMANDS[_command_in(argv) or ""].split(".")[0] in {n.split(".")[0] for n in names}
+
+
+@pytest.mark.parametrize("argv", [["plugin", "--help"], ["extender", "--help"]], ids=" ".join)
+def test_the_plugin_and_the_extender_import_neither_the_probe_nor_the_topology_cli(argv: list[str]) -> None:
+    bad = sorted(n for n in _imported(argv) if n.split(".")[0] in ("probe", "topocli"))
+    assert not bad, f"icl {' '.join(argv)} imported {bad}"
 
 
 def test_the_simulator_commands_still_come_from_the_simulator() -> None:

@@ -86,7 +86,7 @@ def test_validate_and_encode_a_file(capsys: pytest.CaptureFixture[str], tmp_path
 
 
 def test_demo_tour_places_and_draws(capsys: pytest.CaptureFixture[str]) -> None:
-    from simulator.topo_cli import tour
+    from topocli.cli import tour
 
     assert tour() == 0
     out = capsys.readouterr().out
@@ -94,7 +94,7 @@ def test_demo_tour_places_and_draws(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_compact_tour_draws_only_scenes_where_policies_differ(capsys: pytest.CaptureFixture[str]) -> None:
-    from simulator.topo_cli import tour
+    from topocli.cli import tour
 
     assert tour(compact=True) == 0
     out = capsys.readouterr().out

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from simulator.node_view import node_view, render_view
+from topocli.node_view import node_view, render_view
 from topology import TopologyError, build_preset, encode_annotation
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.backends.nvml import FixtureNvml, NvmlBackend, PynvmlApi
-from deviceplugin.probe import (
+from probe import (
     LinkStatus,
     ProbeResult,
     compare,

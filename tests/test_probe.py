@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deviceplugin import probe_cli
-from deviceplugin.probe import (
+from icl.cli import main as icl
+from probe import (
     EngineUnavailable,
     LinkStatus,
     PairSample,
@@ -31,7 +31,7 @@ from deviceplugin.probe import (
     parse_smi_nvlink,
     parse_smi_topo,
 )
-from icl.cli import main as icl
+from probe import cli as probe_cli
 from topology import Device, Link, LinkKind, NodeTopology, build_preset
 
 FIX = Path(__file__).parent / "fixtures"
@@ -145,7 +145,7 @@ def _fake_cupy(cut: bool) -> Any:
 def test_cupy_engine_ids_are_whole_uuids_even_with_zero_bytes(monkeypatch: pytest.MonkeyPatch, cut: bool) -> None:
     import sys
 
-    from deviceplugin.probe import CupyEngine
+    from probe import CupyEngine
 
     assert _raw(REAL_UUIDS[1])[1] == 0 and _raw(REAL_UUIDS[2])[0] == 0
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(cut))
@@ -166,7 +166,7 @@ def test_cupy_engine_without_a_driver_uuid_falls_back_to_the_index(
 ) -> None:
     import sys
 
-    from deviceplugin.probe import CupyEngine
+    from probe import CupyEngine
 
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(True))
 
@@ -179,7 +179,7 @@ def test_cupy_engine_without_a_driver_uuid_falls_back_to_the_index(
 
 
 def test_uuid_id_rejects_a_cut_uuid() -> None:
-    from deviceplugin.probe import _uuid_id
+    from probe.measuring import _uuid_id
 
     assert _uuid_id(_raw(REAL_UUIDS[1])) == REAL_UUIDS[1]
     assert _uuid_id("ded4e3b9b7a7dff0b5e594874003a20d") == REAL_UUIDS[0]
@@ -501,11 +501,11 @@ def test_cli_bad_json_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_cli_without_a_gpu_library_exits_1(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import deviceplugin.probe as probe
+    import probe.measuring as measuring
 
     def none(name: str = "auto") -> Any:
         raise EngineUnavailable("probe: PyTorch is not installed")
 
-    monkeypatch.setattr(probe, "load_engine", none)
+    monkeypatch.setattr(measuring, "load_engine", none)
     assert icl(["probe", "--iters", "1"]) == probe_cli.EXIT_NO_GPU
     assert "PyTorch is not installed" in capsys.readouterr().err

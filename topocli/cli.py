@@ -117,7 +117,7 @@ def _show(args: argparse.Namespace) -> int:
     from topology import TopologyError, dump_topology, render
 
     if args.topology.startswith("node/"):  # a live node: its published topology and its pods' devices
-        from simulator.node_view import show_node
+        from topocli.node_view import show_node
 
         if args.busy:
             return _fail("--busy: not with node/NAME (the node's pods say which devices are busy)")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.backends.nvml import FixtureNvml, NvmlBackend, PynvmlApi, record
-from deviceplugin.probe import parse_smi_nvlink, parse_smi_topo, smi_topology_check
+from probe import parse_smi_nvlink, parse_smi_topo, smi_topology_check
 from topology import LinkKind
 
 
