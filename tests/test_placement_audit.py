@@ -34,14 +34,14 @@ from deviceplugin.audit import (
 from deviceplugin.backends.sim import SimBackend
 from deviceplugin.config import ConfigError, load_config
 from deviceplugin.events import NodeEventRecorder
-from deviceplugin.factory import build_auditor
+from deviceplugin.factory import build_auditor, build_plugin
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.podresources.v1 import api_pb2 as pr
 from deviceplugin.podresources.v1 import api_pb2_grpc as pr_grpc
 from deviceplugin.pods import FilePodSource, NoPods, PodInfo
 from icl.cli import main as icl
 from simulator.kubelet import KubeletEmulator
-from tests.support.plugin import async_test, running_plugin, short_tmpdir
+from tests.support.plugin import async_test, eventually, running_plugin, short_tmpdir
 from tests.test_plugin_events import RecordingApi
 from topology import NodeTopology, build_preset, parse_shape
 from topology.model import Health
@@ -494,3 +494,35 @@ def _ref(p: PodInfo) -> Any:
     from deviceplugin.events import PodRef
 
     return PodRef(p.namespace, p.name, p.uid)
+
+
+@async_test
+async def test_the_plugin_built_from_its_config_runs_the_audit_beside_the_server(sockdir: Path) -> None:
+    pods_file = sockdir / "api" / "pods.json"
+    write_pods(pods_file, [pod_json("chosen", "1,2"), pod_json("rogue", None)])
+    pr_socket = sockdir / "pr" / "kubelet.sock"
+    config = load_config(
+        None,
+        topology="ring:4",
+        node_name="node-a",
+        plugin_dir=sockdir,
+        pods=f"file:{pods_file}",
+        audit={"interval": 0.05, "socket": pr_socket},
+    )
+    kubelet = KubeletEmulator(sockdir, pod_resources_socket=pr_socket)
+    await kubelet.start()
+    plugin = build_plugin(config, watch_interval=0.02, backoff=(0.02, 0.2), grace=0.2)
+    stop = asyncio.Event()
+    task = asyncio.create_task(plugin.run(stop))
+    try:
+        await kubelet.wait_for(lambda k: R in k.endpoints and k.endpoints[R].updates > 0)
+        await kubelet.admit("uid-chosen", "main", R, 2, pod_name="chosen", namespace="team")
+        await kubelet.admit("uid-rogue", "main", R, 1, pod_name="rogue", namespace="team")
+        await eventually(lambda: value(plugin.metrics.audit, "unannounced") == 1, timeout=10)
+        await eventually(lambda: value(plugin.metrics.audit, "agree") == 1, timeout=10)
+    finally:
+        stop.set()
+        await task
+        await kubelet.stop()
+    assert task.exception() is None
+    assert value(plugin.metrics.mismatches, "unannounced") == 1
