@@ -78,7 +78,7 @@ HERE = Path(__file__).resolve().parent
 VERSIONS_FILE = HERE / "versions.env"
 TOOLS_FILE = HERE / "tools.env"
 NODE_FILE = HERE / "node.env"
-PAUSE_SOURCE = HERE / "realnode" / "pause" / "main.go"
+PAUSE_SOURCE = HERE / "pause" / "main.go"
 GOMOD_DIR = HERE / "gomod"
 # Bump when the way binaries are built changes, so that cached ones are rebuilt.
 RECIPE = "go build -trimpath -ldflags='-s -w -X <version>'; recipe 2"

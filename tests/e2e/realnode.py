@@ -32,6 +32,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -50,12 +51,25 @@ from . import build
 from .harness import Component, ComponentError, ControlPlane, e2e_required, free_port, wait_for, write_kubeconfig
 
 __all__ = [
+    "E2E_LABEL",
+    "RESOURCE",
+    "SHARED_RESOURCE",
+    "SIM_MAJOR",
+    "KubeIclNode",
     "NodeBinaries",
     "RealNode",
     "container_log",
     "find_node_binaries",
+    "image_reference",
+    "kube_icl_node",
     "node_refusal",
+    "plugin_pod",
+    "probe_pod",
+    "probe_report",
+    "project_image_archive",
     "require_node",
+    "running_node",
+    "sim_device_nodes",
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -630,6 +644,7 @@ RESOURCE = "kube-icl.io/accelerator"
 SHARED_RESOURCE = "kube-icl.io/accelerator-milli"
 PLUGIN_NAMESPACE = "kube-system"
 PROBE_MARK = "ICL-PROBE "
+MILLI_PER_DEVICE = 1000
 
 # What a test pod's container runs (python3 of the project image): it reports, as one JSON line on its
 # stdout, what it was given -- the device nodes under $ICL_E2E_DEV_DIR (kind, major:minor, and what
@@ -775,3 +790,110 @@ def probe_report(node: RealNode, namespace: str, pod: str, container: str = "pro
             report: dict[str, Any] = json.loads(line[len(PROBE_MARK) :])
             return report
     return None
+
+
+def project_image_archive() -> tuple[Path | None, str]:
+    """The ``docker save`` archive of the image ``make image`` built from this tree (or ``$ICL_IMAGE_DIR``'s),
+    or None and why not."""
+    from tests.support.image import load_image_builder
+
+    directory = Path(os.environ.get("ICL_IMAGE_DIR") or load_image_builder().image_dir())
+    archive = directory / "image.tar"
+    if not archive.is_file():
+        return None, f"no image built for this tree at {directory}: run `make image` (as root)"
+    return archive, ""
+
+
+@dataclasses.dataclass
+class KubeIclNode:
+    """kube-icl on a started :class:`RealNode`: the plugin pod, ``icl extender`` in kube-scheduler's path."""
+
+    plane: ControlPlane
+    node: RealNode
+    image: str
+    label: str
+    devices_dir: Path
+    extender: Any  # scenario.ExtenderProcess
+
+    def pod(self, name: str, **options: Any) -> dict[str, Any]:
+        """:func:`probe_pod` for this node (its label as the node selector, its device directory)."""
+        return probe_pod(name, self.image, {E2E_LABEL: self.label}, dev_dir=self.devices_dir, **options)
+
+    def create(self, namespace: str, body: Any) -> None:
+        self.plane.core.create_namespaced_pod(namespace, body)
+
+
+E2E_LABEL = "kube-icl.io/e2e"
+
+
+@contextlib.contextmanager
+def kube_icl_node(
+    plane: ControlPlane,
+    binaries: NodeBinaries,
+    archive: Path,
+    *,
+    preset: str,
+    extender_dir: Path,
+    extender_settings: Mapping[str, Any] | None = None,
+) -> Iterator[KubeIclNode]:
+    """A real node running kube-icl as a cluster would: the node (``/tmp/icl-rn-*``), the device plugin as a
+    pod from ``archive``'s image (sim backend on ``preset`` with real device nodes, shares on), the
+    extender (``icl extender``) and kube-scheduler on the shipped config pointing at it. Everything is
+    stopped on leaving, and the previous kube-scheduler config restored."""
+    from .scenario import ExtenderProcess, shipped_scheduler_config
+
+    assert plane.pki is not None
+    # Short: containerd's and the kubelet's unix sockets live under it (at most 107 bytes a path).
+    workdir = Path(tempfile.mkdtemp(prefix="icl-rn-", dir="/tmp"))
+    label = f"rn-{uuid.uuid4().hex[:6]}"
+    name = f"realnode-{label}"
+    plugin_dir = workdir / "plugin"
+    plugin_dir.mkdir()
+    topology = sim_device_nodes(workdir, preset)
+    count = len(build_topology(preset).devices)
+    config = plugin_dir / "plugin.yaml"
+    settings = {
+        "backend": "sim",
+        "topology": str(topology),
+        "resourceName": RESOURCE,
+        "sharedResourceName": SHARED_RESOURCE,
+        "pods": "kubernetes",
+        "kubeconfig": str(plane.kubeconfig),
+        "publish": True,
+        "probeInterval": 1.0,
+        "recoverAfter": 1,
+        "metricsAddress": "",
+    }
+    config.write_text(yaml.safe_dump(settings))
+    extender = ExtenderProcess(plane, extender_dir, {"fairShare": False, **(extender_settings or {})})
+    try:
+        with running_node(plane, workdir, binaries, name, labels={E2E_LABEL: label}, images=[archive]) as node:
+            image = image_reference(archive)
+            mounts = [workdir, plane.kubeconfig.parent, plane.pki.directory]
+            plugin: Any = plugin_pod(node, image, config, extra_mounts=mounts)
+            plane.core.create_namespaced_pod(PLUGIN_NAMESPACE, plugin)
+            try:
+                node.wait_resource(RESOURCE, count, timeout=120)
+                node.wait_resource(SHARED_RESOURCE, count * MILLI_PER_DEVICE, timeout=60)
+                extender.start()
+                with plane.use_scheduler(shipped_scheduler_config(extender.url)):
+                    wait_for(
+                        lambda: extender.debug_state()["nodes"].get(name, {}).get("devices") == count,
+                        what=f"the extender sees {name}'s published topology",
+                        timeout=60,
+                    )
+                    yield KubeIclNode(plane, node, image, label, workdir / "dev", extender)
+            finally:
+                extender.stop()
+                with contextlib.suppress(Exception):
+                    plane.core.delete_namespaced_pod(
+                        plugin["metadata"]["name"], PLUGIN_NAMESPACE, grace_period_seconds=0
+                    )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def build_topology(preset: str) -> Any:
+    from topology import build_preset
+
+    return build_preset(preset)

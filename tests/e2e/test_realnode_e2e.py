@@ -12,125 +12,41 @@ log file that the kubelet keeps.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-
-from tests.support.image import load_image_builder
 
 from .harness import ControlPlane, e2e_required, wait_for
 from .realnode import (
-    PLUGIN_NAMESPACE,
     RESOURCE,
-    SHARED_RESOURCE,
     SIM_MAJOR,
-    RealNode,
-    image_reference,
-    plugin_pod,
-    probe_pod,
+    KubeIclNode,
+    kube_icl_node,
     probe_report,
+    project_image_archive,
     require_node,
-    running_node,
-    sim_device_nodes,
 )
-from .scenario import ExtenderProcess, shipped_scheduler_config
+
+Cluster = KubeIclNode
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 PRESET = "hcm:8"
 DEVICES = 8
-MILLI_PER_DEVICE = 1000
-E2E_LABEL = "kube-icl.io/e2e"
-
-
-def project_image_archive() -> Path:
-    """The ``docker save`` archive of the image ``make image`` built from this tree (or $ICL_IMAGE_DIR's)."""
-    directory = Path(os.environ.get("ICL_IMAGE_DIR") or load_image_builder().image_dir())
-    archive = directory / "image.tar"
-    if not archive.is_file():
-        reason = f"no image built for this tree at {directory}: run `make image` (as root)"
-        if e2e_required():
-            pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {reason}", pytrace=False)
-        pytest.skip(reason)
-    return archive
-
-
-@dataclass
-class Cluster:
-    plane: ControlPlane
-    node: RealNode
-    image: str
-    label: str
-    devices_dir: Path
-    extender: ExtenderProcess
-
-    def pod(self, name: str, **options: Any) -> dict[str, Any]:
-        return probe_pod(name, self.image, {E2E_LABEL: self.label}, dev_dir=self.devices_dir, **options)
-
-    def create(self, namespace: str, body: Any) -> None:
-        self.plane.core.create_namespaced_pod(namespace, body)
 
 
 @pytest.fixture(scope="module")
 def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     binaries = require_node()
-    archive = project_image_archive()
-    # Short: containerd's and the kubelet's unix sockets live under it (at most 107 bytes a path).
-    workdir = Path(tempfile.mkdtemp(prefix="icl-rn-", dir="/tmp"))
-    label = f"rn-{uuid.uuid4().hex[:6]}"
-    name = f"realnode-{label}"
-    plugin_dir = workdir / "plugin"
-    plugin_dir.mkdir()
-    topology = sim_device_nodes(workdir, PRESET)
-    config = plugin_dir / "plugin.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "backend": "sim",
-                "topology": str(topology),
-                "resourceName": RESOURCE,
-                "sharedResourceName": SHARED_RESOURCE,
-                "pods": "kubernetes",
-                "kubeconfig": str(control_plane.kubeconfig),
-                "publish": True,
-                "probeInterval": 1.0,
-                "recoverAfter": 1,
-                "metricsAddress": "",
-            }
-        )
-    )
-    assert control_plane.pki is not None
-    extender = ExtenderProcess(control_plane, tmp_path_factory.mktemp("realnode-extender"), {"fairShare": False})
-    with running_node(control_plane, workdir, binaries, name, labels={E2E_LABEL: label}, images=[archive]) as node:
-        image = image_reference(archive)
-        mounts = [workdir, control_plane.kubeconfig.parent, control_plane.pki.directory]
-        plugin: Any = plugin_pod(node, image, config, extra_mounts=mounts)
-        control_plane.core.create_namespaced_pod(PLUGIN_NAMESPACE, plugin)
-        try:
-            node.wait_resource(RESOURCE, DEVICES, timeout=120)
-            node.wait_resource(SHARED_RESOURCE, DEVICES * MILLI_PER_DEVICE, timeout=60)
-            extender.start()
-            with control_plane.use_scheduler(shipped_scheduler_config(extender.url)):
-                wait_for(
-                    lambda: extender.debug_state()["nodes"].get(name, {}).get("devices") == DEVICES,
-                    what=f"the extender sees {name}'s published topology",
-                    timeout=60,
-                )
-                yield Cluster(control_plane, node, image, label, workdir / "dev", extender)
-        finally:
-            extender.stop()
-            control_plane.core.delete_namespaced_pod(
-                f"kube-icl-device-plugin-{name}", PLUGIN_NAMESPACE, grace_period_seconds=0
-            )
-    shutil.rmtree(workdir, ignore_errors=True)
+    archive, reason = project_image_archive()
+    if archive is None:
+        if e2e_required():
+            pytest.fail(f"ICL_E2E_REQUIRED=1 forbids skipping: {reason}", pytrace=False)
+        pytest.skip(reason)
+    extender_dir = tmp_path_factory.mktemp("realnode-extender")
+    with kube_icl_node(control_plane, binaries, archive, preset=PRESET, extender_dir=extender_dir) as running:
+        yield running
 
 
 # --------------------------------------------------------------------------- helpers
@@ -245,7 +161,7 @@ def test_kubelet_restart_keeps_a_running_pods_devices(cluster: Cluster) -> None:
         node.restart_kubelet()
         node.wait_resource(RESOURCE, DEVICES, timeout=120)  # the plugin registered again with the new kubelet
 
-        after = plane.core.read_namespaced_pod("holder", namespace)
+        after: Any = plane.core.read_namespaced_pod("holder", namespace)
         status = after.status.container_statuses[0]
         assert after.status.phase == "Running" and status.container_id == container_id, status
         assert status.restart_count == 0
