@@ -1,4 +1,4 @@
-"""Failover of the HA deployment shape, on the real control plane (issue 11, item 4).
+"""Failover of the HA deployment shape, on the real control plane.
 
 Each replica is a kube-scheduler with leader election (the shipped
 ``kube-scheduler-config.yaml``) and its own ``icl extender`` sidecar on a
@@ -9,7 +9,7 @@ is SIGKILLed or stopped gracefully. :func:`run_failover` measures the seconds
 from the kill to the next bind, and checks that no device is held twice and
 that the gang's later members land on the devices its record reserved.
 
-Used by ``tests/e2e/test_issue11_failover.py`` and ``bench/failover.py``.
+Used by ``tests/e2e/test_leader_failover_e2e.py`` and ``bench/failover.py``.
 """
 
 from __future__ import annotations

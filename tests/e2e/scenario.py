@@ -1,4 +1,5 @@
-"""Helpers of the issue-5 e2e scenarios and of ``bench/e2e_throughput.py``.
+"""Helpers of the e2e scenarios that run ``icl extender`` behind the real kube-scheduler, and of
+``bench/e2e_throughput.py``.
 
 On top of :mod:`harness` (a real control plane): kwok nodes whose
 ``kube-icl.io/topology`` annotation and link labels are published by the device

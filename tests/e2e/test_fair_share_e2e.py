@@ -1,4 +1,4 @@
-"""Issue 5, item 4: two queues with weights 1 and 3 competing for a full cluster share it about 1:3.
+"""Two queues with weights 1 and 3 competing for a full cluster share it about 1:3.
 
 Four mesh:2x4 kwok nodes (32 devices, topologies published by the plugin's
 publisher) and ``icl extender`` (a subprocess) with ``queues: {a: {weight: 1},

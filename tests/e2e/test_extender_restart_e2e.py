@@ -1,5 +1,5 @@
-"""Issue 5, item 5: the extender SIGKILLed in the middle of a burst of binds, then restarted (and item 2 again,
-on nodes annotated by the plugin's publisher, through ``icl extender`` as a process).
+"""The extender SIGKILLed in the middle of a burst of binds, then restarted; and the shapes of
+``test_extender_e2e.py`` on nodes annotated by the plugin's publisher, through ``icl extender`` as a process.
 
 ``icl extender --config FILE`` runs as a real subprocess. While kube-scheduler is
 binding a burst of shaped pods through it, its process group gets SIGKILL (no

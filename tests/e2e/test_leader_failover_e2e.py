@@ -1,4 +1,4 @@
-"""Issue 11, item 4: the HA deployment shape survives losing its leader mid-burst.
+"""The HA deployment shape survives losing its leader mid-burst.
 
 Two kube-scheduler replicas with leader election, each with its own ``icl extender``
 sidecar on loopback (:mod:`.failover`). While a burst of shaped pods is being bound,

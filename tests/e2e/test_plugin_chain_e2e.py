@@ -1,4 +1,4 @@
-"""Issue 5, items 6 and 7: the whole chain scheduler -> extender -> annotation -> plugin -> kubelet.
+"""The whole chain scheduler -> extender -> annotation -> plugin -> kubelet.
 
 A node that no kubelet runs (so its pods stay bound but not started, the state the
 plugin sees between the Binding and the kubelet's admission) gets its topology

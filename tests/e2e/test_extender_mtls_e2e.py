@@ -1,4 +1,4 @@
-"""Issue 11, item 5: a remote extender behind mutual TLS, called by the real kube-scheduler.
+"""A remote extender behind mutual TLS, called by the real kube-scheduler.
 
 ``icl extender`` serves HTTPS with ``tls: {cert, key, clientCA}``; kube-scheduler's extender
 config carries ``enableHTTPS: true`` and ``tlsConfig: {certData, keyData, caData}``. A shaped pod

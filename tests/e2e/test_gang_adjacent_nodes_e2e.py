@@ -1,10 +1,10 @@
-"""Issue 5, item 3: a gang of 4 pods x 8 devices lands all-or-nothing on adjacent nodes of one link domain.
+"""A gang of 4 pods x 8 devices lands all-or-nothing on adjacent nodes of one link domain.
 
 The real kube-scheduler, configured from ``manifests/scheduler/kube-scheduler-config.yaml``,
 calls ``icl extender`` (a real subprocess). The kwok nodes' topology annotations and
 link labels were published by the device plugin's publisher from a sim backend.
-(``test_extender_e2e.py`` already places a 3-member gang over HTTPS; this adds the
-4 x 8 gang of the issue and a gang that cannot fit.)
+(``test_extender_e2e.py`` places a 3-member gang over HTTPS; here a 4 x 8 gang through ``icl extender``,
+and a gang that cannot fit binds no member.)
 """
 
 from __future__ import annotations

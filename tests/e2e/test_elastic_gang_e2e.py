@@ -1,4 +1,4 @@
-"""Issue 13: elastic gangs with the real kube-scheduler (and kwok nodes).
+"""Elastic gangs with the real kube-scheduler (and kwok nodes).
 
 The extender runs in this process (HTTP on loopback, its cache fed by the real API server, its
 background worker evicting and rewriting layouts) as the shipped kube-scheduler config's extender.
