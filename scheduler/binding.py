@@ -1,11 +1,13 @@
 """The bind steps of the extender's cycle (:mod:`scheduler.framework`).
 
-Pre-bind: :class:`Lease` (only the lease holder decides), :class:`Request` (the pod's shape).
-Reserve: :class:`GangRecord` (a gang's reservation is written to the API server before its
-first member binds), :class:`Devices` (pick and assume the devices, under the cache lock,
-with the same placement code as the filter). Bind: :class:`Binding` (one POST that carries the
-devices annotation; an unknown outcome is confirmed with a GET, and while still unknown the
-devices stay assumed, as kube-scheduler's assume cache does). Post-bind: :class:`Announce`.
+Pre-bind: :class:`Lease` (only the lease holder decides), :class:`Request` (a pod whose shape cannot
+be read fails). Reserve: :class:`GangRecord` (a gang's reservation is written to the API server
+before its first member binds), then the devices step of the pod's kind (:class:`ShareDevices`,
+:class:`LinkedDevices`, :class:`UnlinkedDevices`, :class:`GangDevices`: pick and assume the
+devices under the cache lock, with the ranker the filter used; what they took is under
+:data:`DEVICES`). Bind: :class:`Binding` (one POST that carries the devices annotation; an unknown
+outcome is confirmed with a GET, and while still unknown the devices stay assumed, as
+kube-scheduler's assume cache does). Post-bind: :class:`Announce`.
 """
 
 from __future__ import annotations
@@ -16,23 +18,53 @@ import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
-from scheduler.cache import ClusterCache
+from scheduler.cache import ClusterCache, NodeView
 from scheduler.config import ExtenderConfig
-from scheduler.decision import Decision
-from scheduler.framework import OK, Code, CycleState, Status
+from scheduler.decision import unlinked_devices
+from scheduler.framework import OK, Code, CycleState, Outcome, StateKey, Status
 from scheduler.gang import GangManager, Slot, lease_record
 from scheduler.kube import KubeAPI, KubeError
-from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, ANN_SHAPE, PodInfo, format_devices
+from scheduler.nodefit import LinkedRanker
+from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, format_devices
 from scheduler.sharing import SharePolicy
-from topology import AllocationError, ShapeError, TopologyError, parse_shape
+from scheduler.steps import POD_ERROR
+from topology import AllocationError, ShapeError, TopologyError
 from topology.contract import ANN_DEVICE_MILLI
 
-__all__ = ["Announce", "Binding", "Devices", "GangRecord", "Lease", "Request", "Unsure"]
+__all__ = [
+    "DEVICES",
+    "Announce",
+    "Binding",
+    "GangDevices",
+    "GangRecord",
+    "Held",
+    "Lease",
+    "LinkedDevices",
+    "Request",
+    "ShareDevices",
+    "UnlinkedDevices",
+    "Unsure",
+]
 
 log = logging.getLogger(__name__)
 
-_FAILED = "FailedBinding"
+_FAILED = Outcome("error", "FailedBinding")  # a failed bind step: a FailedBinding Event
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The devices the devices step holds for the pod: the gang ``slot`` it claimed, or (``assumed``) the
+    devices it assumed in the cache; neither for a retried bind whose devices were held already."""
+
+    devices: tuple[str, ...]
+    slot: Slot | None = None
+    assumed: bool = False
+
+
+DEVICES: StateKey[Held] = StateKey("Devices.held")
+"""What the devices step took (read by :class:`Binding` and :class:`Announce`)."""
 _RECORD_STRIPES = 64  # writers of gang records (one lock each; a gang's is its key's crc32 modulo this)
 
 
@@ -51,6 +83,7 @@ class Lease:
     """Wait briefly for the lease (a failover): kube-scheduler's bind runs in its own goroutine."""
 
     name = "Lease"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
 
     def __init__(self, lead: Callable[[float], str], wait_s: float) -> None:
         self.lead = lead
@@ -58,28 +91,25 @@ class Lease:
 
     def pre_bind(self, state: CycleState) -> Status:
         why = self.lead(self.wait_s)
-        return Status(Code.ERROR, why, event=_FAILED) if why else OK
+        return Status(Code.ERROR, why) if why else OK
 
 
 class Request:
-    """The shape the pod asks for, read again from the pod the bind names."""
+    """An ``INVALID`` pod's bind: the shape it asks cannot be read (no Event: its filter recorded one)."""
 
     name = "Request"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {}
 
     def pre_bind(self, state: CycleState) -> Status:
-        info = state.info
-        if info.count > 0:
-            try:
-                state.shape = parse_shape(info.shape, count=info.count)
-            except ShapeError as exc:
-                return Status(Code.ERROR, f"annotation {ANN_SHAPE}: {exc}")
-        return OK
+        error = state.read(POD_ERROR)
+        return Status(Code.ERROR, error) if error else OK
 
 
 class GangRecord:
     """Write the gang's reservation record before its first member binds."""
 
     name = "GangRecord"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
 
     def __init__(
         self,
@@ -99,10 +129,9 @@ class GangRecord:
         self._locks = tuple(threading.Lock() for _ in range(_RECORD_STRIPES))
 
     def reserve(self, state: CycleState) -> Status:
-        if state.shape is None or state.info.gang is None:
-            return OK
+        assert state.info.gang is not None
         why = self.record(state.info.gang.key)
-        return Status(Code.ERROR, why, event=_FAILED) if why else OK
+        return Status(Code.ERROR, why) if why else OK
 
     def unreserve(self, state: CycleState) -> None:
         return None  # the record stays: it describes the reservation, which outlives this bind
@@ -134,85 +163,157 @@ class GangRecord:
         return ""
 
 
-class Devices:
-    """Pick and assume the devices on the chosen node, under the cache lock: a gang member's reserved
-    slot, a share's device, or the policy's placement; undone when the Binding fails."""
+class _Devices:
+    """The devices step: pick the devices on the chosen node and assume them, under the cache lock;
+    a retried bind of a pod that holds devices there already takes them again. Undone when the
+    Binding fails. Each whole-device kind picks its own way (:meth:`pick`)."""
 
     name = "Devices"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
 
-    def __init__(
-        self,
-        cache: ClusterCache,
-        gangs: GangManager,
-        shares: SharePolicy,
-        decision: Decision,
-        unsure: Mapping[str, Unsure],
-    ) -> None:
+    def __init__(self, cache: ClusterCache, unsure: Mapping[str, Unsure]) -> None:
         self.cache = cache
-        self.gangs = gangs
-        self.shares = shares
-        self.decision = decision
         self.unsure = unsure
 
     def reserve(self, state: CycleState) -> Status:
-        info, node = state.info, state.node
-        if state.shape is None and not info.milli:
-            return OK
         try:
-            err = self._share(state) if info.milli else self._whole(state)
+            err = self.take(state)
         except (AllocationError, TopologyError, ShapeError) as exc:
-            err = f"devices on {node} changed while binding: {exc}"
-        return Status(Code.ERROR, err, event=_FAILED) if err else OK
+            err = f"devices on {state.node} changed while binding: {exc}"
+        return Status(Code.ERROR, err) if err else OK
 
     def unreserve(self, state: CycleState) -> None:
-        if state.slot is not None:
-            self.gangs.unclaim(state.info, state.slot)
-        elif state.assumed:
+        held = state.read(DEVICES)
+        if held is not None and held.assumed:
             self.cache.forget(state.uid)
 
-    def _share(self, state: CycleState) -> str:
+    def take(self, state: CycleState) -> str:
         info, uid, node = state.info, state.uid, state.node
-        with self.cache.lock:
-            held = self.cache.held_share(uid)
-            if held is not None:
-                if held[0] != node:
-                    return f"pod {info.key} already holds a share on {held[0]}"
-                state.devices = (held[1],)  # a retried bind: the same device again
-                return ""
-            dev, why = self.shares.choose(info, node)
-            if why:
-                return why
-            self.cache.assume_share(uid, node, dev, info.milli, info)
-            state.devices, state.assumed = (dev,), True
-            return ""
-
-    def _whole(self, state: CycleState) -> str:
-        info, uid, node, shape = state.info, state.uid, state.node, state.shape
-        assert shape is not None
         with self.cache.lock:
             held = self.cache.held(uid)
             if held is not None:
                 if held[0] != node:
                     unsure = " (by a Binding whose outcome is not known yet)" if uid in self.unsure else ""
                     return f"pod {info.key} already holds devices on {held[0]}{unsure}"
-                state.devices = held[1]  # a retried bind: same devices again
+                state.write(DEVICES, Held(held[1]))  # a retried bind: same devices again
                 return ""
-            if info.gang is not None and self.gangs.has_reservation(info.gang.key):
-                slot = self.gangs.claim(info, node)
-                if slot is not None:
-                    state.devices, state.slot, state.assumed = slot.devices, slot, True
-                    return ""
-                if not self.gangs.is_elastic(info.gang):
-                    return f"gang {info.gang.name!r} has no reserved slot on {node}"
-                # an elastic gang's member above the reserved minimum: placed on its own, below
             view, why = self.cache.node_view(node)
             if view is None:
                 return f"cannot bind to {node}: {why}"
-            devices, why = self.decision.devices_on(info, shape, node, view)  # what Decision.place replays
+            devices, why = self.pick(state, view)
             if not devices:
                 return why
             self.cache.assume(uid, node, devices, info)
-            state.devices, state.assumed = devices, True
+            state.write(DEVICES, Held(devices, assumed=True))
+            return ""
+
+    def pick(self, state: CycleState, view: NodeView) -> tuple[tuple[str, ...], str]:
+        """The devices on ``state.node`` (its ``view``), or ((), why not); called with the cache lock held."""
+        raise NotImplementedError
+
+
+class LinkedDevices(_Devices):
+    """A ``SHAPED`` pod's devices: the topology-aware ranker's."""
+
+    def __init__(self, cache: ClusterCache, unsure: Mapping[str, Unsure], ranker: LinkedRanker) -> None:
+        super().__init__(cache, unsure)
+        self.ranker = ranker
+
+    def pick(self, state: CycleState, view: NodeView) -> tuple[tuple[str, ...], str]:
+        assert state.shape is not None
+        return self.ranker.pick(state.shape, state.node, view)
+
+
+class UnlinkedDevices(LinkedDevices):
+    """An ``UNSHAPED`` pod's devices: the share policy's on a node without links, the topology-aware
+    ranker's elsewhere (:func:`scheduler.decision.unlinked_devices`)."""
+
+    def __init__(
+        self, cache: ClusterCache, unsure: Mapping[str, Unsure], ranker: LinkedRanker, shares: SharePolicy
+    ) -> None:
+        super().__init__(cache, unsure, ranker)
+        self.shares = shares
+
+    def pick(self, state: CycleState, view: NodeView) -> tuple[tuple[str, ...], str]:
+        assert state.shape is not None
+        return unlinked_devices(self.ranker, self.shares, state.info, state.shape, state.node, view)
+
+
+class GangDevices(LinkedDevices):
+    """A gang member's devices: its reserved slot on the node; without a reservation (a member beyond
+    the gang's size) the topology-aware ranker's. An ``elastic`` gang's member above the reserved
+    minimum finds no slot and is placed on its own the same way; a rigid gang's fails."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        unsure: Mapping[str, Unsure],
+        ranker: LinkedRanker,
+        gangs: GangManager,
+        *,
+        elastic: bool,
+    ) -> None:
+        super().__init__(cache, unsure, ranker)
+        self.gangs = gangs
+        self.elastic = elastic
+
+    def unreserve(self, state: CycleState) -> None:
+        held = state.read(DEVICES)
+        if held is not None and held.slot is not None:
+            self.gangs.unclaim(state.info, held.slot)
+        else:
+            super().unreserve(state)
+
+    def take(self, state: CycleState) -> str:
+        info, node = state.info, state.node
+        assert info.gang is not None
+        with self.cache.lock:
+            if self.cache.held(state.uid) is None and self.gangs.has_reservation(info.gang.key):
+                slot = self.gangs.claim(info, node)
+                if slot is not None:
+                    state.write(DEVICES, Held(slot.devices, slot, assumed=True))
+                    return ""
+                if not self.elastic:
+                    return f"gang {info.gang.name!r} has no reserved slot on {node}"
+            return super().take(state)
+
+
+class ShareDevices:
+    """A share's device: the share policy's choice on the node, assumed as a share."""
+
+    name = "Devices"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
+
+    def __init__(self, cache: ClusterCache, shares: SharePolicy) -> None:
+        self.cache = cache
+        self.shares = shares
+
+    def reserve(self, state: CycleState) -> Status:
+        try:
+            err = self.take(state)
+        except (AllocationError, TopologyError, ShapeError) as exc:
+            err = f"devices on {state.node} changed while binding: {exc}"
+        return Status(Code.ERROR, err) if err else OK
+
+    def unreserve(self, state: CycleState) -> None:
+        held = state.read(DEVICES)
+        if held is not None and held.assumed:
+            self.cache.forget(state.uid)
+
+    def take(self, state: CycleState) -> str:
+        info, uid, node = state.info, state.uid, state.node
+        with self.cache.lock:
+            held = self.cache.held_share(uid)
+            if held is not None:
+                if held[0] != node:
+                    return f"pod {info.key} already holds a share on {held[0]}"
+                state.write(DEVICES, Held((held[1],)))  # a retried bind: the same device again
+                return ""
+            dev, why = self.shares.choose(info, node)
+            if why:
+                return why
+            self.cache.assume_share(uid, node, dev, info.milli, info)
+            state.write(DEVICES, Held((dev,), assumed=True))
             return ""
 
 
@@ -220,6 +321,7 @@ class Binding:
     """POST the Binding that carries the devices; confirm an unknown outcome with a GET."""
 
     name = "Binding"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED, Code.PENDING: _FAILED}
 
     def __init__(
         self,
@@ -236,13 +338,14 @@ class Binding:
         self.recheck_s = recheck_s
 
     def bind(self, state: CycleState) -> Status:
-        info, uid, node, devices = state.info, state.uid, state.node, state.devices
+        info, uid, node = state.info, state.uid, state.node
+        held = state.read(DEVICES)
+        devices = held.devices if held is not None else ()
         annotations = {ANN_DEVICES: format_devices(devices)} if devices else {}
         if devices and info.milli:
             annotations[ANN_DEVICE_MILLI] = str(info.milli)
         if devices and info.gang is not None:
             annotations[ANN_GANG_LAYOUT] = self.gangs.layout_for(info, node, devices)
-        state.annotations = annotations
         try:
             # One write: the API server copies the Binding's annotations onto the pod together with
             # spec.nodeName, so no unbound pod ever carries a devices annotation, and no bound one lacks it.
@@ -258,12 +361,13 @@ class Binding:
                     return OK
                 if seen in ("unbound", "unknown"):
                     with self.cache.lock:
-                        self.unsure[uid] = Unsure(info, node, devices, state.slot, self.cache.clock() + self.recheck_s)
+                        slot = held.slot if held is not None else None
+                        self.unsure[uid] = Unsure(info, node, devices, slot, self.cache.clock() + self.recheck_s)
                     msg += "; the outcome is unknown, so its devices stay held until the API server shows the pod"
                     log.warning("%s", msg)
-                    return Status(Code.PENDING, msg, event=_FAILED)
+                    return Status(Code.PENDING, msg)
             log.warning("%s", msg)
-            return Status(Code.ERROR, msg, event=_FAILED)
+            return Status(Code.ERROR, msg)
         return OK
 
     def post(self, info: PodInfo, uid: str, node: str, annotations: dict[str, str]) -> None:
@@ -307,25 +411,27 @@ class Binding:
 
 
 class Announce:
-    """After a bind: an elastic gang's other members learn the new member; the DevicesAssigned event."""
+    """After a bind: the DevicesAssigned event; an elastic gang's other members learn the new member
+    (``layouts``, in the ``ELASTIC_GANG`` kind's cycle)."""
 
     name = "Announce"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {}
 
     def __init__(
         self,
         cfg: ExtenderConfig,
-        gangs: GangManager,
-        layouts: Callable[[str], None],
         event: Callable[[PodInfo, str, str, str], None],
+        layouts: Callable[[str], None] | None = None,
     ) -> None:
         self.cfg = cfg
-        self.gangs = gangs
-        self.layouts = layouts
         self.event = event
+        self.layouts = layouts
 
     def post_bind(self, state: CycleState) -> None:
-        info, devices, shape, node = state.info, state.devices, state.shape, state.node
-        if devices and info.gang is not None and self.gangs.is_elastic(info.gang):
+        info, shape, node = state.info, state.shape, state.node
+        held = state.read(DEVICES)
+        devices = held.devices if held is not None else ()
+        if devices and info.gang is not None and self.layouts is not None:
             self.layouts(info.gang.key)  # the other members learn the new member
         if devices and shape is not None and self.cfg.events_on_bind:
             self.event(info, "DevicesAssigned", f"{shape.describe()} on {node}: {format_devices(devices)}", "Normal")

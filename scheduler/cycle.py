@@ -1,16 +1,19 @@
 """The driver of the extender's cycle: runs the steps of :mod:`scheduler.framework` in order.
 
-Filter: the pre-filter steps, then the per-node filter step; the first step that fails
+:class:`Profiles` holds one :class:`Cycle` per :class:`scheduler.framework.PodKind` (kube-scheduler
+builds one framework per profile) and runs the one of the kind the pod was classified as when it
+was read. Filter: the pre-filter steps, then the per-node filter step; the first step that fails
 (or skips, or decides the nodes itself) ends the phase. Prioritize: the first score step
 with a say for the pod scores every node. Bind: pre-bind steps, then reserve steps; when a
 reserve step or the bind step fails, the reserve steps that succeeded are undone, last first,
 unless the bind's outcome is unknown (``PENDING``), which keeps them. Every failure whose
-status names an event is recorded on the pod once, by the driver.
+status names an event is recorded on the pod once, by the driver, which names the step that
+answered and derives the metrics label and the Event reason from it (``outcome_of``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from scheduler.framework import (
     BindStep,
@@ -18,15 +21,20 @@ from scheduler.framework import (
     CycleState,
     FilterStep,
     NodeAnswer,
+    PodKind,
     PostBindStep,
     PreBindStep,
     PreFilterStep,
     ReserveStep,
     ScoreStep,
     Status,
+    outcome_of,
 )
 
-__all__ = ["Cycle"]
+__all__ = ["Cycle", "Profiles"]
+
+_FITTED = Status(label="fit")  # no per-node filter step: every node passes
+_BOUND = Status(label="bound")
 
 
 def _ignore(state: CycleState, status: Status) -> None:
@@ -66,7 +74,7 @@ class Cycle:
         """Run the filter phase; ``state.answer`` holds the nodes that pass and why the others fail."""
         names = state.names
         for step in self.pre_filter:
-            status = step.pre_filter(state).by(step.name)
+            status = outcome_of(step, step.pre_filter(state))
             if status.code is Code.SKIP:
                 state.answer = NodeAnswer(list(names))
                 return status
@@ -78,8 +86,8 @@ class Cycle:
                 return status  # this step decided the nodes (kube-scheduler's PreFilterResult)
         if self.filter_step is None:
             state.answer = NodeAnswer(list(names))
-            return Status(label="fit")
-        status = self.filter_step.filter(state, names).by(self.filter_step.name)
+            return _FITTED
+        status = outcome_of(self.filter_step, self.filter_step.filter(state, names))
         if state.answer is None:
             state.answer = NodeAnswer.every(names, status)
         if not status.ok:
@@ -97,18 +105,18 @@ class Cycle:
     def bind(self, state: CycleState) -> Status:
         """Run the bind phase; undo the reservations when a later step fails."""
         for pre in self.pre_bind:
-            status = pre.pre_bind(state).by(pre.name)
+            status = outcome_of(pre, pre.pre_bind(state))
             if not status.ok:
                 return self._failed(state, status)
         done: list[ReserveStep] = []
         for step in self.reserve_steps:
-            status = step.reserve(state).by(step.name)
+            status = outcome_of(step, step.reserve(state))
             if not status.ok:
                 self._undo(state, done)
                 return self._failed(state, status)
             done.append(step)
         if self.bind_step is not None:
-            status = self.bind_step.bind(state).by(self.bind_step.name)
+            status = outcome_of(self.bind_step, self.bind_step.bind(state))
             if status.code is Code.PENDING:
                 return self._failed(state, status)  # the outcome is unknown: what was reserved stays
             if not status.ok:
@@ -116,9 +124,30 @@ class Cycle:
                 return self._failed(state, status)
         for post in self.post_bind:
             post.post_bind(state)
-        return Status(label="bound")
+        return _BOUND
 
     @staticmethod
     def _undo(state: CycleState, done: list[ReserveStep]) -> None:
         for step in reversed(done):
             step.unreserve(state)
+
+
+class Profiles:
+    """One :class:`Cycle` per pod kind; each verb runs the cycle of the kind the pod was read as
+    (:attr:`CycleState.kind`). A kind without a cycle of its own runs ``default``."""
+
+    def __init__(self, cycles: Mapping[PodKind, Cycle], default: Cycle | None = None) -> None:
+        self.cycles = dict(cycles)
+        self.default = default or Cycle()
+
+    def of(self, kind: PodKind) -> Cycle:
+        return self.cycles.get(kind, self.default)
+
+    def filter(self, state: CycleState) -> Status:
+        return self.of(state.kind).filter(state)
+
+    def score(self, state: CycleState) -> list[int]:
+        return self.of(state.kind).score(state)
+
+    def bind(self, state: CycleState) -> Status:
+        return self.of(state.kind).bind(state)

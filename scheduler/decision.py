@@ -1,39 +1,38 @@
-"""Which node, which devices, for one pod: the extender's decision as one object.
+"""Which node, which devices, for a whole-device pod: the filter and score steps of the whole-device
+kinds, and the devices bind takes, over one node source.
 
-The extender's filter and prioritize run :class:`WholeFit` as the cycle's per-node filter and score
-step; kube-scheduler then binds to one of the highest-scored nodes; the extender's bind
-(:class:`scheduler.binding.Devices`) picks the devices there with :meth:`Decision.devices_on`.
-:meth:`Decision.place` runs the same steps in that order over any node source, which is how the
-simulator's time mode replays a trace through the product's own decision (``simulator.timesim``):
+Two kinds of whole-device pod are decided here (:class:`scheduler.framework.PodKind`):
+
+- ``UNSHAPED``: a pod that asks whole devices, no shape and is no gang member
+  (:func:`scheduler.sharing.decides_whole`), with the product's policy (``icl``). On nodes whose links
+  favour no set of devices over another (:func:`scheduler.sharing.links_free`: ``full:N``, no
+  links) the share policy ranks the nodes and chooses the devices (:class:`UnlinkedFit`,
+  :func:`unlinked_devices`), as fill mode's ``icl`` does for every task; on linked nodes the
+  topology-aware ranker does;
+- ``SHAPED`` (and gang members, through the gang's own steps): the topology-aware ranker
+  (:class:`scheduler.nodefit.LinkedRanker` over :class:`topology.policy.LinkedPolicy`) everywhere.
+
+A request naming both kinds of node gets one ranking for an unshaped pod, lexicographic: nodes
+without links first (ranked by the share policy; filter passes its best ones only, prioritize
+gives them the top score), linked nodes only when no node without links fits. A shape-less pod
+needs no links, and leaving the linked nodes to the pods that need their links is what the
+fragmentation terms of both policies aim at.
+
+:meth:`Decision.place` runs these steps in the extender's order over any node source: filter, score,
 the first of the best-scored nodes (kube-scheduler picks one of them at random), then the devices
-bind would choose.
-
-Two deciders, one path per pod and node (issue 12):
-
-- a whole-device pod that asks no shape and is no gang member
-  (:func:`scheduler.sharing.decides_whole`), on nodes whose links favour no set of devices over
-  another (:func:`scheduler.sharing.links_free`: ``full:N``, no links): the share policy
-  (:class:`scheduler.sharing.SharePolicy`, what fill mode's ``icl`` runs for every task) ranks those
-  nodes and chooses the devices;
-- everything else (shaped pods, gang members, linked nodes: rings, meshes, tori, ``hcm:8``):
-  :class:`scheduler.nodefit.NodeFit` over the topology-aware :class:`topology.policy.LinkedPolicy`.
-
-A request naming both kinds of node gets one ranking, lexicographic: nodes without links first
-(ranked by the share policy; filter passes its best ones only, prioritize gives them the top score),
-linked nodes only when no node without links fits (then ranked by ``NodeFit`` as before). A
-shape-less pod needs no links, and leaving the linked nodes to the pods that need their links is
-what the fragmentation terms of both policies aim at.
+bind would choose. The simulator's time mode replays a trace through it (``simulator.timesim``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 from scheduler.cache import NodeView
 from scheduler.cycle import Cycle
 from scheduler.events import summarize_failures
-from scheduler.framework import Code, CycleState, NodeAnswer, Status
-from scheduler.nodefit import FitMemory, NodeFit, NodeSource
+from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, Status
+from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker, NodeFit, NodeSource
 from scheduler.podspec import PodInfo
 from scheduler.sharing import SharePolicy, decides_whole, links_free
 from scheduler.wire import MAX_PRIORITY
@@ -41,25 +40,42 @@ from topology import Shape
 from topology.contract import DEFAULT_RESOURCE
 from topology.policy import LinkedPolicy
 
-__all__ = ["Decision", "WholeFit"]
+__all__ = ["Decision", "UnlinkedFit", "unlinked_devices"]
 
 
-class WholeFit:
-    """The per-node filter and score step: the share policy for shape-less whole-device pods on nodes
-    without links, :class:`NodeFit` for the rest (the module's docstring says which and why)."""
+def unlinked_devices(
+    ranker: LinkedRanker, shares: SharePolicy, info: PodInfo, shape: Shape, node: str, view: NodeView
+) -> tuple[tuple[str, ...], str]:
+    """Bind for an unshaped pod: the share policy's devices on a node without links, the topology-aware
+    ranker's elsewhere; ((), why not) when the pod no longer fits. Feasibility is the topology-aware
+    ranker's on both (free devices, what the kubelet admits), as the filter's."""
+    if not links_free(view.topology):
+        return ranker.pick(shape, node, view)
+    ev = ranker.evaluate(view, shape)
+    if not ev.ok:
+        return (), f"{node}: {shape.describe()} no longer fits: {ev.reason}"
+    return shares.choose_devices(info, node)
 
-    name = "NodeFit"
 
-    def __init__(self, nodes: NodeSource, fit: NodeFit, shares: SharePolicy | None) -> None:
+class UnlinkedFit:
+    """The per-node filter and score step of an unshaped pod: the share policy on nodes without links,
+    the topology-aware ranker on the others, nodes without links first (the module's docstring)."""
+
+    name = "UnlinkedFit"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: FAILED_PLACEMENT}
+
+    def __init__(
+        self, nodes: NodeSource, ranker: LinkedRanker, shares: SharePolicy, fits: FitMemory, keep_best: int
+    ) -> None:
         self.nodes = nodes
-        self.fit = fit
+        self.ranker = ranker
         self.shares = shares
+        self.fits = fits
+        self.keep_best = keep_best
 
-    def split(self, state: CycleState, names: list[str]) -> tuple[list[tuple[str, NodeView]], list[str]] | None:
-        """(nodes without links with their views, the other names) when the share policy decides the
-        pod on some of ``names``; ``None`` when ``NodeFit`` decides it everywhere."""
-        if self.shares is None or not decides_whole(state.info, state.shape):
-            return None
+    def split(self, names: list[str]) -> tuple[list[tuple[str, NodeView]], list[str]] | None:
+        """(nodes without links with their views, the other names); ``None`` when none of ``names`` is
+        a node without links."""
         view_of = self.nodes.view_lookup()
         flat: list[tuple[str, NodeView]] = []
         other: list[str] = []
@@ -74,14 +90,14 @@ class WholeFit:
     def shared_best(
         self, state: CycleState, flat: list[tuple[str, NodeView]], *, reasons: bool = True
     ) -> tuple[list[str], dict[str, str]]:
-        """The share policy's best of ``flat`` and (``reasons``) why the others fail. Feasibility is ``NodeFit``'s
-        too (free devices less those in use by pods the cache cannot name, what the kubelet still
-        admits, CPU and memory): a node ``NodeFit`` rejects fails with its reason, so the share
-        path never passes a node where the topology-aware path (and preemption, fair share) would
-        say the pod does not fit."""
-        assert self.shares is not None and state.shape is not None
-        need = self.fit.need(state.shape, state.info)
-        evaluate, shape, skey = self.fit.evaluate, state.shape, need[2]
+        """The share policy's best of ``flat`` and (``reasons``) why the others fail. Feasibility is the
+        topology-aware ranker's too (free devices less those in use by pods the cache cannot name, what
+        the kubelet still admits, CPU and memory): a node it rejects fails with its reason, so this
+        step never passes a node where the topology-aware path (and preemption, fair share) would say
+        the pod does not fit."""
+        assert state.shape is not None
+        need = self.ranker.need(state.shape, state.info)
+        evaluate, shape, skey = self.ranker.evaluate, state.shape, need[2]
         failed: dict[str, str] = {}
         fitting: list[tuple[str, NodeView]] = []
         for name, view in flat:
@@ -96,53 +112,60 @@ class WholeFit:
         return share.best, {**failed, **share.failed} if reasons else failed
 
     def filter(self, state: CycleState, names: list[str]) -> Status:
-        split = self.split(state, names)
-        if split is None or self.shares is None:
-            return self.fit.filter(state, names)
+        shape = state.shape
+        assert shape is not None
+        split = self.split(names)
+        if split is None:
+            return self._linked(state, names, {})
         flat, other = split
-        keep = self.fit.keep_best
+        keep = self.keep_best
         # keepBestNodes: as NodeFit's, no reasons while some node passes, the first ``keep`` of the tied best
         best, flat_failed = self.shared_best(state, flat, reasons=keep <= 0)
         if best:
-            self.fit.fits.note(state.info.uid, True)
+            self.fits.note(state.info.uid, True)
             if keep > 0:
                 state.answer = NodeAnswer(best[:keep])
-                return Status(label="fit")
-            count = state.info.count
-            why = f"a pod asking {count} devices and no shape goes to a node without links while one fits"
+                return OK
+            why = f"a pod asking {state.info.count} devices and no shape goes to a node without links while one fits"
             state.answer = NodeAnswer(best, {**flat_failed, **dict.fromkeys(other, why)}, {})
-            return Status(label="fit")
+            return OK
         if keep > 0:
             flat_failed = self.shared_best(state, flat)[1]  # none fits here: every node's reason
         if other:
-            status = self.fit.filter(state, other)
-            answer = state.answer or NodeAnswer()
-            state.answer = NodeAnswer(answer.passed, {**flat_failed, **answer.failed}, answer.unresolvable)
-            if status.ok:
-                return status
-        else:
-            self.fit.fits.note(state.info.uid, False)
-            state.answer = NodeAnswer([], flat_failed, {})
-        every = {**state.answer.failed, **state.answer.unresolvable}
+            return self._linked(state, other, flat_failed, len(names))
+        self.fits.note(state.info.uid, False)
+        state.answer = NodeAnswer([], flat_failed, {})
+        return Status(Code.UNSCHEDULABLE, summarize_failures(flat_failed, len(names), str(shape)))
+
+    def _linked(self, state: CycleState, names: list[str], flat_failed: dict[str, str], asked: int = -1) -> Status:
+        """The topology-aware ranker over the linked ``names``; ``flat_failed``: why the nodes without
+        links (``asked`` names in all) failed before."""
         assert state.shape is not None
-        summary = summarize_failures(every, len(names), str(state.shape))
-        return Status(Code.UNSCHEDULABLE, summary, label="unschedulable", event="FailedPlacement")
+        answer = self.ranker.answer(state.info, state.shape, names, self.keep_best)
+        self.fits.note(state.info.uid, bool(answer.passed))
+        state.answer = NodeAnswer(answer.passed, {**flat_failed, **answer.failed}, answer.unresolvable)
+        if answer.passed or not (names or flat_failed):
+            return OK
+        every = {**state.answer.failed, **state.answer.unresolvable}
+        summary = summarize_failures(every, asked if asked >= 0 else len(names), str(state.shape))
+        return Status(Code.UNSCHEDULABLE, summary)
 
     def score(self, state: CycleState, names: list[str]) -> list[int] | None:
-        split = self.split(state, names)
-        if split is None or self.shares is None:
-            return self.fit.score(state, names)
-        best = set(self.shared_best(state, split[0], reasons=False)[0])
+        shape = state.shape
+        if shape is None:
+            return None
+        split = self.split(names)
+        best = set(self.shared_best(state, split[0], reasons=False)[0]) if split is not None else set()
         if not best:
-            return self.fit.score(state, names)  # no node without links fits: NodeFit ranks the linked ones
+            return self.ranker.scores(state.info, shape, names)  # no node without links fits: rank the linked ones
         return [MAX_PRIORITY if n in best else 0 for n in names]
 
 
 class Decision:
-    """The extender's per-node filter and score over ``nodes``, and the devices its bind assumes.
+    """The whole-device kinds' filter and score steps over ``nodes``, and the devices their bind takes.
 
-    ``shares``: the share policy over the same nodes (the extender's; ``None``: ``NodeFit`` decides
-    every whole-device pod, as for a source the share policy cannot read)."""
+    ``shares``: the share policy over the same nodes (the extender's, with the ``icl`` policy); ``None``:
+    every whole-device pod is ``SHAPED`` (the topology-aware ranker everywhere)."""
 
     def __init__(
         self,
@@ -156,43 +179,38 @@ class Decision:
         self.policy = policy
         self.shares = shares
         self.fits = FitMemory()
-        self.fit = NodeFit(nodes, policy, resource, keep_best, self.fits)
-        self.step = WholeFit(nodes, self.fit, shares)
-        self.cycle = Cycle(filter=self.step, score=(self.step,))
+        self.ranker = LinkedRanker(nodes, policy, resource)
+        self.fit = NodeFit(self.ranker, self.fits, keep_best)
+        self.unlinked = UnlinkedFit(nodes, self.ranker, shares, self.fits, keep_best) if shares is not None else None
+        self.cycles = {PodKind.SHAPED: Cycle(filter=self.fit, score=(self.fit,))}
+        if self.unlinked is not None:
+            self.cycles[PodKind.UNSHAPED] = Cycle(filter=self.unlinked, score=(self.unlinked,))
+
+    def kind(self, info: PodInfo, shape: Shape) -> PodKind:
+        """``UNSHAPED`` when the share policy decides this whole-device pod on nodes without links, else ``SHAPED``."""
+        return PodKind.UNSHAPED if self.shares is not None and decides_whole(info, shape) else PodKind.SHAPED
 
     def devices(self, view: NodeView, shape: Shape) -> tuple[str, ...] | None:
-        """The devices the topology-aware policy takes for ``shape`` on this node view; ``None`` when
-        it does not fit."""
-        if len(view.free) - view.unattributed < shape.size:
-            return None
-        placement = self.policy.devices(view.topology, view.free, shape)
-        return placement.devices if placement is not None else None
-
-    def shared_here(self, info: PodInfo, shape: Shape, view: NodeView) -> bool:
-        """Whether the share policy chooses this pod's devices on this node."""
-        return self.shares is not None and decides_whole(info, shape) and links_free(view.topology)
+        """The devices the topology-aware ranker takes for ``shape`` on this node view; ``None`` when it
+        does not fit."""
+        return self.ranker.devices(view, shape)
 
     def devices_on(self, info: PodInfo, shape: Shape, node: str, view: NodeView) -> tuple[tuple[str, ...], str]:
-        """Bind: the devices for the pod on ``node`` (the share policy's on a node without links for a
-        shape-less pod, else the topology-aware policy's), or ((), why not)."""
-        if self.shares is not None and self.shared_here(info, shape, view):
-            ev = self.fit.evaluate(view, shape)  # the devices part of NodeFit's feasibility, as filter
-            if not ev.ok:
-                return (), f"{node}: {shape.describe()} no longer fits: {ev.reason}"
-            return self.shares.choose_devices(info, node)
-        devices = self.devices(view, shape)
-        if devices is None:
-            return (), f"{node}: {shape.describe()} no longer fits: {self.fit.evaluate(view, shape).reason}"
-        return devices, ""
+        """The devices bind takes for the pod on ``node`` (its kind's), or ((), why not)."""
+        if self.shares is not None and self.kind(info, shape) is PodKind.UNSHAPED:
+            return unlinked_devices(self.ranker, self.shares, info, shape, node, view)
+        return self.ranker.pick(shape, node, view)
 
     def place(self, info: PodInfo, shape: Shape, names: Sequence[str]) -> tuple[str, tuple[str, ...]] | None:
         """Filter ``names`` (the nodes kube-scheduler's own filters passed), score those that pass, take
         the first best-scored one and the devices bind would choose there; ``None`` when none fits."""
-        state = CycleState({}, info, shape, names=list(names))
-        if not self.cycle.filter(state).ok or state.answer is None or not state.answer.passed:
+        kind = self.kind(info, shape)
+        cycle = self.cycles[kind]
+        state = CycleState({}, info, shape, kind, names=list(names))
+        if not cycle.filter(state).ok or state.answer is None or not state.answer.passed:
             return None
         state.names = state.answer.passed
-        scores = self.cycle.score(state)
+        scores = cycle.score(state)
         node = state.names[scores.index(max(scores))]
         view = self.nodes.view_lookup()(node)
         if view is None:

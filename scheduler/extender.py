@@ -36,21 +36,46 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from scheduler import fairshare
-from scheduler.binding import Announce, Binding, Devices, GangRecord, Lease, Request, Unsure
+from scheduler.binding import (
+    Announce,
+    Binding,
+    GangDevices,
+    GangRecord,
+    Lease,
+    LinkedDevices,
+    Request,
+    ShareDevices,
+    UnlinkedDevices,
+    Unsure,
+)
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.cycle import Cycle
+from scheduler.cycle import Cycle, Profiles
 from scheduler.decision import Decision
 from scheduler.events import EventRecorder
-from scheduler.framework import CycleState, NodeAnswer, Status
+from scheduler.framework import CycleState, NodeAnswer, PodKind, Status
 from scheduler.gang import RECORD_LABEL, GangManager, record_name
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
+from scheduler.nodefit import FitMemory
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import NamedVictims, Preemption
 from scheduler.sharing import SharePolicy
-from scheduler.steps import CpuPods, FairShare, Gang, GangAdmission, HeldDevices, NotOurs, ReadPod, SeenPods, Shares
+from scheduler.steps import (
+    Classify,
+    CpuPods,
+    FairShare,
+    Gang,
+    GangAdmission,
+    GangLease,
+    GangSize,
+    HeldDevices,
+    NotOurs,
+    ReadPod,
+    SeenPods,
+    Shares,
+)
 from scheduler.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -118,49 +143,128 @@ class Extender:
         self._evictions: queue.Queue[Callable[[], None] | None] = queue.Queue()  # evictions, record deletions
         self._evict_thread: threading.Thread | None = None
 
-        # The steps of the cycle (scheduler.framework), and the driver that runs them in order.
+        # The steps of the cycle (scheduler.framework): one cycle per pod kind, chosen when the pod is read.
         self._seen = SeenPods()
         # with the product's policy (icl), its share policy also decides shape-less whole-device pods on
         # nodes without links (scheduler.decision): the decision fill mode's icl replays
         whole_shares = self.shares if self.policy.name is PolicyName.ICL else None
         self.decision = Decision(cache, self.policy, cfg.resource_name, cfg.keep_best_nodes, whole_shares)
+        self.ranker = self.decision.ranker
         self.fit = self.decision.fit
         fits = self.decision.fits
-        self._read = ReadPod(cfg, self._seen)
-        self._shares = Shares(self.shares, fits)
-        self._cpu_pods = CpuPods(self.shares, fits, cfg.decide_cpu_pods, cfg.keep_best_nodes)
+        classify = Classify(self.gangs, cpu_pods=cfg.decide_cpu_pods, unshaped=whole_shares is not None)
+        self._read = ReadPod(cfg, self._seen, classify)
         if cfg.decide_cpu_pods:  # the pods it decides are part of the workload its share policy protects
             cache.count_cpu_pods_of(cfg.scheduler_name)  # a no-op when the cache was built counting them
-        self._not_ours = NotOurs()
-        self._fair = FairShare(cache, cfg, self.gangs, self.fit, fits)
-        # The gang step (public: its group_sizes are the gang sizes read from PodGroup objects).
-        self.gang_step = Gang(self.gangs, api, self._lead, self._lease_wait_s)
+        self._fair = FairShare(cache, cfg, self.gangs, self.ranker, fits)
+        # The gang size step (public: its group_sizes are the gang sizes read from PodGroup objects).
+        self.gang_size = GangSize(api)
         self._record = GangRecord(
             api, self.gangs, cfg.leader_election.namespace, self._holder, self._queue_record_deletion
         )
         self._binding = Binding(api, cache, self.gangs, self._unsure, cfg.kube.request_timeout_s) if api else None
-        self.cycle = Cycle(
-            pre_filter=(
-                self._read,
-                HeldDevices(cache),
-                self._shares,
-                self._cpu_pods,
-                self._not_ours,
-                GangAdmission(self.gangs),
-                self._fair,
-                self.gang_step,
-            ),
-            filter=self.decision.step,
-            score=(self._shares, self._cpu_pods, self._not_ours, self.gang_step, self.decision.step),
-            pre_bind=(Lease(self._lead, self._lease_wait_s), Request()),
-            reserve=(self._record, Devices(cache, self.gangs, self.shares, self.decision, self._unsure)),
-            bind=self._binding,
-            post_bind=(Announce(cfg, self.gangs, self._queue_layouts, self._event),),
-            on_failure=self._failure_event,
-        )
+        self.cycle = Profiles(self._cycles(cfg, cache, whole_shares, fits))
         self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
         self.preemption = Preemption(cache, cfg, self.gangs, self._held_back, self._confirm, self.named_victims)
-        self.metrics.attach_state(self._share_metrics, self.fit.free_shapes)
+        self.metrics.attach_state(self._share_metrics, self.ranker.free_shapes)
+
+    def _cycles(
+        self, cfg: ExtenderConfig, cache: ClusterCache, whole_shares: SharePolicy | None, fits: FitMemory
+    ) -> dict[PodKind, Cycle]:
+        """Each pod kind's steps, in order (docs/scheduler.md, "One request, one cycle of small steps")."""
+        held = HeldDevices(cache)
+        lease = Lease(self._lead, self._lease_wait_s)
+        announce = Announce(cfg, self._event)
+        fail = self._failure_event
+        ranker, fit, unsure, binding = self.ranker, self.fit, self._unsure, self._binding
+        shares = Shares(self.shares, fits)
+        cpu_pods = CpuPods(self.shares, fits, cfg.keep_best_nodes)
+        not_ours = NotOurs()
+        gang = Gang(self.gangs)
+        gang_pre = (
+            held,
+            GangAdmission(self.gangs),
+            self._fair,
+            self.gang_size,
+            GangLease(self._lead, self._lease_wait_s),
+            gang,
+        )
+        cycles = {
+            PodKind.INVALID: Cycle(
+                pre_filter=(self._read,), score=(not_ours,), pre_bind=(lease, Request()), on_failure=fail
+            ),
+            PodKind.NOT_OURS: Cycle(
+                pre_filter=(held, not_ours),
+                score=(not_ours,),
+                pre_bind=(lease,),
+                bind=binding,
+                post_bind=(announce,),
+                on_failure=fail,
+            ),
+            PodKind.CPU_ONLY: Cycle(
+                pre_filter=(held, cpu_pods),
+                score=(cpu_pods,),
+                pre_bind=(lease,),
+                bind=binding,
+                post_bind=(announce,),
+                on_failure=fail,
+            ),
+            PodKind.SHARE: Cycle(
+                pre_filter=(held, shares),
+                score=(shares,),
+                pre_bind=(lease,),
+                reserve=(ShareDevices(cache, self.shares),),
+                bind=binding,
+                post_bind=(announce,),
+                on_failure=fail,
+            ),
+            PodKind.SHAPED: Cycle(
+                pre_filter=(held, self._fair),
+                filter=fit,
+                score=(fit,),
+                pre_bind=(lease,),
+                reserve=(LinkedDevices(cache, unsure, ranker),),
+                bind=binding,
+                post_bind=(announce,),
+                on_failure=fail,
+            ),
+            PodKind.GANG: Cycle(
+                pre_filter=gang_pre,
+                filter=fit,
+                score=(gang, fit),
+                pre_bind=(lease,),
+                reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs, elastic=False)),
+                bind=binding,
+                post_bind=(announce,),
+                on_failure=fail,
+            ),
+            PodKind.ELASTIC_GANG: Cycle(
+                pre_filter=gang_pre,
+                filter=fit,
+                score=(gang, fit),
+                pre_bind=(lease,),
+                reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs, elastic=True)),
+                bind=binding,
+                post_bind=(Announce(cfg, self._event, self._queue_layouts),),
+                on_failure=fail,
+            ),
+        }
+        unlinked = self.decision.unlinked
+        if whole_shares is not None and unlinked is not None:
+            cycles[PodKind.UNSHAPED] = Cycle(
+                pre_filter=(held, self._fair),
+                filter=unlinked,
+                score=(unlinked,),
+                pre_bind=(lease,),
+                reserve=(UnlinkedDevices(cache, unsure, ranker, whole_shares),),
+                bind=binding,
+                post_bind=(announce,),
+                on_failure=fail,
+            )
+        return cycles
+
+        self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
+        self.preemption = Preemption(cache, cfg, self.gangs, self._held_back, self._confirm, self.named_victims)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -276,7 +380,7 @@ class Extender:
 
     def _held_back(self, state: CycleState) -> bool:
         """Whether fair share holds the pod back now (preempt: a held-back pod never preempts)."""
-        return self._fair.verdict(state.info) is not None
+        return self._fair.hold_back(state.info) is not None
 
     # ------------------------------------------------------------------ prioritize
 
@@ -347,8 +451,7 @@ class Extender:
         info, err = self._pod_for_bind(args)
         if info is None:
             return ExtenderBindingResult(err)
-        state = CycleState({}, info, node=args.node, uid=args.pod_uid or info.uid)
-        status = self.cycle.bind(state)
+        status = self.cycle.bind(self._read.bind_state(info, args.node, args.pod_uid or info.uid))
         return ExtenderBindingResult("" if status.ok else status.reason)
 
     def _settle_unsure(self) -> None:

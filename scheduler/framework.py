@@ -4,7 +4,10 @@ Modelled on kube-scheduler's scheduling framework (``pkg/scheduler/framework``):
 step answers with a :class:`Status` (a code, a one-line reason, the step's name), and a
 driver (:class:`scheduler.cycle.Cycle`) runs the steps of each phase in a fixed order:
 
-- **pre-filter** steps see the pod once per filter request: read it, fair share, gang. One
+- the pod is read and **classified once** (:class:`PodKind`); the driver
+  (:class:`scheduler.cycle.Profiles`) then runs that kind's steps only, as kube-scheduler builds
+  one framework per profile;
+- **pre-filter** steps see the pod once per filter request: held devices, fair share, gang. One
   may fail the pod on every node (``UNSCHEDULABLE`` / ``UNRESOLVABLE``), declare it none of
   ours (``SKIP``: every node passes), or decide the nodes itself by setting
   :attr:`CycleState.answer` (kube-scheduler's ``PreFilterResult``);
@@ -16,7 +19,11 @@ driver (:class:`scheduler.cycle.Cycle`) runs the steps of each phase in a fixed 
 - the **bind** step posts the Binding; ``PENDING`` means its outcome is not known yet, so
   the reservations stay; **post-bind** steps then tell others (events, layouts).
 
-Steps do not call each other; what one finds for the next is left on the :class:`CycleState`.
+Steps do not call each other. What one step computes for a later one is written into the
+:class:`CycleState` under that step's own :class:`StateKey` (kube-scheduler's ``CycleState`` with
+its ``StateKey``), typed, so mypy checks every reader. A step answers a code and a reason only;
+the driver names the step and derives the metrics label and the Event reason from the step's
+:attr:`Step.outcomes`.
 """
 
 from __future__ import annotations
@@ -24,25 +31,46 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from scheduler.podspec import PodInfo
 from topology import Shape
 
 __all__ = [
+    "DEFAULT_OUTCOMES",
     "OK",
     "BindStep",
     "Code",
     "CycleState",
     "FilterStep",
     "NodeAnswer",
+    "Outcome",
+    "PodKind",
     "PostBindStep",
     "PreBindStep",
     "PreFilterStep",
     "ReserveStep",
     "ScoreStep",
+    "StateKey",
     "Status",
+    "Step",
+    "outcome_of",
 ]
+
+T = TypeVar("T")
+
+
+class PodKind(enum.StrEnum):
+    """What a pod is to the extender, decided once when the pod is read; each kind has its own steps."""
+
+    INVALID = "invalid"  # its annotations cannot be read: every node fails with the reason
+    NOT_OURS = "not-ours"  # asks none of our devices: every node passes, score 0
+    CPU_ONLY = "cpu-only"  # asks no device, and the extender decides those (decideCpuPods)
+    SHARE = "share"  # a fraction of one device: the share policy decides
+    UNSHAPED = "unshaped"  # whole devices, no shape, no gang: the share policy on nodes without links
+    SHAPED = "shaped"  # whole devices on the topology-aware policy (a shape, or a policy other than icl)
+    GANG = "gang"  # a member of a gang: its reservation, then the topology-aware policy
+    ELASTIC_GANG = "elastic-gang"  # a member of a gang that may grow and shrink between its limits
 
 
 class Code(enum.Enum):
@@ -57,13 +85,19 @@ class Code(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Status:
-    """A step's answer: its code, why (one line), which step said so, and the event to record.
+class Outcome:
+    """What the driver makes of one code from one step: the decision's outcome as the metrics count it
+    (``kube_icl_decisions_total``), and the reason of the Kubernetes Event it records on the pod when
+    the status is a failure ("" for none)."""
 
-    ``label`` is the decision's outcome as the metrics count it (``kube_icl_decisions_total``);
-    ``event`` is the reason of the Kubernetes Event the driver records on the pod when the
-    status is a failure ("" for none).
-    """
+    label: str = ""
+    event: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """A step's answer: its code and why (one line). The driver adds which step said so (``plugin``)
+    and, from that step's :attr:`Step.outcomes`, the metrics ``label`` and the ``event`` to record."""
 
     code: Code = Code.SUCCESS
     reason: str = ""
@@ -75,11 +109,9 @@ class Status:
     def ok(self) -> bool:
         return self.code is Code.SUCCESS
 
-    def by(self, plugin: str) -> Status:
-        """This status, naming ``plugin`` when it names no step yet."""
-        if self.plugin:
-            return self
-        return Status(self.code, self.reason, plugin, self.label, self.event)
+    def by(self, plugin: str, outcome: Outcome) -> Status:
+        """This status as step ``plugin`` returned it, with that step's outcome for its code."""
+        return Status(self.code, self.reason, plugin, outcome.label, outcome.event)
 
 
 OK = Status()
@@ -104,58 +136,93 @@ class NodeAnswer:
         return cls([], dict.fromkeys(names, status.reason), {})
 
 
+class StateKey(Generic[T]):
+    """The key of one value a step leaves in the :class:`CycleState` for later steps; its type
+    parameter is the value's type, so a reader gets that type back (kube-scheduler's ``StateKey``).
+    Keys compare by identity: each step module owns its keys as module constants."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.name!r})"
+
+
 @dataclass(slots=True)
 class CycleState:
-    """One request's cycle: the pod as read once, and what steps leave for the next ones."""
+    """One request's cycle: the pod as read once (``info``, ``shape``, ``kind``), the request (``names``;
+    bind: ``node``, ``uid``), the filter's ``answer``, and what steps leave for later ones under
+    their :class:`StateKey` (:meth:`read`, :meth:`write`)."""
 
     pod: Mapping[str, Any]
     info: PodInfo
     shape: Shape | None = None  # None: the pod asks for none of our whole devices
-    error: str = ""  # the pod's annotations cannot be read: every node fails with this
+    kind: PodKind = PodKind.NOT_OURS
     names: list[str] = field(default_factory=list)
-    answer: NodeAnswer | None = None  # set by a pre-filter step that decides the nodes itself
-    admitted: bool = False  # a gang member whose gang holds a reservation (admitted as a whole)
-    need: Any = None  # the node-fit step's request (shape, CPU/memory, stranding ratios, memo key)
-    # bind
-    node: str = ""
-    uid: str = ""
-    devices: tuple[str, ...] = ()
-    slot: Any = None  # the gang slot claimed for the pod (scheduler.gang.Slot)
-    assumed: bool = False  # the devices were assumed by this bind (a retried bind re-uses them)
-    annotations: dict[str, str] = field(default_factory=dict)
+    answer: NodeAnswer | None = None  # set by a pre-filter step that decides the nodes itself, or the filter
+    node: str = ""  # bind: the node kube-scheduler chose
+    uid: str = ""  # bind: the pod's uid as kube-scheduler sent it
+    data: dict[StateKey[Any], object] = field(default_factory=dict)
+
+    def read(self, key: StateKey[T]) -> T | None:
+        """What the step owning ``key`` wrote, or ``None`` when it wrote nothing (or did not run)."""
+        return cast("T | None", self.data.get(key))
+
+    def write(self, key: StateKey[T], value: T) -> None:
+        self.data[key] = value
 
 
-class PreFilterStep(Protocol):
-    name: str
+class Step(Protocol):
+    """What every step has: its name (``Status.plugin``), and what a status of each code it returns
+    means for the metrics and the Events (a code it does not list: :data:`DEFAULT_OUTCOMES`)."""
 
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def outcomes(self) -> Mapping[Code, Outcome]: ...
+
+
+DEFAULT_OUTCOMES: Mapping[Code, Outcome] = {
+    Code.SUCCESS: Outcome("fit"),
+    Code.SKIP: Outcome("ignored"),
+    Code.UNSCHEDULABLE: Outcome("unschedulable"),
+    Code.UNRESOLVABLE: Outcome("unschedulable"),
+    Code.PENDING: Outcome("error"),
+    Code.ERROR: Outcome("error"),
+}
+"""What a status means when its step lists nothing for its code."""
+
+
+def outcome_of(step: Step, status: Status) -> Status:
+    """``status`` as ``step`` returned it: named after the step, with the step's outcome for its code."""
+    outcome = step.outcomes.get(status.code) or DEFAULT_OUTCOMES[status.code]
+    return status.by(step.name, outcome)
+
+
+class PreFilterStep(Step, Protocol):
     def pre_filter(self, state: CycleState) -> Status: ...
 
 
-class FilterStep(Protocol):
-    name: str
-
+class FilterStep(Step, Protocol):
     def filter(self, state: CycleState, names: list[str]) -> Status:
         """Set ``state.answer`` for ``names``; a failure status when no node passes."""
         ...
 
 
-class ScoreStep(Protocol):
-    name: str
-
+class ScoreStep(Step, Protocol):
     def score(self, state: CycleState, names: list[str]) -> list[int] | None:
         """0..10 per name, in order; ``None`` when this step has no say for the pod."""
         ...
 
 
-class PreBindStep(Protocol):
-    name: str
-
+class PreBindStep(Step, Protocol):
     def pre_bind(self, state: CycleState) -> Status: ...
 
 
-class ReserveStep(Protocol):
-    name: str
-
+class ReserveStep(Step, Protocol):
     def reserve(self, state: CycleState) -> Status: ...
 
     def unreserve(self, state: CycleState) -> None:
@@ -163,13 +230,9 @@ class ReserveStep(Protocol):
         ...
 
 
-class BindStep(Protocol):
-    name: str
-
+class BindStep(Step, Protocol):
     def bind(self, state: CycleState) -> Status: ...
 
 
-class PostBindStep(Protocol):
-    name: str
-
+class PostBindStep(Step, Protocol):
     def post_bind(self, state: CycleState) -> None: ...

@@ -1,4 +1,8 @@
-"""The per-node filter and score step: does the shape fit this node's free devices, and how well.
+"""The topology-aware ranker and the per-node filter and score step that uses it.
+
+:class:`LinkedRanker` drives the topology-aware policy (:class:`topology.policy.LinkedPolicy`, a pure
+function of one node's state) over a node source: does the shape fit this node's free devices, how
+well, and which devices. :class:`NodeFit` is the cycle's filter and score step over it.
 
 Per-node answers are memoised on (topology fingerprint, free mask, shape), so a filter over
 thousands of nodes that share a few topologies is a dictionary lookup per node. With
@@ -9,18 +13,18 @@ by score (:class:`FitTiers`), kept up to date from the cache's log of view chang
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Protocol
 
 from scheduler.cache import NodeView
 from scheduler.events import summarize_failures
-from scheduler.framework import Code, CycleState, NodeAnswer, Status
+from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, Status
 from scheduler.podspec import PodInfo
 from topology import Shape, ShapeKind, pack_node
 from topology.policy import Ask as PolicyAsk
 from topology.policy import Balance, LinkedPolicy, NodeInput, Verdict
 
-__all__ = ["FitMemory", "FitTiers", "Need", "NodeEval", "NodeFit", "NodeSource"]
+__all__ = ["FitMemory", "FitTiers", "LinkedRanker", "Need", "NodeEval", "NodeFit", "NodeSource"]
 
 _MEMO_LIMIT = 200_000
 _NO_BALANCE = Balance()
@@ -31,6 +35,9 @@ Need = tuple[PolicyAsk, Balance, str]  # the policy's request, the stranding rat
 
 NodeEval = Verdict
 """One node's answer for one shape: fits or why not, and its 0..10 score (the policy's own verdict)."""
+
+FAILED_PLACEMENT = Outcome("unschedulable", "FailedPlacement")
+"""What a filter step's ``UNSCHEDULABLE`` means: no node fits; the pod gets a ``FailedPlacement`` Event."""
 
 
 class FitTiers:
@@ -123,17 +130,14 @@ class FitMemory:
         return self._last.get(uid) is False
 
 
-class NodeFit:
-    """Filter and score step: the shared policy's verdict per node (:meth:`LinkedPolicy.evaluate`)."""
+class LinkedRanker:
+    """Drives the topology-aware policy (:meth:`LinkedPolicy.evaluate`, :meth:`LinkedPolicy.devices`) over a
+    node source: memoised verdicts per node state, the best-nodes index, the devices on one node."""
 
-    name = "NodeFit"
-
-    def __init__(self, cache: NodeSource, policy: LinkedPolicy, resource: str, keep_best: int, fits: FitMemory) -> None:
-        self.cache = cache
+    def __init__(self, nodes: NodeSource, policy: LinkedPolicy, resource: str) -> None:
+        self.nodes = nodes
         self.policy = policy
         self.resource = resource
-        self.keep_best = keep_best
-        self.fits = fits
         self.memo: dict[tuple[Any, ...], NodeEval] = {}
         self._fit_index: dict[str, tuple[int, FitTiers]] = {}  # shape -> (views version, fitting nodes)
         self._fit_lock = threading.Lock()
@@ -143,7 +147,7 @@ class NodeFit:
     def need(self, shape: Shape, info: PodInfo | None = None) -> Need:
         """The policy's request for ``shape`` (with the pod's CPU/memory), the stranding ratios, and
         the memo key of both: the shape text alone while no stranding term applies."""
-        balance = self.cache.balance() if self.policy.weights.stranding > 0 else _NO_BALANCE
+        balance = self.nodes.balance() if self.policy.weights.stranding > 0 else _NO_BALANCE
         cpu, mem = (info.cpu_milli, info.mem_mib) if info is not None else (0, 0)
         if balance == _NO_BALANCE:
             return PolicyAsk(shape, cpu, mem), balance, str(shape)
@@ -177,26 +181,22 @@ class NodeFit:
         node = NodeInput(view.topology, view.free, view.unattributed, view.admits, view.cpu_free, view.mem_free)
         return self.policy.evaluate(node, ask, balance, resource=self.resource)
 
-    # ------------------------------------------------------------------ the steps
+    # ------------------------------------------------------------------ over many nodes
 
-    def filter(self, state: CycleState, names: list[str]) -> Status:
-        shape = state.shape
-        assert shape is not None
-        info = state.info
-        need = state.need = self.need(shape, info)
+    def answer(self, info: PodInfo, shape: Shape, names: list[str], keep: int) -> NodeAnswer:
+        """Which of ``names`` the shape fits and why each other one does not. With ``keep`` > 0, when some
+        node fits, only the ``keep`` best of them and no reasons (:meth:`best_fitting`); when none
+        fits, every node's reason."""
+        need = self.need(shape, info)
         skey = need[2]
-        if self.keep_best > 0:
-            # Only the best pass and no reasons are sent when some node passes: the fit index answers
-            # with set operations per score level. When none fits, the full loop below gives every reason.
-            best = self.best_fitting(names, need, shape, self.keep_best)
+        if keep > 0:
+            best = self.best_fitting(names, need, shape, keep)
             if best:
-                self.fits.note(info.uid, True)
-                state.answer = NodeAnswer(best)
-                return Status(label="fit")
+                return NodeAnswer(best)
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        views_get = self.cache.view_lookup()
+        views_get = self.nodes.view_lookup()
         evaluate = self.evaluate
         for name in names:
             view = views_get(name)
@@ -209,21 +209,14 @@ class NodeFit:
                 else:
                     failed[name] = ev.reason
                 continue
-            why, hopeless = self.cache.node_problem(name)
+            why, hopeless = self.nodes.node_problem(name)
             (unresolvable if hopeless else failed)[name] = why
-        self.fits.note(info.uid, bool(passed))
-        state.answer = NodeAnswer(passed, failed, unresolvable)
-        if not passed and names:
-            summary = summarize_failures({**failed, **unresolvable}, len(names), str(shape))
-            return Status(Code.UNSCHEDULABLE, summary, label="unschedulable", event="FailedPlacement")
-        return Status(label="fit")
+        return NodeAnswer(passed, failed, unresolvable)
 
-    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
-        shape = state.shape
-        if shape is None:
-            return None
-        views_get = self.cache.view_lookup()
-        need = self.need(shape, state.info)
+    def scores(self, info: PodInfo, shape: Shape, names: list[str]) -> list[int]:
+        """0..10 per name: the policy's score where the shape fits, 0 elsewhere."""
+        views_get = self.nodes.view_lookup()
+        need = self.need(shape, info)
         skey = need[2]
         evaluate = self.evaluate
         out: list[int] = []
@@ -237,6 +230,20 @@ class NodeFit:
             append(ev.score if ev.ok else 0)
         return out
 
+    def devices(self, view: NodeView, shape: Shape) -> tuple[str, ...] | None:
+        """The devices the policy takes for ``shape`` on this node view; ``None`` when it does not fit."""
+        if len(view.free) - view.unattributed < shape.size:
+            return None
+        placement = self.policy.devices(view.topology, view.free, shape)
+        return placement.devices if placement is not None else None
+
+    def pick(self, shape: Shape, node: str, view: NodeView) -> tuple[tuple[str, ...], str]:
+        """Bind: the devices on ``node``, or ((), why not)."""
+        devices = self.devices(view, shape)
+        if devices is None:
+            return (), f"{node}: {shape.describe()} no longer fits: {self.evaluate(view, shape).reason}"
+        return devices, ""
+
     def best_fitting(self, names: list[str], need: Need, shape: Shape, keep: int) -> list[str]:
         """The ``keep`` best of ``names`` where ``shape`` fits now (:meth:`FitTiers.best`).
 
@@ -247,10 +254,10 @@ class NodeFit:
         skey = need[2]
         with self._fit_lock:
             hit = self._fit_index.get(skey)
-            version, changed = self.cache.views_changed_since(hit[0] if hit is not None else -1)
+            version, changed = self.nodes.views_changed_since(hit[0] if hit is not None else -1)
             if hit is None or changed is None:
                 tiers = FitTiers()
-                for name, view in self.cache.ready_views().items():
+                for name, view in self.nodes.ready_views().items():
                     ev = self.evaluate(view, shape, skey, need)
                     if ev.ok:
                         tiers.put(name, ev.score)
@@ -258,7 +265,7 @@ class NodeFit:
                     self._fit_index.pop(next(iter(self._fit_index)))  # a new shape: drop the oldest
             else:
                 tiers = hit[1]
-                view_of = self.cache.view_lookup()
+                view_of = self.nodes.view_lookup()
                 for name in changed:
                     now = view_of(name)
                     after = self.evaluate(now, shape, skey, need) if now is not None else None
@@ -271,7 +278,7 @@ class NodeFit:
     def free_shapes(self) -> dict[tuple[str, str], int]:
         """Per node, how many rings of 1, 2, 4, ... devices its free devices still hold."""
         out: dict[tuple[str, str], int] = {}
-        for name, view in self.cache.every_view().items():
+        for name, view in self.nodes.every_view().items():
             n = len(view.topology.healthy_ids)
             k = 1
             while k <= n:
@@ -287,3 +294,30 @@ class NodeFit:
                 out[(name, f"ring:{k}")] = hit.score
                 k *= 2
         return out
+
+
+class NodeFit:
+    """The per-node filter and score step of the topology-aware kinds: the ranker's verdict per node."""
+
+    name = "NodeFit"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: FAILED_PLACEMENT}
+
+    def __init__(self, ranker: LinkedRanker, fits: FitMemory, keep_best: int) -> None:
+        self.ranker = ranker
+        self.fits = fits
+        self.keep_best = keep_best
+
+    def filter(self, state: CycleState, names: list[str]) -> Status:
+        shape = state.shape
+        assert shape is not None
+        answer = state.answer = self.ranker.answer(state.info, shape, names, self.keep_best)
+        self.fits.note(state.info.uid, bool(answer.passed))
+        if not answer.passed and names:
+            summary = summarize_failures({**answer.failed, **answer.unresolvable}, len(names), str(shape))
+            return Status(Code.UNSCHEDULABLE, summary)
+        return OK
+
+    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
+        if state.shape is None:
+            return None
+        return self.ranker.scores(state.info, state.shape, names)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from scheduler import fairshare
 from scheduler.cache import ClusterCache, share_free
 from scheduler.config import ExtenderConfig
-from scheduler.framework import CycleState
+from scheduler.framework import CycleState, PodKind
 from scheduler.gang import GangManager
 from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
 from topology import Placer, Shape
@@ -157,7 +157,7 @@ class Preemption:
 
     def victims(self, state: CycleState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         proposed = {n: (tuple(dict.fromkeys(u)), pdb) for n, (u, pdb) in args.victim_uids().items() if u}
-        if state.error:
+        if state.kind is PodKind.INVALID:
             return ExtenderPreemptionResult({})
         preemptor = state.uid or state.info.uid
         # This pod's own earlier victims wherever they are, and any named victim on a proposed node:

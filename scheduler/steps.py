@@ -1,15 +1,14 @@
 """The filter and prioritize steps of the extender's cycle (:mod:`scheduler.framework`).
 
-Pre-filter, in this order: :class:`ReadPod` (the pod's annotations), :class:`HeldDevices`
-(a pod whose last bind is not settled goes back where its devices are), :class:`Shares`
-(a fraction of a device: the share policy decides the nodes), :class:`CpuPods` (no device
-asked, with ``decideCpuPods``: the share policy decides the nodes), :class:`NotOurs` (no device of
-ours asked: skip), :class:`GangAdmission` (is the member's gang admitted as a whole),
-:class:`FairShare` (may hold the pod back), :class:`Gang` (the gang's size, the lease, the
-gang's reservation or next-to-members rule). Then :class:`scheduler.nodefit.NodeFit` per node.
-
-Score: :class:`Shares`, :class:`CpuPods`, :class:`NotOurs` (zeros), :class:`Gang` (its reserved nodes), then
-:class:`scheduler.nodefit.NodeFit`.
+:class:`ReadPod` reads the pod once and classifies it (:class:`Classify`: its
+:class:`scheduler.framework.PodKind`); each kind then runs its own steps (the extender lists them):
+:class:`HeldDevices` (a pod whose last bind is not settled goes back where its devices are),
+:class:`Shares` (a fraction of a device: the share policy decides the nodes), :class:`CpuPods` (no
+device asked, with ``decideCpuPods``: the share policy decides the nodes), :class:`NotOurs` (no
+device of ours asked: skip), :class:`GangAdmission` (is the member's gang admitted as a whole),
+:class:`FairShare` (may hold the pod back), :class:`GangSize`, :class:`GangLease` and :class:`Gang`
+(the gang's reservation or next-to-members rule), then the per-node filter
+(:class:`scheduler.nodefit.NodeFit`, :class:`scheduler.decision.UnlinkedFit`).
 """
 
 from __future__ import annotations
@@ -19,32 +18,42 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from scheduler import fairshare
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.events import summarize_failures
-from scheduler.framework import OK, Code, CycleState, NodeAnswer, Status
+from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, StateKey, Status
 from scheduler.gang import GangManager
 from scheduler.kube import KubeAPI, KubeError
-from scheduler.nodefit import FitMemory, NodeFit
+from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker
 from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, PodInfo, PodSpecError, pod_info
-from scheduler.sharing import SharePolicy
+from scheduler.sharing import SharePolicy, decides_whole
 from scheduler.wire import MAX_PRIORITY
-from topology import ShapeError, parse_shape
+from topology import Shape, ShapeError, parse_shape
 
 __all__ = [
+    "ADMITTED",
+    "POD_ERROR",
+    "Classify",
     "CpuPods",
     "FairShare",
     "Gang",
     "GangAdmission",
+    "GangLease",
+    "GangSize",
     "HeldDevices",
     "NotOurs",
     "ReadPod",
     "SeenPods",
     "Shares",
 ]
+
+POD_ERROR: StateKey[str] = StateKey("ReadPod.error")
+"""Why the pod's annotations cannot be read (written by :class:`ReadPod` for an ``INVALID`` pod)."""
+ADMITTED: StateKey[bool] = StateKey("GangAdmission.admitted")
+"""Whether the member's gang holds a reservation that admits it (written by :class:`GangAdmission`)."""
 
 
 class SeenPods:
@@ -69,16 +78,53 @@ class SeenPods:
             return self._pods.get(uid) or self._pods.get(f"{namespace}/{name}")
 
 
+class Classify:
+    """A pod's kind (:class:`PodKind`), decided once from what it asks: ``cpu_pods``: the extender decides
+    pods asking no device (``decideCpuPods``); ``unshaped``: the share policy decides whole-device pods
+    asking no shape on nodes without links (the ``icl`` policy); ``gangs``: which gangs are elastic."""
+
+    def __init__(self, gangs: GangManager | None, *, cpu_pods: bool, unshaped: bool) -> None:
+        self.gangs = gangs
+        self.cpu_pods = cpu_pods
+        self.unshaped = unshaped
+
+    def kind(self, info: PodInfo, shape: Shape | None, error: str) -> PodKind:
+        if error:
+            return PodKind.INVALID
+        if info.milli:
+            return PodKind.SHARE
+        if shape is None:
+            return PodKind.CPU_ONLY if self.cpu_pods else PodKind.NOT_OURS
+        if info.gang is not None:
+            elastic = self.gangs is not None and self.gangs.is_elastic(info.gang)
+            return PodKind.ELASTIC_GANG if elastic else PodKind.GANG
+        if self.unshaped and decides_whole(info, shape):
+            return PodKind.UNSHAPED
+        return PodKind.SHAPED
+
+
 class ReadPod:
-    """Reads the pod once per request (:meth:`state`); fails it on every node when it cannot be read."""
+    """Reads the pod once per request and classifies it (:meth:`state`, :meth:`bind_state`); the first
+    step of an ``INVALID`` pod, which it fails on every node."""
 
     name = "ReadPod"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNRESOLVABLE: Outcome("invalid", "InvalidPlacementRequest")}
 
-    def __init__(self, cfg: ExtenderConfig, seen: SeenPods) -> None:
+    def __init__(self, cfg: ExtenderConfig, seen: SeenPods, classify: Classify) -> None:
         self.cfg = cfg
         self.seen = seen
+        self.classify = classify
+
+    def _state(
+        self, pod: Mapping[str, Any], info: PodInfo, shape: Shape | None, error: str, names: list[str]
+    ) -> CycleState:
+        state = CycleState(pod, info, shape, self.classify.kind(info, shape, error), names)
+        if error:
+            state.write(POD_ERROR, error)
+        return state
 
     def state(self, pod: Mapping[str, Any], names: list[str]) -> CycleState:
+        """The cycle state of a filter, prioritize or preempt request for ``pod`` over ``names``."""
         try:
             info = pod_info(pod, self.cfg.resource_name, self.cfg.shared_resource_name)
         except PodSpecError as exc:
@@ -90,20 +136,32 @@ class ReadPod:
                 0,
                 "any",
             )
-            return CycleState(pod, info, None, str(exc), names)
+            return self._state(pod, info, None, str(exc), names)
         if info.count == 0:
-            return CycleState(pod, info, None, "", names)
+            return self._state(pod, info, None, "", names)
         try:
             shape = parse_shape(info.shape, count=info.count)
         except ShapeError as exc:
-            return CycleState(pod, info, None, f"annotation {ANN_SHAPE}: {exc}", names)
+            return self._state(pod, info, None, f"annotation {ANN_SHAPE}: {exc}", names)
         self.seen.note(info)
-        return CycleState(pod, info, shape, "", names)
+        return self._state(pod, info, shape, "", names)
+
+    def bind_state(self, info: PodInfo, node: str, uid: str) -> CycleState:
+        """The cycle state of a bind of the pod ``info`` (read by the bind) to ``node``."""
+        shape: Shape | None = None
+        error = ""
+        if info.count > 0:
+            try:
+                shape = parse_shape(info.shape, count=info.count)
+            except ShapeError as exc:
+                error = f"annotation {ANN_SHAPE}: {exc}"
+        state = self._state({}, info, shape, error, [])
+        state.node, state.uid = node, uid
+        return state
 
     def pre_filter(self, state: CycleState) -> Status:
-        if state.error:
-            return Status(Code.UNRESOLVABLE, state.error, label="invalid", event="InvalidPlacementRequest")
-        return OK
+        error = state.read(POD_ERROR)
+        return Status(Code.UNRESOLVABLE, error) if error else OK
 
 
 class HeldDevices:
@@ -111,6 +169,7 @@ class HeldDevices:
     retry may only go where they are, or they would sit idle until the doubt is settled."""
 
     name = "HeldDevices"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {}
 
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
@@ -122,7 +181,7 @@ class HeldDevices:
             return OK
         why = f"pod {info.key} already holds devices on {held[0]} (its last bind is not settled yet)"
         state.answer = NodeAnswer([held[0]], dict.fromkeys((n for n in state.names if n != held[0]), why), {})
-        return Status(label="fit")
+        return OK
 
 
 class Shares:
@@ -131,6 +190,7 @@ class Shares:
     of them and no reasons while one passes), prioritize scores them :data:`MAX_PRIORITY`."""
 
     name = "Shares"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: FAILED_PLACEMENT}
     deviceless = False  # whether a node without devices of ours ranks as a node with none (CpuPods)
 
     def __init__(self, shares: SharePolicy, fits: FitMemory, keep_best: int = 0) -> None:
@@ -138,34 +198,26 @@ class Shares:
         self.fits = fits
         self.keep_best = keep_best
 
-    def mine(self, state: CycleState) -> bool:
-        """Whether this step decides the pod."""
-        return bool(state.info.milli) and not state.error
-
     def what(self, info: PodInfo) -> str:
         return f"a share of {info.milli} milli-devices"
 
     def pre_filter(self, state: CycleState) -> Status:
-        if not self.mine(state):
-            return OK
         info, keep = state.info, self.keep_best
         if keep > 0:
             best = self.shares.decide(info, state.names, reasons=False, deviceless=self.deviceless).best
             if best:
                 self.fits.note(info.uid, True)
                 state.answer = NodeAnswer(best[:keep])
-                return Status(label="fit")
+                return OK
         share = self.shares.decide(info, state.names, deviceless=self.deviceless)
         self.fits.note(info.uid, bool(share.best))
         state.answer = NodeAnswer(share.best, share.failed, {})
         if not share.best and state.names:
             summary = summarize_failures(share.failed, len(state.names), self.what(info))
-            return Status(Code.UNSCHEDULABLE, summary, label="unschedulable", event="FailedPlacement")
-        return Status(label="fit")
+            return Status(Code.UNSCHEDULABLE, summary)
+        return OK
 
     def score(self, state: CycleState, names: list[str]) -> list[int] | None:
-        if not self.mine(state):
-            return None
         best = set(self.shares.decide(state.info, names, reasons=False, deviceless=self.deviceless).best)
         return [MAX_PRIORITY if n in best else 0 for n in names]
 
@@ -179,13 +231,6 @@ class CpuPods(Shares):
     name = "CpuPods"
     deviceless = True
 
-    def __init__(self, shares: SharePolicy, fits: FitMemory, enabled: bool, keep_best: int = 0) -> None:
-        super().__init__(shares, fits, keep_best)
-        self.enabled = enabled
-
-    def mine(self, state: CycleState) -> bool:
-        return self.enabled and state.shape is None and not state.error and not state.info.milli
-
     def what(self, info: PodInfo) -> str:
         return "a pod asking no device"
 
@@ -194,16 +239,13 @@ class NotOurs:
     """A pod that asks for none of our devices (or cannot be read, at score): every node passes, 0 each."""
 
     name = "NotOurs"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {}
 
     def pre_filter(self, state: CycleState) -> Status:
-        if state.shape is None:
-            return Status(Code.SKIP, label="ignored")
-        return OK
+        return Status(Code.SKIP)
 
     def score(self, state: CycleState, names: list[str]) -> list[int] | None:
-        if state.shape is None or state.error:
-            return [0] * len(names)
-        return None
+        return [0] * len(names)
 
 
 class GangAdmission:
@@ -211,12 +253,13 @@ class GangAdmission:
     a gang with a reservation was admitted as a whole)."""
 
     name = "GangAdmission"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {}
 
     def __init__(self, gangs: GangManager) -> None:
         self.gangs = gangs
 
     def pre_filter(self, state: CycleState) -> Status:
-        state.admitted = state.info.gang is not None and self.gangs.admitted(state.info)
+        state.write(ADMITTED, state.info.gang is not None and self.gangs.admitted(state.info))
         return OK
 
 
@@ -225,25 +268,26 @@ class FairShare:
     share waits while an under-share queue has a pod that fits somewhere."""
 
     name = "FairShare"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNRESOLVABLE: Outcome("held", "QueueHeldBack")}
 
     def __init__(
-        self, cache: ClusterCache, cfg: ExtenderConfig, gangs: GangManager, fit: NodeFit, fits: FitMemory
+        self, cache: ClusterCache, cfg: ExtenderConfig, gangs: GangManager, ranker: LinkedRanker, fits: FitMemory
     ) -> None:
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
-        self.fit = fit
+        self.ranker = ranker
         self.fits = fits
 
     def pre_filter(self, state: CycleState) -> Status:
-        if state.admitted:
+        if state.read(ADMITTED):
             return OK
-        verdict = self.verdict(state.info)
-        if verdict is None:
+        hold = self.hold_back(state.info)
+        if hold is None:
             return OK
-        return Status(Code.UNRESOLVABLE, verdict.reason, label="held", event="QueueHeldBack")
+        return Status(Code.UNRESOLVABLE, hold.reason)
 
-    def verdict(self, info: PodInfo) -> fairshare.HoldBack | None:
+    def hold_back(self, info: PodInfo) -> fairshare.HoldBack | None:
         """Why the pod's queue must wait, or ``None`` when it may go."""
         used = self.cache.used_by_queue()
         capacity = self.cache.capacity()
@@ -299,62 +343,28 @@ class FairShare:
                     shape = parse_shape(p.shape, count=p.count)
                 except ShapeError:
                     continue
-                if any(self.fit.evaluate(v, shape).ok for v in views.values()):
+                if any(self.ranker.evaluate(v, shape).ok for v in views.values()):
                     out[q] = f"pod {p.key} ({shape.describe()})"
                     break
         return out
 
 
-class Gang:
-    """A gang member: its size (from the native group object when no annotation gives it), the lease
-    (a reservation is a decision: only the lease holder makes one), then the gang's plan: the
-    reserved nodes, or next to its running members."""
+class GangSize:
+    """A member whose gang has no size annotation: the size from the native group object (PodGroup,
+    Workload), read once per 30 s; the member cannot be placed without it."""
 
-    name = "Gang"
+    name = "GangSize"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNRESOLVABLE: Outcome("invalid", "GangNotPlaced")}
 
-    def __init__(
-        self,
-        gangs: GangManager,
-        api: KubeAPI | None,
-        lead: Callable[[float], str],
-        lease_wait_s: float,
-    ) -> None:
-        self.gangs = gangs
+    def __init__(self, api: KubeAPI | None) -> None:
         self.api = api
-        self.lead = lead
-        self.lease_wait_s = lease_wait_s
         self.group_sizes: dict[tuple[str, str, str, str], tuple[int | None, float]] = {}
 
     def pre_filter(self, state: CycleState) -> Status:
-        info = state.info
-        if info.gang is None:
+        if state.read(ADMITTED) or state.info.gang is None or state.info.gang.size != 0:
             return OK
-        if not state.admitted:
-            if info.gang.size == 0:
-                info, why = self.resolve_size(info)
-                state.info = info
-                if why:
-                    return Status(Code.UNRESOLVABLE, why, label="invalid", event="GangNotPlaced")
-            why = self.lead(self.lease_wait_s)
-            if why:
-                return Status(Code.UNSCHEDULABLE, why, label="held")
-        assert info.gang is not None and state.shape is not None
-        allowed, reason = self.gangs.plan(info, state.shape, state.names)
-        if reason:
-            return Status(Code.UNSCHEDULABLE, reason, label="unschedulable", event="GangNotPlaced")
-        if allowed is None:
-            return OK  # beyond the gang's size: placed like a plain pod
-        where = ", ".join(sorted(allowed))
-        msg = f"gang {info.gang.name!r} places this member on {where} (reserved, or next to its members)"
-        names = state.names
-        state.answer = NodeAnswer([n for n in names if n in allowed], {}, {n: msg for n in names if n not in allowed})
-        return Status(label="gang")
-
-    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
-        open_nodes = self.gangs.open_nodes_for(state.info)
-        if open_nodes is None:
-            return None
-        return [MAX_PRIORITY if n in open_nodes else 0 for n in names]
+        state.info, why = self.resolve_size(state.info)
+        return Status(Code.UNRESOLVABLE, why) if why else OK
 
     def resolve_size(self, info: PodInfo) -> tuple[PodInfo, str]:
         """Fill in the member count from the native group object (PodGroup, Workload); cached 30 s."""
@@ -385,3 +395,56 @@ class Gang:
                 f"create it or set annotation {ANN_GANG_SIZE}"
             )
         return dataclasses.replace(info, gang=dataclasses.replace(gang, size=hit[0])), ""
+
+
+class GangLease:
+    """A gang's reservation is a decision: only the lease holder makes one (a member not admitted yet
+    waits while another replica holds the lease)."""
+
+    name = "GangLease"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: Outcome("held")}
+
+    def __init__(self, lead: Callable[[float], str], lease_wait_s: float) -> None:
+        self.lead = lead
+        self.lease_wait_s = lease_wait_s
+
+    def pre_filter(self, state: CycleState) -> Status:
+        if state.read(ADMITTED):
+            return OK
+        why = self.lead(self.lease_wait_s)
+        return Status(Code.UNSCHEDULABLE, why) if why else OK
+
+
+class Gang:
+    """A gang member: the gang's plan, the reserved nodes or next to its running members (a member
+    beyond the gang's size goes on to the per-node filter, as a plain pod); prioritize: the nodes of
+    its open reserved slots."""
+
+    name = "Gang"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {
+        Code.SUCCESS: Outcome("gang"),
+        Code.UNSCHEDULABLE: Outcome("unschedulable", "GangNotPlaced"),
+    }
+
+    def __init__(self, gangs: GangManager) -> None:
+        self.gangs = gangs
+
+    def pre_filter(self, state: CycleState) -> Status:
+        info = state.info
+        assert info.gang is not None and state.shape is not None
+        allowed, reason = self.gangs.plan(info, state.shape, state.names)
+        if reason:
+            return Status(Code.UNSCHEDULABLE, reason)
+        if allowed is None:
+            return OK  # beyond the gang's size: placed like a plain pod
+        where = ", ".join(sorted(allowed))
+        msg = f"gang {info.gang.name!r} places this member on {where} (reserved, or next to its members)"
+        names = state.names
+        state.answer = NodeAnswer([n for n in names if n in allowed], {}, {n: msg for n in names if n not in allowed})
+        return OK
+
+    def score(self, state: CycleState, names: list[str]) -> list[int] | None:
+        open_nodes = self.gangs.open_nodes_for(state.info)
+        if open_nodes is None:
+            return None
+        return [MAX_PRIORITY if n in open_nodes else 0 for n in names]

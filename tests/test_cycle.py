@@ -7,17 +7,23 @@ are covered through its verbs by the wire, gang, fair-share and preemption tests
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.cycle import Cycle
-from scheduler.framework import OK, Code, CycleState, NodeAnswer, Status
+from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, Status
 from scheduler.podspec import PodInfo, pod_info
 from tests.support.extender import pod_obj
 
 NAMES = ["n1", "n2", "n3"]
+
+
+def _outcomes(status: Status) -> Mapping[Code, Outcome]:
+    """A double's outcomes: the label and event the test gives its status (the driver derives them)."""
+    return {status.code: Outcome(status.label, status.event)}
 
 
 def _state() -> CycleState:
@@ -39,6 +45,7 @@ class Pre:
 
     def __init__(self, name: str, log: Log, status: Status, nodes: list[str] | None = None) -> None:
         self.name, self.log, self.status, self.nodes = name, log, status, nodes
+        self.outcomes = _outcomes(status)
 
     def pre_filter(self, state: CycleState) -> Status:
         self.log.calls.append(f"pre:{self.name}")
@@ -51,6 +58,7 @@ class PerNode:
     """The filter step: passes the nodes in ``fit``."""
 
     name = "PerNode"
+    outcomes: Mapping[Code, Outcome] = {Code.UNSCHEDULABLE: Outcome("unschedulable", "FailedPlacement")}
 
     def __init__(self, log: Log, fit: set[str]) -> None:
         self.log, self.fit = log, fit
@@ -60,11 +68,13 @@ class PerNode:
         passed = [n for n in names if n in self.fit]
         state.answer = NodeAnswer(passed, {n: "too full" for n in names if n not in self.fit})
         if not passed:
-            return Status(Code.UNSCHEDULABLE, "fits nowhere", event="FailedPlacement")
-        return Status(label="fit")
+            return Status(Code.UNSCHEDULABLE, "fits nowhere")
+        return OK
 
 
 class Scorer:
+    outcomes: Mapping[Code, Outcome] = {}
+
     def __init__(self, name: str, log: Log, scores: list[int] | None) -> None:
         self.name, self.log, self.scores = name, log, scores
 
@@ -78,6 +88,7 @@ class Gate:
 
     def __init__(self, log: Log, status: Status) -> None:
         self.log, self.status = log, status
+        self.outcomes = _outcomes(status)
 
     def pre_bind(self, state: CycleState) -> Status:
         self.log.calls.append("pre_bind")
@@ -87,12 +98,14 @@ class Gate:
 class Take:
     """A reserve step that takes something (or fails to) and gives it back on unreserve."""
 
+    outcomes: Mapping[Code, Outcome] = {Code.ERROR: Outcome("error", "FailedBinding")}
+
     def __init__(self, name: str, log: Log, ok: bool) -> None:
         self.name, self.log, self.ok = name, log, ok
 
     def reserve(self, state: CycleState) -> Status:
         self.log.calls.append(f"reserve:{self.name}")
-        return OK if self.ok else Status(Code.ERROR, f"{self.name} is gone", event="FailedBinding")
+        return OK if self.ok else Status(Code.ERROR, f"{self.name} is gone")
 
     def unreserve(self, state: CycleState) -> None:
         self.log.calls.append(f"unreserve:{self.name}")
@@ -103,6 +116,7 @@ class Post:
 
     def __init__(self, log: Log, status: Status) -> None:
         self.log, self.status = log, status
+        self.outcomes = _outcomes(status)
 
     def bind(self, state: CycleState) -> Status:
         self.log.calls.append("bind")
@@ -111,6 +125,7 @@ class Post:
 
 class Told:
     name = "Told"
+    outcomes: Mapping[Code, Outcome] = {}
 
     def __init__(self, log: Log) -> None:
         self.log = log

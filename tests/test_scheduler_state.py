@@ -220,13 +220,13 @@ class BindMachine(RuleBasedStateMachine):
         for count, text in ASKS:
             shape = parse_shape(text, count=count)
             fresh = {}
-            need = self.ext.fit.need(shape)
+            need = self.ext.ranker.need(shape)
             for name in NODES:
                 view = self.cache.view(name)
-                if view is not None and (ev := self.ext.fit.verdict(view, need[0], need[1])).ok:
+                if view is not None and (ev := self.ext.ranker.verdict(view, need[0], need[1])).ok:
                     fresh[name] = ev.score
             for keep in (1, len(NODES)):
-                best = self.ext.fit.best_fitting(list(NODES), need, shape, keep)
+                best = self.ext.ranker.best_fitting(list(NODES), need, shape, keep)
                 assert set(best) <= set(fresh) and len(best) == min(keep, len(fresh)), (text, count, best, fresh)
                 assert min((fresh[n] for n in best), default=0) >= max(
                     (fresh[n] for n in fresh if n not in best), default=0

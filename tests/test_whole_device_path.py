@@ -1,4 +1,4 @@
-"""Whole-device pods: which decider, on which nodes (``scheduler.decision``, issue 12).
+"""Whole-device pods: which decider, on which nodes (``scheduler.decision``).
 
 A whole-device pod that asks no shape and is no gang member is decided by the share policy (fill
 mode's ``icl``) on nodes whose links favour no set of devices (``scheduler.sharing.links_free``),
@@ -18,6 +18,7 @@ from scheduler import sharing
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
+from scheduler.framework import PodKind
 from scheduler.informer import Informer
 from scheduler.sharing import links_free
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
@@ -90,7 +91,7 @@ def test_linked_nodes_take_the_pod_with_nodefits_ranking_when_no_node_without_li
     for node in ("l1", "l2"):
         view = cache.view(node)
         assert view is not None
-        assert got[node] == ext.fit.evaluate(view, shape).score  # NodeFit's score, untouched
+        assert got[node] == ext.ranker.evaluate(view, shape).score  # the topology-aware ranker's score, untouched
     view = cache.view("l1")
     assert view is not None
     want = ext.decision.devices(view, shape)  # the topology-aware policy's devices
@@ -104,14 +105,15 @@ def test_shaped_pods_gang_members_and_linked_only_requests_stay_on_nodefit() -> 
     info_flat = ext.filter(ExtenderArgs(pod=ring, node_names=["flat", "linked"]))
     assert sorted(info_flat.node_names or []) == ["flat", "linked"]  # no "nodes without links first"
     state = ext._read.state(ring, ["flat", "linked"])
-    assert ext.decision.step.split(state, ["flat", "linked"]) is None
+    assert state.kind is PodKind.SHAPED  # NodeFit's cycle
     plain = _new(api, cache, 2)
     state = ext._read.state(plain, ["linked"])
-    assert ext.decision.step.split(state, ["linked"]) is None
+    assert state.kind is PodKind.UNSHAPED
+    assert ext.decision.unlinked is not None and ext.decision.unlinked.split(["linked"]) is None
     gang = _new(api, cache, 2, annotations={"kube-icl.io/gang": "g", "kube-icl.io/gang-size": "2"})
     state = ext._read.state(gang, ["flat"])
     assert state.info.gang is not None
-    assert ext.decision.step.split(state, ["flat"]) is None
+    assert state.kind is PodKind.GANG  # NodeFit after the gang's steps
 
 
 def test_with_the_binpack_policy_nodefit_decides_every_whole_device_pod() -> None:
@@ -157,11 +159,11 @@ def test_the_share_path_passes_a_node_only_where_nodefit_says_the_pod_fits(
     passed = ext.filter(ExtenderArgs(pod=pod, node_names=names)).node_names or []
     state = ext._read.state(pod, names)
     assert state.shape is not None
-    need = ext.fit.need(state.shape, state.info)
+    need = ext.ranker.need(state.shape, state.info)
     fits = set()
     for name in names:
         view = cache.view(name)
-        if view is not None and ext.fit.evaluate(view, state.shape, need=need).ok:
+        if view is not None and ext.ranker.evaluate(view, state.shape, need=need).ok:
             fits.add(name)
     assert set(passed) <= fits
     assert bool(passed) == bool(fits)
