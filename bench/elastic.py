@@ -1,4 +1,4 @@
-"""Elastic vs rigid gangs in the time-mode simulator (issue 13).
+"""Elastic vs rigid gangs in the time-mode simulator.
 
 Run from the repository root::
 

@@ -4,7 +4,7 @@ Starts its own control plane (etcd, kube-apiserver, kwok v1.37.2 from ``make e2e
 is stopped: every pod is created already bound, ``spec.nodeName`` set, and kwok marks it Running), installs
 the admission policies of :mod:`scheduler.selection` (the chart's), and runs two ``icl extender``
 processes side by side with the shipped config: ``all`` (``kube.podSelection: all``: every pod listed and
-watched, the behaviour before issue 16) and ``labelled`` (only ``kube-icl.io/managed=true`` pods).
+watched) and ``labelled`` (only ``kube-icl.io/managed=true`` pods).
 
 The cluster grows size by size (nodes of ring:8 published by the device plugin's publisher, then per node
 ``--accel`` pods holding 2 devices each (``kube-icl.io/devices``, as if bound by another path) and the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 on a lent multi-GPU machine: steps 1-4 in one go, everything into $OUT.
+# kube-icl on a lent multi-GPU machine (docs/hardware.md): steps 1-4 in one go, everything into $OUT.
 #   run (kind nvidia-h100-x4, carry .whl):  bash hw/run_all.sh [LABEL]   (default: h200x4, h100x4, ...)
 # Files back: log.txt, results.tar.gz (all JSON/text), probe.png, probe-mpl.png.
 set -u

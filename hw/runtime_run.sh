@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11 on a lent GPU machine (2+ GPUs): the nvml backend's NVIDIA runtime strategies, for real.
+# On a lent GPU machine (2+ GPUs): the nvml backend's NVIDIA runtime strategies, for real.
 #   run (one call, any kind with >= 2 GPUs, e.g. nvidia-h100-x2):  bash hw/runtime_run.sh
 # Files back under $OUT: runtime-log.txt (everything printed), runtime-strategies.json (per strategy the
 # whole ContainerAllocateResponse of a 2-GPU Allocate; nvidia-smi -L; the CUDA_VISIBLE_DEVICES order

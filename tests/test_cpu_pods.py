@@ -1,4 +1,4 @@
-"""Pods asking no device, decided by the extender (``decideCpuPods``, issue 12).
+"""Pods asking no device, decided by the extender (``decideCpuPods``).
 
 By default a pod asking no device passes every node with score 0 (kube-scheduler's own scoring
 places it; with the shipped ``managedResources`` it never reaches the extender at all). With

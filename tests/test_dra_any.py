@@ -1,4 +1,4 @@
-"""``any:k`` shape devices (issue 14 item 5): "any k connected chips" as a published shape family.
+"""``any:k`` shape devices: "any k connected chips" as a published shape family.
 
 The published ``any:k`` devices are exactly the connected k-chip sets of healthy chips on healthy
 links (checked by brute force), each consuming exactly its chips' counters, so a first-fit

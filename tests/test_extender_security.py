@@ -1,4 +1,4 @@
-"""Who may call the extender (issue 11, item 5), over real sockets.
+"""Who may call the extender, over real sockets.
 
 - mutual TLS: with ``tls.clientCA`` the verbs and ``/debug/state`` answer only a client that
   presented a certificate signed by that CA; a certificate of another CA fails the handshake;

@@ -297,7 +297,7 @@ def test_the_auth_method_is_named_for_people(user: dict[str, Any], method: str) 
     assert _describe_user(user).name == method
 
 
-# ------------------------------------------------------------------ the commands (issue 15)
+# ------------------------------------------------------------------ the commands
 
 
 def _icl(*args: str, home: Path) -> subprocess.CompletedProcess[str]:

@@ -2,7 +2,7 @@
 
 The extender runs on loopback against the fake API server (the wire format of upstream), and its
 cache is fed by hand from the server's own event log (:class:`Lagging`), so the extender's informer
-is exactly as far behind as each test says. The race (issue 13's e2e, seen in CI): an elastic gang
+is exactly as far behind as each test says. The race (seen in CI in the elastic gangs' e2e test): an elastic gang
 (min 1, max 2) runs e0 on n0 and e1 on n1, a rigid job's pod holds n2. A high-priority pod that
 needs a whole node preempts; the extender names surplus e0 (or e1); kube-scheduler deletes e0. Its
 cache sees the deletion first and tries again: the extender's filter must not refuse n0 for a pod

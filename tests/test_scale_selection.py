@@ -1,4 +1,4 @@
-"""Issue 16: watching only the pods :func:`scheduler.selection.needs_label` names loses nothing the cache uses.
+"""Watching only the pods :func:`scheduler.selection.needs_label` names loses nothing the cache uses.
 
 A cache fed every pod and a cache fed only the labelled ones (what a label-selected list and watch
 deliver) end in the same state: pods kept, allocations, per-node holdings and free devices, queue usage,

@@ -1,4 +1,4 @@
-"""An extender that survives failover (issue 11, item 4), over real HTTP on loopback.
+"""An extender that survives failover, over real HTTP on loopback.
 
 - window (a): a Binding the API server applied but answered with a 500, or whose answer never came,
   must not free its devices before the API server says what happened;
@@ -117,7 +117,7 @@ def held_twice(fake: FakeAPIServer) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("answer", [500, 503, 0], ids=["500", "503", "no-answer"])
 def test_a_binding_applied_but_answered_with_an_error_keeps_its_devices(fake: FakeAPIServer, answer: int) -> None:
     """The API server writes the Binding, then answers 5xx or drops the connection: the devices are not
-    free for the next pod (before the fix they were forgotten at once, and the second pod got them)."""
+    free for the next pod (forgetting them at once would hand them to the second pod)."""
     fake.put_node(node_obj("a", "ring:4"))
     first = fake.put_pod(pod_obj("first", 2, "ring"))
     second = fake.put_pod(pod_obj("second", 2, "ring"))

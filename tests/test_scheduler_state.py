@@ -81,7 +81,7 @@ class BindMachine(RuleBasedStateMachine):
         ask=st.sampled_from([(2, "ring"), (4, "mesh:2x2"), (8, "ring")]),
     )
     def create_elastic_gang(self, least: int, extra: int, ask: tuple[int, str]) -> None:
-        """An elastic gang (issue 13): min ``least``, max ``least + extra``; its surplus members bind alone."""
+        """An elastic gang: min ``least``, max ``least + extra``; its surplus members bind alone."""
         self.serial += 1
         gang = {
             "kube-icl.io/gang": f"e{self.serial}",

@@ -193,12 +193,12 @@ def test_a_fill_step_chooses_what_the_extenders_filter_and_bind_choose(scene: di
     assert api.pods[("default", "new")]["metadata"]["annotations"][ANN_DEVICES] == ids[node][dev]
 
 
-# ------------------------------------------------------- whole-device pods: the finding (issue 12)
+# ------------------------------------------------------- whole-device pods without a shape, nodes without links
 #
 # An openb row asking k whole devices becomes a pod asking ``kube-icl.io/accelerator: k`` with no
 # shape annotation. Fill mode's ``icl`` decides it through ``SharePolicy.rank`` (as every task); the
-# extender places it through ``scheduler.decision.Decision`` (``NodeFit`` over ``LinkedPolicy``). On
-# one node without links both take the same devices; across nodes they rank differently (below).
+# extender decides such a pod through the same share policy on nodes without links (linked nodes keep
+# ``NodeFit`` over ``LinkedPolicy``), so both take the same nodes and the same devices (below).
 
 
 def _whole_device_scene(
@@ -284,18 +284,18 @@ def test_on_one_node_without_links_bind_takes_the_devices_a_fill_step_takes(
 @pytest.mark.parametrize(
     ("nodes", "load", "k"),
     [
-        # n0 holds a 100-milli share on its device 0: the extender's bin-pack prefers n0 (score 8 to 6),
-        # fill's icl (FGD-style fragmentation of the partly shared device) takes the empty n1
+        # n0 holds a 100-milli share on its device 0: link-blind bin-packing would prefer n0 (score 8 to 6),
+        # the share policy (FGD-style fragmentation of the partly shared device) takes the empty n1
         ([("full:4", 32000), ("full:4", 32000)], [(0, 0, 100)], 2),
-        # empty nodes of 8 and 32 CPUs: the extender ties them (6 and 6), fill's icl takes n0 (CPU terms)
+        # empty nodes of 8 and 32 CPUs: bin-packing would tie them (6 and 6), the share policy takes n0 (CPU terms)
         ([("full:4", 8000), ("full:4", 32000)], [], 1),
     ],
 )
 def test_whole_device_pods_across_nodes_are_decided_by_one_path(
     nodes: list[tuple[str, int]], load: list[tuple[int, int, int]], k: int
 ) -> None:
-    """The two cases where the extender's bin-pack and fill's icl used to rank differently: the
-    extender now decides shape-less whole-device pods on nodes without links through the share policy."""
+    """Two cases where link-blind bin-packing and fill's icl rank nodes differently: the extender decides
+    shape-less whole-device pods on nodes without links through the share policy, as fill's icl does."""
     ext_best, fill_best, _, _ = _whole_device_scene(nodes, load, k, 0)
     assert ext_best == fill_best
 

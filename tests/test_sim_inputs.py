@@ -58,7 +58,7 @@ def files(tmp_path: Path) -> dict[str, Path]:
     return out
 
 
-# ---- inputs that a run used to fill in or ignore silently -------------------------------------
+# ---- inputs a run must refuse rather than fill in or ignore silently ---------------------------
 
 
 @pytest.mark.parametrize("mode", [[], ["--mode", "fill"], ["--mode", "time"], ["--mode", "both"]])

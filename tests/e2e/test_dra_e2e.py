@@ -1,4 +1,4 @@
-"""Issue 14: kube-icl as a DRA driver, against the real v1.37.2 kube-apiserver, kube-scheduler and
+"""kube-icl as a DRA driver, against the real v1.37.2 kube-apiserver, kube-scheduler and
 kube-controller-manager (resourceclaim and garbage-collector controllers), with kwok nodes.
 
 The driver's publisher writes each node's pool (chips, shape devices, per-chip counters); pods ask for a

@@ -1,4 +1,4 @@
-"""The real kube-scheduler preempts through the kube-icl extender (issue 15).
+"""The real kube-scheduler preempts through the kube-icl extender.
 
 kube-scheduler picks victims in a dry run with its own plugins only (CPU, memory, device *count*)
 and then asks the extender's ``preempt`` verb, which must answer by upstream's rules: every node it

@@ -1,4 +1,4 @@
-"""Issue 16: the extender lists pods in small pages and, with ``kube.podSelection: labelled``, watches only
+"""The extender lists pods in small pages and, with ``kube.podSelection: labelled``, watches only
 pods labelled ``kube-icl.io/managed=true``, without ever missing a pod that holds devices.
 
 Against the real kube-apiserver v1.37.2 with the admission policies of :func:`scheduler.selection.policies`

@@ -1,4 +1,4 @@
-"""Issue 13: a real torchrun elastic job (c10d rendezvous, gloo on CPU) on what kube-icl gives a gang.
+"""A real torchrun elastic job (c10d rendezvous, gloo on CPU) on what kube-icl gives a gang.
 
 ``hw/torchrun_elastic.py prepare`` runs the extender's verbs for an elastic gang (min 2, max 3, a
 ring of 2 devices per member on ``ring:2`` nodes in a line) and records, for each pod it binds, the
