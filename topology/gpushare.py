@@ -341,13 +341,12 @@ class TargetWorkload:
 
         Why the cut: the fragmentation score protects capacity for the task types that are expected
         to come. A type in the rarest 5% of the tasks is noise to it, and protecting room for it
-        costs the common tasks: on openb ``cpu250`` the 8-device types are 0.5% of the tasks and
-        need 80 of an 8-device node's 96 cores; with them in the target every task keeps off
-        whole nodes for tasks that seldom come (icl 7.2% of devices left unallocated with them,
-        6.2% without). Why model-constrained types stay: a model list is a placement constraint,
-        not a rare request; the trace spells the same constraint in many lists, each rare, so the
-        cut drops up to a third of the constrained demand although those tasks have the fewest
-        nodes to go to (openb ``gpuspec33``: 12.5% with the plain cut, 10.7% with them kept).
+        costs the common tasks: on openb ``cpu250`` the 8-device types are rare and need most of an
+        8-device node's cores, so with them in the target every task keeps off whole nodes for
+        tasks that seldom come. Why model-constrained types stay: a model list is a placement
+        constraint, not a rare request; the trace spells the same constraint in many lists, each
+        rare, so the cut drops up to a third of the constrained demand although those tasks have
+        the fewest nodes to go to. docs/simulator.md ("icl") has the measurements of both choices.
 
         >>> common = TaskRequest(1000, 5, 1, 1000)
         >>> rare_big = TaskRequest(80000, 0, 8, 1000)

@@ -39,8 +39,8 @@ Policies:
   asks no device keeps no node whole by packing, so after stranding its ties
   stay FGD's coin toss; packing CPU-only tasks into the CPU left on the
   fullest nodes only lets more of them in where CPU runs short for the
-  device tasks (on CPU-heavy workloads, e.g. openb ``cpu300``, it cost 0.4
-  points of devices against FGD). When some task types may only use some device
+  device tasks (docs/simulator.md, "icl", has what it costs on openb's
+  CPU-heaviest workload). When some task types may only use some device
   models, tasks without that constraint also keep off the models in demand
   (``model_pressure``), so packing does not fill the nodes they need.
 """
@@ -188,7 +188,8 @@ class BestFit:
     the first node of the run's order (``TieBreak.FIRST``); on the node the tightest device, the lowest
     index among equals (``allocateGpuIdBasedOnBestFit``). Their ``NormalizeScore`` maps the scores
     onto 0..100 monotonically and one-to-one, so it changes no choice. ``levels=0`` keeps the real
-    value ``remaining`` (and, with ``TieBreak.RANDOM``, is the previous kube-icl BestFit).
+    value ``remaining``; with ``TieBreak.RANDOM`` as well, exact ties go to a coin toss (docs/simulator.md
+    compares the two forms).
     """
 
     capacity: Capacity
