@@ -526,3 +526,28 @@ async def test_the_plugin_built_from_its_config_runs_the_audit_beside_the_server
         await kubelet.stop()
     assert task.exception() is None
     assert value(plugin.metrics.mismatches, "unannounced") == 1
+
+
+@async_test
+async def test_devices_taken_by_a_pod_the_extender_never_saw_make_its_own_pod_a_mismatch(sockdir: Path) -> None:
+    pods_file = sockdir / "api" / "pods.json"
+    write_pods(pods_file, [pod_json("rogue", None)])
+    kubelet = KubeletEmulator(sockdir, pod_resources_socket=sockdir / "pr.sock")
+    backend = SimBackend(build_preset("mesh:4x4"))
+    async with running_plugin(sockdir, backend, FilePodSource(pods_file), kubelet=kubelet) as h:
+        rogue = await kubelet.admit("uid-rogue", "main", R, 2, pod_name="rogue", namespace="team")
+        # the extender, not knowing which devices the rogue pod holds, chose exactly those
+        chosen = ",".join(rogue.devices)
+        write_pods(pods_file, [pod_json("rogue", None), pod_json("late", chosen, "ring")])
+        late = await kubelet.admit("uid-late", "main", R, 2, pod_name="late", namespace="team")
+        assert not set(late.devices) & set(rogue.devices)
+        sink, metrics = Sink(), PluginMetrics()
+        auditor = PlacementAuditor(
+            sockdir / "pr.sock", "node-a", R, FilePodSource(pods_file), lambda: h.plugin.topology, metrics, events=sink
+        )
+        verdicts = {v.pod: v for v in await auditor.poll()}
+    assert (verdicts["team/rogue"].result, verdicts["team/late"].result) == ("unannounced", "mismatch")
+    (key, type_, reason, message) = sink.events[1]
+    assert (key, type_, reason) == ("team/late", "Warning", "PlacementMismatch")
+    assert f"the extender chose {chosen} (kube-icl.io/devices)" in message
+    assert value(metrics.mismatches, "devices") == value(metrics.mismatches, "unannounced") == 1
