@@ -146,7 +146,7 @@ def kubelet_pods(
                 problems.append(f"pod {pr.namespace}/{pr.name}: containers[{j}] holds devices but has no name")
                 continue
             for resource, ids in by_resource.items():
-                containers.append(ContainerDevices(cr.name, resource, tuple(i for i in ids if i)))
+                containers.append(ContainerDevices(cr.name, resource, tuple(d for d in ids if d)))
         if containers:
             pods.append(KubeletPod(pr.namespace, pr.name, tuple(containers)))
     return pods, problems
@@ -209,25 +209,24 @@ def audit_pod(
                 "placed it (another scheduler, or spec.nodeName set directly), so nothing checked its devices",
             )
         )
-    else:
+    problems: list[str] = []  # what is wrong with the devices, one finding
+    if raw:
         try:
             chosen = contract.parse_devices(raw)
         except contract.ContractError as e:
-            findings.append(Finding("devices", f"{what}; the extender's choice does not parse: {e}"))
+            problems.append(f"the extender's choice does not parse: {e}")
         else:
             if set(chosen) != set(given):
                 missing = [d for d in chosen if d not in given]
                 extra = [d for d in given if d not in chosen]
-                findings.append(
-                    Finding(
-                        "devices",
-                        f"{what}, the extender chose {_ids(chosen)} ({DEVICES_ANNOTATION}): "
-                        f"given but not chosen {_ids(extra)}, chosen but not given {_ids(missing)}",
-                    )
+                problems.append(
+                    f"the extender chose {_ids(chosen)} ({DEVICES_ANNOTATION}): "
+                    f"given but not chosen {_ids(extra)}, chosen but not given {_ids(missing)}"
                 )
     if unknown or bad_replicas:
-        names = [*unknown, *bad_replicas]
-        findings.append(Finding("devices", f"{what}; not devices of this node: {_ids(names)}"))
+        problems.append(f"not devices of this node: {_ids([*unknown, *bad_replicas])}")
+    if problems:
+        findings.append(Finding("devices", f"{what}, " + "; ".join(problems)))
     asked = pod.annotations.get(SHAPE_ANNOTATION, "").strip()
     if asked and whole and not unknown:
         try:
@@ -250,12 +249,7 @@ def audit_pod(
                     )
     kinds = {f.kind for f in findings}
     result = "unannounced" if "unannounced" in kinds else "mismatch" if findings else "agree"
-    # one finding per kind: two devices findings (a different set and unknown ids) become one message
-    merged: dict[str, Finding] = {}
-    for f in findings:
-        prev = merged.get(f.kind)
-        merged[f.kind] = f if prev is None else Finding(f.kind, f"{prev.message}; {f.message}")
-    return Verdict(kpod.key, result, given, tuple(merged[k] for k in KINDS if k in merged))
+    return Verdict(kpod.key, result, given, tuple(findings))
 
 
 class EventSink(Protocol):
