@@ -189,7 +189,7 @@ def test_prioritize_prefers_the_node_where_devices_are_not_stranded() -> None:
     pod = _with_requests(pod_obj("new", 2, "ring"), 16000, 0)
     scores = {h.host: h.score for h in ext.prioritize(ExtenderArgs(pod=pod, node_names=["short", "roomy"]))}
     assert scores["roomy"] > scores["short"], scores
-    # without CPU in the decision (the former extender) both nodes score the same
+    # with no weight on stranding the CPU left is out of the decision, and both nodes score the same
     blind = Extender(ExtenderConfig(stranding_weight=0.0), cache, api)
     scores = {h.host: h.score for h in blind.prioritize(ExtenderArgs(pod=pod, node_names=["short", "roomy"]))}
     assert scores["roomy"] == scores["short"], scores
@@ -232,7 +232,7 @@ def test_plugin_fallback_is_the_shared_policy(policy: str) -> None:
 
 
 def test_policy_names_in_the_extender_and_plugin_config() -> None:
-    """One registry: old names are read as what they mean now; others are refused naming the allowed ones."""
+    """One registry: former names read as the names they stand for; others are refused naming the allowed ones."""
     from deviceplugin.config import ConfigError as PluginConfigError
     from scheduler.config import ConfigError, parse_config
     from tests.support.plugin import plugin_config

@@ -89,7 +89,7 @@ SHARE: tuple[PolicyName, ...] = (
 )
 """Names with a share form (fractions of devices, ``topology.policies``), baselines first."""
 LEGACY_NAMES: dict[str, PolicyName] = {"fragmentation": PolicyName.ICL, "binpack": PolicyName.ICL_BINPACK}
-"""Former names still read, and what they mean now."""
+"""Former names, still read so that configs written with them keep working, and the name each stands for."""
 
 
 def policy_name(text: str, field: str = "policy", allowed: Collection[PolicyName] | None = None) -> PolicyName:
