@@ -19,6 +19,12 @@ and value), never a failed Allocate.
 ``ICL_GANG_NNODES``       the gang's distinct nodes
 ``ICL_GANG_LOCAL_RANK``   this member's index among the members on its node
 ``ICL_GANG_LOCAL_SIZE``   members on this node
+``ICL_GANG_TIERS``        the network tiers' node label keys, lowest first (comma-separated; these
+                          three only when the cluster configures tiers)
+``ICL_GANG_TIER_PATH``    this member's node's value of each tier (comma-separated, empty where none)
+``ICL_GANG_MEMBER_TIERS`` every member's tier values, in rank order (``;``-separated lists as above);
+                          members sharing a tier's value up to the top share that domain: the groups
+                          a hierarchical all-reduce reduces within first (docs/scheduler.md, "Tiers")
 ========================  =========================================================
 """
 
@@ -42,7 +48,7 @@ def gang_env(value: str) -> dict[str, str]:
     me = layout.members[layout.rank]
     distinct = list(dict.fromkeys(nodes))
     local = [i for i, n in enumerate(nodes) if n == me.node]
-    return {
+    env = {
         "ICL_GANG": layout.gang,
         "ICL_GANG_RANK": str(layout.rank),
         "ICL_GANG_SIZE": str(layout.size),
@@ -57,3 +63,8 @@ def gang_env(value: str) -> dict[str, str]:
         "ICL_GANG_LOCAL_RANK": str(local.index(layout.rank)),
         "ICL_GANG_LOCAL_SIZE": str(len(local)),
     }
+    if layout.tiers:
+        env["ICL_GANG_TIERS"] = ",".join(layout.tiers)
+        env["ICL_GANG_TIER_PATH"] = ",".join(me.tiers)
+        env["ICL_GANG_MEMBER_TIERS"] = ";".join(",".join(m.tiers) for m in layout.members)
+    return env

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.cache import ClusterCache, NodeRecord, NodeView, PodChange
-from scheduler.layout import Member, layout_value, order_members
+from scheduler.layout import Member, Where, layout_value, order_members
 from scheduler.podspec import GangRef, PodInfo
 from topology import (
     COORDS_LABEL,
@@ -683,9 +683,20 @@ class GangManager:
 
         return order_members(cluster, items, index)
 
-    def _where(self, members: list[Member]) -> dict[str, tuple[str, str]]:
-        labels = self.cache.link_labels(dict.fromkeys(m.node for m in members))
-        return {node: (lab[DOMAIN_LABEL], lab[COORDS_LABEL]) for node, lab in labels.items()}
+    def _where(self, members: list[Member]) -> dict[str, Where]:
+        """Each member node's link domain, coordinates and network tier values (lock held)."""
+        nodes = dict.fromkeys(m.node for m in members)
+        labels = self.cache.link_labels(nodes)
+        paths = self.cache.tier_paths(nodes)
+        blank = ("",) * len(self.cache.tier_keys)
+        return {
+            node: Where(
+                labels.get(node, {}).get(DOMAIN_LABEL, ""),
+                labels.get(node, {}).get(COORDS_LABEL, ""),
+                paths.get(node, blank),
+            )
+            for node in nodes
+        }
 
     def layout_for(self, info: PodInfo, node: str, devices: tuple[str, ...]) -> str:
         """The ``kube-icl.io/gang-layout`` value for a member being bound to ``node`` with ``devices``."""
@@ -695,7 +706,9 @@ class GangManager:
             least, most = self.limits_of(gang)
             ordered = self._layout_members(gang.key, Member(info.name, node, devices, info.uid or info.key))
             rank = next(i for i, m in enumerate(ordered) if m.uid == (info.uid or info.key))
-            return layout_value(gang.key, least, most, self._generation(gang.key), ordered, rank, self._where(ordered))
+            where = self._where(ordered)
+            gen = self._generation(gang.key)
+            return layout_value(gang.key, least, most, gen, ordered, rank, where, self.cache.tier_keys)
 
     def layouts(self, key: str) -> list[tuple[PodInfo, str]]:
         """A fresh layout value for every live member of the gang (after it grew or shrank)."""
@@ -710,7 +723,7 @@ class GangManager:
             gen = self._generation(key)
             where = self._where(ordered)
             return [
-                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where))
+                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where, self.cache.tier_keys))
                 for rank, m in enumerate(ordered)
                 if m.uid in alive
             ]

@@ -1,4 +1,4 @@
-"""A gang's layout as its members see it: ranks along the link domain (annotation ``kube-icl.io/gang-layout``).
+"""A gang's layout as its members see it: ranks in network-tier and link-domain order (``kube-icl.io/gang-layout``).
 
 Pure functions, no I/O. The extender writes the layout on each member at bind (in the
 Binding, with its devices) and rewrites it on every live member when an elastic gang
@@ -7,9 +7,10 @@ grows or shrinks; the device plugin turns it into environment variables at Alloc
 (:class:`topology.contract.GangLayout`, :func:`~topology.contract.format_gang_layout`,
 :func:`~topology.contract.parse_gang_layout`); this module decides the order.
 
-``members`` is in rank order: the nodes in the order a ring across them follows their
-link domain (:func:`topology.ring_order`), members on one node by their first device's
-index. A reserved slot whose member has not bound yet has ``"pod": ""``. ``rank`` is
+``members`` is in rank order: the nodes in the order a ring across them follows the
+network tiers and their link domain (:func:`topology.ring_order`: one block's racks, one
+rack's nodes, one link domain's nodes contiguous), members on one node by their first
+device's index. A reserved slot whose member has not bound yet has ``"pod": ""``. ``rank`` is
 this pod's index in ``members``; ``generation`` grows with every rewrite.
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from topology import ClusterView, ring_order
 from topology.contract import GangLayout, LayoutMember, format_gang_layout
 
-__all__ = ["Member", "layout_value", "order_members"]
+__all__ = ["Member", "Where", "layout_value", "order_members"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,15 @@ class Member:
     node: str
     devices: tuple[str, ...]
     uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Where:
+    """A node's place in the network: its link domain and coordinates, its value of each tier label."""
+
+    domain: str = ""
+    coords: str = ""
+    tiers: tuple[str, ...] = ()
 
 
 def order_members(
@@ -53,8 +63,15 @@ def layout_value(
     generation: int,
     ordered: list[Member],
     rank: int,
-    where: Mapping[str, tuple[str, str]],
+    where: Mapping[str, Where],
+    tiers: tuple[str, ...] = (),
 ) -> str:
-    """The annotation value for the member at ``rank`` of ``ordered``; ``where[node] = (domain, coords)``."""
-    members = tuple(LayoutMember(m.pod, m.node, m.devices, *where.get(m.node, ("", ""))) for m in ordered)
-    return format_gang_layout(GangLayout(gang, generation, rank, least, most, members))
+    """The annotation value for the member at ``rank`` of ``ordered``; ``where[node]`` is the node's place,
+    ``tiers`` the network tier label keys (lowest first) its ``tiers`` values belong to."""
+    blank = Where(tiers=("",) * len(tiers))
+    members = tuple(
+        LayoutMember(m.pod, m.node, m.devices, w.domain, w.coords, w.tiers if tiers else ())
+        for m in ordered
+        for w in (where.get(m.node, blank),)
+    )
+    return format_gang_layout(GangLayout(gang, generation, rank, least, most, members, tiers))

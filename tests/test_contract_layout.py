@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deviceplugin.gangenv import gang_env
-from scheduler.layout import Member, layout_value
+from scheduler.layout import Member, Where, layout_value
 from topology.contract import ContractError, GangLayout, LayoutMember, format_gang_layout, parse_gang_layout
 
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?"
@@ -32,8 +32,13 @@ json_values = st.recursive(
 )
 
 
+tier_keys = st.from_regex(rf"\A({_LABEL}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,8}}[A-Za-z0-9])?\Z")
+
+
 @st.composite
 def layouts(draw: st.DrawFn) -> GangLayout:
+    tiers = tuple(draw(st.lists(tier_keys, unique=True, max_size=3)))
+    paths = st.lists(label_values, min_size=len(tiers), max_size=len(tiers)).map(tuple)
     members = draw(
         st.lists(
             st.builds(
@@ -43,6 +48,7 @@ def layouts(draw: st.DrawFn) -> GangLayout:
                 devices=st.lists(device_ids, unique=True, max_size=4).map(tuple),
                 domain=label_values,
                 coords=label_values,
+                tiers=paths,
             ),
             min_size=1,
             max_size=6,
@@ -51,10 +57,11 @@ def layouts(draw: st.DrawFn) -> GangLayout:
     rank = draw(st.integers(0, len(members) - 1))
     if not members[rank].pod:
         mine = members[rank]
-        members[rank] = LayoutMember(draw(subdomains), mine.node, mine.devices, mine.domain, mine.coords)
+        members[rank] = LayoutMember(draw(subdomains), mine.node, mine.devices, mine.domain, mine.coords, mine.tiers)
     least = draw(st.integers(1, 64))
     gang = f"{draw(dns_labels)}/{draw(names)}"
-    return GangLayout(gang, draw(st.integers(0, 2**63)), rank, least, draw(st.integers(least, 128)), tuple(members))
+    generation = draw(st.integers(0, 2**63))
+    return GangLayout(gang, generation, rank, least, draw(st.integers(least, 128)), tuple(members), tiers)
 
 
 def _must_refuse(value: Any) -> None:
@@ -80,6 +87,9 @@ def test_format_then_parse_is_the_identity(layout: GangLayout) -> None:
     env = gang_env(text)  # the plugin's reading of the same text
     assert env["ICL_GANG"] == layout.gang and env["ICL_GANG_RANK"] == str(layout.rank)
     assert env["ICL_GANG_NODES"].split(",") == [m.node for m in layout.members]
+    assert env.get("ICL_GANG_TIERS", "") == ",".join(layout.tiers)
+    assert env.get("ICL_GANG_TIER_PATH", "") == ",".join(layout.members[layout.rank].tiers)
+    assert json.loads(text)["v"] == (2 if layout.tiers else 1), "a layout without tiers stays version 1"
 
 
 @given(layouts(), st.data())
@@ -102,7 +112,7 @@ def test_any_field_replaced_by_any_json_is_read_or_refused(
     target = data.draw(st.sampled_from([body, *body["members"]]))
     key = data.draw(st.sampled_from(sorted(target)))
     target[key] = replacement
-    if isinstance(replacement, (dict, list, float, type(None))) and key not in ("members", "devices"):
+    if isinstance(replacement, (dict, list, float, type(None))) and key not in ("members", "devices", "tiers"):
         _must_refuse(json.dumps(body))  # no scalar field takes an object, a list, a float or null
     else:
         _read_or_refuse(json.dumps(body))
@@ -122,7 +132,8 @@ def test_arbitrary_text_is_read_or_refused(text: str) -> None:
         ("[" * 100_000, "is not JSON"),  # the JSON reader's recursion limit, not a RecursionError
         ('{"v":1,"v":1}', "field 'v' is 1, given twice"),
         ('{"v":NaN}', "NaN is not JSON"),
-        ('{"v":true}', "field 'v' is True, not version 1"),
+        ('{"v":true}', "field 'v' is True, not version 1 or 2"),
+        ('{"v":3}', "field 'v' is 3, not version 1 or 2"),
         ("[]", r"field '\(the value\)' is \[\], not an object"),
         (" " * (256 * 1024 + 1), "262145 bytes, over the API server's 262144"),
     ],
@@ -185,7 +196,19 @@ def test_each_field_is_checked(value: str, message: str) -> None:
 
 def test_the_extenders_writer_is_the_contracts() -> None:
     ordered = [Member("w0", "n0", ("0", "1"), "u0"), Member("", "n1", ("2",))]
-    text = layout_value("ns/job", 2, 3, 9, ordered, 0, {"n0": ("rack", "0")})
+    text = layout_value("ns/job", 2, 3, 9, ordered, 0, {"n0": Where("rack", "0")})
     assert parse_gang_layout(text) == GangLayout(
         "ns/job", 9, 0, 2, 3, (LayoutMember("w0", "n0", ("0", "1"), "rack", "0"), LayoutMember("", "n1", ("2",)))
     )
+    tiers = ("example.com/rack", "example.com/block")
+    text = layout_value("ns/job", 2, 3, 9, ordered, 0, {"n0": Where("", "", ("r1", "b0"))}, tiers)
+    assert parse_gang_layout(text) == GangLayout(
+        "ns/job",
+        9,
+        0,
+        2,
+        3,
+        (LayoutMember("w0", "n0", ("0", "1"), tiers=("r1", "b0")), LayoutMember("", "n1", ("2",), tiers=("", ""))),
+        tiers,
+    )
+    assert gang_env(text)["ICL_GANG_MEMBER_TIERS"] == "r1,b0;,"

@@ -262,13 +262,17 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------- kube-icl.io/gang-layout
 
-GANG_LAYOUT_VERSION = 1
+GANG_LAYOUT_VERSION = 2  # written when the layout names network tiers; version 1 (no tiers) otherwise
+_LAYOUT_VERSIONS = (1, 2)
 _ANNOTATION_BYTES = 256 * 1024  # the API server's limit on all of an object's annotations together
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 _LAYOUT_KEYS = ("v", "gang", "generation", "rank", "size", "min", "max", "members")
 _MEMBER_KEYS = ("pod", "node", "domain", "coords", "devices")
+_TIER_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +284,7 @@ class LayoutMember:
     devices: tuple[str, ...] = ()
     domain: str = ""  # the node's kube-icl.io/link-domain label ("" off-domain)
     coords: str = ""  # the node's kube-icl.io/link-coords label
+    tiers: tuple[str, ...] = ()  # the node's value of each of the layout's tier labels ("" where it has none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +296,9 @@ class GangLayout:
     compact JSON with the keys ``v`` (:data:`GANG_LAYOUT_VERSION`), ``gang``, ``generation``, ``rank``,
     ``size`` (``len(members)``), ``min``, ``max`` and ``members`` (objects with ``pod``, ``node``,
     ``domain``, ``coords`` and ``devices``), no other keys: a change of fields is a new version.
+    Version 2 adds ``tiers`` (the network tiers' node label keys, lowest first, after ``max``) and a
+    ``tiers`` list on each member (its node's value of each, "" where it has none, after ``devices``);
+    it is written only when the layout names tiers, so a cluster without tiers writes version 1.
     """
 
     gang: str  # "namespace/name"
@@ -299,6 +307,7 @@ class GangLayout:
     least: int  # the gang's all-or-nothing minimum ("min")
     most: int  # its maximum ("max"; equal to the minimum for a rigid gang)
     members: tuple[LayoutMember, ...]
+    tiers: tuple[str, ...] = ()  # network tier label keys, lowest first (version 2)
 
     @property
     def size(self) -> int:
@@ -312,19 +321,31 @@ def format_gang_layout(layout: GangLayout) -> str:
     value the contract does not allow, and ``parse_gang_layout(format_gang_layout(x)) == x`` for every
     layout it accepts.
     """
-    body = {
-        "v": GANG_LAYOUT_VERSION,
+    tiered = bool(layout.tiers)
+    body: dict[str, Any] = {
+        "v": GANG_LAYOUT_VERSION if tiered else 1,
         "gang": layout.gang,
         "generation": layout.generation,
         "rank": layout.rank,
         "size": layout.size,
         "min": layout.least,
         "max": layout.most,
-        "members": [
-            {"pod": m.pod, "node": m.node, "domain": m.domain, "coords": m.coords, "devices": list(m.devices)}
-            for m in layout.members
-        ],
     }
+    if tiered:
+        body["tiers"] = list(layout.tiers)
+    members = []
+    for m in layout.members:
+        member: dict[str, Any] = {
+            "pod": m.pod,
+            "node": m.node,
+            "domain": m.domain,
+            "coords": m.coords,
+            "devices": list(m.devices),
+        }
+        if tiered:
+            member["tiers"] = list(m.tiers)
+        members.append(member)
+    body["members"] = members
     return json.dumps(body, separators=(",", ":"))  # ASCII: any text travels in a request body
 
 
@@ -348,7 +369,7 @@ def _no_constant(name: str) -> Any:
     raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {name} is not JSON")
 
 
-def _object(value: Any, field: str, keys: tuple[str, ...]) -> dict[str, Any]:
+def _object(value: Any, field: str, keys: tuple[str, ...], version: int) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _layout_error(field, value, "not an object")
     missing = [k for k in keys if k not in value]
@@ -356,10 +377,14 @@ def _object(value: Any, field: str, keys: tuple[str, ...]) -> dict[str, Any]:
         raise _layout_error(field, value, f"without {missing[0]!r}")
     extra = sorted(set(value) - set(keys))
     if extra:
-        raise _layout_error(
-            field, value, f"with unknown key {extra[0]!r} (version {GANG_LAYOUT_VERSION} has no such key)"
-        )
+        raise _layout_error(field, value, f"with unknown key {extra[0]!r} (version {version} has no such key)")
     return value
+
+
+def _tier_values(value: Any, field: str, count: int) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) != count:
+        raise _layout_error(field, value, f"not a list of {count} label values (one per tier)")
+    return tuple(_matching(v, f"{field}[{k}]", _LABEL_VALUE, "a label value") for k, v in enumerate(value))
 
 
 def _whole(value: Any, field: str, low: int) -> int:
@@ -387,9 +412,9 @@ def _gang_key(value: Any) -> str:
     return value
 
 
-def _member(value: Any, i: int) -> LayoutMember:
+def _member(value: Any, i: int, tiers: int | None) -> LayoutMember:
     where = f"members[{i}]"
-    body = _object(value, where, _MEMBER_KEYS)
+    body = _object(value, where, _MEMBER_KEYS if tiers is None else (*_MEMBER_KEYS, "tiers"), 1 if tiers is None else 2)
     pod = body["pod"]
     if pod != "":
         _matching(pod, f"{where}.pod", _DNS_SUBDOMAIN, "a pod name")
@@ -402,17 +427,18 @@ def _member(value: Any, i: int) -> LayoutMember:
     devices = tuple(_matching(d, f"{where}.devices[{k}]", _DEVICE_ID, "a device id") for k, d in enumerate(raw))
     if len(set(devices)) != len(devices):
         raise _layout_error(f"{where}.devices", raw, "repeating a device")
-    return LayoutMember(str(pod), node, devices, domain, coords)
+    values = () if tiers is None else _tier_values(body["tiers"], f"{where}.tiers", tiers)
+    return LayoutMember(str(pod), node, devices, domain, coords, values)
 
 
 def parse_gang_layout(value: Any) -> GangLayout:
     """Read a ``kube-icl.io/gang-layout`` value; anything off the contract raises :class:`ContractError`
     naming the field and its value (never another exception).
 
-    >>> parse_gang_layout('{"v":2}')
+    >>> parse_gang_layout('{"v":3}')
     Traceback (most recent call last):
     ...
-    topology.contract.ContractError: annotation kube-icl.io/gang-layout: field 'v' is 2, not version 1
+    topology.contract.ContractError: annotation kube-icl.io/gang-layout: field 'v' is 3, not version 1 or 2
     """
     if not isinstance(value, str):
         raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {type(value).__name__} {value!r:.40} is not text")
@@ -425,13 +451,23 @@ def parse_gang_layout(value: Any) -> GangLayout:
         raise
     except (ValueError, RecursionError) as exc:
         raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {value!r:.40} is not JSON ({exc})") from None
-    if isinstance(body, dict) and "v" in body and (isinstance(body["v"], bool) or body["v"] != GANG_LAYOUT_VERSION):
-        raise _layout_error("v", body["v"], f"not version {GANG_LAYOUT_VERSION}")
-    body = _object(body, "(the value)", _LAYOUT_KEYS)
+    version = body.get("v") if isinstance(body, dict) else None
+    if isinstance(body, dict) and "v" in body and (isinstance(version, bool) or version not in _LAYOUT_VERSIONS):
+        raise _layout_error("v", body["v"], "not version 1 or 2")
+    tiered = version == 2
+    body = _object(body, "(the value)", (*_LAYOUT_KEYS, "tiers") if tiered else _LAYOUT_KEYS, 2 if tiered else 1)
+    tiers: tuple[str, ...] = ()
+    if tiered:
+        raw_tiers = body["tiers"]
+        if not isinstance(raw_tiers, list) or not raw_tiers:
+            raise _layout_error("tiers", raw_tiers, "not a non-empty list of node label keys")
+        tiers = tuple(_matching(t, f"tiers[{k}]", _TIER_KEY, "a node label key") for k, t in enumerate(raw_tiers))
+        if len(set(tiers)) != len(tiers):
+            raise _layout_error("tiers", raw_tiers, "repeating a key")
     raw = body["members"]
     if not isinstance(raw, list) or not raw:
         raise _layout_error("members", raw, "not a non-empty list")
-    members = tuple(_member(m, i) for i, m in enumerate(raw))
+    members = tuple(_member(m, i, len(tiers) if tiered else None) for i, m in enumerate(raw))
     if _whole(body["size"], "size", 1) != len(members):
         raise _layout_error("size", body["size"], f"not the {len(members)} members listed")
     rank = _whole(body["rank"], "rank", 0)
@@ -441,4 +477,5 @@ def parse_gang_layout(value: Any) -> GangLayout:
         raise _layout_error(f"members[{rank}].pod", "", "empty for the member the layout is written for")
     least = _whole(body["min"], "min", 1)
     most = _whole(body["max"], "max", least)
-    return GangLayout(_gang_key(body["gang"]), _whole(body["generation"], "generation", 0), rank, least, most, members)
+    generation = _whole(body["generation"], "generation", 0)
+    return GangLayout(_gang_key(body["gang"]), generation, rank, least, most, members, tiers)
