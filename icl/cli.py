@@ -1,7 +1,7 @@
 """The ``icl`` command: one entry point, one subcommand per part of kube-icl.
 
 This package sits above the parts it dispatches to (the device plugin, the DRA driver, the extender, the
-topology tools and the simulator) and none of them imports it. Each part registers its own subcommands
+topology CLI, the link probe and the simulator) and none of them imports it. Each part registers its own subcommands
 through a ``register(subparsers, common)`` function in its ``cli`` module. Only the module of the subcommand
 being run is imported (``icl plugin`` and ``icl extender`` never import the simulator or matplotlib); ``icl
 --help`` and a command line without a known subcommand import them all, to list or reject. Heavy imports
