@@ -12,7 +12,12 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +46,7 @@ from deviceplugin.podresources.v1 import api_pb2_grpc as pr_grpc
 from deviceplugin.pods import FilePodSource, NoPods, PodInfo
 from icl.cli import main as icl
 from simulator.kubelet import KubeletEmulator
+from tests.e2e.harness import free_port
 from tests.support.plugin import async_test, eventually, running_plugin, short_tmpdir
 from tests.test_plugin_events import RecordingApi
 from topology import NodeTopology, build_preset, parse_shape
@@ -551,3 +557,48 @@ async def test_devices_taken_by_a_pod_the_extender_never_saw_make_its_own_pod_a_
     assert (key, type_, reason) == ("team/late", "Warning", "PlacementMismatch")
     assert f"the extender chose {chosen} (kube-icl.io/devices)" in message
     assert value(metrics.mismatches, "devices") == value(metrics.mismatches, "unannounced") == 1
+
+
+def test_the_commands_audit_end_to_end_through_their_flags(sockdir: Path) -> None:
+    """``icl kubelet-emu --pod-resources-socket`` serves what it admitted; ``icl plugin --audit-interval
+    --pod-resources-socket`` reads it and exports the verdict (no API server here: pods from a file)."""
+    root = Path(__file__).resolve().parents[1]
+    pods_file = sockdir / "api" / "pods.json"
+    write_pods(pods_file, [])
+    pr_socket = sockdir / "pr" / "kubelet.sock"
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    with open(sockdir / "api" / "kubelet.log", "w") as kubelet_log:
+        kubelet = subprocess.Popen(
+            [sys.executable, "-m", "icl", "kubelet-emu", "--plugin-dir", str(sockdir), "--fresh", "--serve",
+             "--admit", "2", "--pod-resources-socket", str(pr_socket)],
+            stdout=subprocess.PIPE, stderr=kubelet_log, text=True, env=env, cwd=root,
+        )  # fmt: skip
+    plugin = subprocess.Popen(
+        [sys.executable, "-m", "icl", "plugin", "--topology", "ring:4", "--plugin-dir", str(sockdir),
+         "--node-name", "node-a", "--pods", f"file:{pods_file}", "--metrics-address", f"127.0.0.1:{port}",
+         "--pod-resources-socket", str(pr_socket), "--audit-interval", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=root,
+    )  # fmt: skip
+    try:
+        assert kubelet.stdout is not None
+        admitted = [json.loads(line) for line in itertools.islice(kubelet.stdout, 2)]
+        name = admitted[1]["pod"]  # the emulator names its pods; the API server (a file here) must know it
+        write_pods(pods_file, [{**pod_json(name, None), "metadata": {"name": name, "namespace": "default"}}])
+        deadline = time.monotonic() + 60
+        text = ""
+        while 'kube_icl_placement_audit_total{result="unannounced"} 1.0' not in text:
+            assert time.monotonic() < deadline, (text, (sockdir / "api" / "kubelet.log").read_text())
+            time.sleep(0.2)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                continue
+        assert 'kube_icl_placement_mismatch_total{kind="unannounced"} 1.0' in text
+    finally:
+        for proc in (plugin, kubelet):
+            proc.terminate()
+        out = plugin.communicate(timeout=30)[0]
+        kubelet.communicate(timeout=30)
+    assert f"placement audit: pod default/{name}: PlacementUnannounced" in out and "Traceback" not in out, out
