@@ -28,7 +28,7 @@ from scheduler.gang import GangManager, Slot, lease_record
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.nodefit import LinkedRanker
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, format_devices
-from scheduler.sharing import SharePolicy
+from scheduler.sharing import SnapshotShareRanker
 from scheduler.steps import POD_ERROR
 from topology import AllocationError, ShapeError, TopologyError
 from topology.contract import ANN_DEVICE_MILLI
@@ -229,7 +229,7 @@ class UnlinkedDevices(LinkedDevices):
     ranker's elsewhere (:func:`scheduler.decision.unlinked_devices`)."""
 
     def __init__(
-        self, cache: ClusterCache, unsure: Mapping[str, Unsure], ranker: LinkedRanker, shares: SharePolicy
+        self, cache: ClusterCache, unsure: Mapping[str, Unsure], ranker: LinkedRanker, shares: SnapshotShareRanker
     ) -> None:
         super().__init__(cache, unsure, ranker)
         self.shares = shares
@@ -284,7 +284,7 @@ class ShareDevices:
     name = "Devices"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
 
-    def __init__(self, cache: ClusterCache, shares: SharePolicy) -> None:
+    def __init__(self, cache: ClusterCache, shares: SnapshotShareRanker) -> None:
         self.cache = cache
         self.shares = shares
 

@@ -1,5 +1,5 @@
 """Which node, which devices, for a whole-device pod: the filter and score steps of the whole-device
-kinds, and the devices bind takes, over one node source.
+kinds, and the devices bind takes, over one snapshot.
 
 Two kinds of whole-device pod are decided here (:class:`scheduler.framework.PodKind`):
 
@@ -18,7 +18,7 @@ gives them the top score), linked nodes only when no node without links fits. A 
 needs no links, and leaving the linked nodes to the pods that need their links is what the
 fragmentation terms of both policies aim at.
 
-:meth:`Decision.place` runs these steps in the extender's order over any node source: filter, score,
+:meth:`Decision.place` runs these steps in the extender's order over any snapshot: filter, score,
 the first of the best-scored nodes (kube-scheduler picks one of them at random), then the devices
 bind would choose. The simulator's time mode replays a trace through it (``simulator.timesim``).
 """
@@ -32,9 +32,10 @@ from scheduler.cache import NodeView
 from scheduler.cycle import Cycle
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, Status
-from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker, NodeFit, NodeSource
+from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker, NodeFit
 from scheduler.podspec import PodInfo
-from scheduler.sharing import SharePolicy, decides_whole, links_free
+from scheduler.sharing import SnapshotShareRanker, decides_whole, links_free
+from scheduler.snapshot import Snapshot
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape
 from topology.contract import DEFAULT_RESOURCE
@@ -44,7 +45,7 @@ __all__ = ["Decision", "UnlinkedFit", "unlinked_devices"]
 
 
 def unlinked_devices(
-    ranker: LinkedRanker, shares: SharePolicy, info: PodInfo, shape: Shape, node: str, view: NodeView
+    ranker: LinkedRanker, shares: SnapshotShareRanker, info: PodInfo, shape: Shape, node: str, view: NodeView
 ) -> tuple[tuple[str, ...], str]:
     """Bind for an unshaped pod: the share policy's devices on a node without links, the topology-aware
     ranker's elsewhere; ((), why not) when the pod no longer fits. Feasibility is the topology-aware
@@ -65,7 +66,7 @@ class UnlinkedFit:
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: FAILED_PLACEMENT}
 
     def __init__(
-        self, nodes: NodeSource, ranker: LinkedRanker, shares: SharePolicy, fits: FitMemory, keep_best: int
+        self, nodes: Snapshot, ranker: LinkedRanker, shares: SnapshotShareRanker, fits: FitMemory, keep_best: int
     ) -> None:
         self.nodes = nodes
         self.ranker = ranker
@@ -169,11 +170,11 @@ class Decision:
 
     def __init__(
         self,
-        nodes: NodeSource,
+        nodes: Snapshot,
         policy: LinkedPolicy,
         resource: str = DEFAULT_RESOURCE,
         keep_best: int = 0,
-        shares: SharePolicy | None = None,
+        shares: SnapshotShareRanker | None = None,
     ) -> None:
         self.nodes = nodes
         self.policy = policy

@@ -4,14 +4,17 @@ Each verb reads the pod once into a :class:`scheduler.framework.CycleState` and 
 the cycle driver (:class:`scheduler.cycle.Cycle`), which runs small steps that do not call
 each other, each answering with a :class:`scheduler.framework.Status`:
 
-1. pre-filter (:mod:`scheduler.steps`): read the pod, devices it already holds, shares,
-   not ours, gang admission, fair share (:mod:`scheduler.fairshare`), gang (:mod:`scheduler.gang`);
-2. filter and score per node (:class:`scheduler.decision.WholeFit` over :mod:`scheduler.nodefit`):
+0. the pod is read and classified once (:class:`scheduler.steps.ReadPod`,
+   :class:`scheduler.framework.PodKind`); the cycle of its kind runs (:meth:`Extender._cycles` lists
+   each kind's steps);
+1. pre-filter (:mod:`scheduler.steps`): devices it already holds, shares, CPU-only pods, not ours,
+   gang admission, fair share (:mod:`scheduler.fairshare`), gang (:mod:`scheduler.gang`);
+2. filter and score per node (:class:`scheduler.nodefit.NodeFit`, :class:`scheduler.decision.UnlinkedFit`):
    does the shape fit the node's free healthy devices (:class:`topology.Placer`), and how well
    (:mod:`topology.policy`); a shape-less whole-device pod on nodes without links is ranked by
    the share policy (:mod:`scheduler.sharing`), as fill mode ranks it;
-3. bind (:mod:`scheduler.binding`): the lease, the request, reserve (the gang's record, the
-   devices, under the cache lock with the same placement code), the Binding, post-bind;
+3. bind (:mod:`scheduler.binding`): the lease, reserve (the gang's record, the devices of the
+   pod's kind, under the cache lock with the ranker the filter used), the Binding, post-bind;
    a failed Binding undoes the reservations.
 
 Preempt lives in :mod:`scheduler.preempt`. This module keeps what outlives one request:
@@ -61,7 +64,7 @@ from scheduler.metrics import Metrics
 from scheduler.nodefit import FitMemory
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import NamedVictims, Preemption
-from scheduler.sharing import SharePolicy
+from scheduler.sharing import SnapshotShareRanker
 from scheduler.steps import (
     Classify,
     CpuPods,
@@ -109,7 +112,7 @@ class Extender:
         self.policy = linked_policy(
             cfg.policy, Weights(cfg.fragmentation_weight, cfg.binpack_weight, cfg.stranding_weight)
         )
-        self.shares = SharePolicy(cache, cfg.policy if cfg.policy == "icl" else "icl")
+        self.shares = SnapshotShareRanker(cache, cfg.policy if cfg.policy == "icl" else "icl")
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
         cache.tier_keys = cfg.tiers  # the network tiers gangs are placed by
@@ -169,7 +172,7 @@ class Extender:
         self.metrics.attach_state(self._share_metrics, self.ranker.free_shapes)
 
     def _cycles(
-        self, cfg: ExtenderConfig, cache: ClusterCache, whole_shares: SharePolicy | None, fits: FitMemory
+        self, cfg: ExtenderConfig, cache: ClusterCache, whole_shares: SnapshotShareRanker | None, fits: FitMemory
     ) -> dict[PodKind, Cycle]:
         """Each pod kind's steps, in order (docs/scheduler.md, "One request, one cycle of small steps")."""
         held = HeldDevices(cache)

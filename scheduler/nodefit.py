@@ -1,8 +1,9 @@
 """The topology-aware ranker and the per-node filter and score step that uses it.
 
 :class:`LinkedRanker` drives the topology-aware policy (:class:`topology.policy.LinkedPolicy`, a pure
-function of one node's state) over a node source: does the shape fit this node's free devices, how
-well, and which devices. :class:`NodeFit` is the cycle's filter and score step over it.
+function of one node's state) over a snapshot (:class:`scheduler.snapshot.Snapshot`): does the shape
+fit this node's free devices, how well, and which devices. :class:`NodeFit` is the cycle's filter
+and score step over it.
 
 Per-node answers are memoised on (topology fingerprint, free mask, shape), so a filter over
 thousands of nodes that share a few topologies is a dictionary lookup per node. With
@@ -13,18 +14,19 @@ by score (:class:`FitTiers`), kept up to date from the cache's log of view chang
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from scheduler.cache import NodeView
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, Status
 from scheduler.podspec import PodInfo
+from scheduler.snapshot import Snapshot
 from topology import Shape, ShapeKind, pack_node
 from topology.policy import Ask as PolicyAsk
 from topology.policy import Balance, LinkedPolicy, NodeInput, Verdict
 
-__all__ = ["FitMemory", "FitTiers", "LinkedRanker", "Need", "NodeEval", "NodeFit", "NodeSource"]
+__all__ = ["FitMemory", "FitTiers", "LinkedRanker", "Need", "NodeEval", "NodeFit"]
 
 _MEMO_LIMIT = 200_000
 _NO_BALANCE = Balance()
@@ -98,23 +100,6 @@ class FitTiers:
         return out
 
 
-class NodeSource(Protocol):
-    """What the step asks of the cluster state: :class:`scheduler.cache.ClusterCache` in the extender,
-    the simulator's own cluster in a replay (``simulator.timesim``)."""
-
-    def view_lookup(self) -> Callable[[str], NodeView | None]: ...
-
-    def ready_views(self) -> dict[str, NodeView]: ...
-
-    def every_view(self) -> dict[str, NodeView]: ...
-
-    def node_problem(self, name: str) -> tuple[str, bool]: ...
-
-    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]: ...
-
-    def balance(self) -> Balance: ...
-
-
 class FitMemory:
     """Whether our latest filter for a pod passed any node (fair share skips pods that fit nowhere)."""
 
@@ -132,9 +117,9 @@ class FitMemory:
 
 class LinkedRanker:
     """Drives the topology-aware policy (:meth:`LinkedPolicy.evaluate`, :meth:`LinkedPolicy.devices`) over a
-    node source: memoised verdicts per node state, the best-nodes index, the devices on one node."""
+    snapshot: memoised verdicts per node state, the best-nodes index, the devices on one node."""
 
-    def __init__(self, nodes: NodeSource, policy: LinkedPolicy, resource: str) -> None:
+    def __init__(self, nodes: Snapshot, policy: LinkedPolicy, resource: str) -> None:
         self.nodes = nodes
         self.policy = policy
         self.resource = resource

@@ -1,9 +1,12 @@
-"""The extender's decision for shared (fractional) devices: the share form of the registry's policy.
+"""The share ranker: drives the share policy (a pure :class:`topology.policies.FracPolicy`) over nodes.
 
 A pod that asks the shared resource (milli-devices, ``topology.contract.DEFAULT_SHARED_RESOURCE``)
-gets a share of one device. Which node and which device is the share form of the configured policy
-(``topology.policies.make_policy``: for ``icl``, ``IclPack``), over node states read from a node
-source (:class:`ShareNodes`). In the extender the source is the cache (:class:`CacheNodes`):
+gets a share of one device. Which node and which device is the share policy of the configured name
+(``topology.policies.make_policy``: for ``icl``, ``IclPack``), over node states grouped by a
+:class:`NodeStates` source. :class:`ShareRanker` drives it over any such source (fill mode's
+cluster, ``simulator.fill.FillNodes``); :class:`SnapshotShareRanker` drives it over a
+:class:`scheduler.snapshot.Snapshot` (the extender's cache, time mode's cluster), whose nodes
+:class:`SnapshotStates` reads as:
 
 - a node's devices, in index order, each with the milli-devices a new share may take
   (:func:`scheduler.cache.share_free`: 1000 when free, 1000 minus its shares when shared,
@@ -13,10 +16,10 @@ source (:class:`ShareNodes`). In the extender the source is the cache (:class:`C
   ``decideCpuPods`` its profile's pods asking CPU or memory and no device
   (:meth:`scheduler.cache.ClusterCache.task_types`), plus the device pod being placed.
 
-The fill simulator's ``icl`` (``simulator.fill``) runs this same object over its own cluster as the
-node source (the trace's workload as the target), so a fill replay is the extender's decision.
+The fill simulator's ``icl`` (``simulator.fill``) runs :class:`ShareRanker` over its own cluster (the
+trace's workload as the target), so a fill replay is the extender's decision.
 
-:meth:`SharePolicy.rank` is the decision: every node state scored once per task (memoised), the
+:meth:`ShareRanker.rank` is the decision: every node state scored once per task (memoised), the
 nodes whose score is the best (lower is better in the share form, ties within ``1e-9``), in the
 source's order, with the devices chosen there. Filter passes exactly those nodes, so kube-scheduler
 picks among the policy's own ties; prioritize scores them :data:`MAX_PRIORITY`, and bind re-decides
@@ -26,24 +29,24 @@ the device on the chosen node under the cache lock.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from scheduler.cache import ClusterCache, NodeView, share_free
+from scheduler.cache import NodeView, share_free
 from scheduler.podspec import PodInfo
+from scheduler.snapshot import Snapshot
 from topology import NodeTopology, Shape, ShapeKind
 from topology.contract import MILLI_PER_DEVICE
 from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
 from topology.policies import FracPolicy, Pick, make_policy
 
 __all__ = [
-    "CacheNodes",
+    "NodeStates",
     "Ranked",
     "ShareDecision",
-    "ShareNodes",
-    "SharePolicy",
-    "ShareSource",
+    "ShareRanker",
+    "SnapshotShareRanker",
+    "SnapshotStates",
     "Target",
     "decides_whole",
     "links_free",
@@ -55,7 +58,7 @@ _LOW = 1e300  # above every score, below a non-fit's
 _NO_FIT: Pick = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
 _CANON_LIMIT = 4096  # distinct node states kept canonical at once: this, or 4 per ready node when more
-# a node kube-icl has no devices on (ShareSource.deviceless), as a pod asking no device sees it: no devices,
+# a node kube-icl has no devices on (Snapshot.deviceless), as a pod asking no device sees it: no devices,
 # CPU and memory as plenty (kube-scheduler's own filters already checked that the pod fits there)
 _DEVICELESS = NodeState("", _PLENTY, _PLENTY, _PLENTY, _PLENTY, ())
 
@@ -69,7 +72,7 @@ def links_free(topology: NodeTopology) -> bool:
     Rings of 4 or more, meshes, tori, ``hcm:8``, and a ``full:N`` with a broken link are linked.
 
     On such a node a whole-device pod that asks no shape is decided by the share policy
-    (:class:`SharePolicy`), as fill mode decides it; elsewhere by :class:`scheduler.decision.Decision`.
+    (:class:`SnapshotShareRanker`), as fill mode decides it; elsewhere by the topology-aware ranker.
     """
     hit = _LINKS_FREE.get(topology.fingerprint)
     if hit is None:
@@ -95,9 +98,9 @@ Target = tuple[Sequence[GpuNodeSpec], TargetWorkload]
 """The node capacities and the target workload a policy is built for (``make_policy``'s arguments)."""
 
 
-class ShareNodes(Protocol):
-    """What the share decision reads of the cluster state: :class:`CacheNodes` in the extender, the fill
-    simulator's cluster in a replay (``simulator.fill.FillNodes``)."""
+class NodeStates(Protocol):
+    """The nodes as the share ranker reads them, grouped by node state: :class:`SnapshotStates` over a
+    snapshot (the extender, time mode), fill mode's cluster (``simulator.fill.FillNodes``)."""
 
     def target(self, uid: str, task: TaskRequest) -> tuple[Hashable, Callable[[], Target]]:
         """A key of the capacities and target workload the policy is built for now, and how to read them
@@ -132,39 +135,10 @@ class ShareDecision:
     failed: dict[str, str]
 
 
-class ShareSource(Protocol):
-    """What :class:`CacheNodes` reads: :class:`scheduler.cache.ClusterCache` in the extender, the time
-    simulator's cluster (``simulator.timesim``) in a replay."""
+class SnapshotStates:
+    """A snapshot's nodes as node states grouped for the share ranker (:class:`NodeStates`)."""
 
-    @property
-    def lock(self) -> AbstractContextManager[Any]: ...
-
-    def ready_views(self) -> dict[str, NodeView]: ...
-
-    def view_lookup(self) -> Callable[[str], NodeView | None]: ...
-
-    def node_view(self, name: str) -> tuple[NodeView | None, str]: ...
-
-    def node_problem(self, name: str) -> tuple[str, bool]: ...
-
-    def node_config(self, name: str) -> tuple[int, int]: ...
-
-    def task_types(self) -> dict[tuple[int, int, int, int], int]: ...
-
-    def knows_pod(self, uid: str) -> bool: ...
-
-    def deviceless(self, name: str) -> bool: ...
-
-    @property
-    def generation(self) -> int:
-        """Bumps on every change of the nodes or pods read above; -1: not tracked (nothing memoised)."""
-        ...
-
-
-class CacheNodes:
-    """The extender's cache (or any :class:`ShareSource`) as the share decision's node source."""
-
-    def __init__(self, cache: ShareSource) -> None:
+    def __init__(self, cache: Snapshot) -> None:
         self.cache = cache
         # the source's generation, and what target() read of every ready node and pod then
         self._base: tuple[int, dict[tuple[int, int, int, int], int], list[GpuNodeSpec]] | None = None
@@ -263,16 +237,12 @@ class CacheNodes:
         return key, read
 
 
-class SharePolicy:
-    """The share form of one policy name over a node source, rebuilt when the source's target changes.
+class ShareRanker:
+    """Drives the share policy of one name over grouped node states (:class:`NodeStates`): the policy is
+    rebuilt when the source's target changes, and its answers are memoised per task and state."""
 
-    ``nodes``: the extender's :class:`scheduler.cache.ClusterCache` (read through :class:`CacheNodes`)
-    or any :class:`ShareNodes`; :meth:`decide` and :meth:`choose` (the extender's verbs) need a
-    :class:`CacheNodes` (over the cache, or over the time simulator's cluster).
-    """
-
-    def __init__(self, nodes: ClusterCache | ShareNodes, name: str = "icl", memo_limit: int = 100_000) -> None:
-        self.nodes: ShareNodes = CacheNodes(nodes) if isinstance(nodes, ClusterCache) else nodes
+    def __init__(self, nodes: NodeStates, name: str = "icl", memo_limit: int = 100_000) -> None:
+        self.nodes = nodes
         self.name = name
         self.memo_limit = memo_limit
         # (target key, the policy, its answers by task and group key): replaced whole, so a concurrent
@@ -291,11 +261,6 @@ class SharePolicy:
         if info.milli:
             return TaskRequest(info.cpu_milli, info.mem_mib, 1, info.milli)
         return TaskRequest(info.cpu_milli, info.mem_mib, info.count, MILLI_PER_DEVICE)
-
-    def _cache_nodes(self) -> CacheNodes:
-        if not isinstance(self.nodes, CacheNodes):
-            raise TypeError("share policy: the extender's verbs need the cluster cache as the node source")
-        return self.nodes
 
     def policy(self, uid: str, task: TaskRequest) -> FracPolicy:
         """The policy for the cluster now (the source's target for this pod)."""
@@ -320,7 +285,7 @@ class SharePolicy:
     def rank_groups(
         self, uid: str, task: TaskRequest, groups: Iterable[tuple[Hashable, Sequence[Any]]], *, every: bool = False
     ) -> Ranked:
-        """:meth:`rank` over nodes already grouped by the source (:meth:`ShareNodes.groups`)."""
+        """:meth:`rank` over nodes already grouped by the source (:meth:`NodeStates.groups`)."""
         policy, memo = self._policy_memo(uid, task)
         answers = memo.get(task)
         if answers is None or self._entries > self.memo_limit:
@@ -349,15 +314,24 @@ class SharePolicy:
         tied = [(members, choice) for value, members, choice in near if value <= low + _TIE]
         return Ranked(tied, low, scored)
 
+
+class SnapshotShareRanker(ShareRanker):
+    """The share ranker over a snapshot (the extender's cache, time mode's cluster): the filter's best
+    nodes and why the others are not (:meth:`decide`), the devices bind takes (:meth:`choose_devices`)."""
+
+    def __init__(self, snapshot: Snapshot, name: str = "icl", memo_limit: int = 100_000) -> None:
+        self.states = SnapshotStates(snapshot)
+        super().__init__(self.states, name, memo_limit)
+
     def decide(
         self, info: PodInfo, names: list[str], *, reasons: bool = True, deviceless: bool = False
     ) -> ShareDecision:
         """Filter and prioritize: the best of the named nodes and (``reasons``) why each other one is not.
 
         ``deviceless`` (a pod asking no device): a node kube-icl has no devices on (a CPU-only node:
-        no topology annotation, no allocatable devices; ``ShareSource.deviceless``) is ranked as a node
+        no topology annotation, no allocatable devices; ``Snapshot.deviceless``) is ranked as a node
         with no devices, where such a pod strands nothing, instead of failing."""
-        cache = self._cache_nodes().cache
+        cache = self.states.cache
         failed: dict[str, str] = {}
         pairs: list[tuple[str, NodeView]] = []
         bare: list[str] = []
@@ -387,7 +361,7 @@ class SharePolicy:
         """:meth:`decide` over nodes already read from the cache: (name, view), in the scheduler's order;
         ``bare``: nodes with no devices of ours (:meth:`decide`'s ``deviceless``); ``order``: the
         scheduler's order of all of them (default: ``pairs``, then ``bare``)."""
-        nodes = self._cache_nodes()
+        nodes = self.states
         task = self.task(info)
         with nodes.cache.lock:
             groups = nodes.group_views(pairs)
@@ -416,7 +390,7 @@ class SharePolicy:
     def choose_devices(self, info: PodInfo, node: str) -> tuple[tuple[str, ...], str]:
         """Bind: the devices on ``node`` (call with the cache lock held): one for a share, ``count``
         for a whole-device pod; ((), why not) when it no longer fits."""
-        nodes = self._cache_nodes()
+        nodes = self.states
         view, why = nodes.cache.node_view(node)
         if view is None:
             return (), f"cannot bind to {node}: {why}"

@@ -28,8 +28,8 @@ from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKi
 from scheduler.gang import GangManager
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker
-from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, PodInfo, PodSpecError, pod_info
-from scheduler.sharing import SharePolicy, decides_whole
+from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, GroupSpec, PodInfo, PodSpecError, pod_info
+from scheduler.sharing import SnapshotShareRanker, decides_whole
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape, ShapeError, parse_shape
 
@@ -193,7 +193,7 @@ class Shares:
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: FAILED_PLACEMENT}
     deviceless = False  # whether a node without devices of ours ranks as a node with none (CpuPods)
 
-    def __init__(self, shares: SharePolicy, fits: FitMemory, keep_best: int = 0) -> None:
+    def __init__(self, shares: SnapshotShareRanker, fits: FitMemory, keep_best: int = 0) -> None:
         self.shares = shares
         self.fits = fits
         self.keep_best = keep_best
@@ -350,51 +350,56 @@ class FairShare:
 
 
 class GangSize:
-    """A member whose gang has no size annotation: the size from the native group object (PodGroup,
-    Workload), read once per 30 s; the member cannot be placed without it."""
+    """A member of a gang named by a native group object (PodGroup, Workload): the size it sets when the
+    pod has no size annotation, and its topology key as the tier the gang must stay within when the pod
+    has no kube-icl.io/gang-required-tier; read once per 30 s; the member cannot be placed without a size."""
 
     name = "GangSize"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNRESOLVABLE: Outcome("invalid", "GangNotPlaced")}
 
     def __init__(self, api: KubeAPI | None) -> None:
         self.api = api
-        self.group_sizes: dict[tuple[str, str, str, str], tuple[int | None, float]] = {}
+        # (kind, namespace, name, pod group) -> (what the object says, None when absent; when it was read)
+        self.group_sizes: dict[tuple[str, str, str, str], tuple[GroupSpec | None, float]] = {}
 
     def pre_filter(self, state: CycleState) -> Status:
-        if state.read(ADMITTED) or state.info.gang is None or state.info.gang.size != 0:
+        if state.read(ADMITTED) or state.info.gang is None or not state.info.gang.needs_group:
             return OK
         state.info, why = self.resolve_size(state.info)
         return Status(Code.UNRESOLVABLE, why) if why else OK
 
     def resolve_size(self, info: PodInfo) -> tuple[PodInfo, str]:
-        """Fill in the member count from the native group object (PodGroup, Workload); cached 30 s."""
+        """Complete the gang from its native group object (PodGroup, Workload): size and topology key; cached 30 s."""
         gang = info.gang
         assert gang is not None
         group = gang.group
         if group is None or self.api is None:
+            if gang.size:  # only a topology key was wanted, and there is nothing to read it from
+                return info, ""
             return info, f"gang {gang.name!r} (from {gang.source}) has no size: set annotation {ANN_GANG_SIZE}"
         key = (group.kind, gang.namespace, group.name, group.pod_group)
         now = time.monotonic()
         hit = self.group_sizes.get(key)
         if hit is None or now - hit[1] > 30.0:
             try:
-                size = self.api.group_size(group.kind, gang.namespace, group.name, group.pod_group)
+                read = self.api.read_group(group.kind, gang.namespace, group.name, group.pod_group)
             except KubeError as exc:
                 return info, f"gang {gang.name!r}: cannot read its {group.kind} object: {exc.message}"
-            hit = (size, now)
+            hit = (read, now)
             self.group_sizes[key] = hit
-        if hit[0] is not None and gang.max_size and gang.max_size < hit[0]:
+        spec = hit[0] or GroupSpec(None)
+        if not gang.size and spec.size is not None and gang.max_size and gang.max_size < spec.size:
             return info, (
                 f"gang {gang.name!r}: annotation kube-icl.io/gang-max {gang.max_size} is below the "
-                f"minimum {hit[0]} of its {group.kind} object"
+                f"minimum {spec.size} of its {group.kind} object"
             )
-        if hit[0] is None:
+        if not gang.size and spec.size is None:
             where = f"{group.kind} {gang.namespace}/{group.name}" + (f" ({group.pod_group})" if group.pod_group else "")
             return info, (
                 f"gang {gang.name!r} (from {gang.source}): {where} is missing or sets no gang size; "
                 f"create it or set annotation {ANN_GANG_SIZE}"
             )
-        return dataclasses.replace(info, gang=dataclasses.replace(gang, size=hit[0])), ""
+        return dataclasses.replace(info, gang=gang.with_group(spec)), ""
 
 
 class GangLease:

@@ -12,7 +12,7 @@ measures it as the paper's figures do.
 
 The engine only drives: the baselines (random, bestfit, fgd, ...) score with
 ``topology.policies`` (:class:`Scorer`); ``icl`` decides through the extender's
-own share decision (``scheduler.sharing.SharePolicy``) over this cluster as its
+own share decision (``scheduler.sharing.ShareRanker``) over this cluster as its
 node source (:class:`FillNodes`, the trace's workload as the target;
 :func:`fill_policy`), so a replay is the product's decision. Nodes with equal
 canonical state (``NodeState.key``) are interchangeable, so the engine keeps
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.sharing import SharePolicy, Target
+from scheduler.sharing import ShareRanker, Target
 from topology.gpushare import (
     FragmentationModel,
     GpuNodeSpec,
@@ -255,7 +255,7 @@ def _pick(
 
 
 class FillNodes:
-    """The fill cluster as the extender's share decision's node source (``scheduler.sharing.ShareNodes``):
+    """The fill cluster as the extender's share decision's node source (``scheduler.sharing.NodeStates``):
     its visible nodes grouped by canonical state (group ids are the keys), a fixed target: the cluster's
     node specs and the trace's workload."""
 
@@ -279,7 +279,7 @@ class FillNodes:
 
 @dataclass(frozen=True)
 class ExtenderPolicy:
-    """A fill policy that decides through the extender's share decision (``SharePolicy`` of ``name``) with
+    """A fill policy that decides through the extender's share decision (``ShareRanker`` of ``name``) with
     ``workload`` as its target; what ``fill_policy`` gives for ``icl``."""
 
     workload: TargetWorkload
@@ -302,14 +302,14 @@ def fill_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkloa
 
 
 class ShareScorer:
-    """``Scorer``'s place for an :class:`ExtenderPolicy`: every decision is ``SharePolicy.rank`` over the
+    """``Scorer``'s place for an :class:`ExtenderPolicy`: every decision is ``ShareRanker.rank`` over the
     cluster (:class:`FillNodes`), one of its best nodes drawn as kube-scheduler draws among the nodes
     the extender's filter passes."""
 
     def __init__(self, policy: ExtenderPolicy, cluster: FracCluster) -> None:
         self.policy = policy
         self.cluster = cluster
-        self.shares = SharePolicy(FillNodes(cluster, policy.workload), policy.name, memo_limit=1 << 62)
+        self.shares = ShareRanker(FillNodes(cluster, policy.workload), policy.name, memo_limit=1 << 62)
 
     @property
     def evaluations(self) -> int:

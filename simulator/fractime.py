@@ -2,7 +2,7 @@
 
 Jobs ask CPU, memory and devices or device shares; placement is what fill mode runs for the
 policy name (``simulator.fill.fill_policy``): ``share:icl`` is the extender's own share decision
-(``scheduler.sharing.SharePolicy`` over this cluster, ``simulator.fill.ShareScorer``), the
+(``scheduler.sharing.ShareRanker`` over this cluster, ``simulator.fill.ShareScorer``), the
 baselines are ``topology.policies`` policies (``simulator.fill.Scorer``). Nodes and devices fail (there are no links in
 this model): a failed device is held by a placeholder until repaired, a
 failed node leaves scoring.

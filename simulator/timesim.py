@@ -19,7 +19,7 @@ this module only drives time. Policies (their linked forms, ``topology.policy.LI
 
 The ``share:NAME`` policies are the share forms (``topology.policy.SHARE``) on a
 cluster of shared devices (``simulator.fractime``); ``share:icl`` is the extender's own share
-decision (``scheduler.sharing.SharePolicy``), as fill mode's ``icl``.
+decision (``scheduler.sharing.SnapshotShareRanker``), as fill mode's ``icl``.
 
 Queues share the cluster by weighted dominant-resource fairness: at each
 scheduling pass the queue with the lowest (devices in use / weight) goes
@@ -62,7 +62,7 @@ import networkx as nx
 from scheduler.cache import NodeView
 from scheduler.decision import Decision
 from scheduler.podspec import PodInfo
-from scheduler.sharing import CacheNodes, SharePolicy
+from scheduler.sharing import SnapshotShareRanker
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.fill import never_fits
 from simulator.jobs import Job
@@ -178,8 +178,8 @@ class _TopoCluster:
         self.types: dict[tuple[int, int, int, int], int] = {}
         # the extender's own decision over this state; with the product's policy (icl) its share policy
         # decides shape-less whole-device pods on nodes without links, as the extender's does
-        nodes = _Nodes(self)
-        self.shares = SharePolicy(CacheNodes(nodes)) if policy is PolicyName.ICL else None
+        nodes = _Snapshot(self)
+        self.shares = SnapshotShareRanker(nodes) if policy is PolicyName.ICL else None
         self.decision = Decision(nodes, self.linked, shares=self.shares)
 
     def shape(self, job: Job) -> Shape:
@@ -361,9 +361,9 @@ def _place_kubelet(c: _TopoCluster, job: Job, shape: Shape) -> tuple[_Alloc, boo
     return _Alloc(members), valid
 
 
-class _Nodes:
-    """The cluster's state as the extender's per-node step reads it (:class:`scheduler.nodefit.NodeSource`):
-    a node view per node, built from the free healthy devices and free CPU/memory now."""
+class _Snapshot:
+    """The cluster's state as the extender's rankers read it (:class:`scheduler.snapshot.Snapshot`): a
+    node view per node, built from the free healthy devices and free CPU/memory now."""
 
     def __init__(self, c: _TopoCluster) -> None:
         self.c = c
@@ -396,7 +396,7 @@ class _Nodes:
     def balance(self) -> Balance:
         return self.c.balance
 
-    # what the share policy reads (scheduler.sharing.ShareSource)
+    # what the share ranker reads besides the views
 
     lock = contextlib.nullcontext()  # one thread
     generation = -1  # changes are not counted here: the share policy reads the cluster afresh each time
@@ -433,7 +433,7 @@ def _place_icl(
     policy = policy or c.linked
     if job.gang == 1:
         names = [n for n in c.order if len(c.usable_free(n)) >= job.count and c.room(n, job)]
-        decision = c.decision if policy is c.linked else Decision(_Nodes(c), policy)
+        decision = c.decision if policy is c.linked else Decision(_Snapshot(c), policy)
         placed = decision.place(_pod(job), shape, names)
         if placed is None:
             return None

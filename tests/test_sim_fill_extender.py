@@ -1,10 +1,10 @@
 """Fill mode's ``icl`` is the extender's own share decision.
 
-``simulator.fill.fill_policy("icl", ...)`` runs ``scheduler.sharing.SharePolicy`` (the object the
-extender's filter, prioritize and bind call for a pod asking a share) over the fill cluster as its
-node source (``FillNodes``): every fill decision is ``SharePolicy.rank``'s answer, and for random
-cluster states the nodes the fill step may pick are exactly the nodes the extender's filter passes,
-with the device its bind takes. The baselines keep ``topology.policies``.
+``simulator.fill.fill_policy("icl", ...)`` runs ``scheduler.sharing.ShareRanker`` (the ranker the
+extender's filter, prioritize and bind call for a pod asking a share, there over its snapshot) over
+the fill cluster as its node states (``FillNodes``): every fill decision is ``ShareRanker.rank``'s
+answer, and for random cluster states the nodes the fill step may pick are exactly the nodes the
+extender's filter passes, with the device its bind takes. The baselines keep ``topology.policies``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
 from scheduler.informer import Informer
-from scheduler.sharing import CacheNodes, Ranked, SharePolicy
+from scheduler.sharing import Ranked, ShareRanker, SnapshotShareRanker, SnapshotStates
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
 from simulator.fill import (
     ExtenderPolicy,
@@ -47,7 +47,7 @@ WORKLOAD = TargetWorkload.from_tasks(TASKS)
 PRESETS = ["ring:4", "mesh:2x2", "ring:8"]
 
 
-class Recording(SharePolicy):
+class Recording(ShareRanker):
     """The real share decision, remembering each answer."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -66,8 +66,9 @@ def test_icl_is_the_extenders_share_policy_and_the_baselines_are_unchanged() -> 
     assert isinstance(icl, ExtenderPolicy)
     ext = Extender(ExtenderConfig(), ClusterCache(DEFAULT_RESOURCE))
     scorer = ShareScorer(icl, FracCluster(NODES, ordered_devices=icl.ordered_devices))
-    assert type(ext.shares) is type(scorer.shares) is SharePolicy
-    assert type(SharePolicy(ClusterCache(DEFAULT_RESOURCE)).nodes) is CacheNodes  # the extender's source
+    assert type(scorer.shares) is ShareRanker and type(ext.shares) is SnapshotShareRanker
+    assert type(ext.shares).rank is ShareRanker.rank  # one ranking: the extender's ranker adds only its verbs
+    assert type(SnapshotShareRanker(ClusterCache(DEFAULT_RESOURCE)).nodes) is SnapshotStates  # the extender's source
     for name in ("random", "bestfit", "fgd", "spread"):
         assert type(fill_policy(name, NODES, WORKLOAD)) is type(make_policy(name, NODES, WORKLOAD))
 
@@ -175,7 +176,7 @@ def test_a_fill_step_chooses_what_the_extenders_filter_and_bind_choose(scene: di
     ext = Extender(ExtenderConfig(fair_share=False, gang_timeout_s=100.0), cache, api)
     task = TaskRequest(scene["cpu"], 0, 1, scene["ask"])
     # the target the extender's policy is built for (the cache's pods); the fill run's is its trace's
-    _, target = CacheNodes(cache).target(new["metadata"]["uid"], task)
+    _, target = SnapshotStates(cache).target(new["metadata"]["uid"], task)
     scorer = ShareScorer(ExtenderPolicy(target()[1]), cluster)
 
     passed = ext.filter(ExtenderArgs(pod=new, node_names=names)).node_names or []
@@ -196,7 +197,7 @@ def test_a_fill_step_chooses_what_the_extenders_filter_and_bind_choose(scene: di
 # ------------------------------------------------------- whole-device pods without a shape, nodes without links
 #
 # An openb row asking k whole devices becomes a pod asking ``kube-icl.io/accelerator: k`` with no
-# shape annotation. Fill mode's ``icl`` decides it through ``SharePolicy.rank`` (as every task); the
+# shape annotation. Fill mode's ``icl`` decides it through ``ShareRanker.rank`` (as every task); the
 # extender decides such a pod through the same share policy on nodes without links (linked nodes keep
 # ``NodeFit`` over ``LinkedPolicy``), so both take the same nodes and the same devices (below).
 
@@ -234,7 +235,7 @@ def _whole_device_scene(
     Informer(api, cache).sync_once()
     ext = Extender(ExtenderConfig(fair_share=False, gang_timeout_s=100.0), cache, api)
     task = TaskRequest(cpu, 0, k, MILLI_PER_DEVICE)
-    _, target = CacheNodes(cache).target(new["metadata"]["uid"], task)
+    _, target = SnapshotStates(cache).target(new["metadata"]["uid"], task)
     scorer = ShareScorer(ExtenderPolicy(target()[1]), cluster)
     cpu_fits = [names[i] for i, spec in enumerate(specs) if spec.cpu_milli >= cpu]
     passed = ext.filter(ExtenderArgs(pod=new, node_names=cpu_fits)).node_names or []
@@ -339,7 +340,7 @@ def test_whole_device_pods_on_nodes_without_links_fill_and_extender_choose_alike
 
 def test_time_modes_share_icl_decides_every_member_through_the_share_policy() -> None:
     """``icl sim --mode time --policies share:icl`` places each gang member where the extender's share
-    decision says (one of ``SharePolicy.rank``'s tied nodes, its choice of devices); the baselines of
+    decision says (one of ``ShareRanker.rank``'s tied nodes, its choice of devices); the baselines of
     time mode stay ``topology.policies``."""
     rng = random.Random(5)
     jobs = []
