@@ -45,7 +45,7 @@ from typing import Any, Literal, Protocol
 
 import kubeauth
 from kubeauth import SA_DIR, Credentials, Snapshot
-from scheduler.podspec import group_min_count
+from scheduler.podspec import GroupSpec, group_spec
 
 __all__ = [
     "GROUP_PATHS",
@@ -115,8 +115,8 @@ class KubeAPI(Protocol):
 
     def create_event(self, namespace: str, event: JsonObj) -> None: ...
 
-    def group_size(self, kind: str, namespace: str, name: str, pod_group: str = "") -> int | None:
-        """The member count of a native gang object (see :class:`scheduler.podspec.GroupRef`); None if absent."""
+    def read_group(self, kind: str, namespace: str, name: str, pod_group: str = "") -> GroupSpec | None:
+        """A native gang object's size and topology key (see :class:`scheduler.podspec.GroupRef`); None if absent."""
         ...
 
     # coordination.k8s.io/v1 Leases: the extender's leader lease and one record per gang reservation.
@@ -147,10 +147,14 @@ GROUP_PATHS: dict[str, tuple[str, ...]] = {
         "/apis/scheduling.sigs.k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
     ),
     "podgroup": (
+        "/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/podgroups/{name}",
+        "/apis/scheduling.k8s.io/v1alpha3/namespaces/{ns}/podgroups/{name}",
         "/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/podgroups/{name}",
         "/apis/scheduling.k8s.io/v1alpha1/namespaces/{ns}/podgroups/{name}",
     ),
     "workload": (
+        "/apis/scheduling.k8s.io/v1beta1/namespaces/{ns}/workloads/{name}",
+        "/apis/scheduling.k8s.io/v1alpha3/namespaces/{ns}/workloads/{name}",
         "/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/workloads/{name}",
         "/apis/scheduling.k8s.io/v1alpha1/namespaces/{ns}/workloads/{name}",
     ),
@@ -601,7 +605,7 @@ class RestKubeAPI:
     def create_event(self, namespace: str, event: JsonObj) -> None:
         self._request("POST", f"/api/v1/namespaces/{_q(namespace)}/events", event)
 
-    def group_size(self, kind: str, namespace: str, name: str, pod_group: str = "") -> int | None:
+    def read_group(self, kind: str, namespace: str, name: str, pod_group: str = "") -> GroupSpec | None:
         for template in GROUP_PATHS.get(kind, ()):
             try:
                 obj = self._request("GET", template.format(ns=_q(namespace), name=_q(name)))
@@ -610,7 +614,7 @@ class RestKubeAPI:
                     continue  # not this API version (or not this object): try the next
                 raise
             if isinstance(obj, dict):
-                return group_min_count(kind, obj, pod_group)
+                return group_spec(kind, obj, pod_group)
         return None
 
     def get_lease(self, namespace: str, name: str) -> JsonObj | None:

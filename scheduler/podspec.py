@@ -45,10 +45,13 @@ __all__ = [
     "LABEL_LINK_DOMAIN",
     "GangRef",
     "GroupRef",
+    "GroupSpec",
     "PodInfo",
     "PodSpecError",
     "format_devices",
     "group_min_count",
+    "group_spec",
+    "group_topology_key",
     "parse_devices",
     "pod_info",
     "requested_milli",
@@ -71,7 +74,7 @@ class PodSpecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GroupRef:
-    """A native group object that carries the gang's size (read by the extender, see ``KubeAPI.group_size``).
+    """A native group object that carries the gang's size and topology key (see ``KubeAPI.read_group``).
 
     ``kind``: ``scheduler-plugins`` (PodGroup ``spec.minMember``), ``podgroup`` (scheduling.k8s.io
     PodGroup ``spec.schedulingPolicy.gang.minCount``) or ``workload`` (scheduling.k8s.io Workload,
@@ -81,6 +84,18 @@ class GroupRef:
     kind: str
     name: str
     pod_group: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """What a native group object says about its gang (see ``KubeAPI.read_group``)."""
+
+    size: int | None  # the all-or-nothing minimum; None: the object sets none
+    topology_key: str = ""  # the node label key its members must share; "": no topology constraint
+
+
+# Group kinds whose objects may carry a topology constraint (scheduling.k8s.io PodGroup and Workload).
+TOPOLOGY_KINDS = frozenset({"podgroup", "workload"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +113,17 @@ class GangRef:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def needs_group(self) -> bool:
+        """Whether its group object must be read: for the size, or for a topology key the pod does not override."""
+        topology = self.group is not None and self.group.kind in TOPOLOGY_KINDS and not self.tier
+        return self.size == 0 or topology
+
+    def with_group(self, spec: GroupSpec) -> GangRef:
+        """This gang completed by its group object: the object's size when the pod sets none, its topology
+        key as the required tier when the pod names none (annotation kube-icl.io/gang-required-tier wins)."""
+        return dataclasses.replace(self, size=self.size or (spec.size or 0), tier=self.tier or spec.topology_key)
 
     @property
     def maximum(self) -> int:
@@ -267,6 +293,32 @@ def group_min_count(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> i
     if raw is None or isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= _MAX_GANG:
         return None
     return raw
+
+
+def group_topology_key(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> str:
+    """The node label key a scheduling.k8s.io group object confines its members to; "" when none.
+
+    PodGroup: ``spec.schedulingConstraints.topology[0].key``; Workload: the same field of the entry
+    named ``pod_group`` in ``spec.podGroupTemplates`` (or v1alpha1's ``spec.podGroups``). Upstream
+    accepts one constraint per group, so the first is the one.
+    """
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping) or kind not in TOPOLOGY_KINDS:
+        return ""
+    holder: Any = spec
+    if kind == "workload":
+        entries = [*(spec.get("podGroupTemplates") or []), *(spec.get("podGroups") or [])]
+        holder = next((e for e in entries if isinstance(e, Mapping) and e.get("name") == pod_group), None)
+    constraints = holder.get("schedulingConstraints") if isinstance(holder, Mapping) else None
+    topology = constraints.get("topology") if isinstance(constraints, Mapping) else None
+    first = topology[0] if isinstance(topology, list) and topology else None
+    key = first.get("key") if isinstance(first, Mapping) else None
+    return key.strip() if isinstance(key, str) else ""
+
+
+def group_spec(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> GroupSpec:
+    """A native group object's gang size and topology key."""
+    return GroupSpec(group_min_count(kind, obj, pod_group), group_topology_key(kind, obj, pod_group))
 
 
 def _gang(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> GangRef | None:

@@ -482,7 +482,9 @@ def test_recorded_event_matches_what_the_recorder_builds() -> None:
         assert real[key] == ours[key], key
 
 
-def test_group_size_reads_native_group_objects(fake: FakeAPIServer, api: RestKubeAPI) -> None:
+def test_read_group_reads_size_and_topology_key_newest_version_first(fake: FakeAPIServer, api: RestKubeAPI) -> None:
+    from scheduler.podspec import GroupSpec
+
     fake.objects["/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups/pg"] = {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1",
         "kind": "PodGroup",
@@ -495,14 +497,29 @@ def test_group_size_reads_native_group_objects(fake: FakeAPIServer, api: RestKub
         "metadata": {"name": "train", "namespace": "ml"},
         "spec": {"podGroups": [{"name": "workers", "policy": {"gang": {"minCount": 4}}}]},
     }
-    assert api.group_size("scheduler-plugins", "ml", "pg") == 3
-    assert api.group_size("workload", "ml", "train", "workers") == 4
-    assert api.group_size("podgroup", "ml", "absent") is None
+    fake.objects["/apis/scheduling.k8s.io/v1beta1/namespaces/ml/podgroups/racked"] = {
+        "apiVersion": "scheduling.k8s.io/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {"name": "racked", "namespace": "ml"},
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": 2}},
+            "schedulingConstraints": {"topology": [{"key": "example.com/rack"}]},
+        },
+    }
+    assert api.read_group("scheduler-plugins", "ml", "pg") == GroupSpec(3)
+    assert api.read_group("workload", "ml", "train", "workers") == GroupSpec(4)
+    assert api.read_group("podgroup", "ml", "racked") == GroupSpec(2, "example.com/rack")
+    assert api.read_group("podgroup", "ml", "absent") is None
     paths = [r.path for r in fake.requests]
     assert paths == [
         "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ml/podgroups/pg",
+        "/apis/scheduling.k8s.io/v1beta1/namespaces/ml/workloads/train",
+        "/apis/scheduling.k8s.io/v1alpha3/namespaces/ml/workloads/train",
         "/apis/scheduling.k8s.io/v1alpha2/namespaces/ml/workloads/train",
         "/apis/scheduling.k8s.io/v1alpha1/namespaces/ml/workloads/train",
+        "/apis/scheduling.k8s.io/v1beta1/namespaces/ml/podgroups/racked",
+        "/apis/scheduling.k8s.io/v1beta1/namespaces/ml/podgroups/absent",
+        "/apis/scheduling.k8s.io/v1alpha3/namespaces/ml/podgroups/absent",
         "/apis/scheduling.k8s.io/v1alpha2/namespaces/ml/podgroups/absent",
         "/apis/scheduling.k8s.io/v1alpha1/namespaces/ml/podgroups/absent",
     ], "newest API version first, the next on 404"

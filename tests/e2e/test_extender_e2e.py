@@ -317,5 +317,5 @@ def test_gang_size_comes_from_a_scheduler_plugins_pod_group(
     placed = [_devices(control_plane, namespace, f"pg{i}") for i in range(2)]
     assert placed[0][0] == placed[1][0], f"both members on the node reserved for the PodGroup: {placed}"
     assert not set(placed[0][1]) & set(placed[1][1])
-    size, _when = extender.ext.gang_size.group_sizes[("scheduler-plugins", namespace, "trainer", "")]
-    assert size == 2, "the gang size was read from the PodGroup object"
+    read, _when = extender.ext.gang_size.group_sizes[("scheduler-plugins", namespace, "trainer", "")]
+    assert read is not None and read.size == 2, "the gang size was read from the PodGroup object"

@@ -23,7 +23,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scheduler.podspec import GroupSpec
 
 __all__ = ["BindingRejected", "FakeAPIServer", "LeaseStore", "RecordedRequest", "apply_binding", "merge_patch"]
 
@@ -914,13 +917,13 @@ class MemoryKubeAPI:
             self._maybe_fail("event", namespace, event["metadata"]["name"])
             self.events.append(event)
 
-    def group_size(self, kind: str, namespace: str, name: str, pod_group: str = "") -> int | None:
-        from scheduler.podspec import group_min_count
+    def read_group(self, kind: str, namespace: str, name: str, pod_group: str = "") -> GroupSpec | None:
+        from scheduler.podspec import group_spec
 
         with self.lock:
             self._maybe_fail("group", namespace, name)
             obj = self.groups.get((kind, namespace, name))
-            return None if obj is None else group_min_count(kind, obj, pod_group)
+            return None if obj is None else group_spec(kind, obj, pod_group)
 
     def _lease(self, call: str, fn: Callable[[], Any]) -> Any:
         with self.lock:
