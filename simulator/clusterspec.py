@@ -12,9 +12,16 @@ A spec (YAML)::
         link_domain:        # optional: the pool's nodes are joined node to node
           kind: ring        # ring | mesh | torus
           dims: [8]         # nodes per domain = product of dims; more nodes make more domains
+    tiers:                  # optional: network tiers above the link domain, lowest first
+      - {key: example.com/rack, size: 16}   # every 16 nodes (in spec order) form a rack
+      - {key: example.com/block, size: 8}   # every 8 racks form a block
+    network:                # optional: the time mode's network cost model (simulator.network)
+      algorithm: hierarchical               # or ring
+      share: 0.3            # a gang's communication share of its runtime inside one link domain
+      levels: {example.com/rack: {bandwidth_gbs: 50, latency_us: 5}}
 
 The node topology gives each node's devices (all of one model); the device
-count is its size.
+count is its size. A tier's domains are named ``<key's name>-<index>`` (``rack-0``).
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from typing import Any
 import yaml
 
 from simulator.jobs import unknown_name
-from topology import ClusterView, DomainKind, LinkDomain, NodeTopology, TopologyError, load_topology
+from simulator.network import NetworkModel, parse_network
+from topology import ClusterView, DomainKind, LinkDomain, NodeTopology, TopologyError, load_topology, parse_tiers
 from topology.gpushare import GpuNodeSpec
 
 __all__ = ["BUILTIN_CLUSTER", "ClusterSpec", "NodeSpec", "SpecError", "builtin_cluster", "load_cluster"]
@@ -46,7 +54,8 @@ class SpecError(ValueError):
         self.at = at
 
 
-TOP_KEYS = ("name", "pools")
+TOP_KEYS = ("name", "pools", "tiers", "network")
+TIER_KEYS = ("key", "size")
 POOL_KEYS = ("name", "count", "topology", "cpu_milli", "memory_mib", "model", "link_domain")
 DOMAIN_KEYS = ("kind", "dims")
 
@@ -79,6 +88,7 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     view: ClusterView = field(default_factory=ClusterView)
     name: str = "cluster"
+    network: NetworkModel | None = None  # the spec's network cost model; None: the spec names none
 
     @property
     def devices(self) -> int:
@@ -90,10 +100,15 @@ class ClusterSpec:
             pools.setdefault(n.pool, []).append(n)
         parts = [f"{len(ns)}x {ns[0].topology.name or '?'}" for ns in pools.values()]
         doms = ", ".join(f"{d.name} ({d.kind.value} {'x'.join(map(str, d.dims))})" for d in self.view.domains.values())
+        tiers = ""
+        if self.view.tier_keys:
+            counts = [len({self.view.unit(n.name, level) for n in self.nodes}) for level in range(2, self.view.top)]
+            tiers = "; tiers: " + ", ".join(f"{c} x {k}" for k, c in zip(self.view.tier_keys, counts, strict=True))
         return (
             f"{len(self.nodes)} nodes, {self.devices} devices: "
             + ", ".join(parts)
             + (f"; domains: {doms}" if doms else "")
+            + tiers
         )
 
 
@@ -215,7 +230,45 @@ def cluster_from_mapping(data: Mapping[str, Any], base: Path | None = None) -> C
             members = names[di : di + per]
             dname = f"{name}-d{di // per}"
             domains[dname] = LinkDomain(dname, kind, {n: _coords(dims, k) for k, n in enumerate(members)})
-    return ClusterSpec(tuple(nodes), ClusterView(domains), str(data.get("name") or "cluster"))
+    view = _tiers(data.get("tiers"), [n.name for n in nodes], ClusterView(domains))
+    network = None
+    if "network" in data:
+        try:
+            network = parse_network(data["network"], view)
+        except ValueError as exc:
+            raise SpecError(str(exc), ("network",)) from None
+    return ClusterSpec(tuple(nodes), view, str(data.get("name") or "cluster"), network)
+
+
+def _tiers(raw: Any, names: Sequence[str], view: ClusterView) -> ClusterView:
+    """``view`` with the spec's network tiers: each tier groups ``size`` domains of the tier below (nodes, for
+    the first) in spec order."""
+    if raw is None:
+        return view
+    if not isinstance(raw, list) or not raw:
+        raise SpecError(f"tiers: must be a non-empty list of {{key, size}}, got {raw!r}", ("tiers",))
+    keys: list[str] = []
+    sizes: list[int] = []
+    for i, tier in enumerate(raw):
+        at: tuple[str | int, ...] = ("tiers", i)
+        if not isinstance(tier, dict):
+            raise SpecError(f"tiers[{i}]: must be a mapping {{key, size}}, got {tier!r}", at)
+        _known(f"tiers[{i}]: ", at, tier, TIER_KEYS)
+        keys.append(str(tier.get("key")))
+        sizes.append(_int(f"tiers[{i}].size", tier.get("size"), 1, (*at, "size")))
+    try:
+        parse_tiers(keys)
+    except TopologyError as exc:
+        raise SpecError(str(exc), ("tiers",)) from None
+    paths: dict[str, tuple[str, ...]] = {}
+    for index, name in enumerate(names):
+        values = []
+        unit = index
+        for key, size in zip(keys, sizes, strict=True):
+            unit //= size
+            values.append(f"{key.rpartition('/')[2]}-{unit}")
+        paths[name] = tuple(values)
+    return ClusterView(view.domains, tuple(keys), paths)
 
 
 def _line_of(root: yaml.Node | None, at: tuple[str | int, ...]) -> int | None:

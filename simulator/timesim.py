@@ -7,14 +7,18 @@ this module only drives time. Policies (their linked forms, ``topology.policy.LI
 - ``kubelet``: the stock stack. The scheduler counts devices only and spreads
   (``LeastAllocated``: the node with the most free devices); the kubelet hands
   out the lowest free device ids (``DeviceRank.KUBELET``). Gang members go one by
-  one, each where it fits, so a gang may straddle non-adjacent nodes.
+  one, each where it fits, so a gang may straddle non-adjacent nodes. With ``gang_tier``
+  it is upstream kube-scheduler's topology-aware workload scheduling: a gang goes to the
+  first domain of that tier (by name) whose free devices hold every member, placed there
+  member by member as above.
 - ``icl``: kube-icl, the extender's own decision: every node where CPU, memory and
   the device model allow is scored by ``LinkedPolicy.evaluate`` (what the extender's
   filter and prioritize answer), the first of the best-scored nodes in the cluster's
   order wins (kube-scheduler picks one of them at random), and the devices are
   ``LinkedPolicy.devices`` (what the extender's bind writes); the stranding term's
   ratios are the trace's (``Balance.of_pods`` over its jobs). Gangs through
-  ``place_gang`` (one node, or adjacent nodes of one link domain).
+  ``place_gang`` (the lowest network tier that holds them: one node, adjacent nodes of
+  one link domain, the fewest racks, ... the cluster), within ``gang_tier`` when given.
 - ``icl-binpack``: as ``icl`` with ``DeviceRank.BINPACK`` on the node.
 
 The ``share:NAME`` policies are the share forms (``topology.policy.SHARE``) on a
@@ -25,6 +29,10 @@ Queues share the cluster by weighted dominant-resource fairness: at each
 scheduling pass the queue with the lowest (devices in use / weight) goes
 first; a queue whose first ``backfill`` jobs do not fit is blocked for that pass (a queue
 over its share waits while an under-share queue has work that fits).
+
+Network: with a :class:`simulator.network.NetworkModel` a gang's runtime grows with the
+tiers it crosses (its all-reduce against the same gang inside one link domain); each
+record keeps the highest level its placement crossed and the slowdown charged.
 
 Failures: devices, links and nodes fail at given rates (per hour per item,
 exponential) and come back after ``repair_s``; a job on a failed item fails,
@@ -57,8 +65,6 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import networkx as nx
-
 from scheduler.cache import NodeView
 from scheduler.decision import Decision
 from scheduler.podspec import PodInfo
@@ -66,11 +72,12 @@ from scheduler.sharing import SnapshotShareRanker
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.fill import never_fits
 from simulator.jobs import Job
+from simulator.network import NetworkModel
 from simulator.timebase import Alloc as _Alloc
 from simulator.timebase import Backend as _Backend
 from simulator.timebase import FailureRates
 from topology import (
-    ClusterView,
+    LEVEL_LINK,
     Health,
     NodeTopology,
     Placer,
@@ -114,8 +121,15 @@ class JobRecord:
     starts: list[float] = field(default_factory=list)
     end: float | None = None
     valid: bool | None = None
-    """Whether the (last) placement formed the asked shape, gang members on one node or adjacent nodes;
-    None where the cluster model has no topology (``share:`` policies) or the job has not run."""
+    """Whether the (last) placement formed the asked shape on every member's node; None where the cluster
+    model has no topology (``share:`` policies) or the job has not run."""
+    crossing: int | None = None
+    """The highest level (``ClusterView`` levels: 0 node, 1 link domain, tiers, top the cluster) the
+    (last) placement crossed; None where not judged."""
+    slowdown: float = 1.0
+    """How much longer the network model made the (last) run (1: no model, or no cost)."""
+    comm: float | None = None
+    """The network model's communication share of the (last) run's time; None without a model or a gang."""
     requeues: int = 0
     rejected: str = ""
     elastic: bool = False  # ran as an elastic gang
@@ -149,13 +163,23 @@ class TimeResult:
     re-rendezvous stall of the survivors of an elastic gang that shrank."""
     grow_stall_device_seconds: float = 0.0
     """Device-seconds elastic gangs stood still re-forming after growing."""
+    tiers: tuple[str, ...] = ()
+    """The cluster's network tier keys, lowest first (topology policies)."""
 
 
 class _TopoCluster:
     """Whole devices on topology nodes: free devices per node, with health; placement through ``topology``."""
 
-    def __init__(self, spec: ClusterSpec, policy: PolicyName = PolicyName.ICL, balance: Balance | None = None) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        policy: PolicyName = PolicyName.ICL,
+        balance: Balance | None = None,
+        gang_tier: str | None = None,
+    ) -> None:
         self.spec = spec
+        # the highest level a gang may cross (None: the cluster)
+        self.within = spec.view.level_of(gang_tier) if gang_tier else None
         self.policy = policy
         self.linked = linked_policy(policy)
         self.balance = balance or Balance()
@@ -320,28 +344,33 @@ class _TopoCluster:
             self._retopo(node)
 
 
-def _gang_valid(view: ClusterView, nodes: Sequence[str]) -> bool:
-    distinct = set(nodes)
-    if len(distinct) == 1:
-        return True
-    dom = {view.domain_of.get(n) for n in distinct}
-    if len(dom) != 1 or None in dom:
-        return False
-    (name,) = dom
-    assert name is not None
-    graph = view.domains[name].graph
-    return bool(nx.is_connected(graph.subgraph(distinct)))
-
-
 def _place_kubelet(c: _TopoCluster, job: Job, shape: Shape) -> tuple[_Alloc, bool] | None:
-    """Stock scheduler + kubelet: count devices, spread, lowest free ids; members one by one."""
+    """Stock scheduler + kubelet: count devices, spread, lowest free ids; members one by one. With a gang
+    tier (upstream's topology-aware workload scheduling): the first domain of that tier, by name, whose
+    nodes take every member so."""
+    if c.within is None or job.gang <= 1:
+        return _kubelet_members(c, job, shape, c.order)
+    view, within = c.spec.view, c.within
+    domains: dict[tuple[str, ...], list[str]] = {}
+    for node in c.order:
+        # a link domain as upstream sees it: a label value, adjacency unknown
+        key = (view.domain_of.get(node) or f"#{node}",) if within == LEVEL_LINK else view.unit(node, within)
+        domains.setdefault(key, []).append(node)
+    for _key, nodes in sorted(domains.items()):
+        placed = _kubelet_members(c, job, shape, nodes)
+        if placed is not None:
+            return placed
+    return None
+
+
+def _kubelet_members(c: _TopoCluster, job: Job, shape: Shape, nodes: Sequence[str]) -> tuple[_Alloc, bool] | None:
     members: list[tuple[str, tuple[str, ...]]] = []
     valid = True
     ok = True
     for _ in range(job.gang):
         best: str | None = None
         best_free = -1
-        for node in c.order:
+        for node in nodes:
             free = c.usable_free(node)
             if len(free) >= job.count and c.room(node, job) and len(free) > best_free:
                 best, best_free = node, len(free)
@@ -356,8 +385,6 @@ def _place_kubelet(c: _TopoCluster, job: Job, shape: Shape) -> tuple[_Alloc, boo
         c.give_devices(node, devs, job)
     if not ok:
         return None
-    if job.gang > 1:
-        valid = valid and _gang_valid(c.spec.view, [n for n, _ in members])
     return _Alloc(members), valid
 
 
@@ -429,7 +456,7 @@ def _place_icl(
 ) -> tuple[_Alloc, bool] | None:
     """kube-icl: the extender's own decision (:meth:`scheduler.decision.Decision.place`: its per-node
     filter and score steps on every node with room, the first best-scored node, the devices its bind
-    assumes there); gangs on one node or adjacent nodes of one domain."""
+    assumes there); gangs at the lowest network tier that holds them (``place_gang``)."""
     policy = policy or c.linked
     if job.gang == 1:
         names = [n for n in c.order if len(c.usable_free(n)) >= job.count and c.room(n, job)]
@@ -439,7 +466,8 @@ def _place_icl(
             return None
         return _Alloc([placed]), True
     free_by_node = {n: c.usable_free(n) for n in c.order if c.room(n, job)}
-    g = place_gang(c.spec.view, {n: c.topo[n] for n in free_by_node}, free_by_node, shape, job.gang, policy.rank)
+    topos = {n: c.topo[n] for n in free_by_node}
+    g = place_gang(c.spec.view, topos, free_by_node, shape, job.gang, policy.rank, c.within)
     if g is None:
         return None
     per_node: dict[str, int] = {}
@@ -453,11 +481,13 @@ def _place_icl(
 
 def _grow_icl(c: _TopoCluster, job: Job, alloc: _Alloc) -> tuple[str, tuple[str, ...]] | None:
     """One more member of a running elastic gang: the first node ``extend_gang`` offers (a node holding
-    a member, else one linked to one), the policy's devices there; None when no adjacent node has room."""
+    a member, else one linked to one, else the lowest tier shared with one, up to the gang tier), the
+    policy's devices there; None when no such node has room."""
     shape = c.shape(job)
     free_by_node = {n: c.usable_free(n) for n in c.order if c.room(n, job)}
     held = [n for n, _ in alloc.members]
-    ranked = extend_gang(c.spec.view, {n: c.topo[n] for n in free_by_node}, free_by_node, shape, held, c.linked.rank)
+    topos = {n: c.topo[n] for n in free_by_node}
+    ranked = extend_gang(c.spec.view, topos, free_by_node, shape, held, c.linked.rank, c.within)
     for node, _tier in ranked:
         p = c.linked.devices(c.topo[node], c.usable_free(node), shape)
         if p is not None:
@@ -488,6 +518,8 @@ def run_time(
     invalid_slowdown: float = 1.0,
     progress: Callable[[int, int], None] | None = None,
     resize_s: float = 30.0,
+    gang_tier: str | None = None,
+    network: NetworkModel | None = None,
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -500,6 +532,8 @@ def run_time(
     A job placed on devices that do not form its shape runs
     ``invalid_slowdown`` times longer (1 = no penalty, the default).
     An elastic gang stalls ``resize_s`` after each grow or shrink (see the module doc).
+    ``gang_tier`` (a level of ``spec.view``: ``link-domain``, a tier key, ...) is the highest level every
+    gang may cross; ``network`` charges each gang the all-reduce cost of the tiers it crosses.
     """
     if resize_s < 0:
         raise ValueError(f"resize_s: must be >= 0, got {resize_s}")
@@ -523,7 +557,10 @@ def run_time(
             raise ValueError(f"policy {policy!r}: needs a cluster spec with node topologies")
         pol = PolicyName(policy)
         balance = Balance.of_pods((j.count, j.cpu_milli, j.memory_mib) for j in jobs if j.count)
-        c = _TopoCluster(spec, pol, balance)
+        try:
+            c = _TopoCluster(spec, pol, balance, gang_tier)
+        except TopologyError as exc:
+            raise ValueError(f"gang_tier: {exc}") from None
         label = pol.value
     grows = isinstance(c, _TopoCluster) and c.policy is not PolicyName.KUBELET
     records = {j.id: JobRecord(j) for j in jobs}
@@ -543,6 +580,8 @@ def run_time(
     running: dict[str, _Alloc] = {}
     epoch: dict[str, int] = {}
     result = TimeResult(label, c.total, list(records.values()), weights=dict(qweights))
+    if isinstance(c, _TopoCluster):
+        result.tiers = c.spec.view.tier_keys
     elastic = {j.id for j in jobs if j.elastic and grows}
     for jid in elastic:
         records[jid].elastic = True
@@ -550,6 +589,7 @@ def run_time(
     done_w: dict[str, float] = {}  # elastic job -> member-seconds of work done (kept over shrinks)
     since: dict[str, float] = {}  # elastic job -> when its progress was last brought up to date
     resume: dict[str, float] = {}  # elastic job -> end of its current resize stall
+    slow: dict[str, float] = {}  # running job -> its network slowdown on its current members
     seq = itertools.count()
     events: list[tuple[float, int, str, str, int]] = []  # time, seq, kind, arg, epoch
     for j in jobs:
@@ -581,7 +621,7 @@ def run_time(
         """Bring an elastic job's progress up to ``t`` (lock-step members, none during a stall)."""
         start = max(since[jid], resume.get(jid, 0.0))
         if t > start:
-            done_w[jid] += len(running[jid].members) * (t - start)
+            done_w[jid] += len(running[jid].members) * (t - start) / slow.get(jid, 1.0)
         since[jid] = t
 
     def finish_at(jid: str, t: float) -> None:
@@ -590,9 +630,23 @@ def run_time(
         epoch[jid] = epoch.get(jid, 0) + 1
         left = max(0.0, job.duration * job.gang - done_w[jid])
         k = len(running[jid].members)
-        heapq.heappush(events, (max(t, resume.get(jid, t)) + left / k, next(seq), "finish", jid, epoch[jid]))
+        run = left / k * slow.get(jid, 1.0)
+        heapq.heappush(events, (max(t, resume.get(jid, t)) + run, next(seq), "finish", jid, epoch[jid]))
+
+    def judge(jid: str) -> None:
+        """The highest level the job's members cross, and the network's slowdown of it."""
+        if not isinstance(c, _TopoCluster):
+            return
+        alloc = running[jid]
+        rec = records[jid]
+        rec.crossing = c.spec.view.crossing([n for n, _d in alloc.members])
+        if network is not None and rec.job.gang > 1:
+            slow[jid] = network.slowdown(c.spec.view, [(n, len(d)) for n, d in alloc.members])
+            rec.comm = (slow[jid] - (1.0 - network.share)) / slow[jid]
+        rec.slowdown = slow.get(jid, 1.0)
 
     def stop_job(jid: str, failed: bool, t: float = 0.0) -> None:
+        slow.pop(jid, None)
         alloc = running.pop(jid)
         job = records[jid].job
         c.give(alloc, job)
@@ -643,6 +697,7 @@ def run_time(
             rec = records[jid]
             rec.starts.append(t)
             rec.valid = valid
+            judge(jid)
             if jid in elastic:
                 done_w.setdefault(jid, 0.0)
                 since[jid] = t
@@ -650,6 +705,7 @@ def run_time(
                 finish_at(jid, t)
                 continue
             run_for = job.duration * invalid_slowdown if valid is False else job.duration
+            run_for *= slow.get(jid, 1.0)
             heapq.heappush(events, (t + run_for, next(seq), "finish", jid, epoch.get(jid, 0)))
 
     def grow(t: float) -> None:
@@ -671,6 +727,7 @@ def run_time(
                 in_use[job.queue] += member_milli(job)
                 added += 1
             if added:
+                judge(jid)
                 records[jid].grows += added
                 result.grow_stall_device_seconds += resize_s * (len(alloc.members) - added) * job.count
                 resume[jid] = t + resize_s
@@ -691,6 +748,7 @@ def run_time(
             held[jid] -= member_milli(job)
             in_use[job.queue] -= member_milli(job)
         records[jid].shrinks += 1
+        judge(jid)
         result.lost_device_seconds["elastic"] += resize_s * len(alloc.members) * job.count
         resume[jid] = t + resize_s
         finish_at(jid, t)
@@ -769,6 +827,13 @@ class TimeSummary:
     gang_failures: int
     requeues: int
     rejected: int
+    gangs_linked_pct: float = math.nan
+    """Gangs (of more than one member) placed on one node or adjacent nodes of one link domain."""
+    gangs_tier1_pct: float = math.nan
+    """Gangs placed within one domain of the lowest network tier (NaN: the cluster names no tiers)."""
+    comm_pct: float = math.nan
+    """The network model's communication share of gangs' runtime, mean (NaN: no model)."""
+    gang_jct_mean: float = math.nan
 
     def as_dict(self) -> dict[str, float | int | str]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -797,6 +862,10 @@ def summarise(result: TimeResult) -> TimeSummary:
     jcts = [x for r in recs if (x := r.jct) is not None]
     judged = [r for r in started if r.valid is not None]
     valid = sum(1 for r in judged if r.valid)
+    gangs = [r for r in started if r.job.gang > 1 and r.crossing is not None]
+    crossing = [r.crossing for r in gangs if r.crossing is not None]
+    comms = [r.comm for r in gangs if r.comm is not None]
+    gang_jcts = [x for r in gangs if (x := r.jct) is not None]
     # utilisation: time-weighted busy devices over the run
     area = 0.0
     for (t0, u0, _, _), (t1, _, _, _) in itertools.pairwise(result.samples):
@@ -831,4 +900,10 @@ def summarise(result: TimeResult) -> TimeSummary:
         gang_failures=result.gang_failures,
         requeues=sum(r.requeues for r in recs),
         rejected=len(result.records) - len(recs),
+        gangs_linked_pct=100.0 * sum(1 for x in crossing if x <= LEVEL_LINK) / len(crossing) if crossing else math.nan,
+        gangs_tier1_pct=100.0 * sum(1 for x in crossing if x <= 2) / len(crossing)
+        if crossing and result.tiers
+        else math.nan,
+        comm_pct=100.0 * sum(comms) / len(comms) if comms else math.nan,
+        gang_jct_mean=sum(gang_jcts) / len(gang_jcts) if gang_jcts else math.nan,
     )

@@ -30,10 +30,10 @@ def test_an_elastic_gang_grows_at_once_when_there_is_room_and_finishes_sooner() 
     assert rigid.records[0].end == pytest.approx(1000.0)
 
 
-def test_an_elastic_gang_starts_at_its_minimum_and_grows_only_next_to_itself() -> None:
+def test_an_elastic_gang_within_its_link_domain_grows_only_next_to_itself() -> None:
     # n0 and n2 are taken by long jobs; the elastic gang starts on n1 (min 1), n3 is free but not linked.
     blockers = [Job(f"b{i}", 0.0, 5000.0, 8, "ring") for i in range(2)]
-    c = timesim._TopoCluster(LINE)
+    c = timesim._TopoCluster(LINE, gang_tier="link-domain")
     order = c.order
     c.free[order[0]] = set()
     c.free[order[2]] = set()
@@ -45,8 +45,17 @@ def test_an_elastic_gang_starts_at_its_minimum_and_grows_only_next_to_itself() -
     got = timesim._grow_icl(c, job, alloc)
     assert got is not None and got[0] == order[2]
     # and through the event loop: the elastic gang ends up with members on linked nodes only
-    res = run_time(LINE, [*blockers, Job("e", 1.0, 100.0, 8, "ring", gang=3, gang_min=1)], "icl")
+    res = run_time(
+        LINE, [*blockers, Job("e", 1.0, 100.0, 8, "ring", gang=3, gang_min=1)], "icl", gang_tier="link-domain"
+    )
     assert all(r.end is not None for r in res.records)
+    # without a gang tier the same gang may also grow onto n3 (the cluster is the top tier)
+    c = timesim._TopoCluster(LINE)
+    c.free[order[0]] = set()
+    c.free[order[1]] = set()
+    c.free[order[2]] = set()
+    got = timesim._grow_icl(c, job, alloc)
+    assert got is not None and got[0] == order[3]
 
 
 def test_a_failure_shrinks_an_elastic_gang_and_loses_less_work_than_a_rigid_one() -> None:
