@@ -272,7 +272,9 @@ def test_surplus_members_wait_while_another_queue_has_work_that_fits() -> None:
     kind=st.sampled_from(["ring", "mesh"]),
     data=st.data(),
 )
-def test_extend_gang_within_the_link_tier_offers_exactly_the_adjacent_nodes_that_fit(n: int, kind: str, data: st.DataObject) -> None:
+def test_extend_gang_within_the_link_tier_offers_exactly_the_adjacent_nodes_that_fit(
+    n: int, kind: str, data: st.DataObject
+) -> None:
     names = [f"n{i}" for i in range(n)]
     cluster = ClusterView.from_labels(
         {m: {DOMAIN_LABEL: "d", COORDS_LABEL: str(i), DOMAIN_KIND_LABEL: kind} for i, m in enumerate(names)}

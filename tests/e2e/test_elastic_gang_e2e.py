@@ -3,7 +3,9 @@
 The extender runs in this process (HTTP on loopback, its cache fed by the real API server, its
 background worker evicting and rewriting layouts) as the shipped kube-scheduler config's extender.
 Nodes are ``ring:8`` in a line of one link domain; every member asks for a ring of 8, so one member
-fills one node. Other jobs are pods created already bound with their devices annotated.
+fills one node, and names the link domain as the tier its gang must stay within
+(``kube-icl.io/gang-required-tier``). Other jobs are pods created already bound with their devices
+annotated.
 
 - An elastic gang (min 2, max 4) starts at its minimum on the two free adjacent nodes, grows onto a
   node next to it when the job there ends (and not onto a free node that is not linked), keeps
@@ -65,7 +67,12 @@ def _pod(name: str, group: str, priority: str, annotations: dict[str, str]) -> d
 
 
 def _elastic(name: str, group: str, gang: str, least: int, most: int, priority: str = LOW) -> dict[str, Any]:
-    ann = {"kube-icl.io/gang": gang, "kube-icl.io/gang-min": str(least), "kube-icl.io/gang-max": str(most)}
+    ann = {
+        "kube-icl.io/gang": gang,
+        "kube-icl.io/gang-min": str(least),
+        "kube-icl.io/gang-max": str(most),
+        "kube-icl.io/gang-required-tier": "link-domain",
+    }
     return _pod(name, group, priority, ann)
 
 
