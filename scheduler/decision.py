@@ -32,6 +32,7 @@ from scheduler.cache import NodeView
 from scheduler.cycle import Cycle
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, Status
+from scheduler.gang import GangManager
 from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker, NodeFit
 from scheduler.podspec import PodInfo
 from scheduler.sharing import SnapshotShareRanker, decides_whole, links_free
@@ -41,7 +42,32 @@ from topology import Shape
 from topology.contract import DEFAULT_RESOURCE
 from topology.policy import LinkedPolicy
 
-__all__ = ["Decision", "UnlinkedFit", "unlinked_devices"]
+__all__ = ["Classify", "Decision", "UnlinkedFit", "unlinked_devices"]
+
+
+class Classify:
+    """A pod's kind (:class:`PodKind`), decided once from what it asks: ``cpu_pods``: the extender decides
+    pods asking no device (``decideCpuPods``); ``unshaped``: the share policy decides whole-device pods
+    asking no shape on nodes without links (the ``icl`` policy); ``gangs``: which gangs are elastic."""
+
+    def __init__(self, gangs: GangManager | None, *, cpu_pods: bool, unshaped: bool) -> None:
+        self.gangs = gangs
+        self.cpu_pods = cpu_pods
+        self.unshaped = unshaped
+
+    def kind(self, info: PodInfo, shape: Shape | None, error: str) -> PodKind:
+        if error:
+            return PodKind.INVALID
+        if info.milli:
+            return PodKind.SHARE
+        if shape is None:
+            return PodKind.CPU_ONLY if self.cpu_pods else PodKind.NOT_OURS
+        if info.gang is not None:
+            elastic = self.gangs is not None and self.gangs.is_elastic(info.gang)
+            return PodKind.ELASTIC_GANG if elastic else PodKind.GANG
+        if self.unshaped and decides_whole(info, shape):
+            return PodKind.UNSHAPED
+        return PodKind.SHAPED
 
 
 def unlinked_devices(
@@ -183,13 +209,10 @@ class Decision:
         self.ranker = LinkedRanker(nodes, policy, resource)
         self.fit = NodeFit(self.ranker, self.fits, keep_best)
         self.unlinked = UnlinkedFit(nodes, self.ranker, shares, self.fits, keep_best) if shares is not None else None
+        self.classify = Classify(None, cpu_pods=False, unshaped=shares is not None)
         self.cycles = {PodKind.SHAPED: Cycle(filter=self.fit, score=(self.fit,))}
         if self.unlinked is not None:
             self.cycles[PodKind.UNSHAPED] = Cycle(filter=self.unlinked, score=(self.unlinked,))
-
-    def kind(self, info: PodInfo, shape: Shape) -> PodKind:
-        """``UNSHAPED`` when the share policy decides this whole-device pod on nodes without links, else ``SHAPED``."""
-        return PodKind.UNSHAPED if self.shares is not None and decides_whole(info, shape) else PodKind.SHAPED
 
     def devices(self, view: NodeView, shape: Shape) -> tuple[str, ...] | None:
         """The devices the topology-aware ranker takes for ``shape`` on this node view; ``None`` when it
@@ -198,14 +221,14 @@ class Decision:
 
     def devices_on(self, info: PodInfo, shape: Shape, node: str, view: NodeView) -> tuple[tuple[str, ...], str]:
         """The devices bind takes for the pod on ``node`` (its kind's), or ((), why not)."""
-        if self.shares is not None and self.kind(info, shape) is PodKind.UNSHAPED:
+        if self.shares is not None and self.classify.kind(info, shape, "") is PodKind.UNSHAPED:
             return unlinked_devices(self.ranker, self.shares, info, shape, node, view)
         return self.ranker.pick(shape, node, view)
 
     def place(self, info: PodInfo, shape: Shape, names: Sequence[str]) -> tuple[str, tuple[str, ...]] | None:
         """Filter ``names`` (the nodes kube-scheduler's own filters passed), score those that pass, take
         the first best-scored one and the devices bind would choose there; ``None`` when none fits."""
-        kind = self.kind(info, shape)
+        kind = self.classify.kind(info, shape, "")
         cycle = self.cycles[kind]
         state = CycleState({}, info, shape, kind, names=list(names))
         if not cycle.filter(state).ok or state.answer is None or not state.answer.passed:

@@ -54,7 +54,7 @@ from scheduler.binding import (
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.cycle import Cycle, Profiles
-from scheduler.decision import Decision
+from scheduler.decision import Classify, Decision
 from scheduler.events import EventRecorder
 from scheduler.framework import CycleState, NodeAnswer, PodKind, Status
 from scheduler.gang import RECORD_LABEL, GangManager, record_name
@@ -66,7 +66,6 @@ from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecErro
 from scheduler.preempt import NamedVictims, Preemption
 from scheduler.sharing import SnapshotShareRanker
 from scheduler.steps import (
-    Classify,
     CpuPods,
     FairShare,
     Gang,

@@ -26,7 +26,7 @@ from topology import Shape, ShapeKind, pack_node
 from topology.policy import Ask as PolicyAsk
 from topology.policy import Balance, LinkedPolicy, NodeInput, Verdict
 
-__all__ = ["FitMemory", "FitTiers", "LinkedRanker", "Need", "NodeEval", "NodeFit"]
+__all__ = ["FitMemory", "FitTiers", "LinkedRanker", "Need", "NodeFit"]
 
 _MEMO_LIMIT = 200_000
 _NO_BALANCE = Balance()
@@ -34,9 +34,6 @@ _FIT_INDEX_LIMIT = 256  # shapes whose fitting nodes are indexed (oldest dropped
 
 Need = tuple[PolicyAsk, Balance, str]  # the policy's request, the stranding ratios, their memo key
 
-
-NodeEval = Verdict
-"""One node's answer for one shape: fits or why not, and its 0..10 score (the policy's own verdict)."""
 
 FAILED_PLACEMENT = Outcome("unschedulable", "FailedPlacement")
 """What a filter step's ``UNSCHEDULABLE`` means: no node fits; the pod gets a ``FailedPlacement`` Event."""
@@ -123,7 +120,7 @@ class LinkedRanker:
         self.nodes = nodes
         self.policy = policy
         self.resource = resource
-        self.memo: dict[tuple[Any, ...], NodeEval] = {}
+        self.memo: dict[tuple[Any, ...], Verdict] = {}
         self._fit_index: dict[str, tuple[int, FitTiers]] = {}  # shape -> (views version, fitting nodes)
         self._fit_lock = threading.Lock()
 
@@ -139,7 +136,7 @@ class LinkedRanker:
         skey = f"{shape}|{cpu}|{mem}|{balance.cpu_per_device:g}|{balance.mem_per_device:g}"
         return PolicyAsk(shape, cpu, mem), balance, skey
 
-    def evaluate(self, view: NodeView, shape: Shape, skey: str | None = None, need: Need | None = None) -> NodeEval:
+    def evaluate(self, view: NodeView, shape: Shape, skey: str | None = None, need: Need | None = None) -> Verdict:
         """Whether ``shape`` fits this node view, why not, and its score.
 
         Memoised twice: on the view itself (by shape text; gone when the node changes) and
@@ -148,7 +145,7 @@ class LinkedRanker:
         if need is None:
             need = (PolicyAsk(shape), _NO_BALANCE, str(shape))
         skey = skey or need[2]
-        hit: NodeEval | None = view.memo.get(skey)
+        hit: Verdict | None = view.memo.get(skey)
         if hit is not None:
             return hit
         key = (view.key, skey)
@@ -161,7 +158,7 @@ class LinkedRanker:
         view.memo[skey] = hit
         return hit
 
-    def verdict(self, view: NodeView, ask: PolicyAsk, balance: Balance) -> NodeEval:
+    def verdict(self, view: NodeView, ask: PolicyAsk, balance: Balance) -> Verdict:
         """The shared policy's verdict on this view, not memoised."""
         node = NodeInput(view.topology, view.free, view.unattributed, view.admits, view.cpu_free, view.mem_free)
         return self.policy.evaluate(node, ask, balance, resource=self.resource)
@@ -274,7 +271,7 @@ class LinkedRanker:
                     count = len(
                         pack_node(view.topology, view.free, shape, max(1, len(view.free) // k), self.policy.rank)
                     )
-                    hit = NodeEval(True, "", count)
+                    hit = Verdict(True, "", count)
                     self.memo[key] = hit
                 out[(name, f"ring:{k}")] = hit.score
                 k *= 2

@@ -43,7 +43,7 @@ from topology.policies import FracPolicy, Pick, make_policy
 __all__ = [
     "NodeStates",
     "Ranked",
-    "ShareDecision",
+    "ShareAnswer",
     "ShareRanker",
     "SnapshotShareRanker",
     "SnapshotStates",
@@ -128,7 +128,7 @@ class Ranked:
 
 
 @dataclass(frozen=True, slots=True)
-class ShareDecision:
+class ShareAnswer:
     """The filter's answer for one share: the best nodes (in the scheduler's order) and the others' reasons."""
 
     best: list[str]
@@ -323,9 +323,7 @@ class SnapshotShareRanker(ShareRanker):
         self.states = SnapshotStates(snapshot)
         super().__init__(self.states, name, memo_limit)
 
-    def decide(
-        self, info: PodInfo, names: list[str], *, reasons: bool = True, deviceless: bool = False
-    ) -> ShareDecision:
+    def decide(self, info: PodInfo, names: list[str], *, reasons: bool = True, deviceless: bool = False) -> ShareAnswer:
         """Filter and prioritize: the best of the named nodes and (``reasons``) why each other one is not.
 
         ``deviceless`` (a pod asking no device): a node kube-icl has no devices on (a CPU-only node:
@@ -347,7 +345,7 @@ class SnapshotShareRanker(ShareRanker):
                 elif reasons:
                     failed[name] = cache.node_problem(name)[0]
         share = self.decide_views(info, pairs, reasons=reasons, bare=bare, order=names if bare else None)
-        return ShareDecision(share.best, {**failed, **share.failed}) if failed else share
+        return ShareAnswer(share.best, {**failed, **share.failed}) if failed else share
 
     def decide_views(
         self,
@@ -357,7 +355,7 @@ class SnapshotShareRanker(ShareRanker):
         reasons: bool = True,
         bare: Sequence[str] = (),
         order: Sequence[str] | None = None,
-    ) -> ShareDecision:
+    ) -> ShareAnswer:
         """:meth:`decide` over nodes already read from the cache: (name, view), in the scheduler's order;
         ``bare``: nodes with no devices of ours (:meth:`decide`'s ``deviceless``); ``order``: the
         scheduler's order of all of them (default: ``pairs``, then ``bare``)."""
@@ -380,7 +378,7 @@ class SnapshotShareRanker(ShareRanker):
                     failed.update(dict.fromkeys(members, _why(nodes.state(key), task)))
                 elif choice[0] > bar:
                     failed.update(dict.fromkeys(members, prefer))
-        return ShareDecision(best, failed)
+        return ShareAnswer(best, failed)
 
     def choose(self, info: PodInfo, node: str) -> tuple[str, str]:
         """Bind: the device on ``node`` (call with the cache lock held): (device, "") or ("", why not)."""

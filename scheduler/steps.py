@@ -1,6 +1,6 @@
 """The filter and prioritize steps of the extender's cycle (:mod:`scheduler.framework`).
 
-:class:`ReadPod` reads the pod once and classifies it (:class:`Classify`: its
+:class:`ReadPod` reads the pod once and classifies it (:class:`scheduler.decision.Classify`: its
 :class:`scheduler.framework.PodKind`); each kind then runs its own steps (the extender lists them):
 :class:`HeldDevices` (a pod whose last bind is not settled goes back where its devices are),
 :class:`Shares` (a fraction of a device: the share policy decides the nodes), :class:`CpuPods` (no
@@ -23,20 +23,20 @@ from typing import Any, ClassVar
 from scheduler import fairshare
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
+from scheduler.decision import Classify
 from scheduler.events import summarize_failures
-from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, StateKey, Status
+from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, StateKey, Status
 from scheduler.gang import GangManager
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker
 from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, GroupSpec, PodInfo, PodSpecError, pod_info
-from scheduler.sharing import SnapshotShareRanker, decides_whole
+from scheduler.sharing import SnapshotShareRanker
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape, ShapeError, parse_shape
 
 __all__ = [
     "ADMITTED",
     "POD_ERROR",
-    "Classify",
     "CpuPods",
     "FairShare",
     "Gang",
@@ -76,31 +76,6 @@ class SeenPods:
     def find(self, uid: str, namespace: str, name: str) -> PodInfo | None:
         with self._lock:
             return self._pods.get(uid) or self._pods.get(f"{namespace}/{name}")
-
-
-class Classify:
-    """A pod's kind (:class:`PodKind`), decided once from what it asks: ``cpu_pods``: the extender decides
-    pods asking no device (``decideCpuPods``); ``unshaped``: the share policy decides whole-device pods
-    asking no shape on nodes without links (the ``icl`` policy); ``gangs``: which gangs are elastic."""
-
-    def __init__(self, gangs: GangManager | None, *, cpu_pods: bool, unshaped: bool) -> None:
-        self.gangs = gangs
-        self.cpu_pods = cpu_pods
-        self.unshaped = unshaped
-
-    def kind(self, info: PodInfo, shape: Shape | None, error: str) -> PodKind:
-        if error:
-            return PodKind.INVALID
-        if info.milli:
-            return PodKind.SHARE
-        if shape is None:
-            return PodKind.CPU_ONLY if self.cpu_pods else PodKind.NOT_OURS
-        if info.gang is not None:
-            elastic = self.gangs is not None and self.gangs.is_elastic(info.gang)
-            return PodKind.ELASTIC_GANG if elastic else PodKind.GANG
-        if self.unshaped and decides_whole(info, shape):
-            return PodKind.UNSHAPED
-        return PodKind.SHAPED
 
 
 class ReadPod:
