@@ -4,7 +4,10 @@ For 100, 1,000 and 5,000 nodes of an 8-device (torus:2x2x2) and a 16-device
 (torus:4x4) topology, with seeded random allocations already on the nodes (so
 free sets differ from node to node), one pod asking for a ring of 4 (and, on
 ``full:8`` nodes, one asking 4 devices and no shape, and one asking 16 CPUs and no device with
-``decideCpuPods: true``: the share policy's paths) is sent
+``decideCpuPods: true``: the share policy's paths; and the first member of a gang of 32
+rings of 4 on nodes in three network tiers (``tiers``: racks of 16 nodes, blocks of 8
+racks, spines of 4 blocks), whose filter plans and reserves the whole gang, a new gang each
+time) is sent
 through filter and then prioritize, exactly as kube-scheduler sends them with
 ``nodeCacheCapable: true`` (node names in, names out). Two timings per case:
 
@@ -50,22 +53,46 @@ from tests.support.extender import node_obj, pod_obj  # noqa: E402
 from topology import Placer, build_preset, parse_shape  # noqa: E402
 
 # label -> (preset, the pod's shape annotation (None: no shape, as an openb task asking 4 whole devices),
-# the devices it asks (0: a CPU-only pod, decided by the extender with decideCpuPods: true))
-TOPOLOGIES: dict[str, tuple[str, str | None, int]] = {
-    "8-device": ("torus:2x2x2", "ring", 4),
-    "16-device": ("torus:4x4", "ring", 4),
-    "8-device no shape": ("full:8", None, 4),
-    "8-device CPU pod": ("full:8", None, 0),
+# the devices it asks (0: a CPU-only pod, decided by the extender with decideCpuPods: true), gang members
+# (0: no gang; else a new gang of that many each time, on nodes in three network tiers))
+TOPOLOGIES: dict[str, tuple[str, str | None, int, int]] = {
+    "8-device": ("torus:2x2x2", "ring", 4, 0),
+    "16-device": ("torus:4x4", "ring", 4, 0),
+    "8-device no shape": ("full:8", None, 4, 0),
+    "8-device CPU pod": ("full:8", None, 0, 0),
+    "gang x32, 3 tiers": ("torus:2x2x2", "ring", 4, 32),
 }
+TIERS = ("example.com/rack", "example.com/block", "example.com/spine")
+TIER_SIZES = (16, 8, 4)  # nodes per rack, racks per block, blocks per spine
 KEEP_BEST = 64  # keepBestNodes of the shipped extender config
 
 
-def build_cluster(n: int, preset: str, seed: int, decide_cpu_pods: bool = False) -> tuple[ExtenderServer, list[str]]:
+def tier_labels(index: int) -> dict[str, str]:
+    """Node ``index``'s rack, block and spine (consecutive nodes share a rack)."""
+    labels, unit = {}, index
+    for key, size in zip(TIERS, TIER_SIZES, strict=True):
+        unit //= size
+        labels[key] = f"{key.rpartition('/')[2]}-{unit}"
+    return labels
+
+
+def build_cluster(
+    n: int, preset: str, seed: int, decide_cpu_pods: bool = False, tiers: bool = False
+) -> tuple[ExtenderServer, list[str]]:
     rng = random.Random(seed)
-    cfg = ExtenderConfig(host="127.0.0.1", port=0, events=False, decide_cpu_pods=decide_cpu_pods)
+    cfg = ExtenderConfig(
+        host="127.0.0.1",
+        port=0,
+        events=False,
+        decide_cpu_pods=decide_cpu_pods,
+        tiers=TIERS if tiers else (),
+        fair_share=not tiers,  # the gang row measures placement, not the queues
+    )
     cache = ClusterCache(cfg.resource_name, cpu_pods_of=cfg.scheduler_name if decide_cpu_pods else "")
     names = [f"node-{i:05d}" for i in range(n)]
-    cache.replace_nodes(node_obj(name, preset) for name in names)
+    cache.replace_nodes(
+        node_obj(name, preset, labels=tier_labels(i) if tiers else None) for i, name in enumerate(names)
+    )
     topo = build_preset(preset)
     placer = Placer.for_topology(topo)
     pods = []
@@ -121,16 +148,31 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
 
 
 def run_case(
-    n: int, preset: str, repeat: int, seed: int, shape: str | None = "ring", count: int = 4
+    n: int, preset: str, repeat: int, seed: int, shape: str | None = "ring", count: int = 4, gang: int = 0
 ) -> dict[str, float]:
-    server, names = build_cluster(n, preset, seed, decide_cpu_pods=count == 0)
-    pod = with_requests(pod_obj("bench", count, shape, namespace="alpha"), 16000, 65536)
-    request = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+    server, names = build_cluster(n, preset, seed, decide_cpu_pods=count == 0, tiers=gang > 0)
+    gangs = iter(range(1 << 30))
+
+    def member() -> dict[str, Any]:
+        ann = {"kube-icl.io/gang": f"g{next(gangs)}", "kube-icl.io/gang-size": str(gang)} if gang else None
+        return with_requests(pod_obj("bench", count, shape, namespace="alpha", annotations=ann), 16000, 65536)
+
+    def body(pod: dict[str, Any]) -> bytes:
+        return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+
+    pod = member()
+    request = body(pod)
     topo = build_preset(preset)
     Placer.for_topology(topo).fits(parse_shape(shape or "any", count=4), topo.ids)  # candidate table, as at start-up
 
     def extender() -> tuple[bytes, bytes]:
-        return server.handle("filter", request), server.handle("prioritize", request)
+        if not gang:
+            return server.handle("filter", request), server.handle("prioritize", request)
+        fresh = body(member())  # a new gang: its first member's filter plans and reserves it
+        out = server.handle("filter", fresh), server.handle("prioritize", fresh)
+        for key in list(server.extender.gangs.reservations):
+            server.extender.gangs.release(key)
+        return out
 
     t0 = time.perf_counter()
     filter_resp, prio_resp = extender()
@@ -141,6 +183,13 @@ def run_case(
     def json_only() -> None:
         json_floor(request, filter_obj, prio_obj)
 
+    if gang:  # keepBestNodes does not apply: a member passes exactly its gang's reserved nodes
+        ext_t, json_t = [], []
+        for _ in range(repeat):
+            ext_t.append(timed(extender, 1))
+            json_t.append(timed(json_only, 1))
+        warm, base = statistics.median(ext_t), statistics.median(json_t)
+        return {"nodes": n, "passed": passed, "cold": cold, "warm": warm, "json": base, "keep": float("nan")}
     shipped = server.extender
     kept = ExtenderServer(
         Extender(dataclasses.replace(shipped.cfg, keep_best_nodes=KEEP_BEST), shipped.cache), shipped.cfg
@@ -172,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'topology':<22} {'nodes':>6} {'fit':>5} {'json ms':>9} {'warm ms':>9} {'cold ms':>9} "
           f"{'warm/json':>9} {'cold/json':>9} {'keep64 ms':>9} {'warm/keep64':>11}")  # fmt: skip
     worst = 0.0
-    for label, (preset, shape, count) in TOPOLOGIES.items():
+    for label, (preset, shape, count, gang) in TOPOLOGIES.items():
         for n in sizes:
-            r = run_case(n, preset, args.repeat, args.seed, shape, count)
+            r = run_case(n, preset, args.repeat, args.seed, shape, count, gang)
             ratio = r["warm"] / r["json"]
             if n == max(sizes):
                 worst = max(worst, ratio)

@@ -213,6 +213,8 @@ class ClusterCache:
         self._topologies: dict[str, NodeTopology | str] = {}  # raw annotation -> topology or error text
         self.tier_keys: tuple[str, ...] = ()  # network tier label keys, lowest first (config ``tiers``)
         self._untiered: set[str] = set()  # nodes already said to lack a tier label
+        self._labels_version = 0  # bumps when a node's labels change or a node goes
+        self._paths: tuple[tuple[int, int, tuple[str, ...]], dict[str, tuple[str, ...]]] | None = None
         # Accounting kept incrementally: uids whose charge may have changed are settled on read.
         self._dirty: set[str] = set()
         self._charged: dict[str, tuple[str, str, int]] = {}  # uid -> (queue, pool, devices)
@@ -296,7 +298,10 @@ class ClusterCache:
             rec.domain = str(labels.get(LABEL_LINK_DOMAIN) or "")
             rec.coords = str(labels.get(LABEL_LINK_COORDS) or "")
             rec.domain_kind = str(labels.get(DOMAIN_KIND_LABEL) or "")
-            rec.labels = labels if isinstance(labels, Mapping) else {}
+            node_labels = labels if isinstance(labels, Mapping) else {}
+            if node_labels != rec.labels:
+                rec.labels = node_labels
+                self._labels_version += 1
             rec.ready = _ready(obj)
             rec.unschedulable = bool((obj.get("spec") or {}).get("unschedulable"))
             if raw != rec.raw_topology or rec.topology is None:
@@ -432,6 +437,7 @@ class ClusterCache:
     def delete_node(self, name: str) -> None:
         with self.lock:
             rec = self._nodes.pop(name, None)
+            self._labels_version += 1
             self._views.pop(name, None)
             self._view_touched(name)
             if rec is not None:
@@ -1016,16 +1022,22 @@ class ClusterCache:
 
     def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
         """Each node's value of every network tier label (:attr:`tier_keys`; "" where it has none), by name:
-        of every node, or of ``names`` only; empty when no tiers are configured. A node without a tier's
-        label is a domain of its own at that tier, which is logged once per node."""
+        of every node (kept until a node's labels change; callers must not mutate it), or of ``names``
+        only; empty when no tiers are configured. A node without a tier's label is a domain of its own at
+        that tier, which is logged once per node."""
         keys = self.tier_keys
         if not keys:
             return {}
         with self.lock:
+            version = (self._labels_version, len(self._nodes), keys)
+            if names is None and self._paths is not None and self._paths[0] == version:
+                return self._paths[1]  # the gang planner's hot path: every node, unchanged labels
             recs = (
                 self._nodes.values() if names is None else [r for n in names if (r := self._nodes.get(n)) is not None]
             )
             out = {r.name: tuple(str(r.labels.get(k) or "") for k in keys) for r in recs}
+            if names is None:
+                self._paths = (version, out)
             for name, path in out.items():
                 if "" in path and name not in self._untiered:
                     self._untiered.add(name)

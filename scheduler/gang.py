@@ -440,6 +440,15 @@ class GangManager:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def release(self, key: str) -> bool:
+        """Drop gang ``key``'s reservation: its unclaimed slots' devices are free again; False if it has none."""
+        with self.cache.lock:
+            res = self.reservations.get(key)
+            if res is None:
+                return False
+            self._drop(res)
+            return True
+
     def _drop(self, res: Reservation) -> None:
         for slot in res.slots:
             if not slot.pod_uid:

@@ -99,7 +99,14 @@ class ClusterSpec:
         for n in self.nodes:
             pools.setdefault(n.pool, []).append(n)
         parts = [f"{len(ns)}x {ns[0].topology.name or '?'}" for ns in pools.values()]
-        doms = ", ".join(f"{d.name} ({d.kind.value} {'x'.join(map(str, d.dims))})" for d in self.view.domains.values())
+        domains = list(self.view.domains.values())
+        doms = ", ".join(f"{d.name} ({d.kind.value} {'x'.join(map(str, d.dims))})" for d in domains)
+        if len(domains) > 6:  # many alike: count them by kind and size
+            kinds: dict[str, int] = {}
+            for d in domains:
+                key = f"{d.kind.value} {'x'.join(map(str, d.dims))}"
+                kinds[key] = kinds.get(key, 0) + 1
+            doms = ", ".join(f"{n} x {k}" for k, n in kinds.items())
         tiers = ""
         if self.view.tier_keys:
             counts = [len({self.view.unit(n.name, level) for n in self.nodes}) for level in range(2, self.view.top)]

@@ -196,13 +196,25 @@ class ClusterView:
         blocks is two racks); a node without the tier's label is a domain of its own. Level 1
         is the node's link domain within the tiers above; the cluster's key is ``()``.
         """
-        path = self.paths.get(node, ())
-        values = tuple(path[i] if i < len(path) and path[i] else f"{_OWN}{node}" for i in range(len(self.tier_keys)))
-        if level <= LEVEL_NODE:
-            return (f"{_OWN}{node}", *values)
-        if level == LEVEL_LINK:
-            return (self.domain_of.get(node) or f"{_OWN}{node}", *values)
-        return values[level - 2 :]
+        memo = self._units
+        key = (node, level)
+        found = memo.get(key)
+        if found is None:
+            path = self.paths.get(node, ())
+            count = len(self.tier_keys)
+            values = tuple(path[i] if i < len(path) and path[i] else f"{_OWN}{node}" for i in range(count))
+            if level <= LEVEL_NODE:
+                found = (f"{_OWN}{node}", *values)
+            elif level == LEVEL_LINK:
+                found = (self.domain_of.get(node) or f"{_OWN}{node}", *values)
+            else:
+                found = values[level - 2 :]
+            memo[key] = found
+        return found
+
+    @cached_property
+    def _units(self) -> dict[tuple[str, int], tuple[str, ...]]:
+        return {}
 
     def unit_name(self, level: int, key: tuple[str, ...]) -> str:
         """A readable name of the domain ``key`` at ``level`` (``rack=r1``; ``cluster`` at the top)."""
@@ -325,8 +337,13 @@ def place_gang(
         raise TopologyError(f"gang tier: level {limit} is outside 0..{cluster.top}")
     nodes = sorted(n for n in free_by_node if n in topologies)
     capacity: dict[str, list[Placement]] = {}
+    packs: dict[tuple[int, object], list[Placement]] = {}  # nodes of one topology and free set pack alike
     for n in nodes:
-        packed = pack_node(topologies[n], free_by_node[n], shape, members, policy)
+        topo, free = topologies[n], free_by_node[n]
+        same = (id(topo), free if isinstance(free, frozenset) else frozenset(free))
+        packed = packs.get(same)
+        if packed is None:
+            packed = packs[same] = pack_node(topo, free, shape, members, policy)
         if packed:
             capacity[n] = packed
     single = [n for n in capacity if len(capacity[n]) >= members]

@@ -145,6 +145,7 @@ class Placer:
         self._lock = threading.RLock()
         self._tables: dict[Shape, _Table] = {}
         self._cache: OrderedDict[tuple[object, ...], Placement | None] = OrderedDict()
+        self._packs: OrderedDict[tuple[object, ...], tuple[Placement, ...]] = OrderedDict()
         self._mix = tuple(
             (shape, weight) for shape, weight in ((parse_shape(s), w) for s, w in mix) if shape.size < self.n
         )
@@ -168,6 +169,7 @@ class Placer:
         """Forget remembered decisions (tables stay): for benchmarks that must measure a cold decision."""
         with self._lock:
             self._cache.clear()
+            self._packs.clear()
 
     # -- tables ----------------------------------------------------------------------------------
 
@@ -465,6 +467,22 @@ class Placer:
         """
         self._check(shape)
         free_mask, _ = self._masks(free, ())
+        # no more than the free devices can hold: an exact search for more would find nothing
+        want = min(want, (free_mask & self.healthy).bit_count() // max(1, shape.size))
+        key = (shape, free_mask, want, policy)
+        with self._lock:
+            hit = self._packs.get(key)
+            if hit is not None:
+                self._packs.move_to_end(key)
+                return list(hit)
+        out = self._pack(shape, free_mask, want, policy)
+        with self._lock:
+            self._packs[key] = tuple(out)
+            while len(self._packs) > QUERY_CACHE:
+                self._packs.popitem(last=False)
+        return out
+
+    def _pack(self, shape: Shape, free_mask: int, want: int, policy: Policy) -> list[Placement]:
         out: list[Placement] = []
         left = free_mask
         while len(out) < want:
