@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.cycle import Cycle
-from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, Status
+from scheduler.cycle import Cycle, Profiles
+from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, StateKey, Status
 from scheduler.podspec import PodInfo, pod_info
 from tests.support.extender import pod_obj
 
@@ -205,6 +205,70 @@ def test_the_first_score_step_with_a_say_scores_every_node() -> None:
     assert cycle.score(_state()) == [10, 0, 10]
     assert log.calls == ["score:Shares", "score:Gang"]
     assert Cycle(score=[Scorer("None", log, None)]).score(_state()) == [0, 0, 0]
+
+
+def test_the_driver_names_the_step_and_takes_its_label_and_event_from_the_steps_outcomes() -> None:
+    log = Log()
+
+    class Fair:
+        name = "Fair"
+        outcomes: Mapping[Code, Outcome] = {Code.UNRESOLVABLE: Outcome("held", "QueueHeldBack")}
+
+        def pre_filter(self, state: CycleState) -> Status:
+            return Status(Code.UNRESOLVABLE, "queue a waits")  # a code and a reason, nothing else
+
+    status = Cycle(pre_filter=[Fair()], on_failure=log.on_failure).filter(_state())
+    assert (status.plugin, status.label, status.event) == ("Fair", "held", "QueueHeldBack")
+    assert log.events == [("Fair", "QueueHeldBack", "queue a waits")]
+
+    class Plain:
+        name = "Plain"
+        outcomes: Mapping[Code, Outcome] = {}
+
+        def pre_filter(self, state: CycleState) -> Status:
+            return Status(Code.SKIP)
+
+    # a code the step does not list: the default outcome, and no event
+    status = Cycle(pre_filter=[Plain()], filter=PerNode(log, set())).filter(_state())
+    assert (status.plugin, status.label, status.event) == ("Plain", "ignored", "")
+
+
+def test_profiles_run_the_cycle_of_the_pods_kind_and_steps_hand_values_on_by_typed_keys() -> None:
+    log = Log()
+    seen: StateKey[int] = StateKey("Count.seen")
+
+    class Count:
+        name = "Count"
+        outcomes: Mapping[Code, Outcome] = {}
+
+        def pre_filter(self, state: CycleState) -> Status:
+            state.write(seen, len(state.names))
+            return OK
+
+    class Read:
+        name = "Read"
+        outcomes: Mapping[Code, Outcome] = {}
+
+        def pre_filter(self, state: CycleState) -> Status:
+            log.calls.append(f"read:{state.read(seen)}")
+            return OK
+
+    profiles = Profiles(
+        {
+            PodKind.SHAPED: Cycle(pre_filter=[Count(), Read()], filter=PerNode(log, {"n1"})),
+            PodKind.NOT_OURS: Cycle(pre_filter=[Pre("NotOurs", log, Status(Code.SKIP))]),
+        }
+    )
+    state = _state()
+    state.kind = PodKind.SHAPED
+    assert profiles.filter(state).ok and log.calls == ["read:3", "filter"]
+    assert state.read(seen) == 3
+    log.calls.clear()
+    other = _state()
+    other.kind = PodKind.NOT_OURS
+    assert profiles.filter(other).code is Code.SKIP and log.calls == ["pre:NotOurs"]
+    assert other.read(seen) is None  # the other kind's step never ran
+    assert profiles.score(other) == [0, 0, 0]  # a kind without score steps scores 0
 
 
 # ---------------------------------------------------------------------------- bind
