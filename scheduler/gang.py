@@ -391,6 +391,15 @@ class GangManager:
             cluster = ClusterView()
         return self._tiered(cluster), topologies, free_by_node
 
+    def view(self) -> ClusterView:
+        """Every node's link domain and network tiers, as gangs are placed by them."""
+        with self.cache.lock:
+            try:
+                cluster = ClusterView.from_labels(self.cache.link_labels())
+            except TopologyError:
+                cluster = ClusterView()
+            return self._tiered(cluster)
+
     def _tiered(self, cluster: ClusterView, names: Iterable[str] | None = None) -> ClusterView:
         """``cluster`` with the network tiers of the cache's nodes (of ``names`` only when given)."""
         if not self.cache.tier_keys:

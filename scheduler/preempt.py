@@ -6,7 +6,10 @@ out, but every node it names needs a non-empty list of pods on that node: kube-s
 fails the whole preemption on an empty one. Its proposed victims are all kept; device
 holders of lower priority are added only where the shape still does not fit; fair share
 and elastic gangs' minimums limit who may be taken. A node where no allowed set of victims
-frees the shape is left out.
+frees the shape is left out. A member of a gang that still misses members, on a cluster with
+network tiers, is answered only in one domain of the lowest tier that can hold the missing
+members (counting the nodes where a member fits now), so the gang frees a whole rack before
+spreading its victims over the cluster.
 
 Under informer lag (kube-scheduler's cache sees a victim gone before the extender's does) the
 victims this replica named are remembered (:class:`NamedVictims`) and, before an answer or a
@@ -271,6 +274,36 @@ class Preemption:
         spare_only = {n for n, v in out.items() if self.elastic_victims(tuple(p.uid for p in v.pods)) is True}
         if spare_only:
             out = {n: v for n, v in out.items() if n in spare_only}
+        return self._one_domain(state, out)
+
+    def _one_domain(self, state: CycleState, out: dict[str, MetaVictims]) -> dict[str, MetaVictims]:
+        """A gang member's victim nodes within one domain of the lowest network tier whose nodes (those where
+        a member fits now, and those the answer frees) can hold the gang's missing members: of those
+        domains the one that needs the fewest victim nodes, then by name. Unchanged when no tier is
+        configured, the pod is no gang member, or no domain of any tier can hold them."""
+        gang, shape = state.info.gang, state.shape
+        if gang is None or shape is None or len(out) <= 1 or not self.cache.tier_keys:
+            return out
+        missing = gang.size - len(self.gangs.members_bound(gang))
+        if missing <= 1:
+            return out
+        view = self.gangs.view()
+        with self.cache.lock:
+            views = self.cache.usable_views(self.cache.node_names())
+        fits_now = {n for n, v in views.items() if n not in out and Placer.for_topology(v.topology).fits(shape, v.free)}
+        for level in range(2, view.top):
+            domains: dict[tuple[str, ...], tuple[int, int]] = {}
+            for n in (*out, *fits_now):
+                now, freed = domains.get(view.unit(n, level), (0, 0))
+                domains[view.unit(n, level)] = (now + (n in fits_now), freed + (n in out))
+            holding = [
+                (max(0, missing - now), key)
+                for key, (now, freed) in domains.items()
+                if freed and now + freed >= missing
+            ]
+            if holding:
+                _needed, chosen = min(holding)
+                return {n: v for n, v in out.items() if view.unit(n, level) == chosen}
         return out
 
     def _gang_survivors(self, state: CycleState, proposed: Mapping[str, tuple[tuple[str, ...], int]]) -> list[str]:
