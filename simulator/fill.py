@@ -42,7 +42,7 @@ from topology.policies import FracPolicy, Pick, TieBreak, make_policy
 from topology.policy import PolicyName
 
 __all__ = [
-    "ExtenderPolicy",
+    "ExtenderRanking",
     "FillNodes",
     "FillResult",
     "FracCluster",
@@ -278,9 +278,10 @@ class FillNodes:
 
 
 @dataclass(frozen=True)
-class ExtenderPolicy:
-    """A fill policy that decides through the extender's share decision (``ShareRanker`` of ``name``) with
-    ``workload`` as its target; what ``fill_policy`` gives for ``icl``."""
+class ExtenderRanking:
+    """Not a policy itself: fill mode's choice to decide through the extender's share ranker
+    (``ShareRanker`` of the share policy ``name``) with ``workload`` as its target; what
+    ``fill_policy`` gives for ``icl``."""
 
     workload: TargetWorkload
     name: str = PolicyName.ICL.value
@@ -289,24 +290,24 @@ class ExtenderPolicy:
     tie_break: TieBreak = TieBreak.RANDOM  # kube-scheduler picks one of the nodes filter passes at random
 
 
-FillPolicy = FracPolicy | ExtenderPolicy
+FillPolicy = FracPolicy | ExtenderRanking
 
 
 def fill_policy(name: str, specs: Sequence[GpuNodeSpec], workload: TargetWorkload | None = None) -> FillPolicy:
     """What ``icl sim --mode fill`` runs for a policy name: ``icl`` is the extender's own share decision
-    (:class:`ExtenderPolicy`); the baselines are ``topology.policies.make_policy``'s."""
+    (:class:`ExtenderRanking`); the baselines are ``topology.policies.make_policy``'s."""
     policy = make_policy(name, specs, workload)  # checks the name and the workload
     if policy.name == PolicyName.ICL.value and workload is not None:
-        return ExtenderPolicy(workload)
+        return ExtenderRanking(workload)
     return policy
 
 
 class ShareScorer:
-    """``Scorer``'s place for an :class:`ExtenderPolicy`: every decision is ``ShareRanker.rank`` over the
+    """``Scorer``'s place for an :class:`ExtenderRanking`: every decision is ``ShareRanker.rank`` over the
     cluster (:class:`FillNodes`), one of its best nodes drawn as kube-scheduler draws among the nodes
     the extender's filter passes."""
 
-    def __init__(self, policy: ExtenderPolicy, cluster: FracCluster) -> None:
+    def __init__(self, policy: ExtenderRanking, cluster: FracCluster) -> None:
         self.policy = policy
         self.cluster = cluster
         self.shares = ShareRanker(FillNodes(cluster, policy.workload), policy.name, memo_limit=1 << 62)
@@ -325,7 +326,7 @@ class ShareScorer:
 def scorer_for(policy: FillPolicy, cluster: FracCluster) -> Scorer | ShareScorer:
     """What decides each task for ``policy`` on ``cluster`` (fill mode and time mode's ``share:`` policies):
     the extender's share decision for ``icl`` (:class:`ShareScorer`), ``Scorer`` for the baselines."""
-    return ShareScorer(policy, cluster) if isinstance(policy, ExtenderPolicy) else Scorer(policy)
+    return ShareScorer(policy, cluster) if isinstance(policy, ExtenderRanking) else Scorer(policy)
 
 
 def node_order(specs: Sequence[GpuNodeSpec], seed: int) -> list[int]:

@@ -23,7 +23,7 @@ from scheduler.config import ConfigError, ExtenderConfig, parse_config
 from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.wire import MAX_PRIORITY, ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
-from simulator.fill import ExtenderPolicy, FracCluster, ShareScorer
+from simulator.fill import ExtenderRanking, FracCluster, ShareScorer
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import build_preset
 from topology.contract import ANN_DEVICES, DEFAULT_RESOURCE
@@ -203,7 +203,7 @@ def test_a_fill_step_for_a_cpu_task_chooses_what_the_extenders_filter_chooses(
     total = sum(counts.values())
     order = sorted(counts, key=lambda t: (t.cpu_milli, t.memory_mib, t.num_gpu, t.gpu_milli))
     workload = TargetWorkload(tuple((t, counts[t] / total) for t in order))
-    scorer = ShareScorer(ExtenderPolicy(workload), cluster)
+    scorer = ShareScorer(ExtenderRanking(workload), cluster)
 
     cpu_fits = [names[i] for i in range(len(nodes)) if specs[i].cpu_milli - cpu_used[i] >= cpu]
     passed = ext.filter(ExtenderArgs(pod=pod, node_names=cpu_fits)).node_names or []

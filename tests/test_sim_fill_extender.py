@@ -24,7 +24,7 @@ from scheduler.informer import Informer
 from scheduler.sharing import Ranked, ShareRanker, SnapshotShareRanker, SnapshotStates
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
 from simulator.fill import (
-    ExtenderPolicy,
+    ExtenderRanking,
     FracCluster,
     Scorer,
     ShareScorer,
@@ -63,7 +63,7 @@ class Recording(ShareRanker):
 
 def test_icl_is_the_extenders_share_policy_and_the_baselines_are_unchanged() -> None:
     icl = fill_policy("icl", NODES, WORKLOAD)
-    assert isinstance(icl, ExtenderPolicy)
+    assert isinstance(icl, ExtenderRanking)
     ext = Extender(ExtenderConfig(), ClusterCache(DEFAULT_RESOURCE))
     scorer = ShareScorer(icl, FracCluster(NODES, ordered_devices=icl.ordered_devices))
     assert type(scorer.shares) is ShareRanker and type(ext.shares) is SnapshotShareRanker
@@ -75,7 +75,7 @@ def test_icl_is_the_extenders_share_policy_and_the_baselines_are_unchanged() -> 
 
 def test_every_fill_decision_of_icl_is_the_share_policys_answer() -> None:
     policy = fill_policy("icl", NODES, WORKLOAD)
-    assert isinstance(policy, ExtenderPolicy)
+    assert isinstance(policy, ExtenderRanking)
     cluster = FracCluster(NODES, ordered_devices=policy.ordered_devices)
     scorer = ShareScorer(policy, cluster)
     rec = Recording(scorer.shares.nodes, policy.name)
@@ -177,7 +177,7 @@ def test_a_fill_step_chooses_what_the_extenders_filter_and_bind_choose(scene: di
     task = TaskRequest(scene["cpu"], 0, 1, scene["ask"])
     # the target the extender's policy is built for (the cache's pods); the fill run's is its trace's
     _, target = SnapshotStates(cache).target(new["metadata"]["uid"], task)
-    scorer = ShareScorer(ExtenderPolicy(target()[1]), cluster)
+    scorer = ShareScorer(ExtenderRanking(target()[1]), cluster)
 
     passed = ext.filter(ExtenderArgs(pod=new, node_names=names)).node_names or []
     tied = scorer.shares.rank("", task).tied
@@ -236,7 +236,7 @@ def _whole_device_scene(
     ext = Extender(ExtenderConfig(fair_share=False, gang_timeout_s=100.0), cache, api)
     task = TaskRequest(cpu, 0, k, MILLI_PER_DEVICE)
     _, target = SnapshotStates(cache).target(new["metadata"]["uid"], task)
-    scorer = ShareScorer(ExtenderPolicy(target()[1]), cluster)
+    scorer = ShareScorer(ExtenderRanking(target()[1]), cluster)
     cpu_fits = [names[i] for i, spec in enumerate(specs) if spec.cpu_milli >= cpu]
     passed = ext.filter(ExtenderArgs(pod=new, node_names=cpu_fits)).node_names or []
     scores = {h.host: h.score for h in ext.prioritize(ExtenderArgs(pod=new, node_names=passed))} if passed else {}
