@@ -276,8 +276,9 @@ class RealNode:
     # ----------------------------------------------------------- containerd
 
     def containerd_config(self) -> str:
-        """containerd's config (version 3): CRI with CDI from ``cdi_dir``, runc by the absolute path, the
-        sandbox image pinned to the local pause image, every path under ``workdir``."""
+        """containerd's config (version 3): CRI with CDI specs from ``cdi_dir`` (CDI is always on in containerd
+        2.x), runc by its absolute path, the sandbox image pinned to the local pause image, every path under
+        ``workdir``."""
         d = self.containerd_dir
         cri_runtime = 'plugins."io.containerd.cri.v1.runtime"'
         return f"""\
@@ -300,8 +301,10 @@ state = "{d / "state"}"
     sandbox = "{build.PAUSE_IMAGE}"
 
 [{cri_runtime}]
-  enable_cdi = true
   cdi_spec_dirs = ["{self.cdi_dir}"]
+  # Never below containerd's own OOM score: lowering it needs CAP_SYS_RESOURCE, which some machines (this
+  # CI's) withhold even from root; the kubelet asks -998 for every sandbox.
+  restrict_oom_score_adj = true
   [{cri_runtime}.containerd]
     default_runtime_name = "runc"
     [{cri_runtime}.containerd.runtimes.runc]
@@ -423,6 +426,8 @@ state = "{d / "state"}"
             "cgroupsPerQOS": True,
             "enforceNodeAllocatable": ["pods"],
             "failSwapOn": False,
+            # The kubelet's own OOM score stays as it is (default -999 needs CAP_SYS_RESOURCE, see containerd's).
+            "oomScoreAdj": 0,
             "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
             "address": "127.0.0.1",
             "port": port,
