@@ -196,6 +196,13 @@ TIME_COLUMNS: tuple[tuple[str, str], ...] = (
     ("gang_failures", "gang fails"),
     ("requeues", "requeues"),
 )
+# shown when some run placed gangs across nodes: where they ran, and what the network model charged
+GANG_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("gangs_linked_pct", "gangs linked%"),
+    ("gangs_tier1_pct", "gangs in tier1%"),
+    ("comm_pct", "comm%"),
+    ("gang_jct_mean", "gang JCT s"),
+)
 
 
 @dataclass
@@ -239,6 +246,17 @@ class Report:
     def time_rows(self) -> list[dict[str, object]]:
         return [dict(s.as_dict()) for s in self.time_summaries.values()]
 
+    def time_columns(self) -> tuple[tuple[str, str], ...]:
+        """The time table's columns; with network tiers or the network model, the gang columns that have
+        a figure in some run."""
+
+        def known(key: str) -> bool:
+            return any(not math.isnan(float(getattr(s, key))) for s in self.time_summaries.values())
+
+        if not known("gangs_tier1_pct") and not known("comm_pct"):
+            return TIME_COLUMNS
+        return (*TIME_COLUMNS, *(c for c in GANG_COLUMNS if known(c[0])))
+
     def tables(self) -> str:
         parts: list[str] = []
         if self.notes:
@@ -251,7 +269,7 @@ class Report:
             parts.append(format_table(self.fill_rows(), self.fill_columns()))
         if self.time_summaries:
             parts.append("Time mode: jobs, queues, gangs, failures")
-            parts.append(format_table(self.time_rows(), TIME_COLUMNS))
+            parts.append(format_table(self.time_rows(), self.time_columns()))
         never = self.never_placed()
         if never:
             parts.append("Never placed\n" + "\n".join(f"  {line}" for line in never))
@@ -550,7 +568,7 @@ class Report:
             parts.append(_html_table(self.fill_rows(), self.fill_columns()))
         if self.time_summaries:
             parts.append("<h2>Time mode</h2>")
-            parts.append(_html_table(self.time_rows(), TIME_COLUMNS))
+            parts.append(_html_table(self.time_rows(), self.time_columns()))
         never = self.never_placed()
         if never:
             parts.append("<h2>Never placed</h2><pre>" + html.escape("\n".join(never)) + "</pre>")

@@ -174,6 +174,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         help="time: a job on devices that do not form its shape runs X times longer (default 1: no penalty)",
     )
     p.add_argument(
+        "--gang-tier",
+        metavar="LEVEL",
+        help="time: the highest level every gang may cross: link-domain, a tier key of the cluster spec, or cluster "
+        "(icl policies place gangs within it; with kubelet, a gang goes to the first domain of it that holds "
+        "every member, as upstream's topology-aware scheduling)",
+    )
+    p.add_argument(
+        "--network",
+        action="store_true",
+        help="time: charge each gang the all-reduce cost of the tiers it crosses (the spec's network:, else the "
+        "documented defaults; simulator/network.py)",
+    )
+    p.add_argument(
         "--elastic",
         type=_number(float, 0.0),
         default=0.0,
@@ -487,6 +500,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
     from simulator.jobs import read_jobs, synthetic_jobs, unknown_name
     from simulator.report import Progress
     from simulator.timesim import SHARE_POLICIES, TIME_POLICIES, TOPOLOGY_POLICIES, run_time, summarise
+    from topology import TopologyError
 
     cluster: ClusterSpec | list[GpuNodeSpec]
     if args.nodes:
@@ -533,10 +547,30 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
     for q in weights or {}:
         if q not in queues:
             raise UsageError(f"--weights: {unknown_name('queue', q, queues)} (the workload's queues)")
+    network = None
+    if args.network or args.gang_tier:
+        if not isinstance(cluster, ClusterSpec):
+            raise UsageError("--network and --gang-tier need a cluster spec with node topologies (not --nodes)")
+        if args.gang_tier:
+            try:
+                cluster.view.level_of(args.gang_tier)
+            except TopologyError as exc:
+                raise UsageError(f"--gang-tier: {exc}") from None
+        if args.network:
+            from simulator.network import NetworkModel, default_costs
+
+            network = cluster.network or NetworkModel(default_costs(cluster.view))
     report.notes.append(
         f"Time: {where}; workload {what}; failures/h per item: device {failures.device_per_hour}, "
         f"link {failures.link_per_hour}, node {failures.node_per_hour}, repair {failures.repair_s:.0f}s; "
-        f"invalid-shape slowdown x{args.invalid_slowdown}."
+        f"invalid-shape slowdown x{args.invalid_slowdown}"
+        + (f"; gangs within one {args.gang_tier}" if args.gang_tier else "")
+        + (
+            f"; network model: {network.algorithm.value} all-reduce, {network.share:.0%} communication"
+            if network
+            else ""
+        )
+        + "."
     )
     for name in names:
         bar = Progress(f"time {name}", enabled=not args.no_progress)
@@ -550,6 +584,8 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
             backfill=args.backfill,
             invalid_slowdown=args.invalid_slowdown,
             progress=bar,
+            gang_tier=args.gang_tier if name in TOPOLOGY_POLICIES else None,
+            network=network if name in TOPOLOGY_POLICIES else None,
         )
         report.time_results[name] = res
         report.time_summaries[name] = summarise(res)

@@ -40,6 +40,33 @@ def test_sim_time_with_a_trace_and_a_cluster_file(tmp_path: Path, capsys: pytest
     assert len(metrics["time"]["summary"]) == 3
 
 
+def test_sim_time_on_a_tiered_cluster_charges_gangs_by_the_tiers_they_cross(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = tmp_path / "tiers.yaml"
+    cluster.write_text(
+        "pools:\n  - {name: g, count: 8, topology: full:8}\n"
+        "tiers:\n  - {key: example.com/rack, size: 4}\n"
+        "network: {share: 0.5}\n"
+    )
+    jobs = [Job("wide", 0.0, 1000.0, 8, "any", gang=6), Job("narrow", 0.0, 1000.0, 8, "any", gang=2)]
+    trace = tmp_path / "jobs.csv"
+    write_jobs_csv(jobs, trace)
+    out = tmp_path / "out"
+    argv = ["sim", "--mode", "time", "--cluster", str(cluster), "--trace", str(trace), "--out", str(out)]
+    assert main([*argv, "--no-plots", "--network", "--policies", "icl"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "network model: hierarchical all-reduce, 50% communication" in text and "gangs in tier1%" in text
+    (row,) = csv.DictReader((out / "time_summary.csv").open())
+    assert float(row["gangs_tier1_pct"]) == 50.0, "the gang of six crosses racks, the pair does not"
+    assert float(row["comm_pct"]) > 50.0 and float(row["gang_jct_mean"]) > 1000.0
+    assert main([*argv, "--no-plots", "--gang-tier", "example.com/rack", "--policies", "icl"]) == 0
+    (row,) = csv.DictReader((out / "time_summary.csv").open())
+    assert int(row["placed"]) == 1, "no rack holds six whole nodes: that gang waits"
+    assert main([*argv, "--no-plots", "--gang-tier", "spine"]) == 2
+    assert "--gang-tier: tier 'spine' is not one of this cluster's tiers" in capsys.readouterr().err
+
+
 def test_sim_fill_with_plots_writes_a_self_contained_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
     code = main(
