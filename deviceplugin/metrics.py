@@ -60,6 +60,12 @@ class PluginMetrics:
         self.registrations = Counter(
             "kube_icl_plugin_registrations", "Successful registrations with the kubelet", registry=r
         )
+        # Read at scrape time from what /healthz reports (HttpEndpoint.add_metrics); 0 until then.
+        self.registered = Gauge(
+            "kube_icl_plugin_registered",
+            "1 while the gRPC server is up and registered with the kubelet (what /healthz reports), else 0",
+            registry=r,
+        )
         self.publish_failures = Counter(
             "kube_icl_plugin_publish_failures", "Failed attempts to patch the node annotation", registry=r
         )
@@ -153,6 +159,7 @@ class HttpEndpoint:
         async def get_healthz(_: bytes) -> Response:
             return Response(200, b"ok\n") if healthy() else Response(503, b"not serving or not registered\n")
 
+        metrics.registered.set_function(lambda: 1.0 if healthy() else 0.0)
         self.route("GET", "/metrics", get_metrics)
         self.route("GET", "/healthz", get_healthz)
 

@@ -10,6 +10,9 @@
   on each node's free devices (computed at scrape time, cached per topology and free set).
 - ``kube_icl_extender_lease_holder``: 1 while this replica holds the extender Lease (it binds);
   ``kube_icl_extender_unsure_binds``: Bindings whose outcome is not known yet (devices held).
+- ``kube_icl_extender_ready``: 1 while ``/readyz`` answers 200 (the cache has listed nodes and pods);
+  ``kube_icl_queue_pending_pods{queue}``: pods asking devices with no node yet, per queue (both read
+  at scrape time from the server's callbacks, :meth:`Metrics.attach_server`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,29 @@ class _StateCollector:
         for (node, shape), n in sorted(self._free_shapes().items()):
             shapes.add_metric([node, shape], n)
         yield shapes
+
+
+class _ServerCollector:
+    """Readiness and pending pods, read when scraped; nothing until the server attaches its callbacks."""
+
+    def __init__(self) -> None:
+        self.ready: Callable[[], bool] | None = None
+        self.pending: Callable[[], dict[str, int]] | None = None
+
+    def collect(self) -> Iterator[Any]:
+        if self.ready is None or self.pending is None:
+            return
+        yield GaugeMetricFamily(
+            "kube_icl_extender_ready",
+            "1 while /readyz answers 200 (the cache has listed nodes and pods), else 0",
+            value=1.0 if self.ready() else 0.0,
+        )
+        pending = GaugeMetricFamily(
+            "kube_icl_queue_pending_pods", "Pods asking devices that have no node yet, per queue", labels=["queue"]
+        )
+        for queue, n in sorted(self.pending().items()):
+            pending.add_metric([queue], n)
+        yield pending
 
 
 class Metrics:
@@ -98,6 +124,12 @@ class Metrics:
             "Bindings whose outcome is not known yet; their devices stay held",
             registry=self.registry,
         )
+        self._server = _ServerCollector()
+        self.registry.register(self._server)
+
+    def attach_server(self, ready: Callable[[], bool], pending: Callable[[], dict[str, int]]) -> None:
+        """The serving side's readiness and pending pods per queue; a later call replaces an earlier one."""
+        self._server.ready, self._server.pending = ready, pending
 
     def attach_state(
         self,
