@@ -159,7 +159,7 @@ class LinkedRanker:
         return hit
 
     def verdict(self, view: NodeView, ask: PolicyAsk, balance: Balance) -> Verdict:
-        """The shared policy's verdict on this view, not memoised."""
+        """The topology-aware policy's verdict on this view, not memoised."""
         node = NodeInput(view.topology, view.free, view.unattributed, view.admits, view.cpu_free, view.mem_free)
         return self.policy.evaluate(node, ask, balance, resource=self.resource)
 

@@ -20,7 +20,7 @@ The fill simulator's ``icl`` (``simulator.fill``) runs :class:`ShareRanker` over
 trace's workload as the target), so a fill replay is the extender's decision.
 
 :meth:`ShareRanker.rank` is the decision: every node state scored once per task (memoised), the
-nodes whose score is the best (lower is better in the share form, ties within ``1e-9``), in the
+nodes whose score is the best (lower is better for the share policy, ties within ``1e-9``), in the
 source's order, with the devices chosen there. Filter passes exactly those nodes, so kube-scheduler
 picks among the policy's own ties; prioritize scores them :data:`MAX_PRIORITY`, and bind re-decides
 the device on the chosen node under the cache lock.
