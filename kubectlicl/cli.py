@@ -1,0 +1,287 @@
+"""``kubectl icl``: kube-icl's view of the cluster, as a kubectl plugin (the ``kubectl-icl`` command).
+
+kubectl runs any ``kubectl-NAME`` on the PATH as ``kubectl NAME``; this one is installed with the
+package. It reads the API server with the user's kubeconfig (``--kubeconfig``, ``$KUBECONFIG``,
+``~/.kube/config``; ``--context``) and the user's RBAC, through :mod:`kubeauth`, and never calls the
+extender. As kubectl: tables by default, ``-o wide|json|yaml``, ``error: ...`` on one line and exit
+code 1 for any failure (bad flags included), "No ... found." on stderr with exit code 0 for an empty
+answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+__all__ = ["main"]
+
+PROG = "kubectl icl"
+EXIT_OK, EXIT_ERROR = 0, 1
+
+EPILOG = """\
+examples:
+  kubectl icl nodes                         every kube-icl node: its chips, largest free shape, domain, tiers
+  kubectl icl nodes -l pool=dgx --draw      the nodes of one pool, each node's topology drawn
+  kubectl icl nodes --html fleet.html       one self-contained page drawing every node's chips
+  kubectl icl gangs -n ml                   gangs of namespace ml: members bound and pending, reservations
+  kubectl icl queues -o json                queues: weight, quota, devices held, dominant share, pending
+
+The extender's config (queue weights and quotas, tiers, resource name) is read from the ConfigMap the
+chart labels app.kubernetes.io/component=extender, or the one --extender-config names; without either,
+from the flags. Install: pip install kube-icl puts kubectl-icl on the PATH (docs/deploy.md, "Operating
+kube-icl")."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as kubectl reports them: one line, exit code 1."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR)
+
+
+def _queue(text: str) -> tuple[str, float, int | None]:
+    name, sep, rest = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=WEIGHT or NAME=WEIGHT:QUOTA")
+    weight, _, quota = rest.partition(":")
+    try:
+        w = float(weight)
+        q = int(quota) if quota else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: WEIGHT is a number and QUOTA a whole number of devices") from None
+    if w <= 0 or (q is not None and q < 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: WEIGHT must be positive and QUOTA not negative")
+    return name, w, q
+
+
+# The options every command takes, before or after the command's name: their defaults are SUPPRESS in
+# the parsers (a subparser's default would otherwise overwrite a value given before the command) and
+# filled in by main().
+DEFAULTS: dict[str, Any] = {
+    "kubeconfig": None,
+    "context": None,
+    "output": "table",
+    "extender_config": "",
+    "resource_name": None,
+}
+
+
+def _common() -> _Parser:
+    common = _Parser(add_help=False, argument_default=argparse.SUPPRESS)
+    common.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    common.add_argument("--context", help="the kubeconfig context to use (default: its current context)")
+    common.add_argument(
+        "-o", "--output", choices=["table", "wide", "json", "yaml"], help="output format (default: table)"
+    )
+    common.add_argument(
+        "--extender-config",
+        metavar="NAMESPACE/NAME",
+        help="the extender's ConfigMap (default: the one labelled app.kubernetes.io/component=extender)",
+    )
+    common.add_argument(
+        "--resource-name", help="the extended resource (default: the extender's, else kube-icl.io/accelerator)"
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = _Parser(
+        prog=PROG,
+        description="kube-icl's view of the cluster: chips per node, gangs, queues (read from the API server).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    nodes = sub.add_parser(
+        "nodes",
+        parents=[common],
+        help="every node's chips (busy, reserved, unhealthy, free) with the pods holding them",
+        description="Every node that publishes a kube-icl topology: its chips in device order (a letter per pod "
+        "holding one, + reserved for a gang, x unhealthy, · free), the largest free ring and linked group, its link "
+        "domain and network tiers.",
+    )
+    nodes.add_argument("-l", "--selector", default="", help="label selector, as kubectl's (e.g. pool=dgx,zone!=b)")
+    nodes.add_argument("--draw", action="store_true", help="draw each node's topology with its pods' chips")
+    nodes.add_argument("--html", metavar="FILE", help="write one self-contained page drawing every node's chips")
+    nodes.add_argument(
+        "--tiers", help="network tier label keys, lowest first, or a preset (default: the extender's `tiers`)"
+    )
+    nodes.add_argument("--all", action="store_true", help="also list nodes without a kube-icl topology")
+    gangs = sub.add_parser(
+        "gangs",
+        parents=[common],
+        help="gangs: members bound and pending, sizes, reservations and their expiry",
+        description="Every gang with a member pod or a reservation record: its size (min-max when elastic), members "
+        "bound and pending, the shape each member asks, its queue and required tier, and the reservation Lease "
+        "(kube-icl.io/gang-reservation) with its slots claimed and its expiry.",
+    )
+    gangs.add_argument("-n", "--namespace", default="", help="only gangs of this namespace (default: all)")
+    gangs.add_argument(
+        "--lease-namespace", default="", help="where the reservation Leases are (default: the extender's, else all)"
+    )
+    queues = sub.add_parser(
+        "queues",
+        parents=[common],
+        help="queues: weight, quota, devices held, dominant share, pending pods",
+        description="Every configured queue and every queue a pod names: weight and quota (the extender's config), "
+        "devices its pods hold per pool, the weighted dominant share the extender's fair share compares, and its "
+        "pending pods.",
+    )
+    queues.add_argument(
+        "--queue",
+        action="append",
+        type=_queue,
+        default=[],
+        metavar="NAME=WEIGHT[:QUOTA]",
+        help="a queue's weight and quota when the extender's config cannot be read (repeatable)",
+    )
+    queues.add_argument("--default-queue-weight", type=float, default=1.0, help="weight of unlisted queues (default 1)")
+    return parser
+
+
+def _fallback_config(args: argparse.Namespace) -> Any:
+    from scheduler.config import ExtenderConfig, QueueConfig
+
+    queues = {name: QueueConfig(name, weight, quota) for name, weight, quota in getattr(args, "queue", [])}
+    return ExtenderConfig(queues=queues, default_queue_weight=getattr(args, "default_queue_weight", 1.0))
+
+
+def _print_doc(doc: dict[str, Any], output: str) -> None:
+    if output == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), end="")
+
+
+def _warn(lines: Sequence[str]) -> None:
+    for line in lines:
+        print(f"warning: {line}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for key, value in DEFAULTS.items():
+        if not hasattr(args, key):
+            setattr(args, key, value)
+    # the client library logs each retry of a failed connection; the one-line error says it instead
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    from .cluster import ClusterError, Reader
+
+    try:
+        reader = Reader(args.kubeconfig, args.context)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        return _run(args, reader)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        reader.close()
+
+
+def _run(args: argparse.Namespace, reader: Any) -> int:
+    from topology import TopologyError, parse_tiers
+
+    from . import render, views
+    from .cluster import extender_settings
+
+    settings = extender_settings(reader, args.extender_config, _fallback_config(args))
+    cfg = settings.config
+    if args.command == "queues" or args.extender_config:
+        _warn(settings.warnings)
+    resource = args.resource_name or cfg.resource_name
+    now = time.time()
+
+    if args.command == "nodes":
+        tiers: tuple[str, ...] = cfg.tiers
+        if args.tiers:
+            try:
+                tiers = parse_tiers(args.tiers if args.tiers in ("topograph", "gke", "eks") else args.tiers.split(","))
+            except TopologyError as exc:
+                print(f"error: --tiers: {exc}", file=sys.stderr)
+                return EXIT_ERROR
+        nodes = reader.nodes(args.selector)
+        raw = reader.pods()
+        pods, warnings = views.pod_infos(raw, resource)
+        held, lease_warnings = _reservations(reader, cfg, settings.source, "")
+        created = {str(p["metadata"].get("uid")): str(p["metadata"].get("creationTimestamp") or "") for p in raw}
+        node_list = views.node_views(nodes, pods, held, tiers=tiers, now=now, created=created)
+        if not args.all:
+            node_list = [n for n in node_list if n.topology is not None or n.error != views.NO_TOPOLOGY]
+        _warn([*warnings, *lease_warnings])
+        if args.html:
+            from .html import write_page
+
+            write_page(args.html, node_list, now=now)
+            print(f"wrote {args.html} ({len(node_list)} nodes)", file=sys.stderr)
+            return EXIT_OK
+        if not node_list:
+            print("No kube-icl nodes found.", file=sys.stderr)
+            return EXIT_OK
+        if args.output in ("json", "yaml"):
+            _print_doc(render.node_docs(node_list), args.output)
+        elif args.draw:
+            print(render.node_drawings(node_list))
+        else:
+            print(render.nodes_table(node_list, wide=args.output == "wide"))
+        return EXIT_OK
+
+    if args.command == "gangs":
+        pods, warnings = views.pod_infos(reader.pods(args.namespace), resource)
+        held, lease_warnings = _reservations(reader, cfg, settings.source, args.lease_namespace)
+        if args.namespace:
+            held = [r for r in held if r.gang.partition("/")[0] == args.namespace]
+        gang_list = views.gang_views(pods, held)
+        _warn([*warnings, *lease_warnings])
+        if not gang_list:
+            where = f" in {args.namespace}" if args.namespace else ""
+            print(f"No gangs found{where}.", file=sys.stderr)
+            return EXIT_OK
+        if args.output in ("json", "yaml"):
+            _print_doc(render.gang_docs(gang_list, now), args.output)
+        else:
+            print(render.gangs_table(gang_list, now))
+        return EXIT_OK
+
+    # queues
+    nodes = views.node_views(reader.nodes(), [], (), now=now)
+    pods, warnings = views.pod_infos(reader.pods(), resource)
+    queue_list = views.queue_views(nodes, pods, cfg)
+    _warn(warnings)
+    if not queue_list:
+        print("No queues found (no configured queue and no pod asking devices).", file=sys.stderr)
+        return EXIT_OK
+    if args.output in ("json", "yaml"):
+        _print_doc(render.queue_docs(queue_list, settings.source), args.output)
+    else:
+        print(render.queues_table(queue_list))
+    return EXIT_OK
+
+
+def _reservations(reader: Any, cfg: Any, source: str, namespace: str) -> tuple[list[Any], list[str]]:
+    """Gang reservation records: in ``namespace``, else the extender's Lease namespace when its config was
+    read, else every namespace; a refusal is a warning (the rest of the answer stands without them)."""
+    from . import views
+    from .cluster import ClusterError
+
+    where = namespace or (cfg.leader_election.namespace if source.startswith("configmap") else "")
+    try:
+        leases = reader.reservation_leases(where)
+    except ClusterError as exc:
+        return [], [f"gang reservations not shown: {exc}"]
+    return views.reservations(leases)
