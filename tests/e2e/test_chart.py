@@ -246,6 +246,9 @@ def _pools(*pools: dict[str, Any]) -> dict[str, Any]:
             {"extender": {"config": {"decideCpuPods": True, "kube": {"podSelection": "labelled"}}}},
             "extender.config.decideCpuPods: true needs extender.config.kube.podSelection: all",
         ),
+        ({"extender": {"config": {"tiers": "fattree"}}}, 'extender.config.tiers: "fattree" is no preset'),
+        ({"extender": {"config": {"tiers": ["a/b/c"]}}}, "extender.config.tiers[0]: a/b/c is not a node label key"),
+        ({"extender": {"config": {"tiers": 3}}}, "extender.config.tiers: expected a preset name or a list"),
     ],
     ids=[
         "mode",
@@ -262,6 +265,9 @@ def _pools(*pools: dict[str, Any]) -> dict[str, Any]:
         "replicas",
         "cpu-pods-type",
         "cpu-pods-labelled",
+        "tiers-preset",
+        "tiers-key",
+        "tiers-type",
     ],
 )
 def test_bad_values_fail_with_one_line_naming_the_value(
@@ -293,6 +299,20 @@ def test_deciding_cpu_pods_sends_every_pod_of_the_profile_to_the_extender(helm: 
     stanza, cfg = rendered({"extender": {"config": {"decideCpuPods": True}}})
     assert "managedResources" not in stanza and stanza["bindVerb"] == "bind"
     assert cfg.decide_cpu_pods is True
+
+
+def test_network_tiers_reach_the_extender_as_keys_or_a_preset(helm: str, tmp_path: Path) -> None:
+    def tiers(values: dict[str, Any]) -> tuple[str, ...]:
+        path = tmp_path / f"values-{uuid.uuid4().hex[:6]}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        docs = objects(template(helm, path))
+        (data,) = [d["data"] for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kube-icl-extender"]
+        return parse_config(yaml.safe_load(data["extender.yaml"])).tiers
+
+    assert tiers({}) == ()
+    keys = ["example.com/rack", "example.com/block"]
+    assert tiers({"extender": {"config": {"tiers": keys}}}) == tuple(keys)
+    assert tiers({"extender": {"config": {"tiers": "eks"}}})[0] == "topology.k8s.aws/network-node-layer-3"
 
 
 def _checksums(helm: str, values: dict[str, Any], directory: Path) -> dict[str, str]:

@@ -58,6 +58,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- fail "extender.config.decideCpuPods: true needs extender.config.kube.podSelection: all (it reads every pod's CPU and memory)" -}}
 {{- end -}}
 {{- end -}}
+{{- if hasKey $extcfg "tiers" -}}
+{{- $tiers := $extcfg.tiers -}}
+{{- if kindIs "string" $tiers -}}
+{{- if not (has $tiers (list "topograph" "gke" "eks")) -}}
+{{- fail (printf "extender.config.tiers: %q is no preset (topograph, gke, eks); give a preset or a list of node label keys" $tiers) -}}
+{{- end -}}
+{{- else if kindIs "slice" $tiers -}}
+{{- range $i, $key := $tiers -}}
+{{- if not (and (kindIs "string" $key) (regexMatch "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" $key)) -}}
+{{- fail (printf "extender.config.tiers[%d]: %v is not a node label key" $i $key) -}}
+{{- end -}}
+{{- end -}}
+{{- else if $tiers -}}
+{{- fail (printf "extender.config.tiers: expected a preset name or a list of node label keys, got %v" $tiers) -}}
+{{- end -}}
+{{- end -}}
 {{- $seen := dict -}}
 {{- range $i, $pool := .Values.devicePlugin.pools -}}
 {{- if not (kindIs "map" $pool) -}}
