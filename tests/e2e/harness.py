@@ -483,9 +483,12 @@ class ControlPlane:
     ``api_client`` (a ``kubernetes.client.ApiClient``), ``core`` (``CoreV1Api``).
     """
 
-    def __init__(self, workdir: Path, binaries: Binaries) -> None:
+    def __init__(self, workdir: Path, binaries: Binaries, *, apiserver_flags: Sequence[str] = ()) -> None:
+        """``apiserver_flags`` are added to kube-apiserver's command line (e.g. ``--feature-gates=...``,
+        ``--runtime-config=...``)."""
         self.workdir = workdir
         self.binaries = binaries
+        self.apiserver_flags = list(apiserver_flags)
         self.logs = workdir / "logs"
         self.pki: Pki | None = None
         self.etcd: Component | None = None
@@ -500,6 +503,7 @@ class ControlPlane:
         self._api_client: k8s.ApiClient | None = None
         self._scheduler_starts = 0
         self._scheduler_source: Mapping[str, Any] | Path | str | None = None
+        self._scheduler_flags: tuple[str, ...] = ()
 
     # ----------------------------------------------------------- lifecycle
 
@@ -631,6 +635,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",
+                *self.apiserver_flags,
             ],
         )
         write_kubeconfig(self.kubeconfig, server=self.server, pki=pki, user="admin")
@@ -676,19 +681,22 @@ class ControlPlane:
 
     # ----------------------------------------------------------- scheduler
 
-    def start_scheduler(self, config: Mapping[str, Any] | Path | str | None = None) -> Component:
+    def start_scheduler(
+        self, config: Mapping[str, Any] | Path | str | None = None, *, flags: Sequence[str] = ()
+    ) -> Component:
         """(Re)start kube-scheduler with ``config`` and wait until it is ready.
 
         ``config`` is a ``KubeSchedulerConfiguration`` as a dict (see
         :func:`scheduler_config`, e.g. ``scheduler_config(extender_url=...)``)
         or a YAML file; None means a plain default scheduler. Its
         ``clientConnection.kubeconfig`` is replaced by the test cluster's and
-        leader election is turned off.
+        leader election is turned off. ``flags`` are added to its command line (e.g.
+        ``--feature-gates=...``).
         """
         assert self.pki is not None
         self.stop_scheduler()
-        self._scheduler_source = config
-        path, port, argv = self._scheduler_run(config, {"leaderElect": False}, "")
+        self._scheduler_source, self._scheduler_flags = config, tuple(flags)
+        path, port, argv = self._scheduler_run(config, {"leaderElect": False}, "", flags)
         self.scheduler_config_path = path
         self.scheduler = self._component("kube-scheduler", argv)
         self._wait_scheduler(port, "readyz", "kube-scheduler", self.scheduler)
@@ -707,7 +715,11 @@ class ControlPlane:
         return component
 
     def _scheduler_run(
-        self, config: Mapping[str, Any] | Path | str | None, leader_election: Mapping[str, Any], name: str
+        self,
+        config: Mapping[str, Any] | Path | str | None,
+        leader_election: Mapping[str, Any],
+        name: str,
+        flags: Sequence[str] = (),
     ) -> tuple[Path, int, list[str]]:
         """Write ``config`` for this cluster (its kubeconfig, ``leader_election``); the file, a free secure
         port and kube-scheduler's command line (``name`` tells a replica's files apart)."""
@@ -728,6 +740,7 @@ class ControlPlane:
             f"--secure-port={port}",
             f"--cert-dir={self.workdir / ('scheduler-certs' + (f'-{name}' if name else ''))}",
             "--v=2",
+            *flags,
         ]
         return path, port, argv
 
@@ -773,11 +786,11 @@ class ControlPlane:
     @contextlib.contextmanager
     def use_scheduler(self, config: Mapping[str, Any] | Path | str | None) -> Iterator[Component]:
         """Run kube-scheduler with ``config`` inside the block, and the previous config after it."""
-        previous = self._scheduler_source
+        previous, flags = self._scheduler_source, self._scheduler_flags
         try:
             yield self.start_scheduler(config)
         finally:
-            self.start_scheduler(previous)
+            self.start_scheduler(previous, flags=flags)
 
     # ----------------------------------------------------------- API
 

@@ -1,0 +1,361 @@
+"""The same gangs on the same tiered kwok nodes, through kube-icl and through kube-scheduler's own
+``TopologyPlacement``: the helpers of ``test_tiers_vs_upstream_e2e.py`` and ``bench/tiers_vs_upstream.py``.
+
+Nodes are labelled with two network tiers, a rack key and a block key (rack values unique in
+the cluster, so upstream's one-key grouping and kube-icl's nested tiers see the same racks).
+Each gang is a ``scheduling.k8s.io/v1beta1`` PodGroup (``schedulingPolicy.gang.minCount``, and
+``schedulingConstraints.topology[0].key``: the rack key, or the block key for a gang no rack
+holds); its members name it in ``spec.schedulingGroup.podGroupName``. The API server serves
+the Workload API (feature gates ``GenericWorkload`` and ``TopologyAwareWorkloadScheduling``,
+``--runtime-config=scheduling.k8s.io/v1beta1=true``) for both sides; then, one side at a time,
+with the pods created while no scheduler runs:
+
+- ``kube-icl``: kube-scheduler from the shipped config with ``icl extender`` (tiers: rack,
+  block), its feature gates off: kube-scheduler schedules member by member, the extender reads
+  each gang's size and topology key from the PodGroup, reserves the whole gang at the lowest
+  tier that holds it and writes each member's devices.
+- ``upstream``: the same config without the extender, the feature gates on in kube-scheduler
+  too: its pod-group cycle (GangScheduling) tries one placement per domain of the PodGroup's key
+  (TopologyPlacement), scores them (NodeResourcesFit, PodGroupPodsCount) and binds the group.
+  It chooses nodes only: with no device plugin choice in its path, a member's devices are what
+  a stock kubelet gives (the lowest free ids of its node, in bind order).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+
+from topology import NodeTopology, Placer, parse_shape
+
+from .harness import ControlPlane, wait_for
+from .scenario import (
+    BindWatch,
+    Bound,
+    ExtenderProcess,
+    NodeSpec,
+    bound_pods,
+    consistency_problems,
+    create_pods,
+    kubelet_devices,
+    list_pods,
+    node_labels,
+    pod_body,
+    rejected,
+    shipped_extender_settings,
+    shipped_scheduler_config,
+)
+
+__all__ = [
+    "APISERVER_FLAGS",
+    "BLOCK",
+    "LEVELS",
+    "RACK",
+    "SCHEDULER_FLAGS",
+    "GangSpec",
+    "SideResult",
+    "compare",
+    "format_table",
+    "highest_level",
+    "random_gangs",
+    "tier_nodes",
+]
+
+RACK = "example.com/rack"
+BLOCK = "example.com/block"
+LEVELS = ("node", "rack", "block", "cluster")  # the tiers a gang can cross here, lowest first
+GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+APISERVER_FLAGS = (f"--feature-gates={GATES}", "--runtime-config=scheduling.k8s.io/v1beta1=true")
+SCHEDULER_FLAGS = (f"--feature-gates={GATES}",)
+SCHEDULING_API = ("scheduling.k8s.io", "v1beta1")
+
+
+@dataclass(frozen=True, slots=True)
+class GangSpec:
+    """A gang: ``members`` pods of ``devices`` devices in ``shape`` each, confined to one domain of ``key``."""
+
+    name: str
+    members: int
+    devices: int
+    shape: str
+    key: str
+
+
+def tier_nodes(label: str, blocks: int, racks: int, per_rack: int, preset: str) -> list[NodeSpec]:
+    """``blocks`` x ``racks`` x ``per_rack`` nodes of ``preset``, labelled with their rack and block."""
+    return [
+        NodeSpec(
+            f"{label}-b{b}r{r}n{n:02d}",
+            preset,
+            labels={**node_labels(label), RACK: f"b{b}-r{r}", BLOCK: f"b{b}"},
+        )
+        for b in range(blocks)
+        for r in range(racks)
+        for n in range(per_rack)
+    ]
+
+
+def random_gangs(
+    seed: int, devices_total: int, rack_devices: int, fill: float = 0.85, prefix: str = "g"
+) -> list[GangSpec]:
+    """Seeded gangs asking about ``fill`` of ``devices_total``: members of 2, 4 or 8 devices; a gang
+    larger than a rack names the block key, the others the rack key."""
+    rng = random.Random(seed)
+    kinds = [(2, "ring", 0.2), (4, "ring", 0.3), (4, "mesh:2x2", 0.2), (8, "ring", 0.3)]
+    out: list[GangSpec] = []
+    asked = 0
+    while asked < fill * devices_total:
+        devices, shape, _w = rng.choices(kinds, weights=[k[2] for k in kinds])[0]
+        members = rng.choice([2, 2, 3, 4, 4, 6, 8, 8, 12, 16])
+        size = members * devices
+        if asked + size > fill * devices_total:
+            break
+        out.append(
+            GangSpec(f"{prefix}{len(out):03d}", members, devices, shape, RACK if size <= rack_devices else BLOCK)
+        )
+        asked += size
+    return out
+
+
+def highest_level(nodes: Iterable[str], labels: Mapping[str, Mapping[str, str]]) -> str:
+    """The highest tier a gang on ``nodes`` crosses: one node, one rack, one block, or the cluster."""
+    names = set(nodes)
+    if len(names) <= 1:
+        return "node"
+    for level, key in (("rack", RACK), ("block", BLOCK)):
+        if len({labels[n].get(key, f"own:{n}") for n in names}) == 1:
+            return level
+    return "cluster"
+
+
+def pod_group_body(gang: GangSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "/".join(SCHEDULING_API),
+        "kind": "PodGroup",
+        "metadata": {"name": gang.name},
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": gang.members}},
+            "schedulingConstraints": {"topology": [{"key": gang.key}]},
+        },
+    }
+
+
+def member_bodies(gang: GangSpec, selector: Mapping[str, str]) -> list[dict[str, Any]]:
+    bodies = []
+    for i in range(gang.members):
+        body = pod_body(f"{gang.name}-m{i:02d}", gang.devices, gang.shape, selector=selector)
+        body["spec"]["schedulingGroup"] = {"podGroupName": gang.name}
+        bodies.append(body)
+    return bodies
+
+
+@dataclass
+class SideResult:
+    name: str
+    gangs: int
+    pods: int
+    bound: int = 0
+    window_s: float = 0.0  # first bind to last bind
+    placed: list[str] = field(default_factory=list)  # gangs with every member bound
+    partial: list[str] = field(default_factory=list)  # gangs with some, not all, members bound
+    levels: dict[str, str] = field(default_factory=dict)  # placed gang -> highest tier crossed
+    valid: list[str] = field(default_factory=list)  # placed gangs whose members' devices all form their shapes
+    devices_by: str = ""  # who chose the devices
+    problems: list[str] = field(default_factory=list)  # consistency problems of the extender's device lists
+
+    @property
+    def rate(self) -> float:
+        return (self.bound - 1) / self.window_s if self.window_s > 0 and self.bound > 1 else float("nan")
+
+    def level_counts(self) -> dict[str, int]:
+        return {level: sum(1 for v in self.levels.values() if v == level) for level in LEVELS}
+
+
+def _wait_settled(
+    plane: ControlPlane, namespace: str, watch: BindWatch, total: int, tag: str, progress: Callable[[str], None]
+) -> None:
+    """Until every pod is bound, or no bind came for a while and every unbound pod was tried (rejected), or
+    no bind came for much longer (a pod group waiting without a condition)."""
+    last_count, last_change, last_report = -1, time.monotonic(), 0.0
+    while True:
+        count, now = len(watch.bound_at), time.monotonic()
+        if count != last_count:
+            last_count, last_change = count, now
+        if now - last_report >= 5.0:
+            progress(f"[{tag}] bound {count}/{total}")
+            last_report = now
+        if count >= total:
+            return
+        quiet = now - last_change
+        if quiet >= 8.0:
+            waiting = [p for p in list_pods(plane, namespace) if not p.spec.node_name]
+            if all(rejected(p) for p in waiting) or quiet >= 30.0:
+                progress(f"[{tag}] {len(waiting)} pods left unplaced; stopping")
+                return
+        if plane.scheduler is None or not plane.scheduler.running:
+            raise RuntimeError(f"kube-scheduler exited during side {tag}")
+        time.sleep(0.2)
+
+
+def run_side(
+    plane: ControlPlane,
+    side: str,
+    gangs: Sequence[GangSpec],
+    specs: Sequence[NodeSpec],
+    topologies: Mapping[str, NodeTopology],
+    scheduler_config: Mapping[str, Any],
+    *,
+    scheduler_flags: Sequence[str] = (),
+    uses_extender: bool,
+    progress: Callable[[str], None] = lambda _: None,
+) -> SideResult:
+    """Create the PodGroups and their members with no scheduler running, start kube-scheduler, wait until
+    all are bound or the rest stays unplaced; read where each gang went and the devices of its members."""
+    namespace = f"tiers-{side}-{uuid.uuid4().hex[:6]}"
+    plane.ensure_namespace(namespace)
+    plane.stop_scheduler()
+    custom = k8s.CustomObjectsApi(plane.api_client)
+    for gang in gangs:
+        custom.create_namespaced_custom_object(*SCHEDULING_API, namespace, "podgroups", pod_group_body(gang))
+    label = next(iter(specs)).labels
+    selector = {k: v for k, v in label.items() if k not in (RACK, BLOCK)}
+    bodies = [body for gang in gangs for body in member_bodies(gang, selector)]
+    create_pods(plane, namespace, bodies, workers=1)  # in gang order: both sides see the same queue order
+    progress(f"[{side}] created {len(gangs)} PodGroups and {len(bodies)} pods; starting kube-scheduler")
+    watch = BindWatch(plane, namespace)
+    try:
+        plane.start_scheduler(dict(scheduler_config), flags=scheduler_flags)
+        _wait_settled(plane, namespace, watch, len(bodies), side, progress)
+    finally:
+        watch.stop()
+    times = sorted(watch.bound_at.values())
+    bound = bound_pods(plane, namespace)
+    result = SideResult(side, len(gangs), len(bodies), len(bound), times[-1] - times[0] if len(times) > 1 else 0.0)
+    if uses_extender:
+        devices: Mapping[str, tuple[str, ...] | None] = {n: p.devices for n, p in bound.items()}
+        result.devices_by = "the extender"
+        result.problems = consistency_problems(bound, topologies)
+    else:
+        devices = kubelet_devices(bound, watch.bound_at, topologies)
+        result.devices_by = "a stock kubelet (lowest free ids)"
+    labels = {s.name: dict(s.labels) for s in specs}
+    for gang in gangs:
+        members = [f"{gang.name}-m{i:02d}" for i in range(gang.members)]
+        held = [bound[m] for m in members if m in bound]
+        if not held:
+            continue
+        if len(held) < len(members):
+            result.partial.append(gang.name)
+            continue
+        result.placed.append(gang.name)
+        result.levels[gang.name] = highest_level((b.node for b in held), labels)
+        if all(_valid(b, devices.get(b.name), topologies) for b in held):
+            result.valid.append(gang.name)
+    progress(
+        f"[{side}] {len(result.placed)}/{len(gangs)} gangs placed, {result.bound}/{len(bodies)} pods bound in "
+        f"{result.window_s:.1f}s ({result.rate:.1f} pods/s); tiers {result.level_counts()}"
+    )
+    plane.stop_scheduler()
+    _delete_all(plane, namespace, custom)
+    return result
+
+
+def _valid(pod: Bound, devices: tuple[str, ...] | None, topologies: Mapping[str, NodeTopology]) -> bool:
+    topo = topologies.get(pod.node)
+    if devices is None or topo is None or len(devices) != pod.count or not all(d in topo.ids for d in devices):
+        return False
+    return Placer.for_topology(topo).is_valid(parse_shape(pod.shape, count=pod.count), devices)
+
+
+def _delete_all(plane: ControlPlane, namespace: str, custom: k8s.CustomObjectsApi) -> None:
+    try:
+        plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    except (k8s.ApiException, urllib3.exceptions.HTTPError) as error:
+        if isinstance(error, k8s.ApiException) and error.status != 504:
+            raise
+    wait_for(
+        lambda: not plane.core.list_namespaced_pod(namespace, limit=1).items,
+        what=f"pods of {namespace} deleted",
+        timeout=300,
+        interval=0.5,
+    )
+    custom.delete_collection_namespaced_custom_object(*SCHEDULING_API, namespace, "podgroups")
+
+
+def compare(
+    plane: ControlPlane,
+    workdir: Any,
+    specs: Sequence[NodeSpec],
+    topologies: Mapping[str, NodeTopology],
+    gangs: Sequence[GangSpec],
+    *,
+    order: Sequence[str] = ("kube-icl", "upstream"),
+    scheduler_qps: float = 1000.0,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, SideResult]:
+    """Both sides on ``specs`` (published) with ``gangs``, in ``order``; kube-scheduler's client rate limit
+    set to ``scheduler_qps`` on both (upstream posts every Binding itself, the extender posts kube-icl's)."""
+    results: dict[str, SideResult] = {}
+    for side in order:
+        extender: ExtenderProcess | None = None
+        config = shipped_scheduler_config(None)
+        flags: Sequence[str] = SCHEDULER_FLAGS
+        if side == "kube-icl":
+            settings = {**shipped_extender_settings(), "tiers": [RACK, BLOCK], "gangTimeoutSeconds": 300}
+            extender = ExtenderProcess(plane, workdir, settings).start(timeout=120)
+            config = shipped_scheduler_config(extender.url)
+            flags = ()
+        elif side != "upstream":
+            raise ValueError(f"side: expected 'kube-icl' or 'upstream', got {side!r}")
+        config.setdefault("clientConnection", {}).update({"qps": scheduler_qps, "burst": int(scheduler_qps * 2)})
+        try:
+            results[side] = run_side(
+                plane,
+                side,
+                gangs,
+                specs,
+                topologies,
+                config,
+                scheduler_flags=flags,
+                uses_extender=extender is not None,
+                progress=progress,
+            )
+        finally:
+            if extender is not None:
+                extender.stop()
+    return results
+
+
+def format_table(icl: SideResult, upstream: SideResult) -> str:
+    """The side-by-side table (markdown)."""
+
+    def tiers(r: SideResult) -> str:
+        return ", ".join(f"{level} {n}" for level, n in r.level_counts().items() if n)
+
+    both = [g for g in icl.levels if g in upstream.levels]
+    lower = sum(1 for g in both if LEVELS.index(icl.levels[g]) < LEVELS.index(upstream.levels[g]))
+    higher = sum(1 for g in both if LEVELS.index(icl.levels[g]) > LEVELS.index(upstream.levels[g]))
+    lines = [
+        "| | kube-icl (extender, tiers) | upstream TopologyPlacement |",
+        "| --- | ---: | ---: |",
+        f"| gangs placed | {len(icl.placed)}/{icl.gangs} | {len(upstream.placed)}/{upstream.gangs} |",
+        f"| gangs partly bound | {len(icl.partial)} | {len(upstream.partial)} |",
+        f"| pods bound | {icl.bound}/{icl.pods} | {upstream.bound}/{upstream.pods} |",
+        f"| first to last bind (s) | {icl.window_s:.1f} | {upstream.window_s:.1f} |",
+        f"| pods per second | {icl.rate:.1f} | {upstream.rate:.1f} |",
+        f"| highest tier crossed (placed gangs) | {tiers(icl)} | {tiers(upstream)} |",
+        f"| placed gangs with every member on a valid shape | {len(icl.valid)}/{len(icl.placed)} "
+        f"| {len(upstream.valid)}/{len(upstream.placed)} |",
+        f"| devices chosen by | {icl.devices_by} | {upstream.devices_by} |",
+        "",
+        f"Gangs placed by both: {len(both)}; kube-icl crossed a lower tier for {lower}, a higher one for {higher}. "
+        f"Throughput ratio kube-icl / upstream: {icl.rate / upstream.rate:.2f}.",
+    ]
+    return "\n".join(lines)
