@@ -33,6 +33,7 @@ STYLE = """
 body { font: 14px system-ui, sans-serif; margin: 24px; color: #222; }
 h1 { font-size: 20px; margin: 0 0 4px; }
 .summary { color: #555; margin-bottom: 16px; }
+.legend { margin-bottom: 12px; }
 .legend span { display: inline-block; margin-right: 14px; }
 .legend i { display: inline-block; width: 12px; height: 12px; margin-right: 4px; vertical-align: -1px;
             border: 1px solid #555; }
@@ -68,6 +69,12 @@ def _positions(topo: NodeTopology) -> dict[str, tuple[float, float]]:
     }
 
 
+def _wraps(topo: NodeTopology, pos: dict[str, tuple[float, float]], a: str, b: str) -> bool:
+    """A grid link between chips that are not neighbours in the drawing (a torus's wrap-around)."""
+    (x1, y1), (x2, y2) = pos[a], pos[b]
+    return topo.layout.kind is LayoutKind.GRID and abs(x1 - x2) + abs(y1 - y2) > 1.5 * (CELL + GAP)
+
+
 def _svg(node: NodeView, colours: dict[str, str]) -> str:
     assert node.topology is not None
     pos = _positions(node.topology)
@@ -82,8 +89,8 @@ def _svg(node: NodeView, colours: dict[str, str]) -> str:
     ]
     for link in node.topology.links:
         (x1, y1), (x2, y2) = pos[link.a], pos[link.b]
-        if abs(x1 - x2) + abs(y1 - y2) > 2.5 * (CELL + GAP) and node.topology.layout.kind is LayoutKind.GRID:
-            continue  # a torus's wrap-around link would cross the drawing; the summary line says it wraps
+        if _wraps(node.topology, pos, link.a, link.b):
+            continue  # a torus's wrap-around link would cross the drawing; the node's summary says so
         style = 'stroke="#888" stroke-width="2"' if link.healthy else 'stroke="#d62728" stroke-dasharray="4 3"'
         parts.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" {style}/>')
     for chip in node.chips:
@@ -120,6 +127,10 @@ def _node_block(node: NodeView) -> str:
         )
         if x
     )
+    pos = _positions(node.topology)
+    wrapped = sum(1 for lk in node.topology.links if _wraps(node.topology, pos, lk.a, lk.b))
+    if wrapped:
+        where = ", ".join(x for x in (where, f"{wrapped} links not drawn (wrap-around, between layers)") if x)
     meta = (
         f"{html.escape(node.shape_name)}: {node.count(FREE)} free, {node.count(BUSY)} busy, "
         f"{node.count(RESERVED)} reserved, {node.count(UNHEALTHY)} unhealthy of {len(node.chips)}; "

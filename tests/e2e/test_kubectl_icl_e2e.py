@@ -1,0 +1,290 @@
+"""``kubectl icl`` against a real API server, its answers checked against the cluster's own objects.
+
+Three kwok nodes published by the device plugin's publisher (two hcm:8 in one link domain and rack, a
+ring:8 in another rack, with one chip marked unhealthy in its annotation), the real kube-scheduler
+calling ``icl extender`` (tiers, a gang timeout long enough to watch, a queue with weight and quota).
+Pods: a ring of 4 in queue research, two of the three members of a gang (the extender reserves all
+three slots and records the reservation as a Lease; the third slot stays reserved), and a ring of 16
+that no node holds (pending). ``kubectl-icl`` runs as a subprocess with the admin kubeconfig, once
+through kubectl's own plugin lookup (``kubectl icl`` with the script on the PATH); every number it
+prints is compared with what the API server holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from topology import Health, decode_annotation, encode_annotation
+
+from .harness import ControlPlane, wait_for
+from .scenario import (
+    TOPOLOGY_ANNOTATION,
+    ExtenderProcess,
+    NodeSpec,
+    create_pods,
+    delete_nodes,
+    node_labels,
+    pod_body,
+    publish_nodes,
+    rejected,
+    shipped_scheduler_config,
+    wait_bound,
+)
+
+pytestmark = pytest.mark.e2e
+
+RACK = "example.com/rack"
+RESERVATION_LABEL = "kube-icl.io/gang-reservation"
+
+
+def _script() -> str:
+    script = Path(sys.executable).with_name("kubectl-icl")
+    found = str(script) if script.exists() else shutil.which("kubectl-icl")
+    if found is None:
+        pytest.fail("kubectl-icl is not installed: pip install -e . puts it beside the interpreter", pytrace=False)
+    return found
+
+
+@dataclass
+class Fleet:
+    label: str
+    names: list[str]
+    namespace: str
+    configmap: str  # NAMESPACE/NAME of the extender's config, as the chart ships it
+    extender: ExtenderProcess
+    plane: ControlPlane
+
+    def icl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [_script(), "--kubeconfig", str(self.plane.kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check:
+            assert out.returncode == 0, out.stderr
+        return out
+
+    def doc(self, *args: str) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.icl(*args, "-o", "json").stdout)
+        return result
+
+
+@pytest.fixture(scope="module")
+def fleet(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    label = f"kicl-{uuid.uuid4().hex[:6]}"
+    names = [f"{label}-{i}" for i in range(3)]
+    specs = [
+        NodeSpec(names[0], "hcm:8", link_domain=label, link_coords="0", labels={**node_labels(label), RACK: "r1"}),
+        NodeSpec(names[1], "hcm:8", link_domain=label, link_coords="1", labels={**node_labels(label), RACK: "r1"}),
+        NodeSpec(names[2], "ring:8", labels={**node_labels(label), RACK: "r2"}),
+    ]
+    topologies = publish_nodes(control_plane, specs)
+    # chip 7 of the ring node fails: its plugin would republish the annotation with the chip Unhealthy
+    sick = topologies[names[2]].with_health({"7": Health.UNHEALTHY})
+    control_plane.core.patch_node(
+        names[2], {"metadata": {"annotations": {TOPOLOGY_ANNOTATION: encode_annotation(sick)}}}
+    )
+    namespace = f"kicl-{uuid.uuid4().hex[:6]}"
+    control_plane.ensure_namespace(namespace)
+    settings = {
+        "gangTimeoutSeconds": 600,
+        "tiers": [RACK],
+        "queues": {f"research-{label}": {"weight": 2, "quota": 16}},
+    }
+    extender = ExtenderProcess(control_plane, tmp_path_factory.mktemp("kubectl-icl"), settings).start()
+    # the extender's config as the chart ships it: a ConfigMap with the extender's labels
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "kube-icl-extender",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "kube-icl", "app.kubernetes.io/component": "extender"},
+        },
+        "data": {"extender.yaml": extender.config_path.read_text()},
+    }
+    control_plane.core.create_namespaced_config_map(namespace, configmap)
+
+    def sick_seen() -> bool:
+        return bool(extender.debug_state()["nodes"].get(names[2], {}).get("healthy") == 7)
+
+    try:
+        wait_for(sick_seen, what="the extender sees the unhealthy chip")
+        with control_plane.use_scheduler(shipped_scheduler_config(extender.url)):
+            selector = node_labels(label)
+            gang = {"kube-icl.io/gang": "train", "kube-icl.io/gang-size": "3"}
+            bodies = [
+                pod_body("solo", 4, "ring", selector=selector, annotations={"kube-icl.io/queue": f"research-{label}"}),
+                pod_body("train-0", 4, "ring", selector=selector, annotations=gang),
+                pod_body("train-1", 4, "ring", selector=selector, annotations=gang),
+                pod_body("huge", 16, "ring", selector=selector, annotations={"kube-icl.io/queue": f"research-{label}"}),
+            ]
+            create_pods(control_plane, namespace, bodies, workers=1)
+            wait_bound(
+                control_plane,
+                namespace,
+                ["solo", "train-0", "train-1"],
+                watch=[extender.component] if extender.component else [],
+            )
+
+            def huge_rejected() -> bool:
+                return rejected(control_plane.core.read_namespaced_pod("huge", namespace))
+
+            wait_for(huge_rejected, what="the ring of 16 found no node")
+            yield Fleet(label, names, namespace, f"{namespace}/kube-icl-extender", extender, control_plane)
+    finally:
+        extender.stop()
+        for name in ("solo", "train-0", "train-1", "huge"):
+            with contextlib.suppress(Exception):  # already gone
+                control_plane.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        delete_nodes(control_plane, names)
+
+
+def _pods(plane: ControlPlane, namespace: str) -> dict[str, Any]:
+    got: Any = plane.core.list_namespaced_pod(namespace)
+    return {p.metadata.name: p for p in got.items}
+
+
+def _reservation(plane: ControlPlane, namespace: str) -> dict[str, Any]:
+    """The reservation Lease of the gang ``namespace/train`` and its record, read from the API server."""
+    from kubernetes import client
+
+    listed = client.CoordinationV1Api(plane.api_client).list_lease_for_all_namespaces(label_selector=RESERVATION_LABEL)
+    leases: Any = plane.api_client.sanitize_for_serialization(listed)
+    for lease in leases["items"]:
+        body = json.loads(lease["metadata"]["annotations"]["kube-icl.io/reservation"])
+        if body["gang"] == f"{namespace}/train":
+            return {"lease": lease, "body": body}
+    raise AssertionError(f"no reservation Lease for {namespace}/train")
+
+
+def test_nodes_shows_each_chip_as_the_cluster_holds_it(fleet: Fleet) -> None:
+    plane = fleet.plane
+    pods = _pods(plane, fleet.namespace)
+    held: dict[tuple[str, str], str] = {}
+    for name, pod in pods.items():
+        devices = (pod.metadata.annotations or {}).get("kube-icl.io/devices")
+        if pod.spec.node_name and devices:
+            for d in devices.split(","):
+                held[(pod.spec.node_name, d)] = f"{fleet.namespace}/{name}"
+    res = _reservation(plane, fleet.namespace)["body"]
+    reserved = {(s["node"], d) for s in res["slots"] for d in s["devices"]} - set(held)
+    assert len(reserved) == 4, "one slot of a ring of 4 is unclaimed"
+
+    doc = fleet.doc("nodes", "-l", f"kube-icl.io/e2e={fleet.label}")
+    assert [n["name"] for n in doc["items"]] == fleet.names
+    for item in doc["items"]:
+        node: Any = plane.core.read_node(item["name"])
+        topo = decode_annotation(node.metadata.annotations[TOPOLOGY_ANNOTATION])
+        assert [d["id"] for d in item["devices"]] == list(topo.ids)
+        for device in item["devices"]:
+            where = (item["name"], device["id"])
+            if not topo.device(device["id"]).healthy:
+                want = "unhealthy"
+            elif where in held:
+                want = "busy"
+                assert device["pods"] == [held[where]]
+            elif where in reserved:
+                want = "reserved"
+                assert device["gang"] == f"{fleet.namespace}/train"
+            else:
+                want = "free"
+            assert device["state"] == want, (where, device)
+        assert item["tiers"] == {RACK: node.metadata.labels[RACK]}
+        assert item["linkDomain"] == (node.metadata.labels.get("kube-icl.io/link-domain") or None)
+        free = [d for d in item["devices"] if d["state"] == "free"]
+        assert item["chips"]["free"] == len(free) and 0 <= item["largestFree"]["ring"] <= len(free)
+    ring_node = doc["items"][2]
+    assert ring_node["chips"]["unhealthy"] == 1 and ring_node["devices"][7]["state"] == "unhealthy"
+
+    # the table, through kubectl's own plugin lookup: `kubectl icl` finds kubectl-icl on the PATH
+    env = dict(os.environ, PATH=f"{Path(_script()).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env["KUBECONFIG"] = str(plane.kubeconfig)
+    kubectl = plane.binaries["kubectl"]  # the pinned kubectl the control plane was built with
+    table = subprocess.run(
+        [kubectl, "icl", "nodes", "-l", f"kube-icl.io/e2e={fleet.label}"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    rows = [re.split(r"\s{3,}", line) for line in table.stdout.splitlines()[1:4]]
+    for row, item in zip(rows, doc["items"], strict=True):
+        assert row[0] == item["name"] and row[3] == f"{item['chips']['free']}/{item['chips']['total']}"
+        assert len(row[2]) == item["chips"]["total"]
+        assert row[2].count("+") == item["chips"]["reserved"] and row[2].count("x") == item["chips"]["unhealthy"]
+    assert f"{fleet.namespace}/solo" in table.stdout and f"{fleet.namespace}/train-0" in table.stdout
+
+
+def test_gangs_shows_members_and_the_reservation_lease(fleet: Fleet) -> None:
+    pods = _pods(fleet.plane, fleet.namespace)
+    record = _reservation(fleet.plane, fleet.namespace)
+    doc = fleet.doc("gangs", "-n", fleet.namespace)
+    (gang,) = doc["items"]
+    assert gang["gang"] == f"{fleet.namespace}/train" and gang["minimum"] == 3 and not gang["elastic"]
+    assert {b["pod"]: b["node"] for b in gang["bound"]} == {
+        f"{fleet.namespace}/{n}": pods[n].spec.node_name for n in ("train-0", "train-1")
+    }
+    assert gang["pending"] == []
+    lease = record["lease"]
+    res = gang["reservation"]
+    assert res["lease"] == f"{lease['metadata']['namespace']}/{lease['metadata']['name']}"
+    assert [(s["node"], s["devices"]) for s in res["slots"]] == [
+        (s["node"], s["devices"]) for s in record["body"]["slots"]
+    ]
+    assert sorted(s["claimedBy"] or "" for s in res["slots"]) == [
+        "",
+        f"{fleet.namespace}/train-0",
+        f"{fleet.namespace}/train-1",
+    ]
+    assert 0 < res["expiresInSeconds"] <= 600
+    table = fleet.icl("gangs", "-n", fleet.namespace).stdout.splitlines()
+    assert re.split(r"\s{3,}", table[1])[:5] == [fleet.namespace, "train", "3", "2", "0"]
+    assert "2/3 claimed, expires in" in table[1]
+
+
+def test_queues_shows_weights_usage_shares_and_pending_as_the_extender_counts(fleet: Fleet) -> None:
+    doc = fleet.doc("queues", "--extender-config", fleet.configmap)
+    assert doc["configFrom"] == f"configmap {fleet.configmap}"
+    queues = {q["queue"]: q for q in doc["items"]}
+    research = queues[f"research-{fleet.label}"]
+    assert (research["weight"], research["quota"], research["devices"], research["pending"]) == (2.0, 16, 4, 1)
+    gang_queue = queues[fleet.namespace]  # the gang's members are in their namespace's queue
+    assert (gang_queue["weight"], gang_queue["devices"], gang_queue["pending"]) == (1.0, 8, 0)
+    # the same dominant shares the extender exports on /metrics
+    state = fleet.extender.debug_state()["queues"]
+    for name in (f"research-{fleet.label}", fleet.namespace):
+        assert queues[name]["dominantShare"] == pytest.approx(state[name]["dominantShare"], abs=1e-6), name
+
+
+def test_nodes_html_draws_every_node(fleet: Fleet, tmp_path: Path) -> None:
+    page = tmp_path / "fleet.html"
+    out = fleet.icl("nodes", "-l", f"kube-icl.io/e2e={fleet.label}", "--html", str(page))
+    assert out.stderr.strip() == f"wrote {page} (3 nodes)"
+    text = page.read_text()
+    assert text.count("<svg") == 3 and text.count('<g class="chip') == 24
+    assert text.count('<g class="chip unhealthy">') == 1 and text.count('<g class="chip reserved">') == 4
+
+
+def test_errors_are_one_line_with_kubectls_exit_code(fleet: Fleet) -> None:
+    bad = fleet.icl("nodes", "-l", "a b c", check=False)
+    assert bad.returncode == 1 and bad.stdout == ""
+    assert bad.stderr.startswith("error: list nodes: 400 Bad Request") and bad.stderr.count("\n") == 1, bad.stderr
+    missing = fleet.icl("queues", "--extender-config", f"{fleet.namespace}/nope", check=False)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith(f"error: get configmap {fleet.namespace}/nope: not found"), missing.stderr
+    none = fleet.icl("gangs", "-n", f"{fleet.namespace}-empty")
+    assert none.stdout == "" and none.stderr == f"No gangs found in {fleet.namespace}-empty.\n"
