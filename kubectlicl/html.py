@@ -40,7 +40,7 @@ h1 { font-size: 20px; margin: 0 0 4px; }
 .nodes { display: flex; flex-wrap: wrap; gap: 16px; }
 .node { border: 1px solid #ccc; border-radius: 6px; padding: 10px 12px; }
 .node h2 { font-size: 15px; margin: 0 0 2px; }
-.node .meta { color: #555; font-size: 12px; margin-bottom: 6px; }
+.node .meta { color: #555; font-size: 12px; margin-bottom: 6px; max-width: 360px; }
 .node ul { list-style: none; padding: 0; margin: 6px 0 0; font-size: 12px; }
 .node li i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; border: 1px solid #555; }
 .error { color: #d62728; }
@@ -48,7 +48,7 @@ h1 { font-size: 20px; margin: 0 0 4px; }
 
 
 def _positions(topo: NodeTopology) -> dict[str, tuple[float, float]]:
-    """Where each chip's centre goes: grid coordinates for a grid layout, else a circle."""
+    """Where each chip's centre goes: grid coordinates for a grid layout, else a circle (in ring order)."""
     step = CELL + GAP
     layout = topo.layout
     if layout.kind is LayoutKind.GRID and layout.dims and len(layout.coords) == len(topo.devices):
@@ -63,9 +63,12 @@ def _positions(topo: NodeTopology) -> dict[str, tuple[float, float]]:
     n = len(topo.devices)
     radius = max(step, n * step / (2 * math.pi))
     centre = radius + step / 2
+    order = list(range(n))  # around the circle: ring rank for a ring layout, else device index
+    if layout.kind is LayoutKind.RING and len(layout.coords) == n:
+        order = [layout.coords[i][0] for i in range(n)]
     return {
-        d.id: (centre + radius * math.sin(2 * math.pi * i / n), centre - radius * math.cos(2 * math.pi * i / n))
-        for i, d in enumerate(topo.devices)
+        d.id: (centre + radius * math.sin(2 * math.pi * k / n), centre - radius * math.cos(2 * math.pi * k / n))
+        for d, k in zip(topo.devices, order, strict=True)
     }
 
 
