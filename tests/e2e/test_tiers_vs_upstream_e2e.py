@@ -1,12 +1,13 @@
 """kube-icl's tiered gang placement beside kube-scheduler v1.37.2's own ``TopologyPlacement``.
 
 Sixteen kwok nodes of ``hcm:8`` (two linked quads of chips) in 2 blocks x 2 racks x 4 nodes; six
-gangs as ``scheduling.k8s.io/v1beta1`` PodGroups carrying the rack key (the block key for the one
-no rack holds), submitted once to kube-scheduler with ``icl extender`` and once to kube-scheduler
-with its Workload API feature gates on (``tests/e2e/tiers_upstream.py`` says how each side runs).
-kube-icl must place every gang upstream places, never cross a higher tier than upstream for a gang
-both place, and give every member devices that form its shape. The larger run is
-``bench/tiers_vs_upstream.py``.
+small jobs already bound (1 or 2 devices, in every rack but one), then five gangs as
+``scheduling.k8s.io/v1beta1`` PodGroups carrying the rack key (the block key for one a rack also
+holds), submitted once to kube-scheduler with ``icl extender`` and once to kube-scheduler with its
+Workload API feature gates on (``tests/e2e/tiers_upstream.py`` says how each side runs), each from
+the same state. kube-icl must place as many gangs as upstream, never cross a higher tier than
+upstream for a gang both place, and give every member devices that form its shape. The larger run
+is ``bench/tiers_vs_upstream.py``.
 """
 
 from __future__ import annotations
@@ -23,12 +24,20 @@ from .tiers_upstream import APISERVER_FLAGS, BLOCK, LEVELS, RACK, GangSpec, comp
 
 pytestmark = pytest.mark.e2e
 
+# small jobs already running when the gangs come (node, shape, devices): every rack but b1-r1 has one
+BACKGROUND = [
+    ("b0r0n00", "any", 1),
+    ("b0r0n01", "ring", 2),
+    ("b0r1n02", "any", 1),
+    ("b1r0n00", "ring", 2),
+    ("b1r0n03", "any", 1),
+    ("b0r0n00", "ring", 2),
+]
 GANGS = [
     GangSpec("a", 2, 4, "ring", RACK),  # fits one node
-    GangSpec("b", 4, 8, "ring", RACK),  # a whole rack
+    GangSpec("b", 4, 8, "ring", RACK),  # a whole rack: only b1-r1 is free
     GangSpec("c", 3, 4, "mesh:2x2", RACK),
-    GangSpec("d", 6, 4, "ring", RACK),
-    GangSpec("e", 5, 8, "ring", BLOCK),  # more than a rack: one block
+    GangSpec("e", 5, 4, "ring", BLOCK),  # allowed to spread over a block; a rack holds it
     GangSpec("f", 2, 2, "ring", RACK),
 ]
 
@@ -47,20 +56,24 @@ def gated_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
 def test_kube_icl_places_every_gang_upstream_does_no_higher_and_on_valid_shapes(
     gated_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    specs = tier_nodes(f"tvu-{uuid.uuid4().hex[:6]}", blocks=2, racks=2, per_rack=4, preset="hcm:8")
+    label = f"tvu-{uuid.uuid4().hex[:6]}"
+    specs = tier_nodes(label, blocks=2, racks=2, per_rack=4, preset="hcm:8")
     topologies = publish_nodes(gated_plane, specs)
+    background = [(f"{label}-{node}", shape, devices) for node, shape, devices in BACKGROUND]
     try:
-        results = compare(gated_plane, tmp_path, specs, topologies, GANGS)
+        results = compare(gated_plane, tmp_path, specs, topologies, GANGS, background=background)
     finally:
         delete_nodes(gated_plane, [s.name for s in specs])
     icl, upstream = results["kube-icl"], results["upstream"]
     print("\n" + format_table(icl, upstream))
+    for side in (icl, upstream):
+        print(f"{side.name}: {side.nodes}; unplaced: {side.reasons}")
     assert icl.problems == []
     assert icl.partial == [] and upstream.partial == [], "gangs are all or nothing on both sides"
     assert upstream.placed, "upstream's TopologyPlacement ran and placed gangs"
-    assert set(upstream.placed) <= set(icl.placed), "kube-icl places every gang upstream places"
+    assert len(icl.placed) >= len(upstream.placed), "kube-icl places at least as many gangs as upstream"
     assert sorted(icl.valid) == sorted(icl.placed), "every kube-icl member on a valid shape"
-    for name in upstream.placed:
+    for name in set(upstream.placed) & set(icl.placed):
         ours, theirs = LEVELS.index(icl.levels[name]), LEVELS.index(upstream.levels[name])
         assert ours <= theirs, f"gang {name}: kube-icl crosses {icl.levels[name]}, upstream {upstream.levels[name]}"
     for gang in GANGS:

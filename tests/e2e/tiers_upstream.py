@@ -37,6 +37,7 @@ from topology import NodeTopology, Placer, parse_shape
 
 from .harness import ControlPlane, wait_for
 from .scenario import (
+    DEVICES_ANNOTATION,
     BindWatch,
     Bound,
     ExtenderProcess,
@@ -61,6 +62,7 @@ __all__ = [
     "SCHEDULER_FLAGS",
     "GangSpec",
     "SideResult",
+    "background_pods",
     "compare",
     "format_table",
     "highest_level",
@@ -169,6 +171,8 @@ class SideResult:
     valid: list[str] = field(default_factory=list)  # placed gangs whose members' devices all form their shapes
     devices_by: str = ""  # who chose the devices
     problems: list[str] = field(default_factory=list)  # consistency problems of the extender's device lists
+    nodes: dict[str, list[str]] = field(default_factory=dict)  # gang (or "background") -> its pods' nodes
+    reasons: dict[str, str] = field(default_factory=dict)  # unplaced gang -> kube-scheduler's last message
 
     @property
     def rate(self) -> float:
@@ -204,6 +208,30 @@ def _wait_settled(
         time.sleep(0.2)
 
 
+def background_pods(seed: int, nodes: Sequence[str], count: int) -> list[tuple[str, str, int]]:
+    """``count`` small jobs already running when the gangs come: (node, shape, devices), 1 or 2 devices
+    (``any``, ``ring``) on nodes drawn from ``nodes``, seeded."""
+    rng = random.Random(seed)
+    return [(rng.choice(nodes), *rng.choice([("any", 1), ("ring", 2)])) for _ in range(count)]
+
+
+def _pinned(
+    background: Sequence[tuple[str, str, int]], topologies: Mapping[str, NodeTopology], selector: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The background pods, bound by ``spec.nodeName`` to their node with the lowest free device ids (what
+    a stock kubelet gives, so both sides start from the same devices held)."""
+    taken: dict[str, int] = {}
+    bodies = []
+    for i, (node, shape, count) in enumerate(background):
+        first = taken.get(node, 0)
+        ids = topologies[node].ids[first : first + count]
+        taken[node] = first + count
+        body = pod_body(f"bg-{i:04d}", count, shape, selector=selector, annotations={DEVICES_ANNOTATION: ",".join(ids)})
+        body["spec"]["nodeName"] = node
+        bodies.append(body)
+    return bodies
+
+
 def run_side(
     plane: ControlPlane,
     side: str,
@@ -212,44 +240,58 @@ def run_side(
     topologies: Mapping[str, NodeTopology],
     scheduler_config: Mapping[str, Any],
     *,
+    background: Sequence[tuple[str, str, int]] = (),
     scheduler_flags: Sequence[str] = (),
     uses_extender: bool,
     progress: Callable[[str], None] = lambda _: None,
 ) -> SideResult:
-    """Create the PodGroups and their members with no scheduler running, start kube-scheduler, wait until
-    all are bound or the rest stays unplaced; read where each gang went and the devices of its members."""
+    """Bind the ``background`` pods (node, shape, devices) first, if any; then create the PodGroups and
+    their members with no scheduler running, start kube-scheduler, wait until all are bound or the rest
+    stays unplaced; read where each gang went and the devices of its members. The rate counts the gangs'
+    pods."""
     namespace = f"tiers-{side}-{uuid.uuid4().hex[:6]}"
     plane.ensure_namespace(namespace)
     plane.stop_scheduler()
     custom = k8s.CustomObjectsApi(plane.api_client)
-    for gang in gangs:
-        custom.create_namespaced_custom_object(*SCHEDULING_API, namespace, "podgroups", pod_group_body(gang))
     label = next(iter(specs)).labels
     selector = {k: v for k, v in label.items() if k not in (RACK, BLOCK)}
-    bodies = [body for gang in gangs for body in member_bodies(gang, selector)]
-    create_pods(plane, namespace, bodies, workers=1)  # in gang order: both sides see the same queue order
-    progress(f"[{side}] created {len(gangs)} PodGroups and {len(bodies)} pods; starting kube-scheduler")
     watch = BindWatch(plane, namespace)
     try:
+        bg = _pinned(background, topologies, selector)
+        create_pods(plane, namespace, bg, workers=1)
+        wait_for(lambda: len(watch.bound_at) >= len(bg), what=f"{len(bg)} background pods seen bound", timeout=60)
+        for gang in gangs:
+            custom.create_namespaced_custom_object(*SCHEDULING_API, namespace, "podgroups", pod_group_body(gang))
+        bodies = [body for gang in gangs for body in member_bodies(gang, selector)]
+        create_pods(plane, namespace, bodies, workers=1)  # in gang order: both sides see the same queue order
+        progress(f"[{side}] created {len(gangs)} PodGroups and {len(bodies)} pods; starting kube-scheduler")
+        before = len(watch.bound_at)
         plane.start_scheduler(dict(scheduler_config), flags=scheduler_flags)
-        _wait_settled(plane, namespace, watch, len(bodies), side, progress)
+        _wait_settled(plane, namespace, watch, before + len(bodies), side, progress)
     finally:
         watch.stop()
-    times = sorted(watch.bound_at.values())
-    bound = bound_pods(plane, namespace)
+    names = {str(b["metadata"]["name"]) for b in bodies}
+    times = sorted(t for n, t in watch.bound_at.items() if n in names)
+    every = bound_pods(plane, namespace)
+    bound = {n: b for n, b in every.items() if n in names}
     result = SideResult(side, len(gangs), len(bodies), len(bound), times[-1] - times[0] if len(times) > 1 else 0.0)
     if uses_extender:
-        devices: Mapping[str, tuple[str, ...] | None] = {n: p.devices for n, p in bound.items()}
+        devices: Mapping[str, tuple[str, ...] | None] = {n: p.devices for n, p in every.items()}
         result.devices_by = "the extender"
-        result.problems = consistency_problems(bound, topologies)
+        result.problems = consistency_problems(every, topologies)
     else:
-        devices = kubelet_devices(bound, watch.bound_at, topologies)
+        devices = kubelet_devices(every, watch.bound_at, topologies)
         result.devices_by = "a stock kubelet (lowest free ids)"
     labels = {s.name: dict(s.labels) for s in specs}
+    result.nodes["background"] = sorted(b.node for n, b in every.items() if n not in names)
+    pods = {p.metadata.name: p for p in list_pods(plane, namespace)}
     for gang in gangs:
         members = [f"{gang.name}-m{i:02d}" for i in range(gang.members)]
         held = [bound[m] for m in members if m in bound]
+        result.nodes[gang.name] = [b.node for b in held]
         if not held:
+            conditions = (pods[members[0]].status and pods[members[0]].status.conditions) or []
+            result.reasons[gang.name] = " ".join(c.message or "" for c in conditions if c.type == "PodScheduled")
             continue
         if len(held) < len(members):
             result.partial.append(gang.name)
@@ -297,6 +339,7 @@ def compare(
     gangs: Sequence[GangSpec],
     *,
     order: Sequence[str] = ("kube-icl", "upstream"),
+    background: Sequence[tuple[str, str, int]] = (),
     scheduler_qps: float = 1000.0,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, SideResult]:
@@ -323,6 +366,7 @@ def compare(
                 specs,
                 topologies,
                 config,
+                background=background,
                 scheduler_flags=flags,
                 uses_extender=extender is not None,
                 progress=progress,
