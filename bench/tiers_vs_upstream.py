@@ -11,7 +11,8 @@ TopologyAwareWorkloadScheduling on, in one run on the same nodes
 (``tests/e2e/tiers_upstream.py`` says how each side runs). It prints a table: gangs placed,
 pods per second (first bind to last), the highest tier each placed gang crosses, placed gangs
 whose members' devices all form their shapes (upstream chooses nodes only: its devices are a
-stock kubelet's lowest free ids), and the throughput ratio.
+stock kubelet's lowest free ids), and the throughput ratio. Both sides start from the same
+``--background`` small jobs (1 or 2 devices on seeded nodes), bound before the gangs come.
 
 Run: ``.venv/bin/python bench/tiers_vs_upstream.py [--blocks 4] [--racks 8] [--per-rack 16] [--seed 1]``.
 """
@@ -35,6 +36,7 @@ from tests.e2e.scenario import delete_nodes, publish_nodes  # noqa: E402
 from tests.e2e.tiers_upstream import (  # noqa: E402
     APISERVER_FLAGS,
     LEVELS,
+    background_pods,
     compare,
     format_table,
     random_gangs,
@@ -56,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="hcm:8", help="each node's topology preset (default hcm:8)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the gang mix")
     parser.add_argument("--fill", type=float, default=0.85, help="devices the gangs ask, of all (default 0.85)")
+    parser.add_argument(
+        "--background",
+        type=float,
+        default=0.25,
+        help="small jobs (1 or 2 devices) already bound before the gangs, per node (default 0.25)",
+    )
     parser.add_argument("--upstream-first", action="store_true", help="run upstream's side first")
     parser.add_argument("--scheduler-qps", type=float, default=1000.0, help="kube-scheduler client QPS, both sides")
     args = parser.parse_args(argv)
@@ -75,10 +83,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             specs = tier_nodes(f"tvu-{uuid.uuid4().hex[:6]}", args.blocks, args.racks, args.per_rack, args.preset)
             topologies = publish_nodes(plane, specs, progress=_say)
-            _say(f"{nodes} nodes Ready; {len(gangs)} gangs of {pods} pods")
+            background = background_pods(args.seed, [s.name for s in specs], round(args.background * nodes))
+            held = sum(n for _, _, n in background)
+            _say(f"{nodes} nodes Ready; {len(background)} small jobs ({held} devices) bound first; {len(gangs)} gangs")
             order = ("upstream", "kube-icl") if args.upstream_first else ("kube-icl", "upstream")
             results = compare(
-                plane, workdir, specs, topologies, gangs, order=order, scheduler_qps=args.scheduler_qps, progress=_say
+                plane,
+                workdir,
+                specs,
+                topologies,
+                gangs,
+                order=order,
+                background=background,
+                scheduler_qps=args.scheduler_qps,
+                progress=_say,
             )
             delete_nodes(plane, [s.name for s in specs])
         finally:
@@ -89,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"{args.blocks} blocks x {args.racks} racks x {args.per_rack} nodes of {args.preset} ({nodes} nodes); "
-        f"{len(gangs)} gangs, {pods} pods, seed {args.seed}, fill {args.fill:.0%}; {order[0]} ran first; "
+        f"{len(gangs)} gangs, {pods} pods (fill {args.fill:.0%}) after {len(background)} small jobs, seed "
+        f"{args.seed}; {order[0]} ran first; "
         f"kube-scheduler client QPS {args.scheduler_qps:g}"
     )
     print(format_table(icl, upstream))
