@@ -3,9 +3,10 @@
 :class:`RealNode` runs, on this machine, containerd (CRI with CDI enabled, runc underneath) and a
 kubelet registered to a :class:`~.harness.ControlPlane`'s API server, next to its kwok nodes. Both
 are host processes, each in its own process group, with every path of theirs under one work
-directory: containerd's root, state and socket, the kubelet's ``--root-dir`` (so its device-plugin
-socket is ``<root-dir>/device-plugins/kubelet.sock`` and its PodResources socket
-``<root-dir>/pod-resources/kubelet.sock``), pod logs, the CDI spec directory. Pods get their own
+directory: containerd's root, state and socket, the kubelet's ``--root-dir`` (its PodResources socket is
+``<root-dir>/pod-resources/kubelet.sock``), its device-plugin directory (``<workdir>/device-plugins``,
+which the kubelet, in a mount namespace of its own, sees at the fixed ``/var/lib/kubelet/device-plugins``),
+pod logs, the CDI spec directory. Pods get their own
 cgroups under a cgroup root of this node's own (``/kube-icl-e2e-<id>`` in every hierarchy), so two
 nodes on one machine do not meet and the teardown can find and end every process a pod left.
 
@@ -73,7 +74,11 @@ __all__ = [
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI's images and containers
+K8S_NAMESPACE = "k8s.io"
+# Where the kubelet's device manager serves and checkpoints, whatever its --root-dir.
+KUBELET_DEVICE_PLUGINS = Path(
+    "/var/lib/kubelet/device-plugins"
+)  # containerd's namespace for the CRI's images and containers
 START_TIMEOUT_S = 120.0
 
 
@@ -183,7 +188,7 @@ class RealNode:
         self.containerd_dir = workdir / "containerd"
         self.containerd_socket = self.containerd_dir / "containerd.sock"
         self.kubelet_root = workdir / "kubelet"
-        self.device_plugin_dir = self.kubelet_root / "device-plugins"
+        self.device_plugin_dir = workdir / "device-plugins"
         self.pod_resources_socket = self.kubelet_root / "pod-resources" / "kubelet.sock"
         self.pod_logs = workdir / "pods"
         self.cdi_dir = workdir / "cdi"
@@ -332,6 +337,14 @@ state = "{d / "state"}"
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
         config = self.containerd_dir / "config.toml"
         config.write_text(self.containerd_config())
+        # A CNI network list of only the loopback plugin: containerd then reports the runtime's network as
+        # ready (so the kubelet marks the node Ready and puts no not-ready taint on it). No CNI plugin is
+        # installed: pods run with hostNetwork, for which containerd calls none; a pod-network pod would fail
+        # at its sandbox's network setup, saying the plugin is missing.
+        conf_dir = self.containerd_dir / "cni-conf"
+        conf_dir.mkdir(exist_ok=True)
+        network = {"cniVersion": "1.0.0", "name": "kube-icl-e2e-host-only", "plugins": [{"type": "loopback"}]}
+        (conf_dir / "10-host-only.conflist").write_text(json.dumps(network))
         env_path = f"{self.binaries.directory}:{self.binaries.runc.parent}:{os.environ.get('PATH', '')}"
         argv = ["env", f"PATH={env_path}", self.binaries["containerd"], f"--config={config}"]
         self.containerd = Component("containerd", argv, self.logs / "containerd.log").start()
@@ -472,14 +485,29 @@ state = "{d / "state"}"
         config = self.workdir / "kubelet-config.yaml"
         config.write_text(yaml.safe_dump(self.kubelet_config(port, healthz_port), sort_keys=False))
         labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
+        # The kubelet's device manager hard-codes its directory, /var/lib/kubelet/device-plugins (socket and
+        # checkpoint; --root-dir does not move it). So the kubelet runs in a mount namespace of its own where
+        # this node's directory is bind-mounted there: the machine's own directory stays untouched, and two
+        # nodes on one machine do not meet. Nothing the kubelet mounts needs to reach containerd here (no
+        # secret or projected volumes: no service-account tokens in this cluster).
+        self.device_plugin_dir.mkdir(parents=True, exist_ok=True)
+        KUBELET_DEVICE_PLUGINS.mkdir(parents=True, exist_ok=True)
+        bind = f'mount --bind "$0" {KUBELET_DEVICE_PLUGINS} && exec "$@"'
         argv = [
+            "unshare",
+            "--mount",
+            "--propagation=private",
+            "--",
+            "sh",
+            "-ec",
+            bind,
+            str(self.device_plugin_dir),
             self.binaries["kubelet"],
             f"--config={config}",
             f"--kubeconfig={self._node_kubeconfig()}",
             f"--root-dir={self.kubelet_root}",
             f"--cert-dir={self.workdir / 'kubelet-pki'}",
             f"--hostname-override={self.name}",
-            "--node-ip=127.0.0.1",
             "--v=2",
         ]
         if labels:
@@ -511,10 +539,13 @@ state = "{d / "state"}"
         return self.start_kubelet()
 
     def wait_registered(self, timeout: float = START_TIMEOUT_S) -> Any:
-        """Until the Node exists with its allocatable cpu and a Ready condition the kubelet wrote (True, or
-        False only for the runtime's network, which needs a CNI plugin this node does not run)."""
+        """Until the Node exists with a Ready condition the kubelet wrote (True, or False only for the
+        runtime's network, which needs a CNI plugin this node does not run) and the kubelet's device manager
+        serves its registration socket."""
 
         def registered() -> Any:
+            if not (self.device_plugin_dir / "kubelet.sock").exists():
+                return None
             node: Any = self.plane.core.read_node(self.name)
             conditions = (node.status and node.status.conditions) or []
             ready = [c for c in conditions if c.type == "Ready"]

@@ -124,7 +124,7 @@ def test_pods_asking_shapes_start_and_see_exactly_their_devices_then_free_them(c
             _check_sees_exactly(reports[name], devices, name)
             held += devices
         assert len(held) == len(set(held)) == 7, f"whole devices held twice or missing: {held}"
-        assert reports["ring4"]["env"]["ICL_SHAPE"] == "ring"
+        assert reports["ring4"]["env"]["ICL_SHAPE"] == "ring:4"
 
         for name in ("gang-0", "gang-1"):
             env = reports[name]["env"]
