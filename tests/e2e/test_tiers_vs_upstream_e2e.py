@@ -1,12 +1,13 @@
 """kube-icl's tiered gang placement beside kube-scheduler v1.37.2's own ``TopologyPlacement``.
 
 Sixteen kwok nodes of ``hcm:8`` (two linked quads of chips) in 2 blocks x 2 racks x 4 nodes; six
-small jobs already bound (1 or 2 devices, in every rack but one), then five gangs as
+small jobs already bound (1 or 2 devices, in every rack but one), then six gangs as
 ``scheduling.k8s.io/v1beta1`` PodGroups carrying the rack key (the block key for one a rack also
-holds), submitted once to kube-scheduler with ``icl extender`` and once to kube-scheduler with its
-Workload API feature gates on (``tests/e2e/tiers_upstream.py`` says how each side runs), each from
-the same state. kube-icl must place as many gangs as upstream, never cross a higher tier than
-upstream for a gang both place, and give every member devices that form its shape. The larger run
+holds; one no rack holds, which neither side may place), submitted once to kube-scheduler with
+``icl extender`` and once to kube-scheduler with its Workload API feature gates on
+(``tests/e2e/tiers_upstream.py`` says how each side runs), each from the same state. kube-icl must
+place as many gangs as upstream, never cross a higher tier than upstream for a gang both place,
+and give every member devices that form its shape. The larger run
 is ``bench/tiers_vs_upstream.py``.
 """
 
@@ -39,6 +40,7 @@ GANGS = [
     GangSpec("c", 3, 4, "mesh:2x2", RACK),
     GangSpec("e", 5, 4, "ring", BLOCK),  # allowed to spread over a block; a rack holds it
     GangSpec("f", 2, 2, "ring", RACK),
+    GangSpec("g", 5, 8, "ring", RACK),  # five whole nodes in a rack of four: its PodGroup's key forbids it
 ]
 
 
@@ -73,6 +75,8 @@ def test_kube_icl_places_every_gang_upstream_does_no_higher_and_on_valid_shapes(
     assert upstream.placed, "upstream's TopologyPlacement ran and placed gangs"
     assert len(icl.placed) >= len(upstream.placed), "kube-icl places at least as many gangs as upstream"
     assert sorted(icl.valid) == sorted(icl.placed), "every kube-icl member on a valid shape"
+    assert "g" not in icl.placed and "g" not in upstream.placed
+    assert f"within one {RACK}" in icl.reasons["g"], "kube-icl read the rack key from the PodGroup"
     for name in set(upstream.placed) & set(icl.placed):
         ours, theirs = LEVELS.index(icl.levels[name]), LEVELS.index(upstream.levels[name])
         assert ours <= theirs, f"gang {name}: kube-icl crosses {icl.levels[name]}, upstream {upstream.levels[name]}"
