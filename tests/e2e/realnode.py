@@ -47,6 +47,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kubernetes.utils import parse_quantity
 
 from . import build
 from .harness import Component, ComponentError, ControlPlane, e2e_required, free_port, wait_for, write_kubeconfig
@@ -562,8 +563,9 @@ state = "{d / "state"}"
 
         def listed() -> Any:
             node: Any = self.plane.core.read_node(self.name)
+            # A quantity, not a string to compare: 8000 milli-devices read "8k".
             have = ((node.status and node.status.allocatable) or {}).get(resource)
-            return node if have == str(count) else None
+            return node if have is not None and parse_quantity(have) == count else None  # type: ignore[no-untyped-call]
 
         return wait_for(listed, what=f"{self.name}: {count} {resource}", timeout=timeout, watch=self.components)
 
