@@ -36,11 +36,15 @@ TESTS = [
     "tests/test_backend_nvml.py",
     "tests/test_proto.py",
     "tests/test_dra_kubelet.py",  # the DRA kubelet plugin's gRPC services through its committed stubs
+    "tests/test_placement_audit.py",  # the PodResources v1 stubs: the audit against the emulator's server
+    "tests/test_podresources_proto.py",
 ]
 # the stale-stub tests need the pinned generator (its own venv), not what the floors are about
 DESELECT = [
     "tests/test_proto.py::test_generated_stubs_are_not_stale",
     "tests/test_proto.py::test_stale_stub_is_detected",
+    "tests/test_podresources_proto.py::test_generated_stubs_are_not_stale",
+    "tests/test_podresources_proto.py::test_stale_stub_is_detected",
 ]
 TEST_TOOLS = ["pytest>=8.0", "pytest-timeout>=2.2", "hypothesis>=6.100"]
 
