@@ -15,11 +15,14 @@ as GetPreferredAllocation), and for each pod holding devices of its resource com
 - **unannounced**: a pod that holds the resource but carries no ``kube-icl.io/devices`` got its
   devices from a request the extender never saw (another scheduler, ``nodeName`` set directly):
   a ``PlacementUnannounced``.
+- **conflict**: a device the kubelet gave to this pod and to another, where one of them holds it
+  whole (shares of one device may share it; a whole device may not): a ``PlacementConflict``. The
+  kubelet counts the whole-device and the shared resource apart, so only the plugin can see this.
 
 Each finding is one Warning Event on the pod and one count of
 ``kube_icl_placement_mismatch_total{kind}``, once per pod (namespace, name, uid) and kind, not per
 poll; every audited pod counts once in ``kube_icl_placement_audit_total{result}``
-(``agree``, ``mismatch``, ``unannounced``). Each poll counts in
+(``agree``, ``mismatch`` for devices, shape or conflict findings, ``unannounced``). Each poll counts in
 ``kube_icl_placement_audit_polls_total{outcome}``: ``ok``, ``unavailable`` (the socket is missing
 or nobody answers), ``malformed`` (an answer that does not decode, or entries without a name),
 ``no_pods`` (the pod list failed). A socket that is missing or dead is one warning per outage and
@@ -62,6 +65,7 @@ __all__ = [
     "PlacementAuditor",
     "Verdict",
     "audit_pod",
+    "holders",
     "kubelet_pods",
     "verdict_counts",
     "wired",
@@ -71,8 +75,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # what the kubelet's own podresources client accepts
-KINDS = ("devices", "shape", "unannounced")
-REASONS = {"devices": "PlacementMismatch", "shape": "PlacementShapeBroken", "unannounced": "PlacementUnannounced"}
+KINDS = ("devices", "shape", "unannounced", "conflict")
+REASONS = {
+    "devices": "PlacementMismatch",
+    "shape": "PlacementShapeBroken",
+    "unannounced": "PlacementUnannounced",
+    "conflict": "PlacementConflict",
+}
 RESULTS = ("agree", "mismatch", "unannounced")
 POLL_OUTCOMES = ("ok", "unavailable", "malformed", "no_pods")
 
@@ -186,14 +195,41 @@ def _by_container(pod: KubeletPod) -> str:
     return "; ".join(f"{c.container}: {_ids(c.ids)}" for c in pod.containers)
 
 
+def holders(kpods: Iterable[KubeletPod], resource: str, shared_resource: str = "") -> dict[str, list[tuple[str, str]]]:
+    """Per device, the pods holding it and how (``whole`` or ``share``), in the kubelet's order."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for kp in kpods:
+        whole, shared, _ = _given(kp, resource, shared_resource)
+        for d in whole:
+            out.setdefault(d, []).append((kp.key, "whole"))
+        for d in shared:
+            if d not in whole:
+                out.setdefault(d, []).append((kp.key, "share"))
+    return out
+
+
+def _conflicts(kpod: KubeletPod, held: Mapping[str, list[tuple[str, str]]]) -> list[str]:
+    """The devices of ``kpod`` another pod holds too, where one of them holds it whole (shares may share)."""
+    out = []
+    for device, pods in held.items():
+        mine = [how for key, how in pods if key == kpod.key]
+        others = [(key, how) for key, how in pods if key != kpod.key]
+        if mine and others and ("whole" in mine or any(how == "whole" for _, how in others)):
+            names = ", ".join(f"{key} ({how})" for key, how in others)
+            out.append(f"{device} ({mine[0]}) also to {names}")
+    return out
+
+
 def audit_pod(
     kpod: KubeletPod,
     pod: PodInfo,
     topo: NodeTopology,
     resource: str,
     shared_resource: str = "",
+    held: Mapping[str, list[tuple[str, str]]] | None = None,
 ) -> Verdict:
-    """Compare what the kubelet gave ``kpod`` with the extender's choice and the shape ``pod`` asks."""
+    """Compare what the kubelet gave ``kpod`` with the extender's choice and the shape ``pod`` asks, and,
+    with ``held`` (:func:`holders` of every pod the kubelet lists), whether another pod holds its devices."""
     whole, shared, bad_replicas = _given(kpod, resource, shared_resource)
     given = tuple(dict.fromkeys((*whole, *shared)))
     findings: list[Finding] = []
@@ -247,6 +283,13 @@ def audit_pod(
                             f"{shape.describe()} the pod asks ({SHAPE_ANNOTATION}: {asked}) on this node's links",
                         )
                     )
+    conflicts = _conflicts(kpod, held or {})
+    if conflicts:
+        findings.append(
+            Finding(
+                "conflict", f"the kubelet gave {resource} device " + "; ".join(conflicts) + ": one device, two pods"
+            )
+        )
     kinds = {f.kind for f in findings}
     result = "unannounced" if "unannounced" in kinds else "mismatch" if findings else "agree"
     return Verdict(kpod.key, result, given, tuple(findings))
@@ -363,6 +406,7 @@ class PlacementAuditor:
             return []
         by_key = {p.key: p for p in pods}
         topo = self.topology()
+        held = holders(kpods, self.resource, self.shared_resource)
         verdicts: list[Verdict] = []
         seen: set[tuple[str, str, str]] = set()
         for kpod in kpods:
@@ -372,7 +416,7 @@ class PlacementAuditor:
                 continue
             ident = (pod.namespace, pod.name, pod.uid)
             seen.add(ident)
-            verdict = audit_pod(kpod, pod, topo, self.resource, self.shared_resource)
+            verdict = audit_pod(kpod, pod, topo, self.resource, self.shared_resource, held)
             self.verdicts[kpod.key] = verdict
             verdicts.append(verdict)
             self._report(ident, pod, verdict)

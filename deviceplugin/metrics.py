@@ -86,7 +86,7 @@ class PluginMetrics:
         self.mismatches = Counter(
             "kube_icl_placement_mismatch",
             "Placement findings, once per pod and kind: devices (not the extender's choice), shape (not the "
-            "shape asked), unannounced (devices given without the extender)",
+            "shape asked), unannounced (devices given without the extender), conflict (a device of two pods)",
             ["kind"],
             registry=r,
         )
@@ -106,7 +106,7 @@ class PluginMetrics:
             self.preferred.labels(source)
         for result in ("agree", "mismatch", "unannounced"):
             self.audit.labels(result)
-        for kind in ("devices", "shape", "unannounced"):
+        for kind in ("devices", "shape", "unannounced", "conflict"):
             self.mismatches.labels(kind)
         for outcome in ("ok", "unavailable", "malformed", "no_pods"):
             self.audit_polls.labels(outcome)

@@ -34,6 +34,7 @@ from deviceplugin.audit import (
     PlacementAuditor,
     Verdict,
     audit_pod,
+    holders,
     kubelet_pods,
 )
 from deviceplugin.backends.sim import SimBackend
@@ -602,3 +603,69 @@ def test_the_commands_audit_end_to_end_through_their_flags(sockdir: Path) -> Non
         out = plugin.communicate(timeout=30)[0]
         kubelet.communicate(timeout=30)
     assert f"placement audit: pod default/{name}: PlacementUnannounced" in out and "Traceback" not in out, out
+
+
+def test_a_device_held_whole_by_one_pod_and_by_another_is_a_conflict_shares_alone_are_not() -> None:
+    topo = build_preset("ring:4")
+    whole = kpod("whole", ("main", R, ("3",)))
+    share_a = kpod("share-a", ("main", S, ("3::0", "3::1")))
+    share_b = kpod("share-b", ("main", S, ("3::2",)))
+    held = holders([whole, share_a, share_b], R, S)
+    assert held["3"] == [("team/whole", "whole"), ("team/share-a", "share"), ("team/share-b", "share")]
+    v = audit_pod(whole, pod("whole", "3"), topo, R, S, held)
+    assert v.result == "mismatch"
+    (f,) = v.findings
+    assert (f.kind, f.reason) == ("conflict", "PlacementConflict")
+    assert f.message == (
+        f"the kubelet gave {R} device 3 (whole) also to team/share-a (share), team/share-b (share): "
+        "one device, two pods"
+    )
+    assert audit_pod(share_a, pod("share-a", "3"), topo, R, S, held).findings[0].kind == "conflict"
+    shares_only = holders([share_a, share_b], R, S)
+    assert audit_pod(share_a, pod("share-a", "3"), topo, R, S, shares_only).result == "agree"
+
+
+class _Answer(pr_grpc.PodResourcesListerServicer):
+    """A kubelet answer written by the test, served over real gRPC."""
+
+    def __init__(self, answer: pr.ListPodResourcesResponse) -> None:
+        self.answer = answer
+
+    async def List(self, request: pr.ListPodResourcesRequest, context: Any) -> pr.ListPodResourcesResponse:
+        return self.answer
+
+
+@async_test
+async def test_the_auditor_reports_a_device_given_whole_and_as_a_share_on_both_pods(sockdir: Path) -> None:
+    def pod_resources(name: str, resource: str, ids: list[str]) -> pr.PodResources:
+        devices = [pr.ContainerDevices(resource_name=resource, device_ids=[i]) for i in ids]
+        return pr.PodResources(
+            name=name, namespace="team", containers=[pr.ContainerResources(name="main", devices=devices)]
+        )
+
+    answer = pr.ListPodResourcesResponse(
+        pod_resources=[pod_resources("whole", R, ["2"]), pod_resources("share", S, ["2::0", "2::1"])]
+    )
+    path = sockdir / "pr.sock"
+    server = grpc.aio.server()
+    pr_grpc.add_PodResourcesListerServicer_to_server(_Answer(answer), server)
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    pods_file = sockdir / "api" / "pods.json"
+    write_pods(pods_file, [pod_json("whole", "2"), pod_json("share", "2")])
+    sink, metrics = Sink(), PluginMetrics()
+    auditor = PlacementAuditor(
+        path, "node-a", R, FilePodSource(pods_file), lambda: build_preset("ring:4"), metrics,
+        shared_resource=S, events=sink,
+    )  # fmt: skip
+    try:
+        verdicts = await auditor.poll()
+        await auditor.poll()
+    finally:
+        await server.stop(0)
+    assert [(v.pod, v.result) for v in verdicts] == [("team/whole", "mismatch"), ("team/share", "mismatch")]
+    assert [(key, reason) for key, _, reason, _ in sink.events] == [
+        ("team/whole", "PlacementConflict"),
+        ("team/share", "PlacementConflict"),
+    ]
+    assert value(metrics.mismatches, "conflict") == 2
