@@ -259,7 +259,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
         return EXIT_OK
 
     # queues
-    nodes = views.node_views(reader.nodes(), [], (), now=now)
+    nodes = views.node_views(reader.nodes(), [], (), now=now, shapes=False)  # pools and capacity only
     pods, warnings = views.pod_infos(reader.pods(), resource)
     queue_list = views.queue_views(nodes, pods, cfg)
     _warn(warnings)

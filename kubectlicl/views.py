@@ -226,9 +226,12 @@ def node_views(
     tiers: Sequence[str] = (),
     now: float = 0.0,
     created: Mapping[str, str] | None = None,
+    shapes: bool = True,
 ) -> list[NodeView]:
     """Each node's chips: held by a pod (its ``kube-icl.io/devices``), reserved by an unexpired gang
-    reservation and not yet claimed, unhealthy (the published topology says so), or free."""
+    reservation and not yet claimed, unhealthy (the published topology says so), or free. With
+    ``shapes`` false the largest free ring and group are left at 0 (a caller that needs only the
+    topologies skips their search)."""
     created = created or {}
     by_node: dict[str, list[PodInfo]] = {}
     for pod in pods:
@@ -290,8 +293,8 @@ def node_views(
                 chips=tuple(chips),
                 holders=tuple(holders),
                 unattributed=tuple(unattributed),
-                largest_ring=_largest_ring(topo, free) if topo is not None else 0,
-                largest_group=_largest_group(topo, free) if topo is not None else 0,
+                largest_ring=_largest_ring(topo, free) if topo is not None and shapes else 0,
+                largest_group=_largest_group(topo, free) if topo is not None and shapes else 0,
                 domain=str(labels.get(DOMAIN_LABEL) or ""),
                 coords=str(labels.get(COORDS_LABEL) or ""),
                 tiers=tuple((key, str(labels[key])) for key in tiers if key in labels),
