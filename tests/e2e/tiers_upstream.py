@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import urllib3
@@ -333,7 +334,7 @@ def _delete_all(plane: ControlPlane, namespace: str, custom: k8s.CustomObjectsAp
 
 def compare(
     plane: ControlPlane,
-    workdir: Any,
+    workdir: Path,
     specs: Sequence[NodeSpec],
     topologies: Mapping[str, NodeTopology],
     gangs: Sequence[GangSpec],
