@@ -59,10 +59,18 @@ class StartWatch:
         self.bound: dict[str, float] = {}
         self.running: dict[str, float] = {}
         self._watch = watch.Watch()  # type: ignore[no-untyped-call]
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._follow()
+        except Exception:  # the control plane stopped under the watch (end of the run); nothing to note
+            if not self._stopped:
+                raise
+
+    def _follow(self) -> None:
         stream = self._watch.stream(self.plane.core.list_namespaced_pod, self.namespace, timeout_seconds=3600)  # type: ignore[no-untyped-call]
         for event in stream:
             now = time.monotonic()
@@ -75,6 +83,7 @@ class StartWatch:
                 self.running[name] = now
 
     def stop(self) -> None:
+        self._stopped = True
         self._watch.stop()  # type: ignore[no-untyped-call]
 
 
