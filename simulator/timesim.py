@@ -541,10 +541,9 @@ def run_time(
         raise ValueError(f"invalid_slowdown: must be >= 1, got {invalid_slowdown}")
     if backfill < 1:
         raise ValueError(f"backfill: must be >= 1, got {backfill}")
-    rng = random.Random(seed)
-    c: _Backend
     if policy not in TIME_POLICIES:
         raise ValueError(f"policy: unknown time-mode policy {policy!r}; allowed: {', '.join(TIME_POLICIES)}")
+    c: _Backend
     if policy.startswith("share:"):
         from simulator.fractime import FracBackend
 
@@ -562,124 +561,171 @@ def run_time(
         except TopologyError as exc:
             raise ValueError(f"gang_tier: {exc}") from None
         label = pol.value
-    grows = isinstance(c, _TopoCluster) and c.policy is not PolicyName.KUBELET
-    records = {j.id: JobRecord(j) for j in jobs}
-    if len(records) != len(jobs):
-        raise ValueError("jobs: ids must be unique")
-    for j in jobs:
-        records[j.id].rejected = c.precheck(j)
-    qweights = dict(weights or {})
-    for j in jobs:
-        qweights.setdefault(j.queue, 1.0)
-    bad = {q: w for q, w in qweights.items() if not w > 0}
-    if bad:
-        raise ValueError(f"weights: must be > 0, got {bad}")
-    queues: dict[str, deque[str]] = {q: deque() for q in sorted(qweights)}
-    in_use: dict[str, int] = dict.fromkeys(queues, 0)
-    busy_s: dict[str, float] = dict.fromkeys(queues, 0.0)
-    running: dict[str, _Alloc] = {}
-    epoch: dict[str, int] = {}
-    result = TimeResult(label, c.total, list(records.values()), weights=dict(qweights))
-    if isinstance(c, _TopoCluster):
-        result.tiers = c.spec.view.tier_keys
-    elastic = {j.id for j in jobs if j.elastic and grows}
-    for jid in elastic:
-        records[jid].elastic = True
-    held: dict[str, int] = {}  # running job -> device milli it holds now
-    done_w: dict[str, float] = {}  # elastic job -> member-seconds of work done (kept over shrinks)
-    since: dict[str, float] = {}  # elastic job -> when its progress was last brought up to date
-    resume: dict[str, float] = {}  # elastic job -> end of its current resize stall
-    slow: dict[str, float] = {}  # running job -> its network slowdown on its current members
-    seq = itertools.count()
-    events: list[tuple[float, int, str, str, int]] = []  # time, seq, kind, arg, epoch
-    for j in jobs:
-        if not records[j.id].rejected:
-            heapq.heappush(events, (j.submit, next(seq), "arrive", j.id, 0))
-    last_submit = max((j.submit for j in jobs), default=0.0)
-    items = c.failure_items(failures) if failures.any else []
-    for idx, (_, _, _, rate) in enumerate(items):
-        heapq.heappush(events, (rng.expovariate(rate / 3600.0), next(seq), "fail", str(idx), 0))
-    result.failures = {"node": 0, "device": 0, "link": 0}
-    start = time.perf_counter()
-    now = 0.0
-    done = 0
-    total_jobs = sum(1 for r in records.values() if not r.rejected)
-    last_t = 0.0
+    run = TimeRun(c, label, jobs, seed, failures, weights, backfill, invalid_slowdown, resize_s, network)
+    return run.run(progress)
 
-    def account(t: float) -> None:
-        nonlocal last_t
-        dt = t - last_t
-        if dt > 0:
-            for q, used in in_use.items():
-                busy_s[q] += used * dt
-        last_t = t
 
-    def member_milli(job: Job) -> int:
-        return job.count * job.gpu_milli
+class TimeRun:
+    """One replay: the state of the queues, the running jobs and the event heap, and the phases of each
+    event batch (:meth:`arrive`, :meth:`finish`, :meth:`fail` and :meth:`repair`, then :meth:`schedule`,
+    :meth:`grow` and :meth:`sample`)."""
 
-    def advance(jid: str, t: float) -> None:
-        """Bring an elastic job's progress up to ``t`` (lock-step members, none during a stall)."""
-        start = max(since[jid], resume.get(jid, 0.0))
-        if t > start:
-            done_w[jid] += len(running[jid].members) * (t - start) / slow.get(jid, 1.0)
-        since[jid] = t
+    def __init__(
+        self,
+        c: _Backend,
+        label: str,
+        jobs: Sequence[Job],
+        seed: int,
+        failures: FailureRates,
+        weights: Mapping[str, float] | None,
+        backfill: int,
+        invalid_slowdown: float,
+        resize_s: float,
+        network: NetworkModel | None,
+    ) -> None:
+        self.c = c
+        self.backfill = backfill
+        self.invalid_slowdown = invalid_slowdown
+        self.resize_s = resize_s
+        self.network = network
+        self.failure_rates = failures
+        self.rng = random.Random(seed)
+        self.records = {j.id: JobRecord(j) for j in jobs}
+        if len(self.records) != len(jobs):
+            raise ValueError("jobs: ids must be unique")
+        for j in jobs:
+            self.records[j.id].rejected = c.precheck(j)
+        qweights = dict(weights or {})
+        for j in jobs:
+            qweights.setdefault(j.queue, 1.0)
+        bad = {q: w for q, w in qweights.items() if not w > 0}
+        if bad:
+            raise ValueError(f"weights: must be > 0, got {bad}")
+        self.qweights = qweights
+        self.queues: dict[str, deque[str]] = {q: deque() for q in sorted(qweights)}
+        self.in_use: dict[str, int] = dict.fromkeys(self.queues, 0)
+        self.busy_s: dict[str, float] = dict.fromkeys(self.queues, 0.0)
+        self.running: dict[str, _Alloc] = {}
+        self.epoch: dict[str, int] = {}
+        self.result = TimeResult(label, c.total, list(self.records.values()), weights=dict(qweights))
+        if isinstance(c, _TopoCluster):
+            self.result.tiers = c.spec.view.tier_keys
+        grows = isinstance(c, _TopoCluster) and c.policy is not PolicyName.KUBELET
+        self.elastic = {j.id for j in jobs if j.elastic and grows}
+        for jid in self.elastic:
+            self.records[jid].elastic = True
+        self.held: dict[str, int] = {}  # running job -> device milli it holds now
+        self.done_w: dict[str, float] = {}  # elastic job -> member-seconds of work done (kept over shrinks)
+        self.since: dict[str, float] = {}  # elastic job -> when its progress was last brought up to date
+        self.resume: dict[str, float] = {}  # elastic job -> end of its current resize stall
+        self.slow: dict[str, float] = {}  # running job -> its network slowdown on its current members
+        self.seq = itertools.count()
+        self.events: list[tuple[float, int, str, str, int]] = []  # time, seq, kind, arg, epoch
+        for j in jobs:
+            if not self.records[j.id].rejected:
+                heapq.heappush(self.events, (j.submit, next(self.seq), "arrive", j.id, 0))
+        self.last_submit = max((j.submit for j in jobs), default=0.0)
+        self.items = c.failure_items(failures) if failures.any else []
+        for idx, (_, _, _, rate) in enumerate(self.items):
+            heapq.heappush(self.events, (self.rng.expovariate(rate / 3600.0), next(self.seq), "fail", str(idx), 0))
+        self.result.failures = {"node": 0, "device": 0, "link": 0}
+        self.done = 0
+        self.total_jobs = sum(1 for r in self.records.values() if not r.rejected)
+        self.last_t = 0.0
 
-    def finish_at(jid: str, t: float) -> None:
-        """(Re)schedule an elastic job's finish from its progress and current members."""
-        job = records[jid].job
-        epoch[jid] = epoch.get(jid, 0) + 1
-        left = max(0.0, job.duration * job.gang - done_w[jid])
-        k = len(running[jid].members)
-        run = left / k * slow.get(jid, 1.0)
-        heapq.heappush(events, (max(t, resume.get(jid, t)) + run, next(seq), "finish", jid, epoch[jid]))
+    # ---------------------------------------------------------------- the loop
 
-    def judge(jid: str) -> None:
-        """The highest level the job's members cross, and the network's slowdown of it."""
-        if not isinstance(c, _TopoCluster):
-            return
-        alloc = running[jid]
-        rec = records[jid]
-        rec.crossing = c.spec.view.crossing([n for n, _d in alloc.members])
-        if network is not None and rec.job.gang > 1:
-            slow[jid] = network.slowdown(c.spec.view, [(n, len(d)) for n, d in alloc.members])
-            rec.comm = (slow[jid] - (1.0 - network.share)) / slow[jid]
-        rec.slowdown = slow.get(jid, 1.0)
+    def run(self, progress: Callable[[int, int], None] | None = None) -> TimeResult:
+        """Every event batch in time order, until the workload is done; the result."""
+        start = time.perf_counter()
+        now = 0.0
+        events = self.events
+        while events:
+            t = events[0][0]
+            if not self.running and not any(self.queues.values()) and self.done >= self.total_jobs:
+                break
+            self.account(t)
+            now = t
+            while events and events[0][0] == t:
+                _, _, kind, arg, ep = heapq.heappop(events)
+                if kind == "arrive":
+                    self.arrive(arg)
+                elif kind == "finish":
+                    if self.finish(arg, ep, t) and progress is not None and self.done % 200 == 0:
+                        progress(self.done, self.total_jobs)
+                elif kind == "fail":
+                    self.fail(int(arg), t)
+                else:
+                    self.repair(int(arg))
+            self.schedule(t)
+            if self.elastic:
+                self.grow(t)
+            self.sample(t)
+        self.result.horizon = now
+        self.result.seconds = time.perf_counter() - start
+        self.result.busy_device_seconds = {q: v / 1000.0 for q, v in self.busy_s.items()}
+        if progress is not None:
+            progress(self.total_jobs, self.total_jobs)
+        return self.result
 
-    def stop_job(jid: str, failed: bool, t: float = 0.0) -> None:
-        slow.pop(jid, None)
-        alloc = running.pop(jid)
-        job = records[jid].job
-        c.give(alloc, job)
-        in_use[job.queue] -= held.pop(jid, job.device_milli)
-        epoch[jid] = epoch.get(jid, 0) + 1
-        if failed:
-            kind = "elastic" if jid in elastic else "rigid"
-            if jid in elastic:
-                lost = done_w.get(jid, 0.0) * job.count  # everything done so far, stalls already counted
-                done_w[jid] = 0.0
-            else:
-                lost = (t - records[jid].starts[-1]) * job.gang * job.count
-            result.lost_device_seconds[kind] += max(0.0, lost)
-            records[jid].requeues += 1
-            if job.gang > 1:
-                result.gang_failures += 1
-            queues[job.queue].appendleft(jid)
+    # ---------------------------------------------------------------- events
 
-    def schedule(t: float) -> None:
+    def arrive(self, jid: str) -> None:
+        self.queues[self.records[jid].job.queue].append(jid)
+
+    def finish(self, jid: str, ep: int, t: float) -> bool:
+        """A job's finish event; False when it is stale (the job was requeued or resized since)."""
+        if jid not in self.running or ep != self.epoch.get(jid, 0):
+            return False
+        self.stop_job(jid, failed=False)
+        self.records[jid].end = t
+        self.done += 1
+        return True
+
+    def fail(self, idx: int, t: float) -> None:
+        """A device, link or node fails: the jobs on it shrink (elastic) or are requeued; its repair and
+        (while work remains) its next failure are scheduled."""
+        c = self.c
+        kind, node, what, rate = self.items[idx]
+        item = (kind, node, what)
+        self.result.failures[kind] += 1
+        hit = sorted(jid for jid, alloc in self.running.items() if c.hits(item, alloc))
+        for jid in hit:
+            if jid in self.elastic and self.shrink(jid, item, t):
+                continue
+            if jid in self.elastic:
+                self.advance(jid, t)
+            self.stop_job(jid, failed=True, t=t)
+        c.fail(item)
+        heapq.heappush(self.events, (t + self.failure_rates.repair_s, next(self.seq), "repair", str(idx), 0))
+        if t < self.last_submit or self.running:
+            again = t + self.rng.expovariate(rate / 3600.0)
+            heapq.heappush(self.events, (again, next(self.seq), "fail", str(idx), 0))
+
+    def repair(self, idx: int) -> None:
+        kind, node, what, _ = self.items[idx]
+        self.c.repair((kind, node, what))
+
+    # ---------------------------------------------------------------- phases after each batch
+
+    def schedule(self, t: float) -> None:
+        """Place queued jobs: the queue with the lowest (devices in use / weight) first, up to ``backfill``
+        of its jobs tried in order; a queue none of whose tried jobs fits is blocked for this pass."""
+        c, records, queues = self.c, self.records, self.queues
         blocked: set[str] = set()
         while True:
             order = sorted(
                 (q for q in queues if queues[q] and q not in blocked),
-                key=lambda q: (in_use[q] / qweights[q], q),
+                key=lambda q: (self.in_use[q] / self.qweights[q], q),
             )
             if not order:
                 return
             q = order[0]
             placed = None
             jid = ""
-            for jid in itertools.islice(queues[q], backfill):
+            for jid in itertools.islice(queues[q], self.backfill):
                 want = records[jid].job
-                if jid in elastic:
+                if jid in self.elastic:
                     want = dataclasses.replace(want, gang=want.gang_min)  # the minimum, all at once
                 placed = c.place(want)
                 if placed is not None:
@@ -687,125 +733,152 @@ def run_time(
             if placed is None:
                 blocked.add(q)
                 continue
-            job = records[jid].job
-            alloc, valid = placed
-            queues[q].remove(jid)
-            c.take(alloc, job)
-            running[jid] = alloc
-            held[jid] = member_milli(job) * len(alloc.members)
-            in_use[q] += held[jid]
-            rec = records[jid]
-            rec.starts.append(t)
-            rec.valid = valid
-            judge(jid)
-            if jid in elastic:
-                done_w.setdefault(jid, 0.0)
-                since[jid] = t
-                resume[jid] = t
-                finish_at(jid, t)
-                continue
-            run_for = job.duration * invalid_slowdown if valid is False else job.duration
-            run_for *= slow.get(jid, 1.0)
-            heapq.heappush(events, (t + run_for, next(seq), "finish", jid, epoch.get(jid, 0)))
+            self.start(jid, placed, t)
 
-    def grow(t: float) -> None:
-        """After every queued job that fits is placed: elastic gangs take free room next to themselves."""
+    def start(self, jid: str, placed: tuple[_Alloc, bool | None], t: float) -> None:
+        job = self.records[jid].job
+        alloc, valid = placed
+        self.queues[job.queue].remove(jid)
+        self.c.take(alloc, job)
+        self.running[jid] = alloc
+        self.held[jid] = _member_milli(job) * len(alloc.members)
+        self.in_use[job.queue] += self.held[jid]
+        rec = self.records[jid]
+        rec.starts.append(t)
+        rec.valid = valid
+        self.judge(jid)
+        if jid in self.elastic:
+            self.done_w.setdefault(jid, 0.0)
+            self.since[jid] = t
+            self.resume[jid] = t
+            self.finish_at(jid, t)
+            return
+        run_for = job.duration * self.invalid_slowdown if valid is False else job.duration
+        run_for *= self.slow.get(jid, 1.0)
+        heapq.heappush(self.events, (t + run_for, next(self.seq), "finish", jid, self.epoch.get(jid, 0)))
+
+    def grow(self, t: float) -> None:
+        """After every queued job that fits is placed: elastic gangs take free room as near themselves as
+        they may."""
+        c = self.c
         assert isinstance(c, _TopoCluster)
-        for jid in sorted(j for j in running if j in elastic):
-            job = records[jid].job
-            alloc = running[jid]
+        for jid in sorted(j for j in self.running if j in self.elastic):
+            job = self.records[jid].job
+            alloc = self.running[jid]
             added = 0
             while len(alloc.members) < job.gang:
                 member = _grow_icl(c, job, alloc)
                 if member is None:
                     break
                 if added == 0:
-                    advance(jid, t)
+                    self.advance(jid, t)
                 c.take_devices(member[0], member[1], job)
                 alloc.members.append(member)
-                held[jid] += member_milli(job)
-                in_use[job.queue] += member_milli(job)
+                self.held[jid] += _member_milli(job)
+                self.in_use[job.queue] += _member_milli(job)
                 added += 1
             if added:
-                judge(jid)
-                records[jid].grows += added
-                result.grow_stall_device_seconds += resize_s * (len(alloc.members) - added) * job.count
-                resume[jid] = t + resize_s
-                finish_at(jid, t)
+                self.judge(jid)
+                self.records[jid].grows += added
+                self.result.grow_stall_device_seconds += self.resize_s * (len(alloc.members) - added) * job.count
+                self.resume[jid] = t + self.resize_s
+                self.finish_at(jid, t)
 
-    def shrink(jid: str, item: tuple[str, str, str], t: float) -> bool:
+    def sample(self, t: float) -> None:
+        """Utilisation, queue length and per-queue share after the batch."""
+        c = self.c
+        healthy = c.healthy_devices()
+        util = (c.busy() / healthy) if healthy else 0.0
+        share = {q: self.in_use[q] / (1000.0 * c.total) for q in self.queues}
+        self.result.samples.append((t, min(1.0, util), sum(len(v) for v in self.queues.values()), share))
+
+    # ---------------------------------------------------------------- bookkeeping
+
+    def account(self, t: float) -> None:
+        """Each queue's device-time up to ``t``."""
+        dt = t - self.last_t
+        if dt > 0:
+            for q, used in self.in_use.items():
+                self.busy_s[q] += used * dt
+        self.last_t = t
+
+    def advance(self, jid: str, t: float) -> None:
+        """Bring an elastic job's progress up to ``t`` (lock-step members, none during a stall)."""
+        start = max(self.since[jid], self.resume.get(jid, 0.0))
+        if t > start:
+            self.done_w[jid] += len(self.running[jid].members) * (t - start) / self.slow.get(jid, 1.0)
+        self.since[jid] = t
+
+    def finish_at(self, jid: str, t: float) -> None:
+        """(Re)schedule an elastic job's finish from its progress and current members."""
+        job = self.records[jid].job
+        self.epoch[jid] = self.epoch.get(jid, 0) + 1
+        left = max(0.0, job.duration * job.gang - self.done_w[jid])
+        k = len(self.running[jid].members)
+        run = left / k * self.slow.get(jid, 1.0)
+        at = max(t, self.resume.get(jid, t)) + run
+        heapq.heappush(self.events, (at, next(self.seq), "finish", jid, self.epoch[jid]))
+
+    def judge(self, jid: str) -> None:
+        """The highest level the job's members cross, and the network's slowdown of it."""
+        c = self.c
+        if not isinstance(c, _TopoCluster):
+            return
+        alloc = self.running[jid]
+        rec = self.records[jid]
+        rec.crossing = c.spec.view.crossing([n for n, _d in alloc.members])
+        if self.network is not None and rec.job.gang > 1:
+            slow = self.network.slowdown(c.spec.view, [(n, len(d)) for n, d in alloc.members])
+            self.slow[jid] = slow
+            rec.comm = (slow - (1.0 - self.network.share)) / slow
+        rec.slowdown = self.slow.get(jid, 1.0)
+
+    def stop_job(self, jid: str, failed: bool, t: float = 0.0) -> None:
+        self.slow.pop(jid, None)
+        alloc = self.running.pop(jid)
+        job = self.records[jid].job
+        self.c.give(alloc, job)
+        self.in_use[job.queue] -= self.held.pop(jid, job.device_milli)
+        self.epoch[jid] = self.epoch.get(jid, 0) + 1
+        if not failed:
+            return
+        kind = "elastic" if jid in self.elastic else "rigid"
+        if jid in self.elastic:
+            lost = self.done_w.get(jid, 0.0) * job.count  # everything done so far, stalls already counted
+            self.done_w[jid] = 0.0
+        else:
+            lost = (t - self.records[jid].starts[-1]) * job.gang * job.count
+        self.result.lost_device_seconds[kind] += max(0.0, lost)
+        self.records[jid].requeues += 1
+        if job.gang > 1:
+            self.result.gang_failures += 1
+        self.queues[job.queue].appendleft(jid)
+
+    def shrink(self, jid: str, item: tuple[str, str, str], t: float) -> bool:
         """An elastic gang loses the members ``item`` hits; False when fewer than its minimum would remain."""
+        c = self.c
         assert isinstance(c, _TopoCluster)
-        job = records[jid].job
-        alloc = running[jid]
+        job = self.records[jid].job
+        alloc = self.running[jid]
         hit = [m for m in alloc.members if c.hits(item, _Alloc([m]))]
         if len(alloc.members) - len(hit) < job.gang_min:
             return False
-        advance(jid, t)
+        self.advance(jid, t)
         for m in hit:
             alloc.members.remove(m)
             c.give_devices(m[0], m[1], job)
-            held[jid] -= member_milli(job)
-            in_use[job.queue] -= member_milli(job)
-        records[jid].shrinks += 1
-        judge(jid)
-        result.lost_device_seconds["elastic"] += resize_s * len(alloc.members) * job.count
-        resume[jid] = t + resize_s
-        finish_at(jid, t)
+            self.held[jid] -= _member_milli(job)
+            self.in_use[job.queue] -= _member_milli(job)
+        self.records[jid].shrinks += 1
+        self.judge(jid)
+        self.result.lost_device_seconds["elastic"] += self.resize_s * len(alloc.members) * job.count
+        self.resume[jid] = t + self.resize_s
+        self.finish_at(jid, t)
         return True
 
-    def fail(idx: int, t: float) -> None:
-        kind, node, what, _ = items[idx]
-        item = (kind, node, what)
-        result.failures[kind] += 1
-        hit = sorted(jid for jid, alloc in running.items() if c.hits(item, alloc))
-        for jid in hit:
-            if jid in elastic and shrink(jid, item, t):
-                continue
-            if jid in elastic:
-                advance(jid, t)
-            stop_job(jid, failed=True, t=t)
-        c.fail(item)
-        heapq.heappush(events, (t + failures.repair_s, next(seq), "repair", str(idx), 0))
 
-    while events:
-        t = events[0][0]
-        if not running and not any(queues.values()) and done >= total_jobs:
-            break
-        account(t)
-        now = t
-        while events and events[0][0] == t:
-            _, _, kind, arg, ep = heapq.heappop(events)
-            if kind == "arrive":
-                queues[records[arg].job.queue].append(arg)
-            elif kind == "finish":
-                if arg in running and ep == epoch.get(arg, 0):
-                    stop_job(arg, failed=False)
-                    records[arg].end = t
-                    done += 1
-                    if progress is not None and done % 200 == 0:
-                        progress(done, total_jobs)
-            elif kind == "fail":
-                idx = int(arg)
-                fail(idx, t)
-                if t < last_submit or running:
-                    heapq.heappush(events, (t + rng.expovariate(items[idx][3] / 3600.0), next(seq), "fail", arg, 0))
-            else:
-                kind_, node, what, _ = items[int(arg)]
-                c.repair((kind_, node, what))
-        schedule(t)
-        if elastic:
-            grow(t)
-        healthy = c.healthy_devices()
-        util = (c.busy() / healthy) if healthy else 0.0
-        share = {q: in_use[q] / (1000.0 * c.total) for q in queues}
-        result.samples.append((t, min(1.0, util), sum(len(v) for v in queues.values()), share))
-    result.horizon = now
-    result.seconds = time.perf_counter() - start
-    result.busy_device_seconds = {q: v / 1000.0 for q, v in busy_s.items()}
-    if progress is not None:
-        progress(total_jobs, total_jobs)
-    return result
+def _member_milli(job: Job) -> int:
+    return job.count * job.gpu_milli
 
 
 @dataclass(frozen=True)
