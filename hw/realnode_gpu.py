@@ -11,10 +11,12 @@ writes for the node's GPUs (:func:`cdi_spec`: each GPU's ``/dev/nvidiaN``; for e
 ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools``, the driver's libraries and
 ``nvidia-smi`` from ``/usr/local/nvidia``, ``LD_LIBRARY_PATH``).
 
-The pods' image holds no userland (no registry, no CUDA image to import): the container's ``/usr`` and
-the PyTorch virtualenv are the host's, bind-mounted read-only, so what differs from the host is what the
-runtime gives: its own ``/dev`` with only the device nodes of the CDI spec, its device cgroup, its
-namespaces. Three pods, one at a time:
+The pods' image holds no userland (no registry, no CUDA image to import): the container's ``/usr``,
+``/etc`` and the PyTorch virtualenv are the host's, bind-mounted read-only, and it shares the host's IPC
+namespace (NCCL's /dev/shm), so what differs from the host is what the runtime gives: its own ``/dev`` with
+only the device nodes of the CDI spec, its device cgroup, its mount and PID namespaces. (On this host
+``/usr/lib`` also holds a copy of the driver's libcuda, so the CDI spec's library mount is not what lets
+CUDA load here; its device nodes are what decide which GPUs a pod sees.) Three pods, one at a time:
 
 - ``one``: 1 GPU; inside, ``nvidia-smi -L`` and PyTorch (``torch.cuda`` device UUIDs) must agree and name
   exactly the GPU of its ``kube-icl.io/devices``;
@@ -159,7 +161,7 @@ def userland_image(out: Path) -> Path:
 
 
 def gpu_pod(name: str, count: int, label: str, venv: Path, allreduce_inside: bool) -> dict[str, Any]:
-    mounts = [("usr", "/usr"), ("venv", str(venv)), ("repo", str(ROOT))]
+    mounts = [("usr", "/usr"), ("etc", "/etc"), ("venv", str(venv)), ("repo", str(ROOT))]
     env = [
         {"name": "ICL_E2E_REPO", "value": str(ROOT)},
         {"name": "ICL_E2E_ALLREDUCE", "value": "1" if allreduce_inside else "0"},
@@ -173,6 +175,8 @@ def gpu_pod(name: str, count: int, label: str, venv: Path, allreduce_inside: boo
             "schedulerName": "kube-icl",
             "nodeSelector": {E2E_LABEL: label},
             "hostNetwork": True,
+            # The host's /dev/shm (NCCL's shared-memory segments outgrow a pod's 64 MiB default).
+            "hostIPC": True,
             "restartPolicy": "Never",
             "containers": [
                 {
