@@ -219,9 +219,11 @@ class Decision:
         does not fit."""
         return self.ranker.devices(view, shape)
 
-    def devices_on(self, info: PodInfo, shape: Shape, node: str, view: NodeView) -> tuple[tuple[str, ...], str]:
-        """The devices bind takes for the pod on ``node`` (its kind's), or ((), why not)."""
-        if self.shares is not None and self.classify.kind(info, shape, "") is PodKind.UNSHAPED:
+    def devices_on(
+        self, kind: PodKind, info: PodInfo, shape: Shape, node: str, view: NodeView
+    ) -> tuple[tuple[str, ...], str]:
+        """The devices bind takes for a pod of ``kind`` on ``node``, or ((), why not)."""
+        if kind is PodKind.UNSHAPED and self.shares is not None:
             return unlinked_devices(self.ranker, self.shares, info, shape, node, view)
         return self.ranker.pick(shape, node, view)
 
@@ -239,5 +241,5 @@ class Decision:
         view = self.nodes.view_lookup()(node)
         if view is None:
             return None
-        devices, _ = self.devices_on(info, shape, node, view)
+        devices, _ = self.devices_on(kind, info, shape, node, view)
         return (node, devices) if devices else None
