@@ -52,7 +52,9 @@ def gated_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
     try:
         yield plane
     finally:
-        plane.stop()
+        survivors = plane.stop()
+    if survivors:
+        pytest.fail(f"control plane processes survived teardown: {', '.join(survivors)}", pytrace=False)
 
 
 def test_kube_icl_places_every_gang_upstream_does_no_higher_and_on_valid_shapes(
