@@ -54,8 +54,9 @@ from scheduler.binding import (
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.cycle import Cycle, Profiles
-from scheduler.decision import Classify, Decision
+from scheduler.decision import Classify
 from scheduler.events import EventRecorder
+from scheduler.factory import build_decision
 from scheduler.framework import CycleState, NodeAnswer, PodKind, Status
 from scheduler.gang import RECORD_LABEL, GangManager, record_name
 from scheduler.ha import LeaseElector
@@ -87,7 +88,6 @@ from scheduler.wire import (
     ExtenderPreemptionResult,
     HostPriority,
 )
-from topology.policy import PolicyName, Weights, linked_policy
 
 __all__ = ["Extender"]
 
@@ -108,10 +108,11 @@ class Extender:
         self.cfg = cfg
         self.cache = cache
         self.api = api
-        self.policy = linked_policy(
-            cfg.policy, Weights(cfg.fragmentation_weight, cfg.binpack_weight, cfg.stranding_weight)
-        )
+        # the share ranker (shares, CPU-only pods; with icl, unshaped pods on nodes without links), and the
+        # whole-device decision over the cache, built as time mode builds it over its cluster
         self.shares = SnapshotShareRanker(cache, cfg.policy if cfg.policy == "icl" else "icl")
+        self.decision = build_decision(cfg, cache, self.shares)
+        self.policy = self.decision.policy
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
         cache.tier_keys = cfg.tiers  # the network tiers gangs are placed by
@@ -147,10 +148,7 @@ class Extender:
 
         # The steps of the cycle (scheduler.framework): one cycle per pod kind, chosen when the pod is read.
         self._seen = SeenPods()
-        # with the product's policy (icl), its share policy also decides shape-less whole-device pods on
-        # nodes without links (scheduler.decision): the decision fill mode's icl replays
-        whole_shares = self.shares if self.policy.name is PolicyName.ICL else None
-        self.decision = Decision(cache, self.policy, cfg.resource_name, cfg.keep_best_nodes, whole_shares)
+        whole_shares = self.decision.shares  # with icl: the share ranker decides unshaped pods on nodes without links
         self.ranker = self.decision.ranker
         self.fit = self.decision.fit
         fits = self.decision.fits

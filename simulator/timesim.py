@@ -66,9 +66,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.cache import NodeView
+from scheduler.config import ExtenderConfig
 from scheduler.decision import Decision
+from scheduler.factory import build_decision
 from scheduler.podspec import PodInfo
-from scheduler.sharing import SnapshotShareRanker
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.fill import never_fits
 from simulator.jobs import Job
@@ -181,7 +182,6 @@ class _TopoCluster:
         # the highest level a gang may cross (None: the cluster)
         self.within = spec.view.level_of(gang_tier) if gang_tier else None
         self.policy = policy
-        self.linked = linked_policy(policy)
         self.balance = balance or Balance()
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in spec.nodes}
         self.order = [n.name for n in spec.nodes]
@@ -202,9 +202,10 @@ class _TopoCluster:
         self.types: dict[tuple[int, int, int, int], int] = {}
         # the extender's own decision over this state; with the product's policy (icl) its share policy
         # decides shape-less whole-device pods on nodes without links, as the extender's does
-        nodes = _Snapshot(self)
-        self.shares = SnapshotShareRanker(nodes) if policy is PolicyName.ICL else None
-        self.decision = Decision(nodes, self.linked, shares=self.shares)
+        # (scheduler.factory, as the extender builds it over its cache)
+        self.decision = build_decision(ExtenderConfig(policy=policy.value), _Snapshot(self))
+        self.shares = self.decision.shares
+        self.linked = self.decision.policy
 
     def shape(self, job: Job) -> Shape:
         key = (job.shape, job.count)

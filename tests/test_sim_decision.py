@@ -9,11 +9,13 @@ checks the outcome against the extender's real verbs; here, that the replay goes
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.decision import Decision
 from scheduler.extender import Extender
+from scheduler.factory import build_decision
 from scheduler.podspec import PodInfo
 from simulator import timesim
 from simulator.clusterspec import builtin_cluster
@@ -43,6 +45,25 @@ def test_the_extender_and_the_time_mode_hold_the_same_decision_class() -> None:
     c = timesim._TopoCluster(SPEC, PolicyName.ICL)
     assert type(ext.decision) is type(c.decision) is Decision
     assert ext.fit is ext.decision.fit  # the filter and score step of the extender's cycle
+
+
+def test_the_extender_and_the_time_mode_build_their_decision_with_one_factory() -> None:
+    built: list[tuple[str, str]] = []
+
+    def recording(cfg: ExtenderConfig, snapshot: Any, shares: Any = None) -> Decision:
+        built.append((cfg.policy, type(snapshot).__name__))
+        return build_decision(cfg, snapshot, shares)
+
+    with (
+        mock.patch("scheduler.extender.build_decision", recording),
+        mock.patch("simulator.timesim.build_decision", recording),
+    ):
+        ext = Extender(ExtenderConfig(), ClusterCache("kube-icl.io/accelerator"))
+        c = timesim._TopoCluster(SPEC, PolicyName.ICL)
+    assert built == [("icl", "ClusterCache"), ("icl", "_Snapshot")]
+    assert ext.decision.policy == c.decision.policy == c.linked  # the same policy, weights and ranking
+    assert ext.decision.shares is ext.shares  # one share ranker for shares and unshaped pods
+    assert c.decision.shares is not None
 
 
 def test_a_replayed_placement_is_the_decisions_answer() -> None:
