@@ -7,7 +7,8 @@ holds; one no rack holds, which neither side may place), submitted once to kube-
 ``icl extender`` and once to kube-scheduler with its Workload API feature gates on
 (``tests/e2e/tiers_upstream.py`` says how each side runs), each from the same state. kube-icl must
 place as many gangs as upstream, never cross a higher tier than upstream for a gang both place,
-and give every member devices that form its shape. The larger run
+and give every member devices that form its shape. The second test runs the extender under the
+pod-group cycle (the gates on in kube-scheduler too). The larger run
 is ``bench/tiers_vs_upstream.py``.
 """
 
@@ -19,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from topology import NodeTopology
+
 from .harness import ControlPlane, require_binaries
-from .scenario import delete_nodes, publish_nodes
+from .scenario import NodeSpec, delete_nodes, publish_nodes
 from .tiers_upstream import APISERVER_FLAGS, BLOCK, LEVELS, RACK, GangSpec, compare, format_table, tier_nodes
 
 pytestmark = pytest.mark.e2e
@@ -57,13 +60,17 @@ def gated_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPla
         pytest.fail(f"control plane processes survived teardown: {', '.join(survivors)}", pytrace=False)
 
 
+def _fleet(plane: ControlPlane) -> tuple[list[NodeSpec], dict[str, NodeTopology], list[tuple[str, str, int]]]:
+    label = f"tvu-{uuid.uuid4().hex[:6]}"
+    specs = tier_nodes(label, blocks=2, racks=2, per_rack=4, preset="hcm:8")
+    topologies = publish_nodes(plane, specs)
+    return specs, topologies, [(f"{label}-{node}", shape, devices) for node, shape, devices in BACKGROUND]
+
+
 def test_kube_icl_places_every_gang_upstream_does_no_higher_and_on_valid_shapes(
     gated_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    label = f"tvu-{uuid.uuid4().hex[:6]}"
-    specs = tier_nodes(label, blocks=2, racks=2, per_rack=4, preset="hcm:8")
-    topologies = publish_nodes(gated_plane, specs)
-    background = [(f"{label}-{node}", shape, devices) for node, shape, devices in BACKGROUND]
+    specs, topologies, background = _fleet(gated_plane)
     try:
         results = compare(gated_plane, tmp_path, specs, topologies, GANGS, background=background)
     finally:
@@ -87,3 +94,25 @@ def test_kube_icl_places_every_gang_upstream_does_no_higher_and_on_valid_shapes(
         for side in (icl, upstream):
             if gang.name in side.levels:
                 assert LEVELS.index(side.levels[gang.name]) <= LEVELS.index(bound), f"{side.name}: {gang}"
+
+
+def test_under_the_pod_group_cycle_too_kube_icl_keeps_every_gang_whole_within_its_key_on_valid_shapes(
+    gated_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The extender with kube-scheduler's Workload feature gates on: the pod-group cycle tries each rack
+    (block) and calls the extender for every member there; kube-icl reserves the gang inside the first
+    domain tried that holds it, so every bound gang is whole, within its key, on kube-icl's devices."""
+    specs, topologies, background = _fleet(gated_plane)
+    try:
+        both = compare(gated_plane, tmp_path, specs, topologies, GANGS, order=("both",), background=background)["both"]
+    finally:
+        delete_nodes(gated_plane, [s.name for s in specs])
+    print(f"\nboth: {both.nodes}; levels {both.levels}; unplaced: {both.reasons}")
+    assert both.problems == [] and both.partial == []
+    assert len(both.placed) >= 4, f"a small gang may take the one free rack first: {both.placed}"
+    assert sorted(both.valid) == sorted(both.placed)
+    assert "g" not in both.placed
+    for gang in GANGS:
+        if gang.name in both.levels:
+            bound = "rack" if gang.key == RACK else "block"
+            assert LEVELS.index(both.levels[gang.name]) <= LEVELS.index(bound), gang

@@ -344,20 +344,21 @@ def compare(
     scheduler_qps: float = 1000.0,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, SideResult]:
-    """Both sides on ``specs`` (published) with ``gangs``, in ``order``; kube-scheduler's client rate limit
-    set to ``scheduler_qps`` on both (upstream posts every Binding itself, the extender posts kube-icl's)."""
+    """The sides in ``order`` on ``specs`` (published) with ``gangs``: ``kube-icl``, ``upstream``, and
+    ``both`` (the extender under kube-scheduler with its feature gates on: the pod-group cycle calls the
+    extender for each member of each placement it tries). kube-scheduler's client rate limit is
+    ``scheduler_qps`` on every side (upstream posts every Binding itself, the extender posts kube-icl's)."""
     results: dict[str, SideResult] = {}
     for side in order:
+        if side not in ("kube-icl", "upstream", "both"):
+            raise ValueError(f"side: expected 'kube-icl', 'upstream' or 'both', got {side!r}")
         extender: ExtenderProcess | None = None
         config = shipped_scheduler_config(None)
-        flags: Sequence[str] = SCHEDULER_FLAGS
-        if side == "kube-icl":
+        flags: Sequence[str] = () if side == "kube-icl" else SCHEDULER_FLAGS
+        if side != "upstream":
             settings = {**shipped_extender_settings(), "tiers": [RACK, BLOCK], "gangTimeoutSeconds": 300}
             extender = ExtenderProcess(plane, workdir, settings).start(timeout=120)
             config = shipped_scheduler_config(extender.url)
-            flags = ()
-        elif side != "upstream":
-            raise ValueError(f"side: expected 'kube-icl' or 'upstream', got {side!r}")
         config.setdefault("clientConnection", {}).update({"qps": scheduler_qps, "burst": int(scheduler_qps * 2)})
         try:
             results[side] = run_side(
