@@ -60,22 +60,43 @@ MARK = "ICL-GPU "
 
 # Inside the container: what it sees, as one JSON line.
 GPU_PROBE = r"""
-import glob, json, os, subprocess, sys
+import errno, glob, json, os, stat, subprocess, sys
+def nodes():
+    found = {}
+    for path in sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/nvidia-caps/*")):
+        st = os.stat(path)
+        if not stat.S_ISCHR(st.st_mode):
+            continue
+        try:
+            os.close(os.open(path, os.O_RDWR))
+            opened = "ok"
+        except OSError as error:
+            opened = errno.errorcode.get(error.errno, str(error.errno))
+        found[path] = {"dev": f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}", "open": opened}
+    return found
+out = {"dev_at_start": nodes()}
 smi = subprocess.run(["/usr/local/nvidia/bin/nvidia-smi", "-L"], capture_output=True, text=True)
-out = {"dev": sorted(glob.glob("/dev/nvidia*")), "nvidia_smi_L": smi.stdout.strip().splitlines(),
-       "nvidia_smi_rc": smi.returncode, "nvidia_smi_err": smi.stderr.strip()[-500:],
-       "env": {k: v for k, v in os.environ.items() if k.startswith(("ICL_", "NVIDIA_", "CUDA_", "LD_LIBRARY"))}}
+out.update({"nvidia_smi_L": smi.stdout.strip().splitlines(), "nvidia_smi_rc": smi.returncode,
+            "nvidia_smi_err": smi.stderr.strip()[-500:],
+            "env": {k: v for k, v in os.environ.items() if k.startswith(("ICL_", "NVIDIA_", "CUDA_", "LD_LIB"))}})
 try:
     import torch
     count = torch.cuda.device_count()
     out["torch_uuids"] = ["GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in range(count)]
 except Exception as error:
     out["torch_error"] = repr(error)
+out["dev_at_end"] = nodes()
 if os.environ.get("ICL_E2E_ALLREDUCE") == "1":
     sys.path.insert(0, os.environ["ICL_E2E_REPO"] + "/hw")
     import allreduce
-    uuids = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
-    out["allreduce"] = allreduce.launch(uuids, timeout=300)
+    result = allreduce.launch(os.environ["CUDA_VISIBLE_DEVICES"].split(","), timeout=300)
+    if "rows" not in result:  # NCCL's INFO lines share the worker's stdout: find the RESULT inside a line
+        for text in result.get("log_tail", []):
+            for line in text.splitlines():
+                if "RESULT {" in line:
+                    result.update(json.loads(line[line.index("RESULT {") + len("RESULT ") :]))
+                    result.pop("log_tail", None)
+    out["allreduce"] = result
 print("ICL-GPU " + json.dumps(out), flush=True)
 """
 
@@ -275,7 +296,8 @@ def main() -> int:
             result["pods"][pod_name] = entry
             say(f"pod {pod_name}: {pod.status.phase}, kube-icl.io/devices={devices}")
             if report:
-                say(f"  /dev: {report['dev']}")
+                say(f"  /dev/nvidia* at start: {report['dev_at_start']}")
+                say(f"  /dev/nvidia* after nvidia-smi and CUDA: {report['dev_at_end']}")
                 for line in report["nvidia_smi_L"]:
                     say(f"  nvidia-smi -L: {line}")
                 say(f"  torch.cuda UUIDs: {report.get('torch_uuids', report.get('torch_error'))}")
