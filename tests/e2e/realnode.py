@@ -569,6 +569,18 @@ state = "{d / "state"}"
 
         return wait_for(listed, what=f"{self.name}: {count} {resource}", timeout=timeout, watch=self.components)
 
+    def wait_plugin_connected(self, resource: str, timeout: float = 60.0) -> None:
+        """Until the running kubelet (this start of it) says the device plugin of ``resource`` connected."""
+        assert self.kubelet is not None
+        log_path = self.kubelet.log_path
+        needle = f'"Device plugin connected" resourceName="{resource}"'
+        wait_for(
+            lambda: needle in log_path.read_text(errors="replace"),
+            what=f"{resource}'s device plugin connected to the kubelet",
+            timeout=timeout,
+            watch=self.components,
+        )
+
     def checkpoint(self) -> dict[str, Any]:
         """The kubelet device manager's checkpoint (``<root-dir>/device-plugins/kubelet_internal_checkpoint``)."""
         data: dict[str, Any] = json.loads((self.device_plugin_dir / "kubelet_internal_checkpoint").read_text())
@@ -734,9 +746,15 @@ def plugin_pod(node: RealNode, image: str, config: Path, *, extra_mounts: Sequen
     run a DaemonSet): the project image, ``icl plugin --config``, uid 0 for the kubelet's root-owned socket
     directory, host network for the API server on loopback; ``extra_mounts`` (config, topology, kubeconfig
     and certificates) at the same paths as on the host."""
-    mounts: list[dict[str, Any]] = [{"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"}]
+    # The kubelet's two directories at the paths a DaemonSet mounts them: device plugins, and PodResources
+    # (the plugin's placement audit reads the kubelet's answer there).
+    mounts: list[dict[str, Any]] = [
+        {"name": "device-plugins", "mountPath": "/var/lib/kubelet/device-plugins"},
+        {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True},
+    ]
     volumes: list[dict[str, Any]] = [
-        {"name": "device-plugins", "hostPath": {"path": str(node.device_plugin_dir), "type": "Directory"}}
+        {"name": "device-plugins", "hostPath": {"path": str(node.device_plugin_dir), "type": "Directory"}},
+        {"name": "pod-resources", "hostPath": {"path": str(node.pod_resources_socket.parent), "type": "Directory"}},
     ]
     for index, path in enumerate(sorted({config.parent, *extra_mounts})):
         mounts.append({"name": f"host-{index}", "mountPath": str(path), "readOnly": True})
@@ -859,6 +877,10 @@ class KubeIclNode:
 
     def create(self, namespace: str, body: Any) -> None:
         self.plane.core.create_namespaced_pod(namespace, body)
+
+    def plugin_log(self) -> str:
+        """What the plugin pod has written so far (its container's log on the node)."""
+        return container_log(self.node.pod_logs, PLUGIN_NAMESPACE, f"kube-icl-device-plugin-{self.node.name}", "plugin")
 
 
 E2E_LABEL = "kube-icl.io/e2e"

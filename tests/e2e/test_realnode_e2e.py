@@ -159,7 +159,7 @@ def test_kubelet_restart_keeps_a_running_pods_devices(cluster: Cluster) -> None:
         assert sorted(node.checkpointed_devices(RESOURCE).get(before.metadata.uid, [])) == sorted(held)
 
         node.restart_kubelet()
-        node.wait_resource(RESOURCE, DEVICES, timeout=120)  # the plugin registered again with the new kubelet
+        node.wait_plugin_connected(RESOURCE)  # the plugin registered again with the new kubelet
 
         after: Any = plane.core.read_namespaced_pod("holder", namespace)
         status = after.status.container_statuses[0]
@@ -172,6 +172,7 @@ def test_kubelet_restart_keeps_a_running_pods_devices(cluster: Cluster) -> None:
         cluster.create(namespace, cluster.pod("greedy", whole=8, node_name=node.name))
         greedy = _wait_phase(cluster, namespace, "greedy", "Failed")
         assert greedy.status.reason == "UnexpectedAdmissionError", greedy.status
+        assert "Requested: 8, Available: 4" in greedy.status.message, greedy.status.message
 
         # Through the extender, four more start on the other four devices.
         cluster.create(namespace, cluster.pod("other", whole=4, shape="ring"))
