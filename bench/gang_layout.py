@@ -36,7 +36,7 @@ from scheduler.cache import ClusterCache  # noqa: E402
 from scheduler.gang import GangManager  # noqa: E402
 from scheduler.podspec import pod_info  # noqa: E402
 from tests.support.extender import node_obj, pod_obj  # noqa: E402
-from topology import Policy  # noqa: E402
+from topology import DeviceRank  # noqa: E402
 
 RESOURCE = "kube-icl.io/accelerator"
 FILLER = "torus:8x8"  # 64 devices: N pods on N / 64 nodes
@@ -63,7 +63,7 @@ def build(pods: int) -> tuple[ClusterCache, GangManager, Any]:
         cache.upsert_pod(pod_obj(f"w-{i}", 8, "ring", node=node, phase="Running", annotations=ann))
     last = pod_obj(f"w-{GANG - 1}", 8, "ring", annotations={k: v for k, v in ann.items() if "devices" not in k})
     cache.upsert_pod(last)
-    gangs = GangManager(cache, 60.0, Policy.FRAGMENTATION, evict=lambda p, why: None)
+    gangs = GangManager(cache, 60.0, DeviceRank.FRAGMENTATION, evict=lambda p, why: None)
     return cache, gangs, pod_info(last, RESOURCE)
 
 

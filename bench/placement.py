@@ -32,7 +32,7 @@ from collections.abc import Callable
 import networkx as nx
 from networkx.algorithms import isomorphism
 
-from topology import NodeTopology, Placer, Policy, Shape, ShapeKind, build_preset, parse_shape
+from topology import DeviceRank, NodeTopology, Placer, Shape, ShapeKind, build_preset, parse_shape
 
 FIXTURES = {
     "ring:8": ["ring:2", "ring:8", "any:4"],
@@ -127,7 +127,7 @@ def main() -> int:
 
             def binpack_path(free: set[str], shape: Shape = shape, placer: Placer = placer) -> object:
                 placer.clear_cache()
-                return placer.place(shape, free, Policy.BINPACK)
+                return placer.place(shape, free, DeviceRank.BINPACK)
 
             def frag_path(free: set[str], shape: Shape = shape, placer: Placer = placer) -> object:
                 placer.clear_cache()
@@ -167,7 +167,7 @@ def main() -> int:
 
         def decide(free: set[str]) -> object:
             placer.clear_cache()
-            return placer.place(shape, free, Policy.BINPACK)
+            return placer.place(shape, free, DeviceRank.BINPACK)
 
         ((per, _),) = _race([decide], requests, args.repeat)
         print(f"  {n:>5} requests: {per * 1e6:8.1f} µs per decision, tables held: {len(placer.table_stats())}")

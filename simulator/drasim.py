@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deviceplugin.dra.pool import DEFAULT_SHAPES, publish_order, publishable
-from topology import NodeTopology, Placer, Policy, Shape, ShapeKind, load_topology, parse_shape
+from topology import DeviceRank, NodeTopology, Placer, Shape, ShapeKind, load_topology, parse_shape
 
 __all__ = ["VariantResult", "format_table", "measure", "replay"]
 
@@ -98,7 +98,7 @@ def replay(
     shapes: Sequence[Shape],
     stream: Sequence[tuple[str, int]],
     published: dict[Shape, set[int]],
-    policy: Policy,
+    policy: DeviceRank,
     choices: list[int] | None = None,
 ) -> tuple[int, int, float, int, int, int]:
     """One stream through first-fit over the published order.
@@ -156,15 +156,17 @@ def measure(
         placer = Placer.for_topology(topo)
         offered = _shapes(topo) if shapes is None else [s for s in shapes if _offered(placer, topo, s)]
         everything = {s: set(range(len(placer.table(s).masks))) for s in offered}
-        variants: list[tuple[str, dict[Shape, set[int]], Policy]] = [
-            ("reordered", everything, Policy.FRAGMENTATION),
-            ("static", everything, Policy.KUBELET),
+        variants: list[tuple[str, dict[Shape, set[int]], DeviceRank]] = [
+            ("reordered", everything, DeviceRank.FRAGMENTATION),
+            ("static", everything, DeviceRank.KUBELET),
         ]
         for cap in caps:
             for subset in ("compact", "tiled") if tiled else ("compact",):
                 sub = {s: publishable(topo, placer, s, cap, subset)[0] for s in offered}
                 if sub != everything:
-                    variants.append((f"{'cap' if subset == 'compact' else 'tiled'}={cap}", sub, Policy.FRAGMENTATION))
+                    variants.append(
+                        (f"{'cap' if subset == 'compact' else 'tiled'}={cap}", sub, DeviceRank.FRAGMENTATION)
+                    )
         streams = [_stream(offered, seed * 1_000_003 + t) for t in range(trials)]
         for label, published, policy in variants:
             sums = [0.0] * 6

@@ -10,7 +10,7 @@ import yaml
 from deviceplugin.dra.pool import plan_pool, publishable
 from icl.cli import main
 from simulator.drasim import _shapes, _stream, measure, replay
-from topology import Placer, Policy, build_preset
+from topology import DeviceRank, Placer, build_preset
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -88,7 +88,7 @@ def test_replay_chooses_what_the_published_pool_offers_first() -> None:
     everything = {s: set(range(len(placer.table(s).masks))) for s in shapes}
     stream = _stream(shapes, 3)[:30]
     choices: list[int] = []
-    replay(topo, shapes, [e for e in stream if e[0] == "arrive"], everything, Policy.FRAGMENTATION, choices)
+    replay(topo, shapes, [e for e in stream if e[0] == "arrive"], everything, DeviceRank.FRAGMENTATION, choices)
     busy = 0
     arrivals = [shapes[i] for kind, i in stream if kind == "arrive"]
     placed = iter(choices)
@@ -114,9 +114,9 @@ def test_a_cap_only_loses_placements_never_invents_them() -> None:
     sub = {s: publishable(topo, placer, s, 16)[0] for s in shapes}
     full = {s: set(range(len(placer.table(s).masks))) for s in shapes}
     stream = _stream(shapes, 7)
-    capped = replay(topo, shapes, stream, sub, Policy.FRAGMENTATION)
+    capped = replay(topo, shapes, stream, sub, DeviceRank.FRAGMENTATION)
     assert capped[3] > 0  # 16 placements per shape on a 64-chip torus lose some
-    assert replay(topo, shapes, stream, full, Policy.FRAGMENTATION)[3] == 0
+    assert replay(topo, shapes, stream, full, DeviceRank.FRAGMENTATION)[3] == 0
     rows = measure(["hcm:8"], caps=(64,), trials=2)
     assert [r.variant for r in rows] == ["reordered", "static"]  # nothing to cap on hcm:8
 

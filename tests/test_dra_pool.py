@@ -10,7 +10,7 @@ import pytest
 
 from deviceplugin.dra import limits
 from deviceplugin.dra.pool import DraConfig, device_name, parse_device_name, plan_pool
-from topology import Health, Placer, Policy, build_preset, parse_shape
+from topology import DeviceRank, Health, Placer, build_preset, parse_shape
 
 TOPOLOGIES = ["ring:8", "hcm:8", "torus:4x4", "torus:8x8", "mesh:8x16"]
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -107,11 +107,11 @@ def test_first_fitting_device_in_publish_order_is_the_policy_choice() -> None:
     for shape_text in ("ring:4", "mesh:2x4", "mesh:2x2"):
         shape = parse_shape(shape_text)
         first = next(s for s in plan.shapes if s.shape == shape and s.mask & ~free_mask == 0)
-        chosen = placer.place(shape, [d for d in topo.ids if d not in busy], Policy.FRAGMENTATION)
+        chosen = placer.place(shape, [d for d in topo.ids if d not in busy], DeviceRank.FRAGMENTATION)
         assert chosen is not None
         assert set(topo.ids_of(first.mask)) == set(chosen.devices)
     # the static (table) order would pick something else for at least one of them: ordering matters
-    static = plan_pool(topo, "n", DraConfig(policy=Policy.KUBELET), busy=busy)
+    static = plan_pool(topo, "n", DraConfig(policy=DeviceRank.KUBELET), busy=busy)
     assert [s.name for s in static.shapes] != [s.name for s in plan.shapes]
 
 

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from topo_strategies import brute_force_fits, forms_shape, small_topologies
 
 from topology import (
+    DeviceRank,
     Health,
     NodeTopology,
     Placer,
-    Policy,
     Shape,
     ShapeError,
     ShapeKind,
@@ -41,8 +41,10 @@ def scenarios(draw: st.DrawFn) -> tuple[NodeTopology, Shape, set[str]]:
     return topo, shape, free
 
 
-@given(scenarios(), st.sampled_from([Policy.FRAGMENTATION, Policy.BINPACK]))
-def test_placement_is_exact_against_brute_force(scenario: tuple[NodeTopology, Shape, set[str]], policy: Policy) -> None:
+@given(scenarios(), st.sampled_from([DeviceRank.FRAGMENTATION, DeviceRank.BINPACK]))
+def test_placement_is_exact_against_brute_force(
+    scenario: tuple[NodeTopology, Shape, set[str]], policy: DeviceRank
+) -> None:
     topo, shape, free = scenario
     placer = Placer(topo)  # a fresh placer: no table or cache carried between examples
     got = placer.place(shape, free, policy)
@@ -98,7 +100,7 @@ def test_rank_order_rebuilds_the_shape_from_any_permutation(
 @given(scenarios())
 def test_kubelet_baseline_takes_the_lowest_free_ids(scenario: tuple[NodeTopology, Shape, set[str]]) -> None:
     topo, shape, free = scenario
-    got = Placer(topo).place(shape, free, Policy.KUBELET)
+    got = Placer(topo).place(shape, free, DeviceRank.KUBELET)
     if len(free) < shape.size:
         assert got is None
         return
@@ -228,7 +230,7 @@ def test_fragmentation_policy_keeps_big_shapes_possible() -> None:
     kub = set(topo.ids)
     shape = parse_shape("ring", 2)
     for _ in range(8):
-        p = placer.place(shape, kub, Policy.FRAGMENTATION)
+        p = placer.place(shape, kub, DeviceRank.FRAGMENTATION)
         assert p is not None
         kub -= set(p.devices)
     assert not kub

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology import Placer, Policy, ShapeError, build_preset, parse_shape
+from topology import DeviceRank, Placer, ShapeError, build_preset, parse_shape
 
 TOPOLOGIES = ["hcm:8", "torus:4x4", "mesh:4x4", "ring:8"]
 SHAPES = ["ring:2", "ring:4", "ring:8", "mesh:2x2", "mesh:2x4"]
@@ -16,10 +16,10 @@ SHAPES = ["ring:2", "ring:4", "ring:8", "mesh:2x2", "mesh:2x4"]
 @given(
     topo=st.sampled_from(TOPOLOGIES),
     shape=st.sampled_from(SHAPES),
-    policy=st.sampled_from([Policy.FRAGMENTATION, Policy.BINPACK]),
+    policy=st.sampled_from([DeviceRank.FRAGMENTATION, DeviceRank.BINPACK]),
     busy=st.sets(st.integers(0, 15), max_size=10),
 )
-def test_first_fitting_candidate_is_place_decision(topo: str, shape: str, policy: Policy, busy: set[int]) -> None:
+def test_first_fitting_candidate_is_place_decision(topo: str, shape: str, policy: DeviceRank, busy: set[int]) -> None:
     t = build_preset(topo)
     placer = Placer.for_topology(t)
     s = parse_shape(shape)
@@ -40,6 +40,6 @@ def test_first_fitting_candidate_is_place_decision(topo: str, shape: str, policy
 
 def test_kubelet_keeps_table_order_and_any_is_refused() -> None:
     placer = Placer.for_topology(build_preset("hcm:8"))
-    assert placer.preference(parse_shape("ring:4"), placer.topo.ids, Policy.KUBELET) == list(range(8))
+    assert placer.preference(parse_shape("ring:4"), placer.topo.ids, DeviceRank.KUBELET) == list(range(8))
     with pytest.raises(ShapeError, match="'any'"):
         placer.preference(parse_shape("any", 2), placer.topo.ids)

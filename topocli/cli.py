@@ -188,7 +188,7 @@ def tour(compact: bool = False) -> int:
 
     ``compact`` draws only the scenes where the two policies differ.
     """
-    from topology import Placer, Policy, build_preset, parse_shape, render
+    from topology import DeviceRank, Placer, build_preset, parse_shape, render
 
     # "-X" means job X leaves; every other entry is a job that arrives, lettered in order.
     scenes = [
@@ -204,7 +204,7 @@ def tour(compact: bool = False) -> int:
         placer = Placer.for_topology(topo)
         drawings: list[str] = []
         outcome: list[int] = []
-        for policy in (Policy.FRAGMENTATION, Policy.KUBELET):
+        for policy in (DeviceRank.FRAGMENTATION, DeviceRank.KUBELET):
             free = set(topo.ids)
             held: dict[str, tuple[str, ...]] = {}
             lines = []

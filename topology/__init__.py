@@ -36,7 +36,7 @@ from topology.model import Device, Health, Layout, LayoutKind, Link, LinkKind, N
 from topology.placement import DEFAULT_MIX, Placement, Placer
 from topology.presets import build_preset, is_preset
 from topology.render import render
-from topology.scoring import Policy, binpack_node_score
+from topology.scoring import DeviceRank, binpack_node_score
 from topology.shapes import Shape, ShapeKind, parse_shape
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "AllocationError",
     "ClusterView",
     "Device",
+    "DeviceRank",
     "DomainKind",
     "GangPlacement",
     "Health",
@@ -66,7 +67,6 @@ __all__ = [
     "NodeTopology",
     "Placement",
     "Placer",
-    "Policy",
     "Shape",
     "ShapeError",
     "ShapeKind",

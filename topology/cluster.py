@@ -33,7 +33,7 @@ from topology.errors import TopologyError
 from topology.model import NodeTopology, grid_coords
 from topology.placement import Placement, Placer
 from topology.presets import grid_edges
-from topology.scoring import Policy
+from topology.scoring import DeviceRank
 from topology.shapes import Shape
 
 __all__ = [
@@ -303,7 +303,7 @@ class GangPlacement:
 
 
 def pack_node(
-    topo: NodeTopology, free: Collection[str], shape: Shape, want: int, policy: Policy = Policy.FRAGMENTATION
+    topo: NodeTopology, free: Collection[str], shape: Shape, want: int, policy: DeviceRank = DeviceRank.FRAGMENTATION
 ) -> list[Placement]:
     """Up to ``want`` disjoint placements of ``shape`` on one node (the true maximum, capped at ``want``)."""
     if shape.size > len(topo.devices):
@@ -317,7 +317,7 @@ def place_gang(
     free_by_node: Mapping[str, Collection[str]],
     shape: Shape,
     members: int,
-    policy: Policy = Policy.FRAGMENTATION,
+    policy: DeviceRank = DeviceRank.FRAGMENTATION,
     within: int | None = None,
 ) -> GangPlacement | None:
     """Place ``members`` placements of ``shape`` all at once, at the lowest level that holds them, or None.
@@ -483,7 +483,7 @@ def extend_gang(
     free_by_node: Mapping[str, Collection[str]],
     shape: Shape,
     member_nodes: Collection[str],
-    policy: Policy = Policy.FRAGMENTATION,
+    policy: DeviceRank = DeviceRank.FRAGMENTATION,
     within: int | None = None,
 ) -> list[tuple[str, int]]:
     """Where one more member of a running gang may go: ``(node, level)`` pairs, best first.

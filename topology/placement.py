@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from topology.errors import ShapeError, TopologyError
 from topology.model import NodeTopology
-from topology.scoring import Policy, hop_cost, rank_key
+from topology.scoring import DeviceRank, hop_cost, rank_key
 from topology.search import (
     Pattern,
     SearchResult,
@@ -259,7 +259,7 @@ class Placer:
         self,
         shape: Shape,
         free: Collection[str],
-        policy: Policy = Policy.FRAGMENTATION,
+        policy: DeviceRank = DeviceRank.FRAGMENTATION,
         must_include: Collection[str] = (),
     ) -> Placement | None:
         """The best placement of ``shape`` on ``free`` under ``policy``, or None when none exists."""
@@ -373,8 +373,8 @@ class Placer:
                 break
         return list(out.items())
 
-    def _decide(self, shape: Shape, free_mask: int, must: int, policy: Policy) -> Placement | None:
-        if policy is Policy.KUBELET:
+    def _decide(self, shape: Shape, free_mask: int, must: int, policy: DeviceRank) -> Placement | None:
+        if policy is DeviceRank.KUBELET:
             return self._kubelet(shape, free_mask, must)
         options = self._options(shape, free_mask, must)
         if not options:
@@ -384,10 +384,10 @@ class Placer:
         rank, _, best = min(scored, key=lambda x: x[:2])
         return self._placement(shape, best[1], score=rank[1])
 
-    def _rank_key(self, policy: Policy, free_mask: int) -> Callable[[_Option], tuple[int, float, int]]:
+    def _rank_key(self, policy: DeviceRank, free_mask: int) -> Callable[[_Option], tuple[int, float, int]]:
         """The device rank's sort key (:func:`topology.scoring.rank_key`) over this placer's tables: for
         ``fragmentation``, which candidates of the expected mix still fit the free set."""
-        if policy is Policy.FRAGMENTATION:
+        if policy is DeviceRank.FRAGMENTATION:
             busy = self.healthy & ~free_mask
             mix = [(self.table(s), w) for s, w in self._mix]
             return rank_key(
@@ -395,7 +395,9 @@ class Placer:
             )
         return rank_key(policy, free_mask, [], [], [])
 
-    def preference(self, shape: Shape, free: Collection[str], policy: Policy = Policy.FRAGMENTATION) -> list[int]:
+    def preference(
+        self, shape: Shape, free: Collection[str], policy: DeviceRank = DeviceRank.FRAGMENTATION
+    ) -> list[int]:
         """Indices into ``table(shape).masks``: the candidates that fit ``free``, best first under ``policy``
         (the order :meth:`place` would choose them in), then those that do not, in table order.
 
@@ -410,7 +412,7 @@ class Placer:
         fit = table.fitting(self.healthy & ~free_mask)
         fitting = list(bits(fit))
         rest = [i for i in range(len(table.masks)) if not (fit >> i) & 1]
-        if policy is not Policy.KUBELET and fitting:
+        if policy is not DeviceRank.KUBELET and fitting:
             key = self._rank_key(policy, free_mask)
             fitting.sort(key=lambda i: (key((table.masks[i], table.orders[i], table.hops[i], table.nbrs[i])), i))
         return fitting + rest
@@ -457,7 +459,7 @@ class Placer:
         return self.rank_order(shape, devices) is not None
 
     def pack(
-        self, shape: Shape, free: Collection[str], want: int, policy: Policy = Policy.FRAGMENTATION
+        self, shape: Shape, free: Collection[str], want: int, policy: DeviceRank = DeviceRank.FRAGMENTATION
     ) -> list[Placement]:
         """Up to ``want`` disjoint placements of ``shape`` on ``free``.
 
@@ -482,7 +484,7 @@ class Placer:
                 self._packs.popitem(last=False)
         return out
 
-    def _pack(self, shape: Shape, free_mask: int, want: int, policy: Policy) -> list[Placement]:
+    def _pack(self, shape: Shape, free_mask: int, want: int, policy: DeviceRank) -> list[Placement]:
         out: list[Placement] = []
         left = free_mask
         while len(out) < want:

@@ -11,7 +11,7 @@ from enum import StrEnum
 
 from topology.search import bits
 
-__all__ = ["DeviceRank", "Policy", "binpack_node_score", "fragmentation_loss", "hop_cost", "rank_key", "stranded_units"]
+__all__ = ["DeviceRank", "binpack_node_score", "fragmentation_loss", "hop_cost", "rank_key", "stranded_units"]
 
 
 class DeviceRank(StrEnum):
@@ -29,10 +29,6 @@ class DeviceRank(StrEnum):
     FRAGMENTATION = "fragmentation"
     BINPACK = "binpack"
     KUBELET = "kubelet"
-
-
-Policy = DeviceRank
-"""Former name of :class:`DeviceRank` (kept so old call sites read the same rule)."""
 
 
 def hop_cost(dist: Sequence[Sequence[int]], order: Sequence[int]) -> int:

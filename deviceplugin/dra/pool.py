@@ -29,7 +29,7 @@ from typing import Any
 import networkx as nx
 
 from deviceplugin.dra import limits
-from topology import NodeTopology, Placer, Policy, Shape, ShapeError, ShapeKind, parse_shape
+from topology import DeviceRank, NodeTopology, Placer, Shape, ShapeError, ShapeKind, parse_shape
 from topology.scoring import hop_cost
 
 __all__ = [
@@ -80,7 +80,7 @@ class DraConfig:
     driver: str = DRIVER
     shapes: tuple[Shape, ...] = field(default_factory=lambda: tuple(parse_shape(s) for s in DEFAULT_SHAPES))
     max_per_shape: int = DEFAULT_MAX_PER_SHAPE
-    policy: Policy = Policy.FRAGMENTATION
+    policy: DeviceRank = DeviceRank.FRAGMENTATION
     model: str = ""
     link_domain: str = ""
     selection: str = "cel"
@@ -446,7 +446,7 @@ def _coords(topo: NodeTopology, index: int) -> str:
     return ""
 
 
-def publish_order(placer: Placer, shape: Shape, free: Collection[str], policy: Policy) -> list[int]:
+def publish_order(placer: Placer, shape: Shape, free: Collection[str], policy: DeviceRank) -> list[int]:
     """Table indices in publish order: :meth:`Placer.preference` for rings, meshes and tori; for ``any:k``
     (every connected set of k chips, which the placement core does not rank as fixed candidates) the
     sets that fit first, most compact first (fewest summed hops; ``kubelet``: table order), then the rest."""
@@ -455,7 +455,7 @@ def publish_order(placer: Placer, shape: Shape, free: Collection[str], policy: P
     table = placer.table(shape)
     free_mask = placer.topo.mask_of(free, "free") & placer.healthy
     fitting = [i for i, m in enumerate(table.masks) if m & ~free_mask == 0]
-    if policy is not Policy.KUBELET:
+    if policy is not DeviceRank.KUBELET:
         fitting.sort(key=lambda i: (table.hops[i], i))
     chosen = set(fitting)
     return fitting + [i for i in range(len(table.masks)) if i not in chosen]
