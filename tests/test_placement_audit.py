@@ -387,7 +387,12 @@ async def test_a_missing_then_dead_socket_is_one_warning_and_a_retry(
     kubelet = KubeletEmulator(sockdir / "dp", pod_resources_socket=path)
     await kubelet.start()
     try:
-        assert await auditor.poll() == []
+        # the next rounds reach it (on a loaded machine the first call may still time out: a later round retries)
+        for _ in range(50):
+            assert await auditor.poll() == []
+            if value(metrics.audit_polls, "ok"):
+                break
+            await asyncio.sleep(0.1)
     finally:
         await kubelet.stop()
     assert value(metrics.audit_polls, "ok") == 1
