@@ -741,7 +741,9 @@ def image_reference(archive: Path) -> str:
     return str(tags[0])
 
 
-def plugin_pod(node: RealNode, image: str, config: Path, *, extra_mounts: Sequence[Path] = ()) -> dict[str, Any]:
+def plugin_pod(
+    node: RealNode, image: str, config: Path, *, extra_mounts: Sequence[Path] = (), name: str = ""
+) -> dict[str, Any]:
     """The device plugin as the DaemonSet runs it, as a pod bound to ``node`` (no controller-manager here to
     run a DaemonSet): the project image, ``icl plugin --config``, uid 0 for the kubelet's root-owned socket
     directory, host network for the API server on loopback; ``extra_mounts`` (config, topology, kubeconfig
@@ -762,7 +764,10 @@ def plugin_pod(node: RealNode, image: str, config: Path, *, extra_mounts: Sequen
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": f"kube-icl-device-plugin-{node.name}", "labels": {"app": "kube-icl-device-plugin"}},
+        "metadata": {
+            "name": name or f"kube-icl-device-plugin-{node.name}",
+            "labels": {"app": "kube-icl-device-plugin"},
+        },
         "spec": {
             "nodeName": node.name,
             "hostNetwork": True,

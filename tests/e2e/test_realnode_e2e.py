@@ -12,17 +12,25 @@ log file that the kubelet keeps.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from .harness import ControlPlane, e2e_required, wait_for
 from .realnode import (
+    PLUGIN_NAMESPACE,
     RESOURCE,
     SIM_MAJOR,
     KubeIclNode,
     kube_icl_node,
+    plugin_pod,
     probe_report,
     project_image_archive,
     require_node,
@@ -34,6 +42,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 PRESET = "hcm:8"
 DEVICES = 8
+GPU_RESOURCE = "kube-icl.io/gpu"
+NVML_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "nvml" / "real-h200x4.json"
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +113,15 @@ def _check_sees_exactly(report: dict[str, Any], devices: list[str], name: str) -
 def test_pods_asking_shapes_start_and_see_exactly_their_devices_then_free_them(cluster: Cluster) -> None:
     plane = cluster.plane
     with plane.scratch_namespace("rn") as namespace:
+        # All eight devices at once, pods of distinct sizes: the kubelet does not say which pod it admits,
+        # so the plugin recognises a pod by its size among the bound, not yet admitted pods of its node.
+        # The two gang members are of one size: the plugin may give either member's devices to either.
         gang = {"kube-icl.io/gang": "pair", "kube-icl.io/gang-size": "2"}
         bodies = [
             cluster.pod("ring4", whole=4, shape="ring"),
+            cluster.pod("pair", whole=2, shape="ring"),
             cluster.pod("gang-0", whole=1, shape="any", annotations=gang),
             cluster.pod("gang-1", whole=1, shape="any", annotations=gang),
-            cluster.pod("one", whole=1, shape="any"),
-            cluster.pod("share", milli=250),
         ]
         for body in bodies:
             cluster.create(namespace, body)
@@ -118,26 +130,21 @@ def test_pods_asking_shapes_start_and_see_exactly_their_devices_then_free_them(c
         }
         reports = {name: _report(cluster, namespace, name) for name in pods}
 
-        held: list[str] = []
-        for name in ("ring4", "gang-0", "gang-1", "one"):
-            devices = _devices(pods[name])
-            _check_sees_exactly(reports[name], devices, name)
-            held += devices
-        assert len(held) == len(set(held)) == 7, f"whole devices held twice or missing: {held}"
-        assert reports["ring4"]["env"]["ICL_SHAPE"] == "ring:4"
-
-        for name in ("gang-0", "gang-1"):
+        for name in ("ring4", "pair"):
+            _check_sees_exactly(reports[name], _devices(pods[name]), name)
+        assert reports["ring4"]["env"]["ICL_SHAPE"] == "ring:4" and reports["pair"]["env"]["ICL_SHAPE"] == "ring:2"
+        members = ("gang-0", "gang-1")
+        for name in members:  # each sees exactly what the kubelet gave it, one of the gang's two devices
+            _check_sees_exactly(reports[name], reports[name]["env"]["ICL_VISIBLE_DEVICES"].split(","), name)
+        got = sorted(reports[n]["env"]["ICL_VISIBLE_DEVICES"] for n in members)
+        assert got == sorted(d for n in members for d in _devices(pods[n])), got
+        held = [d for name in pods for d in _devices(pods[name])]
+        assert sorted(held, key=int) == [str(i) for i in range(DEVICES)], f"held twice or missing: {held}"
+        for name in members:
             env = reports[name]["env"]
             assert env["ICL_GANG"] == f"{namespace}/pair" and env["ICL_GANG_SIZE"] == "2", env
             assert env["ICL_GANG_NODES"] == f"{cluster.node.name},{cluster.node.name}", env
-        assert sorted(reports[n]["env"]["ICL_GANG_RANK"] for n in ("gang-0", "gang-1")) == ["0", "1"]
-
-        share = reports["share"]
-        shared_device = _devices(pods["share"])
-        assert len(shared_device) == 1 and shared_device[0] not in held, f"share on {shared_device}, held {held}"
-        assert sorted(share["devices"]) == [f"accel{shared_device[0]}"], share
-        assert share["env"]["ICL_DEVICE_FRACTION"] == "0.250" and share["env"]["ICL_DEVICE_MILLI"] == "250", share
-        assert (pods["share"].metadata.annotations or {}).get("kube-icl.io/device-milli") == "250"
+        assert sorted(reports[n]["env"]["ICL_GANG_RANK"] for n in members) == ["0", "1"]
 
         # Every pod above has finished: a ring of all eight devices only starts if both the extender and the
         # kubelet's device manager gave them back.
@@ -146,6 +153,16 @@ def test_pods_asking_shapes_start_and_see_exactly_their_devices_then_free_them(c
         devices = _devices(pod)
         assert len(devices) == 8
         _check_sees_exactly(_report(cluster, namespace, "ring8"), devices, "ring8")
+
+        # A share: a quarter of one device, its node and its fraction.
+        cluster.create(namespace, cluster.pod("share", milli=250))
+        share_pod = _wait_phase(cluster, namespace, "share", "Succeeded")
+        share = _report(cluster, namespace, "share")
+        (device,) = _devices(share_pod)
+        assert sorted(share["devices"]) == [f"accel{device}"], share
+        assert share["devices"][f"accel{device}"]["open"] == "ENXIO" and share["unlisted_open"] == "EPERM", share
+        assert share["env"]["ICL_DEVICE_FRACTION"] == "0.250" and share["env"]["ICL_DEVICE_MILLI"] == "250", share
+        assert (share_pod.metadata.annotations or {}).get("kube-icl.io/device-milli") == "250"
 
 
 def test_kubelet_restart_keeps_a_running_pods_devices(cluster: Cluster) -> None:
@@ -180,3 +197,78 @@ def test_kubelet_restart_keeps_a_running_pods_devices(cluster: Cluster) -> None:
         _check_sees_exactly(_report(cluster, namespace, "other"), _devices(other), "other")
         assert not set(_devices(other)) & set(held)
         plane.core.delete_namespaced_pod("holder", namespace, grace_period_seconds=1)
+
+
+def test_containerd_resolves_the_plugins_cdi_names_into_the_devices_in_rank_order(cluster: Cluster) -> None:
+    """The nvml backend (replaying the recorded 4x H200 NVML) with the cdi-cri strategy, as a second plugin
+    pod: Allocate answers CDI names only (no device specs), the kubelet passes them in the CRI request, and
+    containerd resolves them from a CDI spec on the node, here one that maps each recorded GPU's UUID to a
+    real device node (major 240) at /dev/nvidia<i>. The container then has exactly the chosen GPUs' nodes."""
+    plane, node = cluster.plane, cluster.node
+    gpu_dir = node.workdir / "gpu"
+    gpu_dir.mkdir(exist_ok=True)
+    fixture = gpu_dir / "nvml.json"
+    shutil.copyfile(NVML_FIXTURE, fixture)
+    uuids = [d["uuid"] for d in json.loads(fixture.read_text())["devices"]]
+    devices = []
+    for index, uuid in enumerate(uuids):
+        host = gpu_dir / f"nvidia{index}"
+        if not host.exists():
+            os.mknod(host, 0o666 | stat.S_IFCHR, os.makedev(SIM_MAJOR, 100 + index))
+        edits = {
+            "deviceNodes": [{"path": f"/dev/nvidia{index}", "hostPath": str(host)}],
+            "env": [f"ICL_E2E_CDI_{index}={uuid}"],
+        }
+        devices.append({"name": uuid, "containerEdits": edits})
+    spec = {"cdiVersion": "0.6.0", "kind": "nvidia.com/gpu", "devices": devices}
+    (node.cdi_dir / "kube-icl-e2e-gpus.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    config = gpu_dir / "plugin.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "backend": "nvml",
+                "resourceName": GPU_RESOURCE,
+                "socketName": "kube-icl-gpu.sock",
+                "pods": "none",
+                "publish": False,
+                "events": False,
+                "metricsAddress": "",
+                "audit": {"enabled": False},
+                "nvml": {
+                    "fixture": str(fixture),
+                    "deviceListStrategy": ["cdi-cri"],
+                    "passDeviceSpecs": False,
+                    "nvidiaPluginCheck": "off",
+                },
+            }
+        )
+    )
+    name = f"kube-icl-gpu-plugin-{node.name}"
+    body: Any = plugin_pod(node, cluster.image, config, extra_mounts=[node.workdir], name=name)
+    plane.core.create_namespaced_pod(PLUGIN_NAMESPACE, body)
+    try:
+        node.wait_resource(GPU_RESOURCE, len(uuids), timeout=120)
+        with plane.scratch_namespace("rn") as namespace:
+            pod: Any = cluster.pod("gpus")
+            container = pod["spec"]["containers"][0]
+            container["resources"] = {"limits": {GPU_RESOURCE: "2"}, "requests": {GPU_RESOURCE: "2"}}
+            for variable in container["env"]:  # the probe lists /dev itself: where CDI puts the GPUs
+                if variable["name"] == "ICL_E2E_DEV_DIR":
+                    variable["value"] = "/dev"
+            pod["spec"]["schedulerName"] = "default-scheduler"  # the extender does not manage this resource
+            cluster.create(namespace, pod)
+            _wait_phase(cluster, namespace, "gpus", "Succeeded")
+            report = _report(cluster, namespace, "gpus")
+    finally:
+        plane.core.delete_namespaced_pod(name, PLUGIN_NAMESPACE, grace_period_seconds=0)
+    env = report["env"]
+    order = env["ICL_VISIBLE_DEVICES"].split(",")
+    assert len(order) == 2 and env["CUDA_VISIBLE_DEVICES"] == ",".join(order), env
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void", env  # nothing for an NVIDIA hook: CDI did it
+    given = {f"nvidia{uuids.index(u)}": (SIM_MAJOR, 100 + uuids.index(u)) for u in order}
+    seen = {n: (d["major"], d["minor"]) for n, d in report["devices"].items() if n.startswith("nvidia")}
+    assert seen == given, f"CDI gave {seen}, the plugin chose {order}"
+    assert all(report["devices"][n]["open"] == "ENXIO" for n in given)
+    assert {k: v for k, v in env.items() if k.startswith("ICL_E2E_CDI_")} == {
+        f"ICL_E2E_CDI_{uuids.index(u)}": u for u in order
+    }
