@@ -570,13 +570,14 @@ state = "{d / "state"}"
         return wait_for(listed, what=f"{self.name}: {count} {resource}", timeout=timeout, watch=self.components)
 
     def wait_plugin_connected(self, resource: str, timeout: float = 60.0) -> None:
-        """Until the running kubelet (this start of it) says the device plugin of ``resource`` connected."""
+        """Until the running kubelet (this start of it) has the device list of ``resource``'s plugin: the plugin
+        connected again and its ListAndWatch answer was processed (before that the kubelet counts none)."""
         assert self.kubelet is not None
         log_path = self.kubelet.log_path
-        needle = f'"Device plugin connected" resourceName="{resource}"'
+        needle = f'"Processed device updates for resource" resourceName="{resource}"'
         wait_for(
             lambda: needle in log_path.read_text(errors="replace"),
-            what=f"{resource}'s device plugin connected to the kubelet",
+            what=f"{resource}'s device plugin connected to the kubelet and its devices listed",
             timeout=timeout,
             watch=self.components,
         )
