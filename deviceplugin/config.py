@@ -23,7 +23,7 @@ A config file looks like::
     events: true                     # post Events on the node (with API access: pods, publish or kubeconfig)
     nvml: {fatalXids: [13, 31, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95], fixture: "",
            deviceListStrategy: [envvar], deviceIdStrategy: uuid, passDeviceSpecs: true,
-           cudaVisibleDevices: true, nvidiaPluginCheck: fail}
+           cudaVisibleDevices: true, nvidiaPluginCheck: fail, hostRoot: /}
     audit: {enabled: true, interval: 30, socket: /var/lib/kubelet/pod-resources/kubelet.sock}
                                      # placement audit: the kubelet's PodResources answer vs kube-icl.io/devices
 
@@ -90,6 +90,8 @@ class NvmlConfig:
     cdi_kind: str = "nvidia.com/gpu"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     nvidia_plugin_check: str = "fail"  # another plugin for these GPUs: fail | warn | off
+    # where the host's filesystem is seen, to look for the NVIDIA container toolkit when envvar is chosen
+    host_root: str = "/"
 
     def __post_init__(self) -> None:
         from deviceplugin.nvidia import CHECK_MODES, RuntimeConfigError

@@ -13,6 +13,7 @@ import json
 import logging
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from deviceplugin.audit import PlacementAuditor
@@ -20,7 +21,7 @@ from deviceplugin.backends.base import Backend
 from deviceplugin.config import ConfigError, PluginConfig
 from deviceplugin.events import KubernetesNodeApi, NodeApi, NodeEventRecorder
 from deviceplugin.metrics import HttpEndpoint, PluginMetrics, Response, json_response
-from deviceplugin.nvidia import CONFLICT_ADVICE, GpuPluginReport, other_gpu_plugins
+from deviceplugin.nvidia import CONFLICT_ADVICE, GpuPluginReport, envvar_unhonoured, other_gpu_plugins
 from deviceplugin.pods import FilePodSource, KubernetesPodSource, NoPods, PodSource
 from deviceplugin.publisher import KubernetesNodePatcher, NodePublisher, kube_api_client
 from deviceplugin.server import DevicePlugin
@@ -158,13 +159,15 @@ class GpuPluginConflict(RuntimeError):
 
 
 async def check_other_gpu_plugins(plugin: DevicePlugin, node_api: NodeApi | None = None) -> GpuPluginReport:
-    """The nvml backend's start check (see :mod:`deviceplugin.nvidia`); raises GpuPluginConflict in fail mode.
+    """The nvml backend's start checks (see :mod:`deviceplugin.nvidia`): a warning (log and Event) when ``envvar`` is
+    chosen on a node without the NVIDIA container runtime, and another GPU plugin; raises GpuPluginConflict in fail
+    mode.
 
     ``node_api`` reads the Node's status; default: the events recorder's API when API access is configured.
     """
     config = plugin.config
     mode = config.nvml.nvidia_plugin_check
-    if config.backend != "nvml" or mode == "off":
+    if config.backend != "nvml":
         return GpuPluginReport()
     if node_api is None and plugin.events is not None:
         node_api = plugin.events.api
@@ -176,6 +179,13 @@ async def check_other_gpu_plugins(plugin: DevicePlugin, node_api: NodeApi | None
             node = await asyncio.to_thread(node_api.read_node, config.node_name)
         except Exception as e:
             log.warning("cannot read node %s to look for nvidia.com/* resources: %s", config.node_name, e)
+    unhonoured = envvar_unhonoured(config.nvml.runtime_options(), node, Path(config.nvml.host_root))
+    if unhonoured:
+        log.warning("%s", unhonoured)
+        if plugin.events is not None:
+            plugin.events.record("Warning", "EnvvarWithoutNvidiaRuntime", unhonoured)
+    if mode == "off":
+        return GpuPluginReport()
     report = other_gpu_plugins(
         config.plugin_dir, config.socket_name, config.resource_name, len(plugin.topology.devices), node
     )

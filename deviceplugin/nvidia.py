@@ -21,6 +21,10 @@ image's default ``all`` can never widen what the container got. ``CUDA_VISIBLE_D
 to the GPU UUIDs in rank order: CUDA numbers the visible devices in that listed order, so
 ``cuda:i`` is rank ``i`` whatever order the runtime or the PCI bus gives them.
 
+:func:`envvar_unhonoured` says when ``envvar`` is chosen on a node that shows no NVIDIA container
+runtime: under plain runc nothing reads ``NVIDIA_VISIBLE_DEVICES``, so the container gets the device
+nodes of the Allocate response (``passDeviceSpecs``) and no driver files, or with specs off no GPU.
+
 :func:`other_gpu_plugins` looks for another plugin handing out the same GPUs: a live
 ``nvidia*.sock`` in the device-plugin directory, and ``nvidia.com/*`` resources in the node's
 status (capacity / allocatable) when API access is configured.
@@ -47,6 +51,7 @@ __all__ = [
     "MountInfo",
     "RuntimeOptions",
     "container_edits",
+    "envvar_unhonoured",
     "other_gpu_plugins",
 ]
 
@@ -58,6 +63,13 @@ DEVICE_LIST_STRATEGIES = (ENVVAR, VOLUME_MOUNTS, CDI_ANNOTATIONS, CDI_CRI)
 DEVICE_ID_STRATEGIES = ("uuid", "index")
 CHECK_MODES = ("fail", "warn", "off")
 ENV_NVIDIA = "NVIDIA_VISIBLE_DEVICES"
+# The NVIDIA container toolkit's files on a host that has it (the toolkit's packages, the GPU operator's copy)
+NVIDIA_RUNTIME_FILES = (
+    "etc/nvidia-container-runtime/config.toml",
+    "usr/bin/nvidia-container-runtime",
+    "usr/bin/nvidia-container-runtime-hook",
+    "usr/local/nvidia/toolkit/nvidia-container-runtime",
+)
 ENV_CUDA = "CUDA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNTS_HOST = "/dev/null"
@@ -250,3 +262,26 @@ CONFLICT_ADVICE = (
     "run kube-icl and the NVIDIA device plugin on disjoint node pools (or disable the NVIDIA plugin on "
     "kube-icl's nodes); if each plugin was given its own GPUs, set nvml.nvidiaPluginCheck: warn"
 )
+
+
+def envvar_unhonoured(options: RuntimeOptions, node: Mapping[str, Any] | None, root: Path = Path("/")) -> str:
+    """Why ``envvar`` would do nothing on this node, or "" when it is not chosen or the node shows an NVIDIA
+    container runtime: a runtime handler named for NVIDIA in the Node's ``status.runtimeHandlers`` (what
+    the kubelet reports from the CRI), or one of :data:`NVIDIA_RUNTIME_FILES` under ``root`` (the host's
+    filesystem where the plugin sees it)."""
+    if ENVVAR not in options.device_list_strategy:
+        return ""
+    status = (node or {}).get("status") or {}
+    handlers = [str(h.get("name") or "") for h in status.get("runtimeHandlers") or [] if isinstance(h, Mapping)]
+    if any("nvidia" in h.lower() for h in handlers):
+        return ""
+    if any((root / f).exists() for f in NVIDIA_RUNTIME_FILES):
+        return ""
+    seen = ", ".join(h or "(default)" for h in handlers) if handlers else "none reported"
+    got = "only the device nodes of the Allocate response" if options.pass_device_specs else "no GPU at all"
+    return (
+        f"nvml.deviceListStrategy lists envvar, but this node shows no NVIDIA container runtime (runtime "
+        f"handlers: {seen}; none of {', '.join('/' + f for f in NVIDIA_RUNTIME_FILES)} under {root}): "
+        f"under runc NVIDIA_VISIBLE_DEVICES does nothing and a container gets {got}; "
+        "use cdi-cri with a CDI spec of the node's GPUs"
+    )

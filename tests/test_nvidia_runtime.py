@@ -24,6 +24,7 @@ from deviceplugin.nvidia import (
     RuntimeConfigError,
     RuntimeOptions,
     container_edits,
+    envvar_unhonoured,
     other_gpu_plugins,
 )
 from deviceplugin.v1beta1 import api_pb2
@@ -256,3 +257,19 @@ def test_the_gpu_machine_script_runs_on_the_recording(tmp_path: Path) -> None:
     assert by_label["envvar"]["response"]["envs"]["NVIDIA_VISIBLE_DEVICES"] == pair
     assert by_label["cdi-cri"]["response"]["cdi_devices"] == [f"nvidia.com/gpu={u}" for u in pair.split(",")]
     assert by_label["device-nodes-only"]["response"]["envs"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_envvar_is_unhonoured_only_without_any_sign_of_the_nvidia_runtime(tmp_path: Path) -> None:
+    envvar = RuntimeOptions(device_list_strategy=("envvar",))
+    runc = {"status": {"runtimeHandlers": [{"name": ""}, {"name": "runc"}]}}
+    why = envvar_unhonoured(envvar, runc, tmp_path)
+    assert "runtime handlers: (default), runc" in why and "a container gets only the device nodes" in why
+    assert "use cdi-cri" in why
+    no_specs = RuntimeOptions(device_list_strategy=("envvar",), pass_device_specs=False)
+    assert "no GPU at all" in envvar_unhonoured(no_specs, None, tmp_path)
+    assert envvar_unhonoured(envvar, {"status": {"runtimeHandlers": [{"name": "nvidia-cdi"}]}}, tmp_path) == ""
+    assert envvar_unhonoured(RuntimeOptions(device_list_strategy=("cdi-cri",)), runc, tmp_path) == ""
+    hook = tmp_path / "usr/bin/nvidia-container-runtime-hook"
+    hook.parent.mkdir(parents=True)
+    hook.write_text("")
+    assert envvar_unhonoured(envvar, runc, tmp_path) == "", "the toolkit on the host: the runtime may be nvidia"

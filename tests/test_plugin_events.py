@@ -173,9 +173,9 @@ def test_start_check_beside_an_nvidia_gpu_resource(mode: str, caplog: pytest.Log
     @async_test
     async def body() -> None:
         with short_tmpdir() as d:
-            cfg = PluginConfig(
-                backend="nvml", plugin_dir=d, node_name="node-a", nvml=NvmlConfig(nvidia_plugin_check=mode)
-            )
+            # cdi-cri: the envvar warning (below) stays out of this check's Events
+            nvml = NvmlConfig(nvidia_plugin_check=mode, device_list_strategy=("cdi-cri",))
+            cfg = PluginConfig(backend="nvml", plugin_dir=d, node_name="node-a", nvml=nvml)
             api = RecordingApi(nvml_node("4"))
             plugin = fast_plugin(cfg, NvmlBackend(FixtureNvml.load(REAL)), events=NodeEventRecorder(api, "node-a"))
             if mode == "fail":
@@ -196,6 +196,33 @@ def test_start_check_beside_an_nvidia_gpu_resource(mode: str, caplog: pytest.Log
                 cfg, NvmlBackend(FixtureNvml.load(REAL)), events=NodeEventRecorder(RecordingApi(nvml_node("0")), "n")
             )
             assert (await check_other_gpu_plugins(plugin2)).conflict == ()
+
+    body()
+
+
+@pytest.mark.parametrize(
+    ("strategy", "handlers", "warned"),
+    [
+        (("envvar",), [{"name": ""}, {"name": "runc"}], True),
+        (("envvar",), [{"name": ""}, {"name": "nvidia"}], False),
+        (("cdi-cri",), [{"name": "runc"}], False),
+    ],
+)
+def test_envvar_on_a_node_without_the_nvidia_runtime_is_a_warning_and_an_event(
+    strategy: tuple[str, ...], handlers: list[dict[str, str]], warned: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    @async_test
+    async def body() -> None:
+        with short_tmpdir() as d:
+            nvml = NvmlConfig(nvidia_plugin_check="off", device_list_strategy=strategy, host_root=str(d))
+            cfg = PluginConfig(backend="nvml", plugin_dir=d, node_name="node-a", nvml=nvml)
+            node = {"metadata": {"name": "node-a", "uid": "u"}, "status": {"runtimeHandlers": handlers}}
+            plugin = fast_plugin(
+                cfg, NvmlBackend(FixtureNvml.load(REAL)), events=NodeEventRecorder(RecordingApi(node), "node-a")
+            )
+            await check_other_gpu_plugins(plugin)
+            assert ("no NVIDIA container runtime (runtime handlers: (default), runc" in caplog.text) == warned
+            assert (plugin.events._queue.qsize() if plugin.events else 0) == (1 if warned else 0)
 
     body()
 
