@@ -360,19 +360,24 @@ def place_gang(
         fits = [(key, ns) for key, ns in groups.items() if _held(ns, capacity) >= members]
         if not fits:
             continue
-        # the fewest free slots; ties: the smallest largest block below, so larger blocks stay whole
-        key, chosen = min(
-            fits,
-            key=lambda kv, lv=level: (  # type: ignore[misc]
-                _held(kv[1], capacity),
-                max(_held(b, capacity) for b in _group(cluster, kv[1], lv - 1, capacity).values()),
-                kv[0],
-            ),
-        )
+        key, chosen = min(fits, key=lambda kv: _packing_key(cluster, capacity, level, kv))
         return GangPlacement(
             cluster.unit_name(level, key), tuple(_fill(cluster, capacity, chosen, level, members)), level
         )
     return None
+
+
+def _packing_key(
+    cluster: ClusterView,
+    capacity: Mapping[str, list[Placement]],
+    level: int,
+    domain: tuple[tuple[str, ...], list[str]],
+) -> tuple[int, int, tuple[str, ...]]:
+    """Bin-packing order of the domains at ``level`` that hold a gang: the fewest free slots first; ties: the
+    smallest largest domain of the level below, so larger free blocks stay whole; then the key."""
+    key, nodes = domain
+    below = _group(cluster, nodes, level - 1, capacity)
+    return (_held(nodes, capacity), max(_held(b, capacity) for b in below.values()), key)
 
 
 def _held(nodes: Iterable[str], capacity: Mapping[str, list[Placement]]) -> int:
