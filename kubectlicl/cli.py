@@ -30,6 +30,7 @@ examples:
   kubectl icl nodes --html fleet.html       one self-contained page drawing every node's chips
   kubectl icl gangs -n ml                   gangs of namespace ml: members bound and pending, reservations
   kubectl icl queues -o json                queues: weight, quota, devices held, dominant share, pending
+  kubectl icl why train-0 -n ml             why a pod waits, by the extender's own decision, and what frees it
 
 The extender's config (queue weights and quotas, tiers, resource name) is read from the ConfigMap the
 chart labels app.kubernetes.io/component=extender, or the one --extender-config names; without either,
@@ -94,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common()
     parser = _Parser(
         prog=PROG,
-        description="kube-icl's view of the cluster: chips per node, gangs, queues (read from the API server).",
+        description="kube-icl's view of the cluster: chips per node, gangs, queues, why a pod waits (read from the "
+        "API server).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
@@ -144,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="a queue's weight and quota when the extender's config cannot be read (repeatable)",
     )
     queues.add_argument("--default-queue-weight", type=float, default=1.0, help="weight of unlisted queues (default 1)")
+    why = sub.add_parser(
+        "why",
+        parents=[common],
+        help="why a pod waits: the extender's answer per class of nodes, and what would let it run",
+        description="Runs the extender's own decision (its cache and cycle, in this process, writing nothing) over "
+        "the nodes, pods and gang reservations the API server shows, for this pod: the nodes it fits now, the "
+        "others grouped by the extender's reason, and the fewest running pods on one node whose end frees its shape.",
+    )
+    why.add_argument("pod", metavar="POD", help="the pod's name")
+    why.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
     return parser
 
 
@@ -198,7 +210,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
     from topology import TopologyError, parse_tiers
 
     from . import render, views
-    from .cluster import extender_settings
+    from .cluster import ClusterError, extender_settings
 
     settings = extender_settings(reader, args.extender_config, _fallback_config(args))
     cfg = settings.config
@@ -257,6 +269,37 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
         else:
             print(render.gangs_table(gang_list, now))
         return EXIT_OK
+
+    if args.command == "why":
+        from .why import explain
+
+        raw_pods = reader.pods()
+        target = next(
+            (
+                p
+                for p in raw_pods
+                if (p.get("metadata") or {}).get("name") == args.pod
+                and (p.get("metadata") or {}).get("namespace") == args.namespace
+            ),
+            None,
+        )
+        if target is None:
+            print(
+                f'error: pods "{args.pod}" not found in namespace {args.namespace} (or it has ended)', file=sys.stderr
+            )
+            return EXIT_ERROR
+        leases: list[Any] = []
+        where = cfg.leader_election.namespace if settings.source.startswith("configmap") else ""
+        try:
+            leases = reader.reservation_leases(where)
+        except ClusterError as exc:
+            _warn([f"gang reservations not read: {exc}"])
+        answer = explain(cfg, target, reader.nodes(), raw_pods, leases)
+        if args.output in ("json", "yaml"):
+            _print_doc(render.why_doc(answer), args.output)
+        else:
+            print(render.why_text(answer))
+        return EXIT_ERROR if answer.error else EXIT_OK
 
     # queues
     nodes = views.node_views(reader.nodes(), [], (), now=now, shapes=False)  # pools and capacity only

@@ -299,3 +299,46 @@ def queue_docs(queues: Sequence[QueueView], source: str) -> dict[str, Any]:
             for q in queues
         ],
     }
+
+
+def why_text(answer: Any) -> str:
+    """``kubectl icl why``'s answer in plain words: where the pod fits, why every other node refused it,
+    and what would let it run."""
+    lines = [f"pod {answer.pod}: {answer.asks or 'unreadable'}"]
+    if answer.error:
+        lines.append(f"  the extender cannot read it: {answer.error}")
+        return "\n".join(lines)
+    if answer.bound:
+        lines.append(f"  bound to {answer.bound}; this is what the extender would answer for it now:")
+    if answer.fits:
+        shown = ", ".join(answer.fits[:5]) + (f" and {len(answer.fits) - 5} more" if len(answer.fits) > 5 else "")
+        lines.append(f"  fits now on {len(answer.fits)} node(s): {shown}")
+        lines.append(
+            "  (if it still waits: kube-scheduler's own filters, CPU, memory, affinity or taints, refuse these)"
+        )
+    for cls in answer.classes:
+        shown = ", ".join(cls.nodes[:3]) + (f" and {len(cls.nodes) - 3} more" if len(cls.nodes) > 3 else "")
+        where = f"{len(cls.nodes)} node(s) ({shown})" if cls.nodes else "every node"
+        lines.append(f"  {where}: {cls.reason}")
+    if answer.freeing is not None:
+        f = answer.freeing
+        lines.append(
+            f"  would run on {f.node} once {len(f.pods)} pod(s) end there ({f.devices} devices): {', '.join(f.pods)}"
+        )
+    elif not answer.fits and not answer.bound:
+        lines.append("  no set of up to 4 running pods on one node frees its shape")
+    return "\n".join(lines)
+
+
+def why_doc(answer: Any) -> dict[str, Any]:
+    return {
+        "pod": answer.pod,
+        "asks": answer.asks,
+        "bound": answer.bound or None,
+        "error": answer.error or None,
+        "fits": list(answer.fits),
+        "refused": [{"reason": c.reason, "nodes": list(c.nodes)} for c in answer.classes],
+        "freeing": None
+        if answer.freeing is None
+        else {"node": answer.freeing.node, "pods": list(answer.freeing.pods), "devices": answer.freeing.devices},
+    }

@@ -288,3 +288,29 @@ def test_errors_are_one_line_with_kubectls_exit_code(fleet: Fleet) -> None:
     assert missing.stderr.startswith(f"error: get configmap {fleet.namespace}/nope: not found"), missing.stderr
     none = fleet.icl("gangs", "-n", f"{fleet.namespace}-empty")
     assert none.stdout == "" and none.stderr == f"No gangs found in {fleet.namespace}-empty.\n"
+
+
+def test_why_answers_for_a_waiting_pod_as_the_running_extender_does(fleet: Fleet) -> None:
+    """``kubectl icl why huge``: the nodes refused and the reasons are the running extender's own answer
+    to kube-scheduler's filter for the same pod, asked here over HTTP."""
+    import urllib.request
+
+    doc = fleet.doc("why", "huge", "-n", fleet.namespace, "--extender-config", fleet.configmap)
+    raw = fleet.plane.core.read_namespaced_pod("huge", fleet.namespace)
+    pod = fleet.plane.api_client.sanitize_for_serialization(raw)
+    request = urllib.request.Request(
+        f"{fleet.extender.url}/filter",
+        json.dumps({"Pod": pod, "NodeNames": fleet.names}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        answer = json.load(response)
+    expected = {**(answer.get("FailedNodes") or {}), **(answer.get("FailedAndUnresolvableNodes") or {})}
+    got = {node: refused["reason"] for refused in doc["refused"] for node in refused["nodes"]}
+    assert got == expected and sorted(got) == sorted(fleet.names)
+    assert doc["fits"] == (answer.get("NodeNames") or []) == []
+    assert doc["asks"] == "16 x ring" and doc["freeing"] is None, "no node has 16 chips: no pod's end frees it"
+    text = fleet.icl("why", "huge", "-n", fleet.namespace, "--extender-config", fleet.configmap).stdout
+    assert text.startswith(f"pod {fleet.namespace}/huge: 16 x ring") and "no set of up to 4 running pods" in text
+    missing = fleet.icl("why", "nobody", "-n", fleet.namespace, check=False)
+    assert missing.returncode == 1 and missing.stderr.startswith('error: pods "nobody" not found')

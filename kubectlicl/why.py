@@ -1,0 +1,137 @@
+"""``kubectl icl why POD``: why a pod waits, answered by the extender's own decision code run here.
+
+No second rule set: the nodes, pods and gang reservation Leases the user may read are fed into the
+extender's own cache (:class:`scheduler.cache.ClusterCache`), and the extender's own cycle
+(:class:`scheduler.extender.Extender`, in process, with no API client: it writes nothing) answers the
+filter kube-scheduler would send for this pod over every node. Its per-node reasons are grouped into
+node classes (one reason, the nodes that gave it). For a pod that fits nowhere, the smallest set of
+running pods on one node whose end would free its shape (the fewest pods, then the fewest devices)
+says what would let it run; the shape check is the topology core's (``Placer.fits``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.extender import Extender
+from scheduler.podspec import PodInfo, PodSpecError, pod_info
+from scheduler.wire import ExtenderArgs
+from topology import Placer, Shape, ShapeError, TopologyError, parse_shape
+
+__all__ = ["Freeing", "NodeClass", "Why", "explain"]
+
+MAX_VICTIMS = 4  # the largest set of running pods searched on one node
+
+
+@dataclass(frozen=True, slots=True)
+class NodeClass:
+    """Nodes the extender refused for one reason."""
+
+    reason: str
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Freeing:
+    """Running pods on one node whose end frees the pod's shape there."""
+
+    node: str
+    pods: tuple[str, ...]  # namespace/name
+    devices: int  # devices they hold together
+
+
+@dataclass(frozen=True, slots=True)
+class Why:
+    pod: str  # namespace/name
+    bound: str  # the node it is bound to ("" while it waits)
+    asks: str  # what it asks, in words
+    fits: tuple[str, ...]  # nodes the extender's filter passes now
+    classes: tuple[NodeClass, ...]  # the others, by reason
+    freeing: Freeing | None
+    error: str = ""  # the pod cannot be read (its annotations break the contract)
+
+
+def explain(
+    cfg: ExtenderConfig,
+    pod: Mapping[str, Any],
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    leases: Iterable[Mapping[str, Any]] = (),
+) -> Why:
+    """The extender's answer for ``pod`` over ``nodes`` with ``pods`` running (and the gang reservations
+    recorded in ``leases``)."""
+    meta = pod.get("metadata") or {}
+    key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    bound = str((pod.get("spec") or {}).get("nodeName") or "")
+    try:
+        info = pod_info(pod, cfg.resource_name, cfg.shared_resource_name)
+    except PodSpecError as exc:
+        return Why(key, bound, "", (), (), None, error=str(exc))
+    cache = ClusterCache(cfg.resource_name, shared_resource=cfg.shared_resource_name)
+    extender = Extender(dataclasses.replace(cfg, events=False), cache)
+    cache.replace_nodes(nodes)
+    cache.replace_pods(pods)
+    extender.gangs.restore(list(leases))
+    names = [str((n.get("metadata") or {}).get("name") or "") for n in nodes]
+    result = extender.filter(ExtenderArgs(pod=dict(pod), node_names=names))
+    fits = tuple(result.node_names or ())
+    failed: dict[str, str] = {**(result.failed_nodes or {}), **(result.failed_and_unresolvable_nodes or {})}
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in sorted(failed.items()):
+        by_reason.setdefault(reason, []).append(node)
+    if result.error:
+        by_reason.setdefault(result.error, [])
+    classes = tuple(
+        NodeClass(reason, tuple(ns)) for reason, ns in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    )
+    freeing = None if fits or bound else _freeing(cache, info, names)
+    return Why(key, bound, _asks(info), fits, classes, freeing)
+
+
+def _asks(info: PodInfo) -> str:
+    what = f"{info.count} x {info.shape}" if info.count else "no device"
+    if info.milli:
+        what = f"{info.milli} milli-devices of one device"
+    if info.gang is not None:
+        what += f", member of gang {info.gang.name!r} ({info.gang.size or '?'} members)"
+    return what
+
+
+def _shape(info: PodInfo) -> Shape | None:
+    if not info.count or info.milli:
+        return None
+    try:
+        return parse_shape(info.shape, count=info.count)
+    except (ShapeError, TopologyError):
+        return None
+
+
+def _freeing(cache: ClusterCache, info: PodInfo, names: Sequence[str]) -> Freeing | None:
+    """The fewest running pods on one node (then the fewest devices, then the node's name) whose end frees
+    the pod's shape there; None when the pod asks no shape of whole devices or no such set exists."""
+    shape = _shape(info)
+    if shape is None:
+        return None
+    best: tuple[int, int, str, tuple[str, ...]] | None = None
+    for node, view in cache.usable_views(names).items():
+        if shape.size > len(view.topology.devices):
+            continue
+        placer = Placer.for_topology(view.topology)
+        holders = [(p, held[1]) for p in cache.holding_on(node) if (held := cache.held(p.uid)) is not None]
+        for k in range(1, min(MAX_VICTIMS, len(holders)) + 1):
+            if best is not None and k > best[0]:
+                break
+            for combo in itertools.combinations(holders, k):
+                freed = set(view.free).union(*(devs for _p, devs in combo))
+                if placer.fits(shape, freed):
+                    devices = sum(len(devs) for _p, devs in combo)
+                    cand = (k, devices, node, tuple(sorted(p.key for p, _d in combo)))
+                    if best is None or cand < best:
+                        best = cand
+    return None if best is None else Freeing(best[2], best[3], best[1])

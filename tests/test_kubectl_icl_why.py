@@ -1,0 +1,43 @@
+"""``kubectl icl why``: the extender's own answer for a waiting pod, and what would let it run."""
+
+from __future__ import annotations
+
+from kubectlicl.render import why_doc, why_text
+from kubectlicl.why import explain
+from scheduler.config import ExtenderConfig
+from tests.support.extender import node_obj, pod_obj
+
+
+def _held(name: str, node: str, devices: str) -> dict[str, object]:
+    count = len(devices.split(","))
+    return pod_obj(name, count, "any", node=node, annotations={"kube-icl.io/devices": devices}, phase="Running")
+
+
+def test_a_ring_of_eight_waits_and_the_fewest_pods_whose_end_frees_it_are_named() -> None:
+    nodes = [node_obj("a", "ring:8"), node_obj("b", "ring:8")]
+    running = [_held("a1", "a", "0,1"), _held("a2", "a", "4,5"), _held("b1", "b", "0,1,2,3")]
+    waiting = pod_obj("big", 8, "ring")
+    answer = explain(ExtenderConfig(fair_share=False), waiting, nodes, [*running, waiting])
+    assert answer.fits == () and answer.bound == "" and answer.asks == "8 x ring"
+    assert sorted(n for c in answer.classes for n in c.nodes) == ["a", "b"]
+    assert all("ring of 8" in c.reason for c in answer.classes), answer.classes
+    # b frees its ring with one pod's end (4 devices); a needs two
+    assert answer.freeing is not None and (answer.freeing.node, answer.freeing.pods) == ("b", ("default/b1",))
+    text = why_text(answer)
+    assert "pod default/big: 8 x ring" in text and "would run on b once 1 pod(s) end there (4 devices)" in text
+    assert why_doc(answer)["freeing"] == {"node": "b", "pods": ["default/b1"], "devices": 4}
+
+
+def test_a_pod_that_fits_is_told_where_and_a_pod_that_cannot_be_read_says_why() -> None:
+    nodes = [node_obj("a", "ring:8")]
+    small = pod_obj("small", 2, "ring")
+    answer = explain(ExtenderConfig(fair_share=False), small, nodes, [small])
+    assert answer.fits == ("a",) and answer.freeing is None
+    assert "fits now on 1 node(s): a" in why_text(answer)
+    odd = pod_obj("odd", 2, None, annotations={"kube-icl.io/shape": "hexagon"})
+    refused = explain(ExtenderConfig(), odd, nodes, [odd])
+    assert [c.nodes for c in refused.classes] == [("a",)] and "unknown shape 'hexagon'" in refused.classes[0].reason
+    bad = pod_obj("bad", 2, "ring", annotations={"kube-icl.io/gang": "g", "kube-icl.io/gang-size": "x"})
+    broken = explain(ExtenderConfig(), bad, nodes, [bad])
+    assert "gang-size: 'x' is not a whole number" in broken.error
+    assert "the extender cannot read it" in why_text(broken)
