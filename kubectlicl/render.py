@@ -309,7 +309,10 @@ def why_text(answer: Any) -> str:
         lines.append(f"  the extender cannot read it: {answer.error}")
         return "\n".join(lines)
     if answer.bound:
-        lines.append(f"  bound to {answer.bound}; this is what the extender would answer for it now:")
+        lines.append(
+            f"  bound to {answer.bound}: it waits for no placement (kubectl describe pod says why it is not running)"
+        )
+        return "\n".join(lines)
     if answer.fits:
         shown = ", ".join(answer.fits[:5]) + (f" and {len(answer.fits) - 5} more" if len(answer.fits) > 5 else "")
         lines.append(f"  fits now on {len(answer.fits)} node(s): {shown}")

@@ -73,6 +73,8 @@ def explain(
         info = pod_info(pod, cfg.resource_name, cfg.shared_resource_name)
     except PodSpecError as exc:
         return Why(key, bound, "", (), (), None, error=str(exc))
+    if bound:  # placed already: the scheduler has nothing more to say about it
+        return Why(key, bound, _asks(info), (), (), None)
     cache = ClusterCache(cfg.resource_name, shared_resource=cfg.shared_resource_name)
     extender = Extender(dataclasses.replace(cfg, events=False), cache)
     cache.replace_nodes(nodes)
@@ -90,7 +92,7 @@ def explain(
     classes = tuple(
         NodeClass(reason, tuple(ns)) for reason, ns in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     )
-    freeing = None if fits or bound else _freeing(cache, info, names)
+    freeing = None if fits else _freeing(cache, info, names)
     return Why(key, bound, _asks(info), fits, classes, freeing)
 
 

@@ -34,6 +34,8 @@ def test_a_pod_that_fits_is_told_where_and_a_pod_that_cannot_be_read_says_why() 
     answer = explain(ExtenderConfig(fair_share=False), small, nodes, [small])
     assert answer.fits == ("a",) and answer.freeing is None
     assert "fits now on 1 node(s): a" in why_text(answer)
+    placed = explain(ExtenderConfig(), _held("a1", "a", "0,1"), nodes, [])
+    assert placed.bound == "a" and "bound to a: it waits for no placement" in why_text(placed)
     odd = pod_obj("odd", 2, None, annotations={"kube-icl.io/shape": "hexagon"})
     refused = explain(ExtenderConfig(), odd, nodes, [odd])
     assert [c.nodes for c in refused.classes] == [("a",)] and "unknown shape 'hexagon'" in refused.classes[0].reason
