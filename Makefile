@@ -29,7 +29,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) e2e-bins node-runtime protoc-tools image torch-venv
+unit: $(STAMP) e2e-bins node-runtime browser protoc-tools image torch-venv
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -69,6 +69,18 @@ node-runtime:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends runc; \
 	  else \
 	    echo "node-runtime: runc not installed and no apt-get as root: the real-node e2e tests will skip"; \
+	  fi; }
+
+## browser: Chromium for the tests that look at kube-icl's pages as a person would (kubectl icl nodes --html),
+## from the distribution's packages when it is missing (as root)
+.PHONY: browser
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "browser: apt-get install chromium"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; \
+	  else \
+	    echo "browser: chromium not installed and no apt-get as root: the page screenshot test will skip"; \
 	  fi; }
 
 ## torch-venv: PyTorch from PyPI (CUDA wheel, used on CPU with gloo) in its own virtualenv outside the repository,
