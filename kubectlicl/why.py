@@ -4,7 +4,8 @@ No second rule set: the nodes, pods and gang reservation Leases the user may rea
 extender's own cache (:class:`scheduler.cache.ClusterCache`), and the extender's own cycle
 (:class:`scheduler.extender.Extender`, in process, with no API client: it writes nothing) answers the
 filter kube-scheduler would send for this pod over every node. Its per-node reasons are grouped into
-node classes (one reason, the nodes that gave it). For a pod that fits nowhere, the smallest set of
+node classes (one reason, the nodes that gave it); nodes the pod's ``nodeSelector`` excludes are a class of
+their own, as kube-scheduler never sends them to the extender. For a pod that fits nowhere, the smallest set of
 running pods on one node whose end would free its shape (the fewest pods, then the fewest devices)
 says what would let it run; the shape check is the topology core's (``Placer.fits``).
 """
@@ -81,6 +82,15 @@ def explain(
     cache.replace_pods(pods)
     extender.gangs.restore(list(leases))
     names = [str((n.get("metadata") or {}).get("name") or "") for n in nodes]
+    # kube-scheduler sends the extender only the nodes its own filters pass; the pod's nodeSelector is the one
+    # of them read here (affinity, taints and resources stay kube-scheduler's: `kubectl describe pod`)
+    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    unselected = [
+        name
+        for name, node in zip(names, nodes, strict=True)
+        if any(((node.get("metadata") or {}).get("labels") or {}).get(k) != v for k, v in selector.items())
+    ]
+    names = [n for n in names if n not in set(unselected)]
     result = extender.filter(ExtenderArgs(pod=dict(pod), node_names=names))
     fits = tuple(result.node_names or ())
     failed: dict[str, str] = {**(result.failed_nodes or {}), **(result.failed_and_unresolvable_nodes or {})}
@@ -89,6 +99,9 @@ def explain(
         by_reason.setdefault(reason, []).append(node)
     if result.error:
         by_reason.setdefault(result.error, [])
+    if unselected:
+        wanted = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        by_reason[f"the pod's nodeSelector ({wanted}) does not match: kube-scheduler filters them out"] = unselected
     classes = tuple(
         NodeClass(reason, tuple(ns)) for reason, ns in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     )

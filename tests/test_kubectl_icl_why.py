@@ -34,6 +34,12 @@ def test_a_pod_that_fits_is_told_where_and_a_pod_that_cannot_be_read_says_why() 
     answer = explain(ExtenderConfig(fair_share=False), small, nodes, [small])
     assert answer.fits == ("a",) and answer.freeing is None
     assert "fits now on 1 node(s): a" in why_text(answer)
+    picky = pod_obj("picky", 2, "ring")
+    picky["spec"]["nodeSelector"] = {"pool": "dgx"}
+    unselected = explain(ExtenderConfig(fair_share=False), picky, nodes, [picky])
+    assert [(c.reason, c.nodes) for c in unselected.classes] == [
+        ("the pod's nodeSelector (pool=dgx) does not match: kube-scheduler filters them out", ("a",))
+    ]
     placed = explain(ExtenderConfig(), _held("a1", "a", "0,1"), nodes, [])
     assert placed.bound == "a" and "bound to a: it waits for no placement" in why_text(placed)
     odd = pod_obj("odd", 2, None, annotations={"kube-icl.io/shape": "hexagon"})
