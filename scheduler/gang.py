@@ -168,6 +168,7 @@ class GangManager:
         self.on_resize: Callable[[str], None] = lambda key: None  # an elastic gang grew or shrank
         self._generations: dict[str, int] = {}
         self._evicted: set[str] = set()
+        self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
 
@@ -280,8 +281,17 @@ class GangManager:
                 return {mine[0]}, ""
             if elastic:
                 alive = self.survivors(gang.key)
+                if len(alive) >= gang.size:
+                    self._ran.add(gang.key)
                 if len(alive) >= gang.size or res is not None:
                     return self._grow(info, shape, candidates, alive)
+                if alive and gang.key in self._ran:
+                    # it ran and fell below its minimum (a member leaving, its final event not seen yet):
+                    # it fails whole; a member placed now would land away from the others
+                    return None, (
+                        f"gang {gang.name!r} (elastic) runs {len(alive)} of its minimum {gang.size}: it is "
+                        "requeued whole; this member waits"
+                    )
                 bound = alive
             remaining = gang.size - len(bound)
             if remaining <= 0:
@@ -594,6 +604,7 @@ class GangManager:
             self._evicted.update(p.uid for p in victims)
             if len(self._evicted) > 100_000:
                 self._evicted.clear()
+            self._ran.discard(key)
         if victims or res is not None:
             log.warning("gang %s failed (%s): evicting %d members", key, why, len(victims))
             self.on_event("failed", key)

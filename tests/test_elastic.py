@@ -395,3 +395,20 @@ def test_a_surplus_member_is_held_back_even_before_the_sweep_drops_the_reservati
     result = c.filter(members[1])
     assert result.node_names == []
     assert "above its elastic gang's minimum" in next(iter(result.failed_and_unresolvable_nodes.values()))
+
+
+def test_a_member_of_an_elastic_gang_fallen_below_its_minimum_is_not_placed_away_from_the_rest() -> None:
+    """A running member is leaving (deletionTimestamp set, its final event not seen yet): the gang is below
+    its minimum and fails whole, so a waiting member is not placed, not even on a free unlinked node."""
+    c = line_cluster(5)
+    fill(c, "n2", "busy2")
+    tier = {"kube-icl.io/gang-required-tier": "link-domain"}
+    members = [c.add(elastic_pod(f"w{i}", "job", 2, 3, annotations=tier)) for i in range(3)]
+    assert sorted(c.schedule(m) or "" for m in members[:2]) == ["n0", "n1"]
+    c.ext.sweep()
+    assert c.filter(members[2]).node_names == [], "n2 is busy, n3 and n4 are not linked to the gang"
+    leaving = {**members[0], "metadata": {**members[0]["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    c.add(leaving)
+    result = c.filter(members[2])
+    assert result.node_names == []
+    assert "runs 1 of its minimum 2: it is requeued whole" in next(iter(result.failed_nodes.values()))
