@@ -163,17 +163,16 @@ class GangRecord:
         return ""
 
 
-class _Devices:
-    """The devices step: pick the devices on the chosen node and assume them, under the cache lock;
-    a retried bind of a pod that holds devices there already takes them again. Undone when the
-    Binding fails. Each whole-device kind picks its own way (:meth:`pick`)."""
+class _Reserve:
+    """What every devices step shares: ``take`` under the cache lock at reserve, with a race on the node
+    reported as a failed bind, and the assumed devices forgotten at unreserve."""
 
     name = "Devices"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
+    cache: ClusterCache
 
-    def __init__(self, cache: ClusterCache, unsure: Mapping[str, Unsure]) -> None:
-        self.cache = cache
-        self.unsure = unsure
+    def take(self, state: CycleState) -> str:
+        raise NotImplementedError
 
     def reserve(self, state: CycleState) -> Status:
         try:
@@ -186,6 +185,16 @@ class _Devices:
         held = state.read(DEVICES)
         if held is not None and held.assumed:
             self.cache.forget(state.uid)
+
+
+class _Devices(_Reserve):
+    """The devices step: pick the devices on the chosen node and assume them, under the cache lock;
+    a retried bind of a pod that holds devices there already takes them again. Undone when the
+    Binding fails. Each whole-device kind picks its own way (:meth:`pick`)."""
+
+    def __init__(self, cache: ClusterCache, unsure: Mapping[str, Unsure]) -> None:
+        self.cache = cache
+        self.unsure = unsure
 
     def take(self, state: CycleState) -> str:
         info, uid, node = state.info, state.uid, state.node
@@ -278,27 +287,12 @@ class GangDevices(LinkedDevices):
             return super().take(state)
 
 
-class ShareDevices:
+class ShareDevices(_Reserve):
     """A share's device: the share policy's choice on the node, assumed as a share."""
-
-    name = "Devices"
-    outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
 
     def __init__(self, cache: ClusterCache, shares: SnapshotShareRanker) -> None:
         self.cache = cache
         self.shares = shares
-
-    def reserve(self, state: CycleState) -> Status:
-        try:
-            err = self.take(state)
-        except (AllocationError, TopologyError, ShapeError) as exc:
-            err = f"devices on {state.node} changed while binding: {exc}"
-        return Status(Code.ERROR, err) if err else OK
-
-    def unreserve(self, state: CycleState) -> None:
-        held = state.read(DEVICES)
-        if held is not None and held.assumed:
-            self.cache.forget(state.uid)
 
     def take(self, state: CycleState) -> str:
         info, uid, node = state.info, state.uid, state.node
