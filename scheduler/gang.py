@@ -369,44 +369,42 @@ class GangManager:
     def _inputs(
         self, views: Mapping[str, NodeView], shape: Shape
     ) -> tuple[ClusterView, dict[str, NodeTopology], dict[str, frozenset[str]]]:
-        """The link domains, and the topologies and free devices of the nodes of ``views`` where ``shape`` may fit.
-
-        The domains are built from every node in the cache, full, left out of the candidates or not
-        ready alike: which nodes are adjacent (wrap-around links included) follows from the whole
-        domain's coordinates. Only the topologies and free devices are filtered (lock held)."""
+        """The cluster (:meth:`view`), and the topologies and free devices of the nodes of ``views`` where
+        ``shape`` may fit (lock held)."""
         topologies = {}
         free_by_node = {}
-        by_domain: dict[str, dict[str, dict[str, str]]] = {}
-        for name, node_labels in self.cache.link_labels().items():
-            by_domain.setdefault(node_labels[DOMAIN_LABEL], {})[name] = node_labels
-        labels: dict[str, dict[str, str]] = {}
-        for domain, members in by_domain.items():
-            try:  # one domain with bad labels must not take the others down with it
-                ClusterView.from_labels(members)
-            except TopologyError as exc:
-                log.warning(
-                    "link domain %r: inconsistent labels, its nodes take gangs one node at a time: %s", domain, exc
-                )
-                continue
-            labels.update(members)
         for name, view in views.items():
             if len(view.free) - view.unattributed < shape.size:
                 continue
             topologies[name] = view.topology
             free_by_node[name] = view.free
-        try:
-            cluster = ClusterView.from_labels(labels)
-        except TopologyError as exc:
-            log.warning("link-domain labels are inconsistent, placing gangs without link domains: %s", exc)
-            cluster = ClusterView()
-        return self._tiered(cluster), topologies, free_by_node
+        return self.view(), topologies, free_by_node
 
     def view(self) -> ClusterView:
-        """Every node's link domain and network tiers, as gangs are placed by them."""
+        """Every node's link domain and network tiers, as gangs are placed by them.
+
+        The domains are built from every node in the cache, full, left out of the candidates or not
+        ready alike: which nodes are adjacent (wrap-around links included) follows from the whole
+        domain's coordinates. A domain with inconsistent labels is left out (its nodes take gangs as
+        nodes outside any domain); the others stand."""
+        by_domain: dict[str, dict[str, dict[str, str]]] = {}
         with self.cache.lock:
+            for name, node_labels in self.cache.link_labels().items():
+                by_domain.setdefault(node_labels[DOMAIN_LABEL], {})[name] = node_labels
+            labels: dict[str, dict[str, str]] = {}
+            for domain, members in by_domain.items():
+                try:  # one domain with bad labels must not take the others down with it
+                    ClusterView.from_labels(members)
+                except TopologyError as exc:
+                    log.warning(
+                        "link domain %r: inconsistent labels, its nodes take gangs one node at a time: %s", domain, exc
+                    )
+                    continue
+                labels.update(members)
             try:
-                cluster = ClusterView.from_labels(self.cache.link_labels())
-            except TopologyError:
+                cluster = ClusterView.from_labels(labels)
+            except TopologyError as exc:
+                log.warning("link-domain labels are inconsistent, placing gangs without link domains: %s", exc)
                 cluster = ClusterView()
             return self._tiered(cluster)
 
