@@ -40,8 +40,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-import urllib3
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -49,12 +47,13 @@ if str(ROOT) not in sys.path:
 from deviceplugin.dra.classes import SHAPE_CLASS, device_classes, shape_toleration  # noqa: E402
 from deviceplugin.dra.pool import DEFAULT_MAX_PER_SHAPE, DRIVER, DraConfig, parse_device_name  # noqa: E402
 from deviceplugin.dra.publish import KubeSliceApi, PoolPublisher  # noqa: E402
-from tests.e2e.harness import ControlPlane, find_binaries, wait_for  # noqa: E402
+from tests.e2e.harness import ControlPlane, find_binaries, wait_until_drained  # noqa: E402
 from tests.e2e.scenario import (  # noqa: E402
     BindWatch,
     CaseResult,
     _with_qps,
     delete_nodes,
+    delete_pods,
     mixed_nodes,
     mixed_pods,
     node_labels,
@@ -249,17 +248,7 @@ def run_dra_case(
     )
     _say(f"[{tag}] done: {result.bound}/{result.pods} bound in {window:.1f}s ({result.rate:.1f} pods/s)")
     plane.stop_scheduler()
-    try:
-        plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-    except (OSError, urllib3.exceptions.HTTPError, __import__("kubernetes").client.ApiException) as exc:
-        # thousands of pods on a busy machine: the server goes on deleting after the request fails
-        _say(f"[{tag}] deleting the pods: {type(exc).__name__}; waiting for the server to finish")
-    wait_for(
-        lambda: not plane.core.list_namespaced_pod(namespace, limit=1).items,
-        what=f"pods of {namespace} deleted",
-        timeout=300,
-        interval=0.5,
-    )
+    delete_pods(plane, namespace, tag=tag, progress=_say)
     _drop_claims(custom, namespace, tag)
     return result, problems
 
@@ -284,12 +273,12 @@ def _drop_claims(custom: Any, namespace: str, tag: str) -> None:
     listed = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")["items"]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(release, [c["metadata"]["name"] for c in listed]))
-    wait_for(
-        lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", limit=1)["items"],
-        what=f"claims of {namespace} deleted",
-        timeout=300,
-        interval=0.5,
-    )
+
+    def claims_left() -> int:
+        listed = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims", limit=1)
+        return len(listed["items"]) + int(listed["metadata"].get("remainingItemCount") or 0)
+
+    wait_until_drained(claims_left, what=f"[{tag}] claims of {namespace} deleted", progress=_say)
     _say(f"[{tag}] {len(listed)} claims deleted")
 
 

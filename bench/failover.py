@@ -31,7 +31,7 @@ if str(ROOT) not in sys.path:
 
 from tests.e2e.failover import FailoverResult, Replica, run_failover, scheduler_holder, start_replica  # noqa: E402
 from tests.e2e.harness import ControlPlane, find_binaries, wait_for  # noqa: E402
-from tests.e2e.scenario import NodeSpec, node_labels, publish_nodes  # noqa: E402
+from tests.e2e.scenario import NodeSpec, delete_pods, node_labels, publish_nodes  # noqa: E402
 
 
 def _say(message: str) -> None:
@@ -70,12 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = run_failover(plane, namespace, leader, label, topologies, how=how)
                 results.append(result)
                 _say(f"round {i + 1}: {result.line()}")
-                plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-                wait_for(
-                    lambda ns=namespace: not plane.core.list_namespaced_pod(ns, limit=1).items,
-                    what=f"pods of {namespace} deleted",
-                    timeout=120,
-                )
+                delete_pods(plane, namespace, tag=f"round {i + 1}", progress=_say)
         finally:
             for replica in replicas:
                 replica.stop()

@@ -60,6 +60,7 @@ __all__ = [
     "refusal",
     "require_binaries",
     "scheduler_config",
+    "wait_until_drained",
 ]
 
 T = TypeVar("T")
@@ -164,6 +165,56 @@ def wait_for(
             because = f"; last error: {last_error[:500]}" if last_error else ""
             raise ComponentError(f"timed out after {timeout:.0f}s waiting for {what}{because}{tails}")
         time.sleep(interval)
+
+
+def wait_until_drained(
+    remaining: Callable[[], int],
+    *,
+    what: str,
+    stall: float = 120.0,
+    interval: float = 0.5,
+    progress: Callable[[str], None] | None = None,
+) -> None:
+    """Poll ``remaining`` (a count of things still to go) until it returns 0.
+
+    Gives up with :class:`ComponentError` only when the count has not fallen for
+    ``stall`` seconds: cleanup runs at the machine's speed, and a loaded machine
+    deleting thousands of pods is slow but moving, so a fixed deadline would turn
+    a finished measurement into a failure. Exceptions raised by ``remaining``
+    count as no progress (the last one is reported). ``progress``, when given,
+    gets a line whenever the count falls, at most every 10 s.
+    """
+    if stall <= 0:
+        raise ValueError(f"stall: expected seconds > 0, got {stall}")
+    lowest: int | None = None
+    last_fall = time.monotonic()
+    last_said = 0.0
+    last_error = ""
+    while True:
+        try:
+            count = remaining()
+        except Exception as error:
+            last_error = f"{type(error).__name__}: {error}".strip()
+        else:
+            if count <= 0:
+                return
+            now = time.monotonic()
+            if lowest is None or count < lowest:
+                lowest, last_fall = count, now
+                if progress is not None and now - last_said >= 10.0:
+                    progress(f"{what}: {count} left")
+                    last_said = now
+        if time.monotonic() - last_fall >= stall:
+            left = "unknown" if lowest is None else str(lowest)
+            because = f"; last error: {last_error[:500]}" if last_error else ""
+            raise ComponentError(f"no progress for {stall:.0f}s waiting for {what} ({left} left){because}")
+        time.sleep(interval)
+
+
+def pods_left(core: k8s.CoreV1Api, namespace: str) -> int:
+    """How many pods ``namespace`` still holds, from one list of limit 1 (the server counts the rest)."""
+    listed = core.list_namespaced_pod(namespace, limit=1)
+    return len(listed.items) + (listed.metadata.remaining_item_count or 0)
 
 
 def _set_parent_death_signal() -> None:

@@ -39,7 +39,7 @@ from deviceplugin.backends.sim import SimBackend
 from deviceplugin.publisher import KubernetesNodePatcher, NodePublisher
 from topology import NodeTopology, Placer, build_preset, decode_annotation, parse_shape
 
-from .harness import KWOK_TOLERATIONS, Component, ControlPlane, free_port, wait_for
+from .harness import KWOK_TOLERATIONS, Component, ControlPlane, free_port, pods_left, wait_for, wait_until_drained
 
 __all__ = [
     "DEVICES_ANNOTATION",
@@ -705,6 +705,22 @@ def run_case(
         f"{result.valid}/{result.bound} on a valid shape"
     )
     plane.stop_scheduler()
+    delete_pods(plane, namespace, tag=name, progress=progress)
+    return result
+
+
+def delete_pods(
+    plane: ControlPlane,
+    namespace: str,
+    *,
+    tag: str,
+    progress: Callable[[str], None] = lambda _: None,
+    stall: float = 120.0,
+) -> None:
+    """Force-delete every pod of ``namespace`` and wait until they are gone, for as long as the count keeps
+    falling (:func:`wait_until_drained`): the next case reuses the nodes, and a loaded machine deletes
+    thousands of pods slowly but surely. Fails only when no pod went for ``stall`` seconds.
+    """
     try:
         plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     except (k8s.ApiException, urllib3.exceptions.HTTPError) as error:
@@ -712,14 +728,13 @@ def run_case(
         # (504) or after the connection broke mid-answer; the wait below sees it through.
         if isinstance(error, k8s.ApiException) and error.status != 504:
             raise
-        progress(f"[{name}] deleting the pods outlasted the request ({type(error).__name__}); waiting for it")
-    wait_for(
-        lambda: not plane.core.list_namespaced_pod(namespace, limit=1).items,
-        what=f"pods of {namespace} deleted",
-        timeout=300,
-        interval=0.5,
+        progress(f"[{tag}] deleting the pods outlasted the request ({type(error).__name__}); waiting for it")
+    wait_until_drained(
+        lambda: pods_left(plane.core, namespace),
+        what=f"[{tag}] pods of {namespace} deleted",
+        stall=stall,
+        progress=progress,
     )
-    return result
 
 
 def _with_qps(config: dict[str, Any], qps: float | None) -> dict[str, Any]:

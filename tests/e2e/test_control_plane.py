@@ -13,7 +13,8 @@ import pytest
 from kubernetes import client as k8s
 
 from . import build
-from .harness import KWOK_TOLERATIONS, ControlPlane, require_binaries, scheduler_config
+from .harness import KWOK_TOLERATIONS, ControlPlane, pods_left, require_binaries, scheduler_config
+from .scenario import delete_pods
 
 pytestmark = pytest.mark.e2e
 
@@ -159,3 +160,16 @@ def test_scheduler_consults_an_extender(control_plane: ControlPlane, namespace: 
         server.server_close()
     assert pod.spec.node_name == "kwok-extender-0"
     assert ("/icl/filter", "extended") in _StubExtender.calls
+
+
+def test_pods_left_counts_a_namespace_from_one_short_list_and_delete_pods_drains_it(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    for i in range(25):
+        control_plane.core.create_namespaced_pod(namespace, _pod(f"drain-{i}", {"kube-icl.io/e2e": "nowhere"}))
+    # One item comes back; the server counts the other 24 (remainingItemCount), so progress is seen pod by pod.
+    assert pods_left(control_plane.core, namespace) == 25
+    lines: list[str] = []
+    delete_pods(control_plane, namespace, tag="drain", progress=lines.append, stall=30)
+    assert pods_left(control_plane.core, namespace) == 0
+    assert not control_plane.core.list_namespaced_pod(namespace).items

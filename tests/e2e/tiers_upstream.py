@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import urllib3
 from kubernetes import client as k8s
 
 from topology import NodeTopology, Placer, parse_shape
@@ -46,6 +45,7 @@ from .scenario import (
     bound_pods,
     consistency_problems,
     create_pods,
+    delete_pods,
     kubelet_devices,
     list_pods,
     node_labels,
@@ -318,17 +318,7 @@ def _valid(pod: Bound, devices: tuple[str, ...] | None, topologies: Mapping[str,
 
 
 def _delete_all(plane: ControlPlane, namespace: str, custom: k8s.CustomObjectsApi) -> None:
-    try:
-        plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-    except (k8s.ApiException, urllib3.exceptions.HTTPError) as error:
-        if isinstance(error, k8s.ApiException) and error.status != 504:
-            raise
-    wait_for(
-        lambda: not plane.core.list_namespaced_pod(namespace, limit=1).items,
-        what=f"pods of {namespace} deleted",
-        timeout=300,
-        interval=0.5,
-    )
+    delete_pods(plane, namespace, tag=namespace)
     custom.delete_collection_namespaced_custom_object(*SCHEDULING_API, namespace, "podgroups")
 
 
