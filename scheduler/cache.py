@@ -15,13 +15,14 @@ decision is re-checked under the lock at bind time.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.cachelock import CacheLock
 from scheduler.podspec import (
     ANN_TOPOLOGY,
     LABEL_LINK_COORDS,
@@ -197,7 +198,7 @@ class ClusterCache:
         self.shared_resource = shared_resource
         self.track_requests = requests
         self.clock = clock
-        self.lock = threading.RLock()
+        self.lock = CacheLock()  # listeners run after its outermost release, never under it
         self._nodes: dict[str, NodeRecord] = {}
         # Ready nodes with a usable topology -> their current view: the filter's hot path reads only this.
         self._views: dict[str, NodeView] = {}
@@ -249,6 +250,16 @@ class ClusterCache:
 
     def on_node_change(self, fn: Callable[[str, NodeRecord | None], None]) -> None:
         self._node_listeners.append(fn)
+
+    def _tell_pod(self, change: PodChange) -> None:
+        """Queue the pod listeners' calls; they run once the lock is released (lock held)."""
+        for fn in self._listeners:
+            self.lock.defer(functools.partial(fn, change))
+
+    def _tell_node(self, name: str, rec: NodeRecord | None) -> None:
+        """Queue the node listeners' calls; they run once the lock is released (lock held)."""
+        for fn in self._node_listeners:
+            self.lock.defer(functools.partial(fn, name, rec))
 
     @property
     def synced(self) -> bool:
@@ -308,8 +319,7 @@ class ClusterCache:
                 self._set_topology(rec, raw)
             self._refresh(rec)
             self.generation += 1
-        for fn in self._node_listeners:
-            fn(name, rec)
+            self._tell_node(name, rec)
 
     def _set_topology(self, rec: NodeRecord, raw: str) -> None:
         rec.raw_topology = raw
@@ -445,9 +455,8 @@ class ClusterCache:
                 self._dirty.update(rec.unattributed)
             self._set_cap(name, None)
             self.generation += 1
-        if rec is not None:
-            for fn in self._node_listeners:
-                fn(name, None)
+            if rec is not None:
+                self._tell_node(name, None)
 
     def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A full list: add or update every node, drop the ones that are gone."""
@@ -497,9 +506,8 @@ class ClusterCache:
             change = self._apply_pod(info)
             self._dirty.add(uid)
             self.generation += 1
-        if change is not None:
-            for fn in self._listeners:
-                fn(change)
+            if change is not None:
+                self._tell_pod(change)
 
     def _bad_pod(self, uid: str, obj: Mapping[str, Any], reason: str) -> None:
         """A pod whose annotations cannot be read: keep its devices counted, by size, if it is bound."""
@@ -770,11 +778,9 @@ class ClusterCache:
             self._release(uid)
             self._bad_pods.pop(uid, None)
             self.generation += 1
-        if info is not None:
-            failed = bool(held or info.node_name) and info.phase != "Succeeded"
-            change = PodChange(info, failed, info.node_name or (held[0] if held else ""))
-            for fn in self._listeners:
-                fn(change)
+            if info is not None:
+                failed = bool(held or info.node_name) and info.phase != "Succeeded"
+                self._tell_pod(PodChange(info, failed, info.node_name or (held[0] if held else "")))
 
     def confirm_pod(self, uid: str, obj: Mapping[str, Any] | None) -> None:
         """Apply a consistent read (a GET) of a cached pod ahead of the watch: ``obj`` is what the API
