@@ -1,0 +1,643 @@
+"""The soak's checker: invariants read from the API server's objects alone, resource trends, the timeline.
+
+``bench/soak.py`` lists pods, nodes, Events and gang-record Leases every few seconds and hands them
+to :meth:`Checker.observe` as an :class:`Observation`; what a pod holds is read from the annotations
+the extender's Binding writes (``kube-icl.io/devices``, ``kube-icl.io/device-milli``) with the
+extender's own pure parser (:func:`scheduler.podspec.pod_info`), and shapes are checked on each
+node's ``kube-icl.io/topology`` with :class:`topology.Placer`, never with the extender's memory.
+
+Invariants (the ``invariant`` name of a :class:`Violation`):
+
+- ``device-held-twice``: one device of one node named by two pods that are not finished (a pod
+  being deleted still holds its devices: its containers may still run), a device held whole and
+  shared, or shares of one device above one whole device (1000 milli-devices);
+- ``shape-broken``: a bound pod whose devices are not its asked count of distinct devices of its
+  node forming its asked shape on the node's links (health aside: a link that failed after the bind
+  does not make the placement wrong); a device pod bound without ``kube-icl.io/devices`` counts too;
+- ``pod-unreadable``: a bound pod whose kube-icl annotations do not parse (nothing can be checked);
+- ``gang-partial``: a gang with some but fewer than its minimum members bound and running, for
+  longer than ``gang_timeout_s + grace_s``;
+- ``elastic-below-min``: an elastic gang that ran at its minimum and kept members running below it
+  for longer than ``grace_s`` (it must fail whole);
+- ``pending-without-reason``: a pod not bound ``grace_s`` after it was first seen, with no Event on it;
+- at the end (:meth:`Checker.final`): ``not-drained`` (a pod left, a device still held),
+  ``record-left`` (a gang reservation record still in the API server), ``views-differ`` (the
+  extender's ``/debug/state`` disagrees with the API server on which pod holds which devices where).
+
+Continuous invariants are reported once per episode: a violation returned by ``observe`` is not
+returned again while it lasts, and is again if it clears and comes back.
+
+:class:`ResourceSampler` reads RSS, threads and open descriptors from ``/proc`` and fits the slope
+per hour by least squares; :func:`timeline_png` draws the run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduler.gang import RECORD_ANNOTATION, RECORD_LABEL
+from scheduler.podspec import PodInfo, PodSpecError, pod_info
+from topology import Health, NodeTopology, Placer, ShapeError, TopologyError, decode_annotation, parse_shape
+from topology.contract import ANN_TOPOLOGY, DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE
+
+__all__ = [
+    "Checker",
+    "Conflict",
+    "Observation",
+    "ResourceSampler",
+    "Rules",
+    "Sample",
+    "Violation",
+    "compare_views",
+    "held_twice",
+    "slope_per_hour",
+    "timeline_png",
+]
+
+INVARIANTS = (
+    "device-held-twice",
+    "shape-broken",
+    "pod-unreadable",
+    "gang-partial",
+    "elastic-below-min",
+    "pending-without-reason",
+    "not-drained",
+    "record-left",
+    "views-differ",
+)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One read of the API server."""
+
+    at: float  # time.monotonic() seconds of the read
+    pods: list[dict[str, Any]]  # every pod, as the API server's JSON (camelCase keys)
+    nodes: list[dict[str, Any]]  # every node, same form
+    events: list[dict[str, Any]]  # core/v1 Events of the soak's namespaces (events.k8s.io ones are read too)
+    leases: list[dict[str, Any]]  # coordination.k8s.io Leases holding gang records
+
+
+@dataclass(frozen=True)
+class Violation:
+    at: float
+    invariant: str  # one of INVARIANTS
+    subject: str  # namespace/pod, node, node/device or gang key
+    detail: str
+
+
+@dataclass
+class Rules:
+    gang_timeout_s: float  # the extender's gangTimeoutSeconds
+    grace_s: float = 30.0  # slack for informers and the scheduler's backoff before a state counts
+    resource_name: str = DEFAULT_RESOURCE  # the whole-device resource (scheduler.config's default)
+    shared_resource_name: str = DEFAULT_SHARED_RESOURCE  # the shared resource, in milli-devices
+    # namespaces whose pods must be bound or say why they wait; empty: every namespace
+    namespaces: frozenset[str] = frozenset()
+
+
+# --------------------------------------------------------------------------- pure checks
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """One device of one node held beyond what it has."""
+
+    node: str
+    device: str
+    whole: tuple[str, ...]  # pods holding it whole, sorted
+    shares: tuple[tuple[str, int], ...]  # (pod, milli-devices) sharing it, sorted
+
+    def describe(self) -> str:
+        parts = []
+        if self.whole:
+            parts.append("held whole by " + ", ".join(self.whole))
+        if self.shares:
+            total = sum(m for _p, m in self.shares)
+            parts.append(
+                "shared by " + ", ".join(f"{p} ({m})" for p, m in self.shares) + f", {total}/{MILLI_PER_DEVICE}"
+            )
+        return f"device {self.device} of {self.node} " + " and ".join(parts)
+
+
+def _holds(info: PodInfo) -> bool:
+    """Whether the pod holds devices now: bound, not finished, and naming some."""
+    return bool(info.node_name) and not info.terminal and bool(info.devices) and (info.count > 0 or info.milli > 0)
+
+
+def held_twice(infos: Iterable[PodInfo]) -> list[Conflict]:
+    """Devices held beyond what they have, sorted by (node, device).
+
+    A device is over-held when two pods hold it whole, one holds it whole while another has a share
+    of it, or its shares add up to more than one device. Pods that are finished (Succeeded, Failed)
+    hold nothing; a pod being deleted still holds its devices.
+    """
+    whole: dict[tuple[str, str], list[str]] = {}
+    shares: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for info in infos:
+        if not _holds(info):
+            continue
+        if info.milli:
+            shares.setdefault((info.node_name, info.devices[0]), []).append((info.key, info.milli))
+        else:
+            for dev in info.devices:
+                whole.setdefault((info.node_name, dev), []).append(info.key)
+    out = []
+    for where in sorted(whole.keys() | shares.keys()):
+        w = sorted(whole.get(where, ()))
+        s = sorted(shares.get(where, ()))
+        if len(w) > 1 or (w and s) or sum(m for _p, m in s) > MILLI_PER_DEVICE:
+            out.append(Conflict(where[0], where[1], tuple(w), tuple(s)))
+    return out
+
+
+def wired(topo: NodeTopology) -> NodeTopology:
+    """``topo`` with every device and link healthy: the shapes its wiring forms, whatever fails now."""
+    return topo.with_health({d.id: Health.HEALTHY for d in topo.devices}, {lk.key: Health.HEALTHY for lk in topo.links})
+
+
+def shape_problem(info: PodInfo, topo: NodeTopology | None) -> str:
+    """What is wrong with a bound pod's devices on its node (``topo``: the wired topology, None when
+    the node's topology is unknown: only the count is checked); "" when nothing is."""
+    if info.milli:
+        if len(info.devices) != 1:
+            return f"a share of one device names {len(info.devices)} devices {list(info.devices)}"
+        if topo is not None and info.devices[0] not in topo.ids:
+            return f"device {info.devices[0]} is not a device of {info.node_name}"
+        return ""
+    if not info.devices:
+        return f"bound to {info.node_name} asking {info.count} devices, but names none (kube-icl.io/devices)"
+    if len(info.devices) != info.count:
+        return f"asks {info.count} devices, names {len(info.devices)}: {list(info.devices)}"
+    if topo is None:
+        return ""
+    unknown = [d for d in info.devices if d not in topo.ids]
+    if unknown:
+        return f"devices {unknown} are not devices of {info.node_name}"
+    try:
+        shape = parse_shape(info.shape, count=info.count)
+    except ShapeError as exc:
+        return f"bound although its shape cannot be read: {exc}"
+    if not Placer.for_topology(topo).is_valid(shape, info.devices):
+        return f"devices {list(info.devices)} do not form the {shape.describe()} it asks on {info.node_name}'s links"
+    return ""
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = _meta(obj)
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def _why_waiting(events: Iterable[Mapping[str, Any]]) -> tuple[set[str], set[str]]:
+    """(uids, namespace/name keys) of the pods some Event is about (core/v1 ``involvedObject`` or
+    events.k8s.io ``regarding``)."""
+    uids: set[str] = set()
+    keys: set[str] = set()
+    for ev in events:
+        ref = ev.get("involvedObject") or ev.get("regarding")
+        if not isinstance(ref, Mapping) or (ref.get("kind") or "Pod") != "Pod":
+            continue
+        if not (ev.get("message") or ev.get("note") or ev.get("reason")):
+            continue
+        if ref.get("uid"):
+            uids.add(str(ref["uid"]))
+        else:
+            keys.add(f"{ref.get('namespace') or 'default'}/{ref.get('name') or ''}")
+    return uids, keys
+
+
+def _gated(pod: Mapping[str, Any]) -> bool:
+    spec = pod.get("spec")
+    return isinstance(spec, Mapping) and bool(spec.get("schedulingGates"))
+
+
+def api_view(infos: Iterable[PodInfo]) -> dict[str, dict[str, tuple[str, ...]]]:
+    """node -> pod key -> devices it holds (whole or shared), from the API server's pods."""
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for info in infos:
+        if _holds(info):
+            out.setdefault(info.node_name, {})[info.key] = tuple(sorted(info.devices))
+    return out
+
+
+def extender_holdings(state: Mapping[str, Any]) -> dict[str, dict[str, tuple[str, ...]]]:
+    """node -> pod key -> devices, from the extender's ``/debug/state`` (allocations and shares)."""
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    nodes = state.get("nodes")
+    for node, rec in nodes.items() if isinstance(nodes, Mapping) else ():
+        if not isinstance(rec, Mapping):
+            continue
+        held: dict[str, set[str]] = {}
+        for pod, devices in (rec.get("allocations") or {}).items():
+            held.setdefault(str(pod), set()).update(str(d) for d in devices)
+        for dev, users in (rec.get("shares") or {}).items():
+            for pod in users:
+                held.setdefault(str(pod), set()).add(str(dev))
+        if held:
+            out[str(node)] = {pod: tuple(sorted(devs)) for pod, devs in held.items()}
+    return out
+
+
+def compare_views(
+    api: Mapping[str, Mapping[str, tuple[str, ...]]], extender: Mapping[str, Any]
+) -> list[tuple[str, str]]:
+    """Where the extender's ``/debug/state`` disagrees with the API server's holdings: (subject, what)
+    per pod that differs (the subject is the pod's namespace/name) and per leftover the extender keeps
+    (reservations, assumed binds, pods counted without devices); empty when they agree."""
+    ext = extender_holdings(extender)
+    lines: list[tuple[str, str]] = []
+    by_pod_api = {(pod, node): devs for node, pods in api.items() for pod, devs in pods.items()}
+    by_pod_ext = {(pod, node): devs for node, pods in ext.items() for pod, devs in pods.items()}
+    for pod, node in sorted(by_pod_api.keys() | by_pod_ext.keys()):
+        a, e = by_pod_api.get((pod, node)), by_pod_ext.get((pod, node))
+        if a == e:
+            continue
+        if e is None:
+            lines.append((pod, f"the API server has it on {node} holding {list(a or ())}, the extender does not"))
+        elif a is None:
+            lines.append((pod, f"the extender has it on {node} holding {list(e)}, the API server does not"))
+        else:
+            lines.append((pod, f"on {node} the API server says {list(a)}, the extender says {list(e)}"))
+    nodes = extender.get("nodes")
+    for node, rec in sorted(nodes.items() if isinstance(nodes, Mapping) else ()):
+        if not isinstance(rec, Mapping):
+            continue
+        if rec.get("reservations"):
+            lines.append((str(node), f"the extender still reserves {dict(rec['reservations'])}"))
+        if rec.get("unattributed"):
+            lines.append((str(node), f"the extender counts pods {dict(rec['unattributed'])} without their devices"))
+    if extender.get("assumed"):
+        lines.append(("extender", f"the extender still assumes binds of {list(extender['assumed'])}"))
+    if extender.get("reservations"):
+        lines.append(("extender", f"the extender still keeps gang reservations {sorted(extender['reservations'])}"))
+    return lines
+
+
+# --------------------------------------------------------------------------- the stateful checker
+
+
+@dataclass
+class _Gang:
+    short_since: float | None = None  # since when 0 < running < minimum
+    was_whole: bool = False  # ran at its minimum since it last had no member running
+
+
+class Checker:
+    """Checks each :class:`Observation`; remembers since when a state has lasted."""
+
+    def __init__(self, rules: Rules) -> None:
+        self.rules = rules
+        self.violations: list[Violation] = []  # every one reported, in order
+        self._topologies: dict[str, NodeTopology] = {}  # node -> its last readable topology, wired
+        self._first_seen: dict[str, float] = {}  # pending pod uid -> when first seen pending
+        self._gangs: dict[str, _Gang] = {}
+        self._open: set[tuple[str, str]] = set()  # (invariant, subject) reported and still lasting
+        self._shapes: dict[tuple[str, str, tuple[str, ...]], str] = {}  # shape verdicts, memoized
+
+    # -- reading
+
+    def _read_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> set[str]:
+        """Node names present; remembers each node's last readable topology (a garbage annotation
+        leaves the last good one in place)."""
+        names = set()
+        for node in nodes:
+            meta = _meta(node)
+            name = str(meta.get("name") or "")
+            names.add(name)
+            raw = (meta.get("annotations") or {}).get(ANN_TOPOLOGY)
+            if not isinstance(raw, str):
+                continue
+            try:
+                topo = decode_annotation(raw)
+            except TopologyError:
+                continue
+            known = self._topologies.get(name)
+            if known is None or known.fingerprint != wired(topo).fingerprint or known.ids != topo.ids:
+                self._topologies[name] = wired(topo)
+        for gone in set(self._topologies) - names:
+            del self._topologies[gone]
+        return names
+
+    def _read_pods(self, pods: Iterable[Mapping[str, Any]]) -> tuple[list[PodInfo], list[tuple[str, str]]]:
+        infos, bad = [], []
+        for pod in pods:
+            try:
+                infos.append(pod_info(pod, self.rules.resource_name, self.rules.shared_resource_name))
+            except PodSpecError as exc:
+                if (pod.get("spec") or {}).get("nodeName"):
+                    bad.append((_key(pod), str(exc)))
+        return infos, bad
+
+    # -- continuous invariants
+
+    def observe(self, obs: Observation) -> list[Violation]:
+        """The violations that begin with this observation (one per episode)."""
+        found = self._check(obs)
+        current = {(v.invariant, v.subject) for v in found}
+        new = [v for v in found if (v.invariant, v.subject) not in self._open]
+        self._open = current
+        self.violations.extend(new)
+        return new
+
+    def _check(self, obs: Observation) -> list[Violation]:
+        at = obs.at
+        nodes = self._read_nodes(obs.nodes)
+        infos, bad = self._read_pods(obs.pods)
+        out = [Violation(at, "pod-unreadable", key, why) for key, why in bad]
+        out += [Violation(at, "device-held-twice", f"{c.node}/{c.device}", c.describe()) for c in held_twice(infos)]
+        for info in infos:
+            if not info.node_name or info.terminal or (info.count == 0 and info.milli == 0):
+                continue
+            why = self._shape(info)
+            if why:
+                out.append(Violation(at, "shape-broken", info.key, why))
+        out += self._check_gangs(at, infos, nodes)
+        out += self._check_pending(at, obs)
+        return out
+
+    def _shape(self, info: PodInfo) -> str:
+        topo = self._topologies.get(info.node_name)
+        memo = (topo.fingerprint if topo is not None else "", f"{info.shape}|{info.count}|{info.milli}", info.devices)
+        if memo not in self._shapes:
+            if len(self._shapes) > 100_000:
+                self._shapes.clear()
+            self._shapes[memo] = shape_problem(info, topo)
+        return self._shapes[memo]
+
+    def _check_gangs(self, at: float, infos: Sequence[PodInfo], nodes: set[str]) -> list[Violation]:
+        running: dict[str, list[str]] = {}
+        done: dict[str, int] = {}
+        minimum: dict[str, tuple[int, bool]] = {}
+        for info in infos:
+            gang = info.gang
+            if gang is None or gang.size == 0:
+                continue
+            minimum[gang.key] = (gang.size, gang.elastic)
+            if info.phase == "Succeeded":
+                done[gang.key] = done.get(gang.key, 0) + 1
+            elif info.node_name and not info.terminal and not info.deleting and info.node_name in nodes:
+                running.setdefault(gang.key, []).append(info.name)
+        out = []
+        for key in sorted(minimum.keys() | self._gangs.keys()):
+            state = self._gangs.setdefault(key, _Gang())
+            least, elastic = minimum.get(key, (0, False))
+            members = running.get(key, [])
+            if not members:
+                del self._gangs[key]
+                continue
+            if len(members) + done.get(key, 0) >= least:
+                state.was_whole = True
+                state.short_since = None
+                continue
+            if done.get(key, 0):
+                state.short_since = None  # finishing: a member completed, the rest run out
+                continue
+            if state.short_since is None:
+                state.short_since = at
+            lasted = at - state.short_since
+            who = f"{len(members)} of at least {least} members running ({', '.join(sorted(members))})"
+            if state.was_whole and elastic:
+                if lasted > self.rules.grace_s:
+                    out.append(Violation(at, "elastic-below-min", key, f"{who} for {lasted:.0f}s after it ran whole"))
+            elif lasted > self.rules.gang_timeout_s + self.rules.grace_s:
+                out.append(Violation(at, "gang-partial", key, f"{who} for {lasted:.0f}s"))
+        return out
+
+    def _check_pending(self, at: float, obs: Observation) -> list[Violation]:
+        uids, keys = _why_waiting(obs.events)
+        seen: set[str] = set()
+        out = []
+        for pod in obs.pods:
+            meta, spec = _meta(pod), pod.get("spec") or {}
+            status = pod.get("status") or {}
+            uid = str(meta.get("uid") or _key(pod))
+            if spec.get("nodeName") or meta.get("deletionTimestamp") or _gated(pod):
+                continue
+            if status.get("phase") in ("Succeeded", "Failed"):
+                continue
+            namespace = str(meta.get("namespace") or "default")
+            if self.rules.namespaces and namespace not in self.rules.namespaces:
+                continue
+            seen.add(uid)
+            since = self._first_seen.setdefault(uid, at)
+            if at - since <= self.rules.grace_s or uid in uids or _key(pod) in keys:
+                continue
+            out.append(
+                Violation(at, "pending-without-reason", _key(pod), f"not bound {at - since:.0f}s, no Event says why")
+            )
+        for uid in set(self._first_seen) - seen:
+            del self._first_seen[uid]
+        return out
+
+    # -- the end
+
+    def final(self, obs: Observation, extender_view: dict[str, Any] | None) -> list[Violation]:
+        """After the faults stopped and the workload drained: every continuous invariant once more,
+        no pod left pending or holding a device, no gang record left, and the extender's view (its
+        ``/debug/state`` JSON; None when it could not be read) equal to the API server's."""
+        at = obs.at
+        out = self._check(obs)
+        infos, _bad = self._read_pods(obs.pods)
+        for info in infos:
+            if info.terminal or (info.count == 0 and info.milli == 0 and info.gang is None):
+                continue
+            if self.rules.namespaces and info.namespace not in self.rules.namespaces:
+                continue
+            if not info.node_name:
+                out.append(Violation(at, "not-drained", info.key, "still pending after the workload drained"))
+            elif _holds(info):
+                out.append(
+                    Violation(at, "not-drained", info.key, f"still holds {list(info.devices)} on {info.node_name}")
+                )
+        for lease in obs.leases:
+            meta = _meta(lease)
+            if (meta.get("labels") or {}).get(RECORD_LABEL) is None and RECORD_ANNOTATION not in (
+                meta.get("annotations") or {}
+            ):
+                continue
+            raw = (meta.get("annotations") or {}).get(RECORD_ANNOTATION, "")
+            try:
+                gang = str(json.loads(raw).get("gang"))
+            except (ValueError, AttributeError):
+                gang = "(unreadable)"
+            out.append(Violation(at, "record-left", _key(lease), f"the reservation record of gang {gang} is left"))
+        if extender_view is None:
+            out.append(Violation(at, "views-differ", "extender", "the extender's view could not be read"))
+        else:
+            view = api_view(infos)
+            out += [Violation(at, "views-differ", who, what) for who, what in compare_views(view, extender_view)]
+        self.violations.extend(out)
+        return out
+
+
+# --------------------------------------------------------------------------- resources
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at: float
+    pid: int
+    rss_bytes: int
+    threads: int
+    fds: int
+
+    def metric(self, name: str) -> float:
+        return float(getattr(self, name))
+
+
+METRICS = ("rss_bytes", "threads", "fds")
+
+
+def read_proc(pid: int, proc: Path = Path("/proc")) -> tuple[int, int, int]:
+    """(RSS bytes, threads, open descriptors) of ``pid``; OSError when it is gone."""
+    rss = threads = -1
+    for line in (proc / str(pid) / "status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024  # the kernel writes kB
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
+    if rss < 0 or threads < 0:
+        raise OSError(f"{proc / str(pid) / 'status'}: no VmRSS or Threads (a zombie?)")
+    fds = sum(1 for _ in (proc / str(pid) / "fd").iterdir())
+    return rss, threads, fds
+
+
+def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of ``(seconds, value)`` points, per hour; 0 when they span no time."""
+    return _pooled_slope([points]) * 3600.0
+
+
+def _pooled_slope(segments: Sequence[Sequence[tuple[float, float]]]) -> float:
+    """The least-squares slope shared by ``segments``, each with its own intercept (one process
+    each: a restart starts from a new level, the trend is within each)."""
+    sxy = sxx = 0.0
+    for seg in segments:
+        if len(seg) < 2:
+            continue
+        mt = sum(t for t, _v in seg) / len(seg)
+        mv = sum(v for _t, v in seg) / len(seg)
+        sxy += sum((t - mt) * (v - mv) for t, v in seg)
+        sxx += sum((t - mt) ** 2 for t, _v in seg)
+    return sxy / sxx if sxx > 0 else 0.0
+
+
+class ResourceSampler:
+    """RSS, threads and open file descriptors per role, from ``/proc/<pid>/{status,fd}``."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+        self.samples: dict[str, list[Sample]] = {}
+        self.missed: dict[str, int] = {}  # role -> reads that failed (the process was gone)
+
+    def sample(self, at: float, procs: dict[str, int]) -> None:
+        """Read each role's process (role name -> pid); a process that is gone is counted as missed."""
+        for role, pid in procs.items():
+            try:
+                rss, threads, fds = read_proc(pid, self.proc)
+            except (OSError, ValueError):
+                self.missed[role] = self.missed.get(role, 0) + 1
+                continue
+            self.samples.setdefault(role, []).append(Sample(at, pid, rss, threads, fds))
+
+    def slopes_per_hour(self, warmup_s: float = 60.0) -> dict[str, dict[str, float]]:
+        """role -> metric (``rss_bytes``, ``threads``, ``fds``) -> least-squares slope per hour.
+
+        Each process of a role (a restart gives a new pid) is fitted from ``warmup_s`` after its
+        first sample, with its own intercept and one slope for the role; a role without two samples
+        past its warm-up in one process is left out."""
+        out: dict[str, dict[str, float]] = {}
+        for role, samples in sorted(self.samples.items()):
+            by_pid: dict[int, list[Sample]] = {}
+            for s in samples:
+                by_pid.setdefault(s.pid, []).append(s)
+            kept = []
+            for seg in by_pid.values():
+                start = seg[0].at + warmup_s
+                late = [s for s in seg if s.at >= start]
+                if len(late) >= 2 and late[-1].at > late[0].at:
+                    kept.append(late)
+            if not kept:
+                continue
+            out[role] = {
+                m: _pooled_slope([[(s.at, s.metric(m)) for s in seg] for seg in kept]) * 3600.0 for m in METRICS
+            }
+        return out
+
+
+# --------------------------------------------------------------------------- the figure
+
+
+def timeline_png(
+    path: Path,
+    faults: list[tuple[float, str]],
+    binds_per_s: list[tuple[float, float]],
+    pending: list[tuple[float, int]],
+    violations: list[Violation],
+) -> None:
+    """The run as one PNG: binds per second and pending pods as lines over minutes since the first
+    point, each fault a mark coloured and labelled by kind, each violation a red cross."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    times = [t for t, _k in faults] + [t for t, _v in binds_per_s] + [t for t, _n in pending]
+    times += [v.at for v in violations]
+    t0 = min(times, default=0.0)
+
+    def minutes(t: float) -> float:
+        return (t - t0) / 60.0
+
+    fig = Figure(figsize=(12, 5), dpi=100)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.plot([minutes(t) for t, _v in binds_per_s], [v for _t, v in binds_per_s], color="tab:blue", lw=1.2)
+    ax.set_xlabel("minutes since start")
+    ax.set_ylabel("binds per second", color="tab:blue")
+    ax.set_ylim(bottom=0)
+    ax2 = ax.twinx()
+    ax2.plot([minutes(t) for t, _n in pending], [n for _t, n in pending], color="tab:gray", lw=1.0)
+    ax2.set_ylabel("pending pods", color="tab:gray")
+    ax2.set_ylim(bottom=0)
+    kinds = sorted({k for _t, k in faults})
+    cmap = [f"C{i % 10}" for i in range(len(kinds))]
+    colour = dict(zip(kinds, cmap, strict=True))
+    for t, kind in faults:
+        ax.axvline(minutes(t), color=colour[kind], alpha=0.35, lw=0.8)
+        ax.plot([minutes(t)], [1.0], marker="v", color=colour[kind], transform=ax.get_xaxis_transform(), clip_on=False)
+    handles: list[Line2D] = [
+        Line2D([], [], color="tab:blue", label="binds/s"),
+        Line2D([], [], color="tab:gray", label="pending pods"),
+    ]
+    handles += [
+        Line2D([], [], color=colour[k], marker="v", ls="", label=f"{k} ({sum(1 for _t, x in faults if x == k)})")
+        for k in kinds
+    ]
+    if violations:
+        xs = [minutes(v.at) for v in violations]
+        ax.plot(xs, [0.02] * len(xs), "x", color="red", ms=9, mew=2, transform=ax.get_xaxis_transform())
+    handles.append(Line2D([], [], color="red", marker="x", ls="", label=f"violations ({len(violations)})"))
+    if len(faults) <= 40:  # few enough to name each mark; more would overprint (the legend counts them)
+        for t, kind in faults:
+            ax.annotate(
+                kind,
+                (minutes(t), 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(2, -4),
+                textcoords="offset points",
+                rotation=90,
+                va="top",
+                fontsize=7,
+                color=colour[kind],
+            )
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.06, 1.0), fontsize=8)
+    ax.set_title("soak: throughput, pending pods, faults (marks) and invariant violations (red)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
