@@ -42,9 +42,16 @@ from typing import Any
 from scheduler.gang import RECORD_ANNOTATION, RECORD_LABEL
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
 from topology import Health, NodeTopology, Placer, ShapeError, TopologyError, decode_annotation, parse_shape
-from topology.contract import ANN_TOPOLOGY, DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE
+from topology.contract import (
+    ANN_DEVICE_MILLI,
+    ANN_TOPOLOGY,
+    DEFAULT_RESOURCE,
+    DEFAULT_SHARED_RESOURCE,
+    MILLI_PER_DEVICE,
+)
 
 __all__ = [
+    "INVARIANTS",
     "Checker",
     "Conflict",
     "Observation",
@@ -187,6 +194,17 @@ def shape_problem(info: PodInfo, topo: NodeTopology | None) -> str:
     return ""
 
 
+def _share_problem(info: PodInfo, pod: Mapping[str, Any]) -> str:
+    """A bound share whose ``kube-icl.io/device-milli`` (the Binding's record of the share) is not
+    the share the pod asks; "" when it is, or for a whole-device pod."""
+    if not info.milli or not info.devices:
+        return ""
+    written = (_meta(pod).get("annotations") or {}).get(ANN_DEVICE_MILLI)
+    if written is not None and str(written).strip() != str(info.milli):
+        return f"asks {info.milli} milli-devices of {info.devices[0]}, but {ANN_DEVICE_MILLI} says {written!r}"
+    return ""
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
@@ -302,6 +320,7 @@ class Checker:
         self._gangs: dict[str, _Gang] = {}
         self._open: set[tuple[str, str]] = set()  # (invariant, subject) reported and still lasting
         self._shapes: dict[tuple[str, str, tuple[str, ...]], str] = {}  # shape verdicts, memoized
+        self._decoded: dict[str, NodeTopology | None] = {}  # annotation text -> wired topology (None: garbage)
 
     # -- reading
 
@@ -316,26 +335,39 @@ class Checker:
             raw = (meta.get("annotations") or {}).get(ANN_TOPOLOGY)
             if not isinstance(raw, str):
                 continue
-            try:
-                topo = decode_annotation(raw)
-            except TopologyError:
-                continue
-            known = self._topologies.get(name)
-            if known is None or known.fingerprint != wired(topo).fingerprint or known.ids != topo.ids:
-                self._topologies[name] = wired(topo)
+            if raw not in self._decoded:
+                if len(self._decoded) > 10_000:
+                    self._decoded.clear()
+                try:
+                    self._decoded[raw] = wired(decode_annotation(raw))
+                except TopologyError:
+                    self._decoded[raw] = None
+            topo = self._decoded[raw]
+            if topo is not None:
+                self._topologies[name] = topo
         for gone in set(self._topologies) - names:
             del self._topologies[gone]
         return names
 
-    def _read_pods(self, pods: Iterable[Mapping[str, Any]]) -> tuple[list[PodInfo], list[tuple[str, str]]]:
-        infos, bad = [], []
+    def _read_pods(
+        self, pods: Iterable[Mapping[str, Any]]
+    ) -> tuple[list[tuple[PodInfo, Mapping[str, Any]]], list[tuple[str, str]]]:
+        """(each readable pod with its JSON, (key, why) of each bound pod whose annotations do not parse)."""
+        read, bad = [], []
         for pod in pods:
             try:
-                infos.append(pod_info(pod, self.rules.resource_name, self.rules.shared_resource_name))
+                read.append((pod_info(pod, self.rules.resource_name, self.rules.shared_resource_name), pod))
             except PodSpecError as exc:
                 if (pod.get("spec") or {}).get("nodeName"):
                     bad.append((_key(pod), str(exc)))
-        return infos, bad
+        return read, bad
+
+    def counts(self) -> dict[str, int]:
+        """Violations reported so far per invariant, every name of :data:`INVARIANTS` listed (0 where none)."""
+        out = dict.fromkeys(INVARIANTS, 0)
+        for v in self.violations:
+            out[v.invariant] = out.get(v.invariant, 0) + 1
+        return out
 
     # -- continuous invariants
 
@@ -351,13 +383,14 @@ class Checker:
     def _check(self, obs: Observation) -> list[Violation]:
         at = obs.at
         nodes = self._read_nodes(obs.nodes)
-        infos, bad = self._read_pods(obs.pods)
+        read, bad = self._read_pods(obs.pods)
+        infos = [info for info, _pod in read]
         out = [Violation(at, "pod-unreadable", key, why) for key, why in bad]
         out += [Violation(at, "device-held-twice", f"{c.node}/{c.device}", c.describe()) for c in held_twice(infos)]
-        for info in infos:
+        for info, pod in read:
             if not info.node_name or info.terminal or (info.count == 0 and info.milli == 0):
                 continue
-            why = self._shape(info)
+            why = self._shape(info) or _share_problem(info, pod)
             if why:
                 out.append(Violation(at, "shape-broken", info.key, why))
         out += self._check_gangs(at, infos, nodes)
@@ -443,10 +476,12 @@ class Checker:
     def final(self, obs: Observation, extender_view: dict[str, Any] | None) -> list[Violation]:
         """After the faults stopped and the workload drained: every continuous invariant once more,
         no pod left pending or holding a device, no gang record left, and the extender's view (its
-        ``/debug/state`` JSON; None when it could not be read) equal to the API server's."""
+        ``/debug/state`` JSON; None when it could not be read) equal to the API server's.
+
+        A continuous violation :meth:`observe` already reported and still lasting is not returned again."""
         at = obs.at
-        out = self._check(obs)
-        infos, _bad = self._read_pods(obs.pods)
+        out = [v for v in self._check(obs) if (v.invariant, v.subject) not in self._open]
+        infos = [info for info, _pod in self._read_pods(obs.pods)[0]]
         for info in infos:
             if info.terminal or (info.count == 0 and info.milli == 0 and info.gang is None):
                 continue

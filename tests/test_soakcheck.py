@@ -289,6 +289,14 @@ def test_devices_that_do_not_form_the_asked_shape_are_a_broken_shape() -> None:
     assert "ring of 3" in next(v.detail for v in found if v.subject.endswith("gapped"))
 
 
+def test_a_share_whose_recorded_size_is_not_its_request_is_reported() -> None:
+    pods = [pod("s", node="n0", devices="2", milli=250), pod("t", node="n0", devices="3", milli=250)]
+    pods[1]["metadata"]["annotations"][ANN_DEVICE_MILLI] = "500"
+    found = checker().observe(obs(0, pods))
+    assert kinds(found) == [("shape-broken", f"{NS}/t")]
+    assert "'500'" in found[0].detail
+
+
 def test_a_bound_pod_whose_devices_do_not_parse_is_unreadable() -> None:
     found = checker().observe(obs(0, [pod("twice", node="n0", devices="1,1", count=2)]))
     assert kinds(found) == [("pod-unreadable", f"{NS}/twice")]
@@ -423,6 +431,17 @@ def test_the_final_comparison_names_the_pod_whose_devices_differ() -> None:
     ]
     view["assumed"] = ["uid-x"]
     assert ("extender", "the extender still assumes binds of ['uid-x']") in compare_views(api, view)
+
+
+def test_the_final_check_does_not_count_again_what_observe_reported_and_counts_all() -> None:
+    c = checker()
+    bad = [pod("a", node="n0", devices="0", count=1), pod("b", node="n0", devices="0", count=1)]
+    assert kinds(c.observe(obs(0, bad))) == [("device-held-twice", "n0/0")]
+    view = drained_view()
+    view["nodes"]["n0"]["allocations"] = {f"{NS}/a": ["0"], f"{NS}/b": ["0"]}
+    assert kinds(c.final(obs(1, bad), view)) == [("not-drained", f"{NS}/a"), ("not-drained", f"{NS}/b")]
+    counts = c.counts()
+    assert counts["device-held-twice"] == 1 and counts["not-drained"] == 2 and counts["views-differ"] == 0
 
 
 def test_an_unreadable_extender_view_fails_the_final_check() -> None:
