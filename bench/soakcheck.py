@@ -59,6 +59,7 @@ __all__ = [
     "Rules",
     "Sample",
     "Violation",
+    "api_view",
     "compare_views",
     "held_twice",
     "slope_per_hour",

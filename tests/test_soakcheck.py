@@ -19,11 +19,13 @@ from bench.soakcheck import (
     ResourceSampler,
     Rules,
     Violation,
+    api_view,
     compare_views,
     held_twice,
     slope_per_hour,
     timeline_png,
 )
+from scheduler.cache import ClusterCache
 from scheduler.gang import RECORD_ANNOTATION, RECORD_LABEL
 from scheduler.podspec import pod_info
 from topology import build_preset, encode_annotation
@@ -442,6 +444,21 @@ def test_the_final_check_does_not_count_again_what_observe_reported_and_counts_a
     assert kinds(c.final(obs(1, bad), view)) == [("not-drained", f"{NS}/a"), ("not-drained", f"{NS}/b")]
     counts = c.counts()
     assert counts["device-held-twice"] == 1 and counts["not-drained"] == 2 and counts["views-differ"] == 0
+
+
+def test_the_comparison_agrees_with_the_extenders_own_cache_and_names_the_pod_it_disagrees_on() -> None:
+    cache = ClusterCache(DEFAULT_RESOURCE)
+    for n in (node("n0"), node("n1")):
+        cache.upsert_node(n)
+    pods = valid_state()
+    for p in pods:
+        cache.upsert_pod(p)
+    state = cache.snapshot()
+    assert compare_views(api_view([pod_info(p, DEFAULT_RESOURCE) for p in pods]), state) == []
+    moved = [pod("pair", node="n0", devices="2,6", count=2) if p["metadata"]["name"] == "pair" else p for p in pods]
+    assert [who for who, _what in compare_views(api_view([pod_info(p, DEFAULT_RESOURCE) for p in moved]), state)] == [
+        f"{NS}/pair"
+    ]
 
 
 def test_an_unreadable_extender_view_fails_the_final_check() -> None:
