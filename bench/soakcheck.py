@@ -618,62 +618,59 @@ def timeline_png(
     binds_per_s: list[tuple[float, float]],
     pending: list[tuple[float, int]],
     violations: list[Violation],
+    *,
+    start: float | None = None,
+    title: str = "soak: throughput and pending pods (top), faults by kind and invariant violations (bottom)",
 ) -> None:
-    """The run as one PNG: binds per second and pending pods as lines over minutes since the first
-    point, each fault a mark coloured and labelled by kind, each violation a red cross."""
+    """The run as one PNG (1200x700): binds per second and pending pods as lines over minutes since
+    ``start`` (default: the earliest point given); below, on the same time axis, one row per fault
+    kind with a mark at each fault (the row labelled with the kind and its count) and a row of red
+    crosses, one per invariant violation."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     times = [t for t, _k in faults] + [t for t, _v in binds_per_s] + [t for t, _n in pending]
     times += [v.at for v in violations]
-    t0 = min(times, default=0.0)
+    t0 = start if start is not None else min(times, default=0.0)
 
     def minutes(t: float) -> float:
         return (t - t0) / 60.0
 
-    fig = Figure(figsize=(12, 5), dpi=100)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot([minutes(t) for t, _v in binds_per_s], [v for _t, v in binds_per_s], color="tab:blue", lw=1.2)
-    ax.set_xlabel("minutes since start")
-    ax.set_ylabel("binds per second", color="tab:blue")
-    ax.set_ylim(bottom=0)
-    ax2 = ax.twinx()
-    ax2.plot([minutes(t) for t, _n in pending], [n for _t, n in pending], color="tab:gray", lw=1.0)
-    ax2.set_ylabel("pending pods", color="tab:gray")
-    ax2.set_ylim(bottom=0)
+    fig = Figure(figsize=(12, 7), dpi=100)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    top.plot([minutes(t) for t, _v in binds_per_s], [v for _t, v in binds_per_s], color="tab:blue", lw=1.2)
+    top.set_ylabel("binds per second", color="tab:blue")
+    top.set_ylim(bottom=0)
+    right = top.twinx()
+    right.plot([minutes(t) for t, _n in pending], [n for _t, n in pending], color="tab:gray", lw=1.0)
+    right.set_ylabel("pending pods", color="tab:gray")
+    right.set_ylim(bottom=0)
+    top.legend(
+        handles=[
+            Line2D([], [], color="tab:blue", label="binds/s"),
+            Line2D([], [], color="tab:gray", label="pending pods"),
+        ],
+        loc="upper left",
+        fontsize=8,
+    )
+    top.set_title(title)
     kinds = sorted({k for _t, k in faults})
-    cmap = [f"C{i % 10}" for i in range(len(kinds))]
-    colour = dict(zip(kinds, cmap, strict=True))
-    for t, kind in faults:
-        ax.axvline(minutes(t), color=colour[kind], alpha=0.35, lw=0.8)
-        ax.plot([minutes(t)], [1.0], marker="v", color=colour[kind], transform=ax.get_xaxis_transform(), clip_on=False)
-    handles: list[Line2D] = [
-        Line2D([], [], color="tab:blue", label="binds/s"),
-        Line2D([], [], color="tab:gray", label="pending pods"),
-    ]
-    handles += [
-        Line2D([], [], color=colour[k], marker="v", ls="", label=f"{k} ({sum(1 for _t, x in faults if x == k)})")
-        for k in kinds
-    ]
-    if violations:
-        xs = [minutes(v.at) for v in violations]
-        ax.plot(xs, [0.02] * len(xs), "x", color="red", ms=9, mew=2, transform=ax.get_xaxis_transform())
-    handles.append(Line2D([], [], color="red", marker="x", ls="", label=f"violations ({len(violations)})"))
-    if len(faults) <= 40:  # few enough to name each mark; more would overprint (the legend counts them)
-        for t, kind in faults:
-            ax.annotate(
-                kind,
-                (minutes(t), 1.0),
-                xycoords=("data", "axes fraction"),
-                xytext=(2, -4),
-                textcoords="offset points",
-                rotation=90,
-                va="top",
-                fontsize=7,
-                color=colour[kind],
-            )
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.06, 1.0), fontsize=8)
-    ax.set_title("soak: throughput, pending pods, faults (marks) and invariant violations (red)")
+    rows = [*kinds, "violations"]
+    for row, kind in enumerate(kinds):
+        xs = [minutes(t) for t, k in faults if k == kind]
+        bottom.plot(xs, [row] * len(xs), "|", color=f"C{row % 10}", ms=12, mew=2)
+        for x in xs if len(faults) <= 60 else ():  # a faint line through the throughput, while they stay apart
+            top.axvline(x, color=f"C{row % 10}", alpha=0.3, lw=0.7)
+    xs = [minutes(v.at) for v in violations]
+    bottom.plot(xs, [len(kinds)] * len(xs), "x", color="red", ms=9, mew=2)
+    counts = {k: sum(1 for _t, x in faults if x == k) for k in kinds}
+    bottom.set_yticks(
+        range(len(rows)), [f"{k} ({counts[k]})" for k in kinds] + [f"violations ({len(violations)})"], fontsize=8
+    )
+    bottom.get_yticklabels()[-1].set_color("red")
+    bottom.set_ylim(-0.7, len(rows) - 0.3)
+    bottom.grid(axis="y", alpha=0.3)
+    bottom.set_xlabel("minutes since start")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png")

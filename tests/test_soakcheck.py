@@ -521,5 +521,11 @@ def test_the_timeline_is_a_png_of_sane_size(tmp_path: Path) -> None:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
-    assert (width, height) == (1200, 500)
+    assert (width, height) == (1200, 700)
     assert 10_000 < len(data) < 2_000_000
+
+
+def test_the_timeline_of_a_run_with_nothing_in_it_is_still_drawn(tmp_path: Path) -> None:
+    path = tmp_path / "empty.png"
+    timeline_png(path, [], [], [], [])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
