@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.cache import ClusterCache
     from scheduler.config import ConfigError, load_config
     from scheduler.events import EventRecorder
-    from scheduler.extender import Extender
+    from scheduler.factory import build_extender
     from scheduler.informer import Informer
     from scheduler.kube import KubeError, RestKubeAPI
     from scheduler.server import ExtenderServer, check_exposure
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         cfg.resource_name, requests=kube.pod_selection == "all", shared_resource=cfg.shared_resource_name
     )
     events = EventRecorder(api, cfg.event_component, enabled=cfg.events)
-    extender = Extender(cfg, cache, api, events=events)
+    extender = build_extender(cfg, cache, api, events=events)
     informer = Informer(
         api,
         cache,

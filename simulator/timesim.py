@@ -65,12 +65,18 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.cache import NodeView
-from scheduler.config import ExtenderConfig
-from scheduler.decision import Decision
-from scheduler.factory import build_decision
-from scheduler.podspec import PodInfo
+from scheduler.factory import (
+    ClusterCache,
+    Decision,
+    ExtenderConfig,
+    NodeView,
+    PodInfo,
+    QueueConfig,
+    build_decision,
+    build_extender,
+)
 from simulator.clusterspec import ClusterSpec, NodeSpec
+from simulator.extcluster import NAMESPACE, JsonObj, LocalAPI, member_pod, node_object, schedule_pod
 from simulator.fill import never_fits
 from simulator.jobs import Job
 from simulator.network import NetworkModel
@@ -166,6 +172,9 @@ class TimeResult:
     """Device-seconds elastic gangs stood still re-forming after growing."""
     tiers: tuple[str, ...] = ()
     """The cluster's network tier keys, lowest first (topology policies)."""
+    log: list[tuple[object, ...]] = field(default_factory=list)
+    """Under the extender, with ``record``: every write to its cluster and every scheduling attempt with
+    its answer, in order (:class:`simulator.extcluster.LocalAPI`)."""
 
 
 class _TopoCluster:
@@ -496,6 +505,141 @@ def _grow_icl(c: _TopoCluster, job: Job, alloc: _Alloc) -> tuple[str, tuple[str,
     return None
 
 
+class _ExtenderCluster(_TopoCluster):
+    """kube-icl (``icl``, ``icl-binpack``): the extender itself decides. Its cache is fed in process
+    (:class:`simulator.extcluster.LocalAPI`: the nodes of the spec with their health and labels, each
+    queued job's members as pending pods, Bindings, ends and deletions as the watch delivers them), and
+    each member goes through the extender's verbs (:func:`simulator.extcluster.schedule_pod`): gangs
+    through its gang manager, queues through its fair share, devices as its bind assumes them. The
+    parent's free devices, CPU and memory follow the same placements (utilisation, failures)."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        policy: PolicyName,
+        balance: Balance | None,
+        gang_tier: str | None,
+        weights: Mapping[str, float] | None,
+        *,
+        record: bool = False,
+    ) -> None:
+        super().__init__(spec, policy, balance, gang_tier)
+        self.gang_tier = gang_tier
+        self.now = 0.0
+        cfg = ExtenderConfig(
+            policy=policy.value,
+            tiers=spec.view.tier_keys,
+            queues={q: QueueConfig(q, weight=w) for q, w in (weights or {}).items()},
+        )
+        cfg = dataclasses.replace(cfg, leader_election=dataclasses.replace(cfg.leader_election, enabled=False))
+        self.resource = cfg.resource_name
+        self.cache = ClusterCache(cfg.resource_name, clock=lambda: self.now)
+        self.api = LocalAPI(self.cache, record=record)
+        for name in self.order:
+            self.api.put_node(self._node(name))
+        self.cache.nodes_synced = self.cache.pods_synced = True
+        self.extender = build_extender(cfg, self.cache, self.api)
+        self.pending: dict[str, dict[int, JsonObj]] = {}  # job -> member -> its pending pod
+        self.bound: dict[str, dict[int, tuple[str, tuple[str, ...]]]] = {}  # job -> member -> (node, devices)
+        self.jobs: dict[str, Job] = {}
+        self._uids = itertools.count()
+
+    @property
+    def log(self) -> list[tuple[object, ...]]:
+        """What was written and asked, in order (``record``)."""
+        return self.api.log if self.api.log is not None else []
+
+    def _node(self, name: str) -> JsonObj:
+        return node_object(
+            self.nodes[name], self.topo[name], self.spec.view, self.resource, ready=name not in self.down
+        )
+
+    def tick(self, t: float) -> None:
+        self.now = t
+        self.api.note("clock", t)
+
+    def _new_pod(self, job: Job, member: int) -> None:
+        pod = member_pod(job, member, f"{job.id}.{member}.{next(self._uids)}", self.resource, self.gang_tier)
+        self.api.create_pod(pod)
+        self.pending.setdefault(job.id, {})[member] = pod
+
+    def queued(self, job: Job) -> None:
+        """The job (again) waits: a pending pod per member (up to an elastic gang's maximum)."""
+        self.jobs[job.id] = job
+        self.bound.pop(job.id, None)
+        for member in range(job.gang):
+            self._new_pod(job, member)
+
+    def ended(self, job: Job, *, failed: bool) -> None:
+        """The job ended (``failed``: a failure stopped it): its members' pods end or are deleted."""
+        for member in sorted(self.bound.pop(job.id, {})):
+            self.api.end_pod(NAMESPACE, f"{job.id}-{member}", succeeded=not failed)
+        for member in sorted(self.pending.pop(job.id, {})):
+            self.api.end_pod(NAMESPACE, f"{job.id}-{member}", succeeded=False)
+
+    def _names(self, job: Job) -> list[str]:
+        """The nodes kube-scheduler's own filters pass: ready, room for the CPU and memory requests, a
+        device model the job allows (node affinity)."""
+        lookup = self.cache.view_lookup()
+        out = []
+        for n in self.order:
+            v = lookup(n)
+            if v is None or v.cpu_free < job.cpu_milli or v.mem_free < job.memory_mib:
+                continue
+            if job.gpu_spec and job.count and self.nodes[n].model not in job.gpu_spec:
+                continue
+            out.append(n)
+        return out
+
+    def _schedule(self, job: Job, member: int) -> tuple[str, tuple[str, ...]] | None:
+        pod = self.pending[job.id][member]
+        got = schedule_pod(self.extender, self.api, pod, self._names(job))
+        if got is not None:
+            del self.pending[job.id][member]
+            self.bound.setdefault(job.id, {})[member] = got
+        return got
+
+    def place(self, job: Job) -> tuple[_Alloc, bool | None] | None:
+        """The first ``job.gang`` waiting members, one by one through the extender (a gang's first member
+        reserves every slot of its minimum); None, and nothing kept, when one is not placed."""
+        waiting = sorted(self.pending.get(job.id, {}))[: job.gang]
+        members: list[tuple[int, tuple[str, tuple[str, ...]]]] = []
+        for member in waiting:
+            got = self._schedule(job, member)
+            if got is None:
+                break
+            members.append((member, got))
+        if len(members) == job.gang and members:
+            return _Alloc([m for _, m in members]), True
+        for member, _ in members:  # not all of it: the members placed are taken back
+            self.api.end_pod(NAMESPACE, f"{job.id}-{member}", succeeded=False)
+            del self.bound[job.id][member]
+            self._new_pod(self.jobs[job.id], member)
+        return None
+
+    def grow_one(self, job: Job, alloc: _Alloc) -> tuple[str, tuple[str, ...]] | None:
+        """One more member of a running elastic gang, through the extender (next to its members)."""
+        waiting = sorted(self.pending.get(job.id, {}))
+        return self._schedule(job, waiting[0]) if waiting else None
+
+    def drop_member(self, job: Job, where: tuple[str, tuple[str, ...]]) -> None:
+        """A member of a running elastic gang is lost: its pod is deleted, a new one waits in its place."""
+        self.give_devices(where[0], where[1], job)
+        bound = self.bound.get(job.id, {})
+        member = next(m for m, w in sorted(bound.items()) if w == where)
+        del bound[member]
+        self.api.end_pod(NAMESPACE, f"{job.id}-{member}", succeeded=False)
+        self._new_pod(job, member)
+
+    def fail(self, item: tuple[str, str, str]) -> None:
+        super().fail(item)
+        self.api.put_node(self._node(item[1]))
+
+    def repair(self, item: tuple[str, str, str]) -> None:
+        super().repair(item)
+        self.api.put_node(self._node(item[1]))
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values`` by linear interpolation between order statistics; NaN for none."""
     if not values:
@@ -521,6 +665,7 @@ def run_time(
     resize_s: float = 30.0,
     gang_tier: str | None = None,
     network: NetworkModel | None = None,
+    record: bool = False,
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -558,12 +703,18 @@ def run_time(
         pol = PolicyName(policy)
         balance = Balance.of_pods((j.count, j.cpu_milli, j.memory_mib) for j in jobs if j.count)
         try:
-            c = _TopoCluster(spec, pol, balance, gang_tier)
+            if pol is PolicyName.KUBELET:
+                c = _TopoCluster(spec, pol, balance, gang_tier)
+            else:
+                c = _ExtenderCluster(spec, pol, balance, gang_tier, weights, record=record)
         except TopologyError as exc:
             raise ValueError(f"gang_tier: {exc}") from None
         label = pol.value
     run = TimeRun(c, label, jobs, seed, failures, weights, backfill, invalid_slowdown, resize_s, network)
-    return run.run(progress)
+    result = run.run(progress)
+    if isinstance(c, _ExtenderCluster):
+        result.log = c.log
+    return result
 
 
 class TimeRun:
@@ -647,6 +798,8 @@ class TimeRun:
                 break
             self.account(t)
             now = t
+            if isinstance(self.c, _ExtenderCluster):
+                self.c.tick(t)
             while events and events[0][0] == t:
                 _, _, kind, arg, ep = heapq.heappop(events)
                 if kind == "arrive":
@@ -672,7 +825,10 @@ class TimeRun:
     # ---------------------------------------------------------------- events
 
     def arrive(self, jid: str) -> None:
-        self.queues[self.records[jid].job.queue].append(jid)
+        job = self.records[jid].job
+        self.queues[job.queue].append(jid)
+        if isinstance(self.c, _ExtenderCluster):
+            self.c.queued(job)
 
     def finish(self, jid: str, ep: int, t: float) -> bool:
         """A job's finish event; False when it is stale (the job was requeued or resized since)."""
@@ -711,8 +867,12 @@ class TimeRun:
 
     def schedule(self, t: float) -> None:
         """Place queued jobs: the queue with the lowest (devices in use / weight) first, up to ``backfill``
-        of its jobs tried in order; a queue none of whose tried jobs fits is blocked for this pass."""
+        of its jobs tried in order; a queue none of whose tried jobs fits is blocked for this pass. Under
+        the extender (``icl``, ``icl-binpack``): :meth:`schedule_fifo`."""
         c, records, queues = self.c, self.records, self.queues
+        if isinstance(c, _ExtenderCluster):
+            self.schedule_fifo(t, c)
+            return
         blocked: set[str] = set()
         while True:
             order = sorted(
@@ -735,6 +895,26 @@ class TimeRun:
                 blocked.add(q)
                 continue
             self.start(jid, placed, t)
+
+    def schedule_fifo(self, t: float, c: _ExtenderCluster) -> None:
+        """kube-scheduler's queue: every waiting job tried once per pass, oldest submission first (a
+        requeued job keeps its place); the extender's fair share holds back a queue over its share while
+        another has a pod waiting that fits (:mod:`scheduler.fairshare`), as its gang manager admits a gang
+        whole or not at all. A placement is a cluster event: the jobs not placed are tried again (as
+        kube-scheduler moves its unschedulable pods back to the active queue) until a pass places none."""
+        records = self.records
+        placed_any = True
+        while placed_any:
+            placed_any = False
+            order = sorted((j for q in self.queues.values() for j in q), key=lambda j: (records[j].job.submit, j))
+            for jid in order:
+                want = records[jid].job
+                if jid in self.elastic:
+                    want = dataclasses.replace(want, gang=want.gang_min)  # the minimum, all at once
+                placed = c.place(want)
+                if placed is not None:
+                    self.start(jid, placed, t)
+                    placed_any = True
 
     def start(self, jid: str, placed: tuple[_Alloc, bool | None], t: float) -> None:
         job = self.records[jid].job
@@ -768,7 +948,7 @@ class TimeRun:
             alloc = self.running[jid]
             added = 0
             while len(alloc.members) < job.gang:
-                member = _grow_icl(c, job, alloc)
+                member = c.grow_one(job, alloc) if isinstance(c, _ExtenderCluster) else _grow_icl(c, job, alloc)
                 if member is None:
                     break
                 if added == 0:
@@ -839,6 +1019,8 @@ class TimeRun:
         alloc = self.running.pop(jid)
         job = self.records[jid].job
         self.c.give(alloc, job)
+        if isinstance(self.c, _ExtenderCluster):
+            self.c.ended(job, failed=failed)
         self.in_use[job.queue] -= self.held.pop(jid, job.device_milli)
         self.epoch[jid] = self.epoch.get(jid, 0) + 1
         if not failed:
@@ -854,6 +1036,8 @@ class TimeRun:
         if job.gang > 1:
             self.result.gang_failures += 1
         self.queues[job.queue].appendleft(jid)
+        if isinstance(self.c, _ExtenderCluster):
+            self.c.queued(job)
 
     def shrink(self, jid: str, item: tuple[str, str, str], t: float) -> bool:
         """An elastic gang loses the members ``item`` hits; False when fewer than its minimum would remain."""
@@ -867,7 +1051,10 @@ class TimeRun:
         self.advance(jid, t)
         for m in hit:
             alloc.members.remove(m)
-            c.give_devices(m[0], m[1], job)
+            if isinstance(c, _ExtenderCluster):
+                c.drop_member(job, m)
+            else:
+                c.give_devices(m[0], m[1], job)
             self.held[jid] -= _member_milli(job)
             self.in_use[job.queue] -= _member_milli(job)
         self.records[jid].shrinks += 1

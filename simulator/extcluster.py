@@ -1,0 +1,293 @@
+"""Time mode's cluster as the extender sees it: a :class:`scheduler.cache.ClusterCache` fed in process, an
+in-process API server that writes back into it, and a kube-scheduler-like driver that asks the extender's
+verbs (built by :func:`scheduler.factory.build_extender`) for one pod.
+
+- :class:`LocalAPI` holds the cluster's Node, Pod and Lease objects. Every write reaches the cache as the
+  watch would deliver it, at once (one thread, no lag): a node put, a pod created pending, a Binding
+  (``spec.nodeName`` and the Binding's annotations, one write, as kube-apiserver applies it), a pod that
+  succeeded, a pod deleted or evicted. With ``record`` it keeps the log of those writes, and the driver adds
+  each scheduling attempt with its answer (the parity test replays that log through an extender of its
+  own).
+- :func:`node_object` and :func:`member_pod` write the upstream objects of a node of a cluster spec
+  (topology annotation with its health, link-domain and tier labels, allocatable CPU, memory and healthy
+  devices) and of one job member (requests, shape, queue, gang annotations).
+- :func:`schedule_pod` is kube-scheduler's part: filter over the nodes its own filters pass, prioritize
+  the passing ones, the first of the best-scored in the cluster's order (kube-scheduler picks one of them
+  at random), bind through the extender.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from scheduler.factory import (
+    ClusterCache,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    GroupSpec,
+    KubeError,
+    parse_devices,
+)
+from simulator.clusterspec import NodeSpec
+from simulator.jobs import Job
+from topology import ClusterView, NodeTopology, encode_annotation
+from topology.cluster import COORDS_LABEL, DOMAIN_KIND_LABEL, DOMAIN_LABEL
+from topology.contract import (
+    ANN_DEVICES,
+    ANN_GANG,
+    ANN_GANG_MAX,
+    ANN_GANG_MIN,
+    ANN_GANG_SIZE,
+    ANN_GANG_TIER,
+    ANN_QUEUE,
+    ANN_SHAPE,
+    ANN_TOPOLOGY,
+)
+
+__all__ = ["NAMESPACE", "JsonObj", "LocalAPI", "Verbs", "member_pod", "node_object", "schedule_pod"]
+
+JsonObj = dict[str, Any]
+NAMESPACE = "sim"
+"""The namespace of every job's pods."""
+
+
+def node_object(
+    node: NodeSpec, topology: NodeTopology, view: ClusterView, resource: str, *, ready: bool = True
+) -> JsonObj:
+    """The ``v1.Node`` of ``node`` with ``topology`` (its health included), its link-domain labels and tier
+    labels from ``view``; allocatable devices are the healthy ones, as the device plugin reports them."""
+    labels = {"kubernetes.io/hostname": node.name}
+    domain = view.domain_of.get(node.name)
+    if domain is not None:
+        ld = view.domains[domain]
+        labels[DOMAIN_LABEL] = domain
+        labels[COORDS_LABEL] = ".".join(str(c) for c in ld.nodes[node.name])
+        labels[DOMAIN_KIND_LABEL] = ld.kind.value
+    for key, value in zip(view.tier_keys, view.paths.get(node.name, ()), strict=False):
+        if value:
+            labels[key] = value
+    alloc = {
+        "cpu": f"{node.cpu_milli}m",
+        "memory": f"{node.memory_mib}Mi",
+        "pods": "1000",
+        resource: str(len(topology.healthy_ids)),
+    }
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {"name": node.name, "labels": labels, "annotations": {ANN_TOPOLOGY: encode_annotation(topology)}},
+        "spec": {},
+        "status": {
+            "capacity": dict(alloc),
+            "allocatable": dict(alloc),
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def member_pod(job: Job, member: int, uid: str, resource: str, gang_tier: str | None = None) -> JsonObj:
+    """Member ``member`` of ``job`` as a pending ``v1.Pod`` (name ``<job>-<member>``, uid ``uid``): its
+    requests, shape and queue; a gang's name and size (an elastic gang: minimum and maximum) and the tier it
+    must stay within."""
+    ann = {ANN_SHAPE: job.shape, ANN_QUEUE: job.queue}
+    if job.gang > 1:
+        ann[ANN_GANG] = job.id
+        if job.elastic:
+            ann[ANN_GANG_MIN] = str(job.gang_min)
+            ann[ANN_GANG_MAX] = str(job.gang)
+        else:
+            ann[ANN_GANG_SIZE] = str(job.gang)
+        if gang_tier:
+            ann[ANN_GANG_TIER] = gang_tier
+    requests: dict[str, str] = {}
+    if job.count:
+        requests[resource] = str(job.count)
+    if job.cpu_milli:
+        requests["cpu"] = f"{job.cpu_milli}m"
+    if job.memory_mib:
+        requests["memory"] = f"{job.memory_mib}Mi"
+    limits = {resource: str(job.count)} if job.count else {}
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {"name": f"{job.id}-{member}", "namespace": NAMESPACE, "uid": uid, "annotations": ann},
+        "spec": {
+            "containers": [{"name": "main", "resources": {"requests": requests, "limits": limits}}],
+            "schedulerName": "kube-icl",
+            "priority": 0,
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+class LocalAPI:
+    """An in-process API server for the extender of time mode (:class:`scheduler.kube.KubeAPI`): Nodes, Pods
+    and Leases in memory, every write delivered to ``cache`` at once, as its watch would."""
+
+    def __init__(self, cache: ClusterCache, *, record: bool = False) -> None:
+        self.cache = cache
+        self.nodes: dict[str, JsonObj] = {}
+        self.pods: dict[tuple[str, str], JsonObj] = {}
+        self.leases: dict[tuple[str, str], JsonObj] = {}
+        self.log: list[tuple[Any, ...]] | None = [] if record else None
+        self._rv = 0
+
+    def _stamp(self, obj: JsonObj) -> JsonObj:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        return obj
+
+    def note(self, *entry: Any) -> None:
+        """Add ``entry`` to the log (when recording)."""
+        if self.log is not None:
+            self.log.append(entry)
+
+    # ---------------------------------------------------------------- what the simulator writes
+
+    def put_node(self, obj: JsonObj) -> None:
+        obj = self._stamp(copy.deepcopy(obj))
+        self.nodes[obj["metadata"]["name"]] = obj
+        self.note("node", copy.deepcopy(obj))
+        self.cache.upsert_node(obj)
+
+    def create_pod(self, obj: JsonObj) -> None:
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if key in self.pods:
+            raise ValueError(f"pod {key[0]}/{key[1]} exists already")
+        obj = self._stamp(copy.deepcopy(obj))
+        self.pods[key] = obj
+        self.note("pod", copy.deepcopy(obj))
+        self.cache.upsert_pod(obj)
+
+    def end_pod(self, namespace: str, name: str, *, succeeded: bool) -> None:
+        """The pod ends: a pod that succeeded shows phase ``Succeeded`` first (its containers exited 0),
+        then it is deleted; any other end is a deletion of the running (or pending) pod."""
+        obj = self.pods.get((namespace, name))
+        if obj is None:
+            return
+        if succeeded and obj["spec"].get("nodeName"):
+            obj = self._stamp(copy.deepcopy(obj))
+            obj["status"] = {"phase": "Succeeded"}
+            self.pods[(namespace, name)] = obj
+            self.note("pod", copy.deepcopy(obj))
+            self.cache.upsert_pod(obj)
+        self._delete(namespace, name)
+
+    def _delete(self, namespace: str, name: str) -> None:
+        obj = self.pods.pop((namespace, name), None)
+        if obj is None:
+            return
+        obj = self._stamp(obj)
+        self.note("delete", copy.deepcopy(obj))
+        self.cache.delete_pod(obj)
+
+    def devices_of(self, namespace: str, name: str) -> tuple[str, tuple[str, ...]]:
+        """(node, devices) the pod is bound to."""
+        obj = self.pods[(namespace, name)]
+        raw = str((obj["metadata"].get("annotations") or {}).get(ANN_DEVICES) or "")
+        return str(obj["spec"].get("nodeName") or ""), parse_devices(raw) if raw else ()
+
+    # ---------------------------------------------------------------- KubeAPI
+
+    def list(self, resource: str) -> tuple[builtins.list[JsonObj], str]:
+        objs = self.nodes.values() if resource == "nodes" else self.pods.values()
+        return [copy.deepcopy(o) for o in objs], str(self._rv)
+
+    def watch(self, resource: str, resource_version: str, timeout_s: int) -> Iterator[tuple[str, JsonObj]]:
+        return iter(())
+
+    def list_pages(self, resource: str) -> Iterator[tuple[builtins.list[JsonObj], str]]:
+        yield self.list(resource)
+
+    def select_pods(self, label_selector: str) -> None:
+        return None
+
+    def abort_watches(self) -> None:
+        return None
+
+    def get_cluster_object(self, path: str) -> JsonObj | None:
+        return None
+
+    def get_pod(self, namespace: str, name: str) -> JsonObj | None:
+        obj = self.pods.get((namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def bind_pod(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        obj = self.pods.get((namespace, name))
+        if obj is None or (uid and obj["metadata"]["uid"] != uid):
+            raise KubeError(404, f"pods {name!r} not found")
+        if obj["spec"].get("nodeName"):
+            raise KubeError(409, f"pod {name} is already assigned to node {obj['spec']['nodeName']!r}")
+        obj = self._stamp(copy.deepcopy(obj))
+        obj["spec"]["nodeName"] = node
+        obj["metadata"].setdefault("annotations", {}).update(annotations or {})
+        obj["status"] = {"phase": "Running"}
+        self.pods[(namespace, name)] = obj
+        self.note("bound", copy.deepcopy(obj))
+        self.cache.upsert_pod(obj)
+
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        self._delete(namespace, name)
+
+    def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
+        obj = self.pods.get((namespace, name))
+        if obj is not None:
+            obj["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def create_event(self, namespace: str, event: JsonObj) -> None:
+        return None
+
+    def read_group(self, kind: str, namespace: str, name: str, pod_group: str = "") -> GroupSpec | None:
+        return None
+
+    def get_lease(self, namespace: str, name: str) -> JsonObj | None:
+        return self.leases.get((namespace, name))
+
+    def create_lease(self, namespace: str, lease: JsonObj) -> JsonObj:
+        name = lease["metadata"]["name"]
+        self.leases[(namespace, name)] = self._stamp(copy.deepcopy(lease))
+        return self.leases[(namespace, name)]
+
+    def replace_lease(self, namespace: str, name: str, lease: JsonObj) -> JsonObj:
+        self.leases[(namespace, name)] = self._stamp(copy.deepcopy(lease))
+        return self.leases[(namespace, name)]
+
+    def delete_lease(self, namespace: str, name: str) -> None:
+        self.leases.pop((namespace, name), None)
+
+    def list_leases(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
+        return []
+
+
+class Verbs(Protocol):
+    """What :func:`schedule_pod` asks of the extender (:class:`scheduler.extender.Extender`)."""
+
+    def filter(self, args: ExtenderArgs) -> Any: ...
+
+    def prioritize_scores(self, args: ExtenderArgs) -> tuple[builtins.list[str], builtins.list[int]]: ...
+
+    def bind(self, args: ExtenderBindingArgs) -> Any: ...
+
+
+def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]) -> tuple[str, tuple[str, ...]] | None:
+    """kube-scheduler's cycle for ``pod`` over ``names`` (the nodes its own filters pass, in the cluster's
+    order): the extender's filter, its prioritize on the passing nodes, the first best-scored, the
+    extender's bind. (node, devices) bound, or None when no node passes or the bind fails."""
+    meta = pod["metadata"]
+    found: tuple[str, tuple[str, ...]] | None = None
+    if names:
+        passed = verbs.filter(ExtenderArgs(pod=pod, node_names=list(names))).node_names or []
+        if passed:
+            _, scores = verbs.prioritize_scores(ExtenderArgs(pod=pod, node_names=passed))
+            node = passed[scores.index(max(scores))]
+            error = verbs.bind(ExtenderBindingArgs(meta["name"], meta["namespace"], meta["uid"], node)).error
+            if not error:
+                found = api.devices_of(meta["namespace"], meta["name"])
+    api.note("try", meta["name"], meta["uid"], tuple(names), found)
+    return found
