@@ -357,6 +357,8 @@ class Extender:
         if leader is not None and not leader.leading:
             leader.want()  # our kube-scheduler leads: take the lease as soon as it is free
         names = list(dict.fromkeys(args.names))
+        # Victims of the pod's earlier preemption terminating on its nominated node, whichever replica named them.
+        self.named_victims.nominated(args.pod, names)
         if len(self.named_victims):
             # A node kube-scheduler sends may be free because a victim named here is gone, which its
             # informer saw before ours: read those victims again rather than refuse the node.

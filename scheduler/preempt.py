@@ -15,6 +15,14 @@ Under informer lag (kube-scheduler's cache sees a victim gone before the extende
 victims this replica named are remembered (:class:`NamedVictims`) and, before an answer or a
 filter that depends on them, read again from the API server (``confirm``): a preemptor whose
 earlier victims are still leaving preempts nobody else, as kube-scheduler's own rule.
+
+Another replica may have named them: the previous leader, before a failover. What they are is
+derived again from what kube-scheduler wrote, in every request, the way kube-scheduler's own
+``PodEligibleToPreemptOthers`` finds them after a restart: the preemptor's
+``status.nominatedNodeName`` (in the pod kube-scheduler sends), and the pods of lower priority
+terminating on that node (:meth:`NamedVictims.nominated`). A preempt request also reads again every
+lower-priority holder of that node: one gone or leaving, where the shape then fits, means no new
+victims. Nothing is written for this, and it holds from a standby's first answer, before its lease.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import itertools
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from scheduler import fairshare
 from scheduler.cache import ClusterCache, share_free
@@ -33,7 +42,7 @@ from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, Met
 from topology import Placer, Shape
 from topology.contract import MILLI_PER_DEVICE
 
-__all__ = ["NamedVictims", "Preemption", "fewest_victims"]
+__all__ = ["NamedVictims", "Preemption", "fewest_victims", "lower_holders", "nomination"]
 
 _MAX_VICTIM_SETS = 4096
 
@@ -96,10 +105,50 @@ class NamedVictims:
                     out.append(uid)
         return out
 
+    def nominated(self, pod: Mapping[str, Any], nodes: Collection[str] | None = None) -> None:
+        """Remember as ``pod``'s victims the pods of lower priority that the cache shows terminating on its
+        ``status.nominatedNodeName`` (when that node is in ``nodes``, or always without ``nodes``): the
+        earlier victims kube-scheduler deleted for it, whichever replica named them (those it has already
+        remembered keep their time)."""
+        uid, node, priority = nomination(pod)
+        if not uid or not node or (nodes is not None and node not in nodes):
+            return
+        now = self.cache.clock()
+        with self.cache.lock:
+            for victim in lower_holders(self.cache, node, priority):
+                info = self.cache.pod(victim)
+                if victim not in self._named and info is not None and info.deleting:
+                    self._named[victim] = _Named(uid, node, now + self.ttl_s, float("-inf"))
+
     def of(self, preemptor: str) -> list[str]:
         """The victims named for ``preemptor`` that are still remembered."""
         with self.cache.lock:
             return [u for u, n in self._named.items() if n.preemptor == preemptor]
+
+
+def nomination(pod: Mapping[str, Any]) -> tuple[str, str, int]:
+    """(uid, nominated node, priority) of a pod object as kube-scheduler sends it; the node is "" when none
+    is nominated, or when the pod is bound already or being deleted (no preemptor then)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    node = str((pod.get("status") or {}).get("nominatedNodeName") or "")
+    if spec.get("nodeName") or meta.get("deletionTimestamp"):
+        node = ""
+    priority = spec.get("priority")
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        priority = 0
+    return str(meta.get("uid") or ""), node, priority
+
+
+def lower_holders(cache: ClusterCache, node: str, priority: int) -> list[str]:
+    """The pods the cache shows holding devices on ``node`` (whole, or which ones unknown) at a priority
+    below ``priority``, in uid order."""
+    with cache.lock:
+        here = cache.holders(node)
+        if here is None:
+            return []
+        return sorted(
+            u for u in {*here.owners, *here.unattributed} if (p := cache.pod(u)) is not None and p.priority < priority
+        )
 
 
 def _victims(uids: tuple[str, ...], pdb: int) -> MetaVictims:
@@ -163,12 +212,19 @@ class Preemption:
         if state.kind is PodKind.INVALID:
             return ExtenderPreemptionResult({})
         preemptor = state.uid or state.info.uid
+        # Victims an earlier round named for this pod, maybe on another replica: terminating on its node.
+        self.named.nominated(args.pod)
         # This pod's own earlier victims wherever they are, and any named victim on a proposed node:
         # not every victim remembered for every preemptor (a GET each).
         check = self.named.due(set(proposed), force=True, preemptor=preemptor) if len(self.named) else []
         whole = state.shape is not None and not state.info.milli
         if whole:
             check += self._gang_survivors(state, proposed)
+            _uid, nominated, priority = nomination(args.pod)
+            if nominated:
+                # Every lower-priority holder of its nominated node, read again: one gone (the cache never
+                # saw it go, nor its deletion start) frees that node, whoever named it.
+                check += [u for u in lower_holders(self.cache, nominated, priority) if u not in check]
         with self.cache.lock:
             where = {u: held[0] for u in check if (held := self.cache.held(u)) is not None}
         leaving = self.confirm(dict.fromkeys(check)) if check else set()

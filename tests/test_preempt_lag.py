@@ -18,12 +18,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.extender import ExtenderHarness, node_obj, pod_obj
 
 import scheduler.cache
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.preempt import NamedVictims
+from scheduler.preempt import NamedVictims, lower_holders, nomination
 from scheduler.wire import MetaPod, MetaVictims
 
 JsonObj = dict[str, Any]
@@ -232,3 +234,141 @@ def test_a_preemption_reads_its_own_named_victims_and_those_on_proposed_nodes_on
     assert sorted(named.due({"n1"}, force=True, preemptor="p1")) == ["u-a", "u-b"]
     assert sorted(named.due(force=True)) == ["u-a", "u-b", "u-c"], "no filter: every remembered victim"
     assert named.due({"n2"}, preemptor="p1") == [], "read just now: not again within every_s"
+
+
+# --------------------------------------------------------------------------- after a failover
+
+
+def _new_leader(h: ExtenderHarness) -> None:
+    """The replica that answers from now on never named e0: its memory of named victims is empty."""
+    fresh = NamedVictims(h.cache, ttl_s=h.extender.named_victims.ttl_s)
+    h.extender.named_victims = fresh
+    h.extender.preemption.named = fresh
+
+
+def _round_on_the_old_leader(h: ExtenderHarness, informer: Lagging, uid: dict[str, str], *, seen: bool) -> None:
+    """The old leader named e0 (and e1); kube-scheduler chose n0, nominated the pod there, marked e0 and
+    deleted it. ``seen``: the new leader's cache saw e0 terminating (not yet gone); else it saw nothing."""
+    first = _preempt(h, {"n0": [uid["e0"]], "n1": [uid["e1"]], "n2": [uid["rigid"]]})
+    assert first == {"n0": [uid["e0"]], "n1": [uid["e1"]]}
+    high = h.fake.pod("default", "high")
+    assert high is not None
+    high.setdefault("status", {})["nominatedNodeName"] = "n0"
+    h.fake.put_pod(high)
+    e0 = h.fake.pod("default", "e0")
+    assert e0 is not None
+    e0["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]
+    e0["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    h.fake.put_pod(e0)
+    if seen:
+        informer.catch_up()
+    h.fake.delete_pod("default", "e0")  # its DELETED event never reaches the new leader's cache in the test
+    _new_leader(h)
+
+
+def test_a_new_leader_passes_the_nominated_node_its_predecessors_victim_left(
+    cluster: tuple[ExtenderHarness, Lagging, dict[str, str]],
+) -> None:
+    h, informer, uid = cluster
+    _round_on_the_old_leader(h, informer, uid, seen=True)
+    assert h.cache.pod(uid["e0"]) is not None and h.cache.pod(uid["e0"]).deleting  # type: ignore[union-attr]
+    # kube-scheduler (new leader) saw e0 gone and sends n0 for the nominated pod: e0 is read again, not held.
+    assert _filter(h, ["n0"]) == ["n0"]
+    assert h.cache.pod(uid["e0"]) is None
+
+
+def test_a_new_leader_names_no_new_victims_while_its_predecessors_are_leaving(
+    cluster: tuple[ExtenderHarness, Lagging, dict[str, str]],
+) -> None:
+    h, informer, uid = cluster
+    _round_on_the_old_leader(h, informer, uid, seen=True)
+    # kube-scheduler's dry run on its view (e0 gone, n0 no candidate): e1 on n1, the rigid pod on n2.
+    second = _preempt(h, {"n1": [uid["e1"]], "n2": [uid["rigid"]]})
+    assert second == {}, "n0 is free for the pod once e0 is gone: nobody else is evicted"
+    assert h.fake.pod("default", "e1") is not None and h.fake.pod("default", "rigid") is not None
+
+
+def test_a_new_leader_whose_cache_never_saw_the_victims_deletion_names_nobody_either(
+    cluster: tuple[ExtenderHarness, Lagging, dict[str, str]],
+) -> None:
+    """The old leader's round took the rigid job's pod on n2 (no gang member, so no survivor read finds it
+    gone); the new leader's cache still shows it running: every lower-priority holder of the nominated
+    node is read again, and nobody else is named."""
+    h, _informer, uid = cluster
+    assert _preempt(h, {"n2": [uid["rigid"]]}) == {"n2": [uid["rigid"]]}
+    high = h.fake.pod("default", "high")
+    assert high is not None
+    high.setdefault("status", {})["nominatedNodeName"] = "n2"
+    h.fake.put_pod(high)
+    h.fake.delete_pod("default", "rigid")  # nothing of it reaches the new leader's cache in the test
+    _new_leader(h)
+    assert h.cache.pod(uid["rigid"]) is not None and not h.cache.pod(uid["rigid"]).deleting  # type: ignore[union-attr]
+    assert _preempt(h, {"n0": [uid["e0"]], "n1": [uid["e1"]]}) == {}
+    assert h.fake.pod("default", "e0") is not None and h.fake.pod("default", "e1") is not None
+    assert _filter(h, ["n2"]) == ["n2"], "what the preemption read is in the cache: the rigid pod is gone"
+
+
+def test_a_nominated_pod_whose_node_keeps_its_pods_preempts_as_usual(
+    cluster: tuple[ExtenderHarness, Lagging, dict[str, str]],
+) -> None:
+    """The nomination alone blocks nothing: e0 still runs (the old leader died before kube-scheduler
+    deleted it), so the new leader's answer names victims again."""
+    h, informer, uid = cluster
+    high = h.fake.pod("default", "high")
+    assert high is not None
+    high.setdefault("status", {})["nominatedNodeName"] = "n0"
+    h.fake.put_pod(high)
+    informer.catch_up()
+    _new_leader(h)
+    assert _preempt(h, {"n0": [uid["e0"]], "n1": [uid["e1"]], "n2": [uid["rigid"]]}) == {
+        "n0": [uid["e0"]],
+        "n1": [uid["e1"]],
+    }
+
+
+def test_nomination_reads_only_a_preemptor_that_waits() -> None:
+    pod = pod_obj("p", 8, "ring", uid="u-p", priority=HIGH)
+    pod["status"] = {"nominatedNodeName": "n0"}
+    assert nomination(pod) == ("u-p", "n0", HIGH)
+    bound = copy.deepcopy(pod)
+    bound["spec"]["nodeName"] = "n1"
+    assert nomination(bound) == ("u-p", "", HIGH), "a bound pod preempts nobody"
+    leaving = copy.deepcopy(pod)
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert nomination(leaving)[1] == ""
+    odd = copy.deepcopy(pod)
+    odd["spec"]["priority"] = True
+    assert nomination(odd)[2] == 0, "a priority that is no integer counts as 0"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    holders=st.lists(st.tuples(st.integers(0, 3), st.integers(-5, 5), st.booleans()), min_size=0, max_size=6),
+    priority=st.integers(-5, 5),
+)
+def test_lower_holders_are_the_holders_of_the_node_below_the_priority(
+    holders: list[tuple[int, int, bool]], priority: int
+) -> None:
+    """Checked against a brute force over the pods put on two nodes: those on n0, priority below, whole or
+    with devices unknown alike."""
+    cache = ClusterCache("kube-icl.io/accelerator")
+    for n in ("n0", "n1"):
+        cache.upsert_node(node_obj(n, "ring:8"))
+    expected = []
+    used: dict[str, int] = {"n0": 0, "n1": 0}
+    for i, (devices, prio, on_n0) in enumerate(holders):
+        node = "n0" if on_n0 else "n1"
+        count = min(devices + 1, 8 - used[node])
+        if count <= 0:
+            continue
+        ids = ",".join(str(d) for d in range(used[node], used[node] + count))
+        annotations = {"kube-icl.io/devices": ids} if i % 2 == 0 else {}
+        pod = pod_obj(
+            f"h{i}", count, "any", uid=f"u-{i}", node=node, phase="Running", priority=prio, annotations=annotations
+        )
+        cache.upsert_pod(pod)
+        used[node] += count
+        if on_n0 and prio < priority:
+            expected.append(f"u-{i}")
+    assert lower_holders(cache, "n0", priority) == sorted(expected)
+    assert lower_holders(cache, "n9", priority) == []
