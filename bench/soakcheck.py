@@ -15,8 +15,13 @@ Invariants (the ``invariant`` name of a :class:`Violation`):
   node forming its asked shape on the node's links (health aside: a link that failed after the bind
   does not make the placement wrong); a device pod bound without ``kube-icl.io/devices`` counts too;
 - ``pod-unreadable``: a bound pod whose kube-icl annotations do not parse (nothing can be checked);
-- ``gang-partial``: a gang with some but fewer than its minimum members bound and running, for
-  longer than ``gang_timeout_s + grace_s``;
+- ``layout-wrong``: a bound gang member whose ``kube-icl.io/gang-layout`` does not parse, or whose own
+  entry in it (at its rank) names another gang, pod, node or devices than it holds (the device plugin
+  gives the container its rank and peers from that entry);
+- ``gang-partial``: a gang with some but fewer than its minimum members bound (not finished, not being
+  deleted, on a node that exists), for longer than ``gang_timeout_s + grace_s``. A reservation that
+  expires leaves its bound members their devices (docs/scheduler.md, "Gangs"), so this measures how
+  long a gang can sit half placed after its reservation ended;
 - ``elastic-below-min``: an elastic gang that ran at its minimum and kept members running below it
   for longer than ``grace_s`` (it must fail whole);
 - ``pending-without-reason``: a pod not bound ``grace_s`` after it was first seen, with no Event on it;
@@ -44,10 +49,13 @@ from scheduler.podspec import PodInfo, PodSpecError, pod_info
 from topology import Health, NodeTopology, Placer, ShapeError, TopologyError, decode_annotation, parse_shape
 from topology.contract import (
     ANN_DEVICE_MILLI,
+    ANN_GANG_LAYOUT,
     ANN_TOPOLOGY,
     DEFAULT_RESOURCE,
     DEFAULT_SHARED_RESOURCE,
     MILLI_PER_DEVICE,
+    ContractError,
+    parse_gang_layout,
 )
 
 __all__ = [
@@ -62,6 +70,7 @@ __all__ = [
     "api_view",
     "compare_views",
     "held_twice",
+    "layout_problem",
     "slope_per_hour",
     "timeline_png",
 ]
@@ -70,6 +79,7 @@ INVARIANTS = (
     "device-held-twice",
     "shape-broken",
     "pod-unreadable",
+    "layout-wrong",
     "gang-partial",
     "elastic-below-min",
     "pending-without-reason",
@@ -203,6 +213,29 @@ def _share_problem(info: PodInfo, pod: Mapping[str, Any]) -> str:
     written = (_meta(pod).get("annotations") or {}).get(ANN_DEVICE_MILLI)
     if written is not None and str(written).strip() != str(info.milli):
         return f"asks {info.milli} milli-devices of {info.devices[0]}, but {ANN_DEVICE_MILLI} says {written!r}"
+    return ""
+
+
+def layout_problem(info: PodInfo, pod: Mapping[str, Any]) -> str:
+    """What is wrong with a bound gang member's ``kube-icl.io/gang-layout``: unreadable, or its own
+    entry not this pod on its node with its devices; "" when right or absent (a member holding no
+    devices carries none). Other members' entries are not judged: an elastic gang rewrites them
+    after it grows or shrinks, off the bind."""
+    raw = (_meta(pod).get("annotations") or {}).get(ANN_GANG_LAYOUT)
+    if raw is None or info.gang is None:
+        return ""
+    try:
+        layout = parse_gang_layout(raw)
+    except ContractError as exc:
+        return str(exc)
+    own = layout.members[layout.rank]
+    if layout.gang != info.gang.key:
+        return f"its layout is of gang {layout.gang}, the pod is in {info.gang.key}"
+    if (own.pod, own.node, sorted(own.devices)) != (info.name, info.node_name, sorted(info.devices)):
+        return (
+            f"its layout entry (rank {layout.rank}) says pod {own.pod} on {own.node} with {list(own.devices)}; "
+            f"it is {info.name} on {info.node_name} with {list(info.devices)}"
+        )
     return ""
 
 
@@ -394,6 +427,9 @@ class Checker:
             why = self._shape(info) or _share_problem(info, pod)
             if why:
                 out.append(Violation(at, "shape-broken", info.key, why))
+            why = layout_problem(info, pod)
+            if why:
+                out.append(Violation(at, "layout-wrong", info.key, why))
         out += self._check_gangs(at, infos, nodes)
         out += self._check_pending(at, obs)
         return out

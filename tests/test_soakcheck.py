@@ -26,13 +26,19 @@ from bench.soakcheck import (
     timeline_png,
 )
 from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.extender import Extender
 from scheduler.gang import RECORD_ANNOTATION, RECORD_LABEL
+from scheduler.informer import Informer
 from scheduler.podspec import pod_info
+from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import build_preset, encode_annotation
 from topology.contract import (
     ANN_DEVICE_MILLI,
     ANN_DEVICES,
     ANN_GANG,
+    ANN_GANG_LAYOUT,
     ANN_GANG_MAX,
     ANN_GANG_MIN,
     ANN_GANG_SIZE,
@@ -40,6 +46,9 @@ from topology.contract import (
     ANN_TOPOLOGY,
     DEFAULT_RESOURCE,
     DEFAULT_SHARED_RESOURCE,
+    GangLayout,
+    LayoutMember,
+    format_gang_layout,
 )
 from topology.model import Health
 
@@ -307,6 +316,25 @@ def test_a_bound_pod_whose_devices_do_not_parse_is_unreadable() -> None:
 # --------------------------------------------------------------------------- gangs
 
 
+def layout(gang: str, rank: int, *members: tuple[str, str, tuple[str, ...]]) -> str:
+    entries = tuple(LayoutMember(p, n, d) for p, n, d in members)
+    return format_gang_layout(GangLayout(gang, 1, rank, len(entries), len(entries), entries))
+
+
+def test_a_gang_members_own_layout_entry_must_be_what_it_holds() -> None:
+    members = [pod(f"g-{i}", node="n0", devices=str(i), count=1, gang="g", size=2) for i in range(2)]
+    both = (("g-0", "n0", ("0",)), ("g-1", "n0", ("1",)))
+    members[0]["metadata"]["annotations"][ANN_GANG_LAYOUT] = layout(f"{NS}/g", 0, *both)
+    members[1]["metadata"]["annotations"][ANN_GANG_LAYOUT] = layout(f"{NS}/g", 1, *both)
+    assert checker().observe(obs(0, members)) == []
+    members[1]["metadata"]["annotations"][ANN_GANG_LAYOUT] = layout(f"{NS}/g", 0, *both)  # the other's rank
+    found = checker().observe(obs(0, members))
+    assert kinds(found) == [("layout-wrong", f"{NS}/g-1")]
+    assert "rank 0" in found[0].detail
+    members[1]["metadata"]["annotations"][ANN_GANG_LAYOUT] = "{"
+    assert kinds(checker().observe(obs(0, members))) == [("layout-wrong", f"{NS}/g-1")]
+
+
 def test_a_gang_partly_running_past_its_timeout_and_grace_is_reported() -> None:
     c = checker()
     members = [pod("g-0", node="n0", devices="0", count=1, gang="g", size=3)]
@@ -529,3 +557,44 @@ def test_the_timeline_of_a_run_with_nothing_in_it_is_still_drawn(tmp_path: Path)
     path = tmp_path / "empty.png"
     timeline_png(path, [], [], [], [])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- the real extender's writes
+
+
+def test_what_the_extender_binds_passes_every_check_and_its_view_equals_the_api_servers() -> None:
+    api = MemoryKubeAPI()
+    for name, preset in {"a": "torus:4x4", "b": "mesh:2x4", "c": "ring:8"}.items():
+        api.nodes[name] = node_obj(name, preset)
+    cache = ClusterCache(DEFAULT_RESOURCE)
+    Informer(api, cache).sync_once()
+    ext = Extender(ExtenderConfig(), cache, api)
+    gang = {ANN_GANG: "job", ANN_GANG_SIZE: "2"}
+    jobs = [pod_obj(f"g{i}", 4, "ring", annotations=gang) for i in range(2)]
+    jobs += [
+        pod_obj("square", 4, "mesh:2x2"),
+        pod_obj("three", 3, "any"),
+        pod_obj("quarter", 250, resource=DEFAULT_SHARED_RESOURCE),
+        pod_obj("half", 500, resource=DEFAULT_SHARED_RESOURCE),
+    ]
+    for job in jobs:  # what kube-scheduler does with each: filter, prioritize, bind the best
+        meta = job["metadata"]
+        api.pods[(meta["namespace"], meta["name"])] = job
+        cache.upsert_pod(job)
+        passed = ext.filter(ExtenderArgs(pod=job, node_names=list(api.nodes))).node_names
+        assert passed, meta["name"]
+        best = max(ext.prioritize(ExtenderArgs(pod=job, node_names=passed)), key=lambda s: s.score).host
+        assert ext.bind(ExtenderBindingArgs(meta["name"], meta["namespace"], meta["uid"], best)).error == ""
+        for p in list(api.pods.values()):  # what the watch delivers
+            cache.upsert_pod(p)
+    ext.sweep()
+    pods, nodes = list(api.pods.values()), list(api.nodes.values())
+    assert all(p["spec"].get("nodeName") for p in pods)
+    assert ANN_GANG_LAYOUT in api.pods[("default", "g0")]["metadata"]["annotations"], "members carry layouts"
+    check = Checker(Rules(gang_timeout_s=TIMEOUT, grace_s=GRACE))
+    assert check.observe(Observation(0.0, pods, nodes, [], [])) == []
+    assert compare_views(api_view([pod_info(p, DEFAULT_RESOURCE) for p in pods]), ext.debug_state()) == []
+    for p in pods:  # the workload drains
+        cache.delete_pod(p)
+    api.pods.clear()
+    assert check.final(Observation(1.0, [], nodes, [], []), ext.debug_state()) == []
