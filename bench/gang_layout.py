@@ -63,7 +63,7 @@ def build(pods: int) -> tuple[ClusterCache, GangManager, Any]:
         cache.upsert_pod(pod_obj(f"w-{i}", 8, "ring", node=node, phase="Running", annotations=ann))
     last = pod_obj(f"w-{GANG - 1}", 8, "ring", annotations={k: v for k, v in ann.items() if "devices" not in k})
     cache.upsert_pod(last)
-    gangs = GangManager(cache, 60.0, DeviceRank.FRAGMENTATION, evict=lambda p, why: None)
+    gangs = GangManager(cache, 60.0, DeviceRank.FRAGMENTATION)  # no host: evicts nobody
     return cache, gangs, pod_info(last, RESOURCE)
 
 

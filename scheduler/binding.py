@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -24,7 +23,8 @@ from scheduler.cache import ClusterCache, NodeView
 from scheduler.config import ExtenderConfig
 from scheduler.decision import unlinked_devices
 from scheduler.framework import OK, Code, CycleState, Outcome, StateKey, Status
-from scheduler.gang import GangManager, Slot, lease_record
+from scheduler.gang import GangManager, Slot
+from scheduler.host import Host
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.nodefit import LinkedRanker
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, format_devices
@@ -85,12 +85,12 @@ class Lease:
     name = "Lease"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
 
-    def __init__(self, lead: Callable[[float], str], wait_s: float) -> None:
-        self.lead = lead
+    def __init__(self, host: Host, wait_s: float) -> None:
+        self.host = host
         self.wait_s = wait_s
 
     def pre_bind(self, state: CycleState) -> Status:
-        why = self.lead(self.wait_s)
+        why = self.host.lead(self.wait_s)
         return Status(Code.ERROR, why) if why else OK
 
 
@@ -111,19 +111,8 @@ class GangRecord:
     name = "GangRecord"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
 
-    def __init__(
-        self,
-        api: KubeAPI | None,
-        gangs: GangManager,
-        namespace: str,
-        holder: Callable[[], str],
-        forget: Callable[[str], None],
-    ) -> None:
-        self.api = api
+    def __init__(self, gangs: GangManager) -> None:
         self.gangs = gangs
-        self.namespace = namespace
-        self.holder = holder
-        self.forget = forget
         # Striped writers: the API calls of one gang's record run under its stripe's lock, so one slow
         # write holds up only the gangs that share the stripe, not every gang.
         self._locks = tuple(threading.Lock() for _ in range(_RECORD_STRIPES))
@@ -138,28 +127,18 @@ class GangRecord:
 
     def record(self, key: str) -> str:
         """ "" when the record is written (or was), else why not."""
-        if self.api is None or self.gangs.unrecorded(key) is None:
+        records = self.gangs.records
+        if not records.kept or self.gangs.unrecorded(key) is None:
             return ""
         with self._locks[zlib.crc32(key.encode("utf-8", "surrogatepass")) % _RECORD_STRIPES]:
             res = self.gangs.unrecorded(key)
             if res is None:
                 return ""
-            namespace = self.namespace
-            body = lease_record(res, namespace, self.holder(), time.time())
-            try:
-                try:
-                    self.api.create_lease(namespace, body)
-                except KubeError as exc:
-                    if exc.status != 409:
-                        raise
-                    old = self.api.get_lease(namespace, body["metadata"]["name"]) or {}  # a stale record
-                    rv = (old.get("metadata") or {}).get("resourceVersion")
-                    body["metadata"]["resourceVersion"] = rv
-                    self.api.replace_lease(namespace, body["metadata"]["name"], body)
-            except KubeError as exc:
-                return f"gang {key}: cannot record its reservation in {namespace}: {exc}"
+            why = records.write(res)
+            if why:
+                return why
             if not self.gangs.recorded(res):
-                self.forget(key)
+                records.delete(key)  # it ended while being written
         return ""
 
 
@@ -411,21 +390,18 @@ class Announce:
     name = "Announce"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {}
 
-    def __init__(
-        self,
-        cfg: ExtenderConfig,
-        event: Callable[[PodInfo, str, str, str], None],
-        layouts: Callable[[str], None] | None = None,
-    ) -> None:
+    def __init__(self, cfg: ExtenderConfig, host: Host, *, layouts: bool = False) -> None:
+        """``layouts``: the gang's members learn each new member (elastic gangs)."""
         self.cfg = cfg
-        self.event = event
+        self.host = host
         self.layouts = layouts
 
     def post_bind(self, state: CycleState) -> None:
         info, shape, node = state.info, state.shape, state.node
         held = state.read(DEVICES)
         devices = held.devices if held is not None else ()
-        if devices and info.gang is not None and self.layouts is not None:
-            self.layouts(info.gang.key)  # the other members learn the new member
+        if devices and info.gang is not None and self.layouts:
+            self.host.gang_resized(info.gang.key)  # the other members learn the new member
         if devices and shape is not None and self.cfg.events_on_bind:
-            self.event(info, "DevicesAssigned", f"{shape.describe()} on {node}: {format_devices(devices)}", "Normal")
+            what = f"{shape.describe()} on {node}: {format_devices(devices)}"
+            self.host.event(info, "DevicesAssigned", what, "Normal")

@@ -58,7 +58,7 @@ from scheduler.decision import Classify
 from scheduler.events import EventRecorder
 from scheduler.factory import build_decision
 from scheduler.framework import CycleState, NodeAnswer, PodKind, Status
-from scheduler.gang import RECORD_LABEL, GangManager, record_name
+from scheduler.gang import RECORD_LABEL, GangManager, GangRecords
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
@@ -116,15 +116,8 @@ class Extender:
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
         cache.tier_keys = cfg.tiers  # the network tiers gangs are placed by
-        self.gangs = GangManager(
-            cache,
-            cfg.gang_timeout_s,
-            self.policy.rank,
-            self._queue_eviction,
-            self._gang_event,
-            on_forget=self._queue_record_deletion,
-        )
-        self.gangs.on_resize = self._queue_layouts
+        records = GangRecords(api, cfg.leader_election.namespace, self)
+        self.gangs = GangManager(cache, cfg.gang_timeout_s, self.policy.rank, self, records)
         self.leader: LeaseElector | None = None
         if api is not None and cfg.leader_election.enabled:
             self.leader = LeaseElector(
@@ -159,13 +152,11 @@ class Extender:
         self._fair = FairShare(cache, cfg, self.gangs, self.ranker, fits)
         # The gang size step (public: its group_sizes are the gang sizes read from PodGroup objects).
         self.gang_size = GangSize(api)
-        self._record = GangRecord(
-            api, self.gangs, cfg.leader_election.namespace, self._holder, self._queue_record_deletion
-        )
+        self._record = GangRecord(self.gangs)
         self._binding = Binding(api, cache, self.gangs, self._unsure, cfg.kube.request_timeout_s) if api else None
         self.cycle = Profiles(self._cycles(cfg, cache, whole_shares, fits))
         self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
-        self.preemption = Preemption(cache, cfg, self.gangs, self._held_back, self._confirm, self.named_victims)
+        self.preemption = Preemption(cache, cfg, self.gangs, self.held_back, self.confirm, self.named_victims)
         self.metrics.attach_state(self._share_metrics, self.ranker.free_shapes)
 
     def _cycles(
@@ -173,8 +164,8 @@ class Extender:
     ) -> dict[PodKind, Cycle]:
         """Each pod kind's steps, in order (docs/scheduler.md, "One request, one cycle of small steps")."""
         held = HeldDevices(cache)
-        lease = Lease(self._lead, self._lease_wait_s)
-        announce = Announce(cfg, self._event)
+        lease = Lease(self, self._lease_wait_s)
+        announce = Announce(cfg, self)
         fail = self._failure_event
         ranker, fit, unsure, binding = self.ranker, self.fit, self._unsure, self._binding
         shares = Shares(self.shares, fits)
@@ -186,7 +177,7 @@ class Extender:
             GangAdmission(self.gangs),
             self._fair,
             self.gang_size,
-            GangLease(self._lead, self._lease_wait_s),
+            GangLease(self, self._lease_wait_s),
             gang,
         )
         cycles = {
@@ -245,7 +236,7 @@ class Extender:
                 pre_bind=(lease,),
                 reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs, elastic=True)),
                 bind=binding,
-                post_bind=(Announce(cfg, self._event, self._queue_layouts),),
+                post_bind=(Announce(cfg, self, layouts=True),),
                 on_failure=fail,
             ),
         }
@@ -264,7 +255,7 @@ class Extender:
         return cycles
 
         self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
-        self.preemption = Preemption(cache, cfg, self.gangs, self._held_back, self._confirm, self.named_victims)
+        self.preemption = Preemption(cache, cfg, self.gangs, self.held_back, self.confirm, self.named_victims)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -290,7 +281,7 @@ class Extender:
 
     # ------------------------------------------------------------------ leadership, reconcile, records
 
-    def _lead(self, wait_s: float) -> str:
+    def lead(self, wait_s: float) -> str:
         """ "" when this replica may decide (bind, reserve a gang) now, else why not (a one-line reason)."""
         if self.leader is not None:
             return self.leader.ensure(wait_s)
@@ -326,14 +317,12 @@ class Extender:
             len(stale),
         )
 
-    def _holder(self) -> str:
+    def holder(self) -> str:
         return self.leader.identity if self.leader is not None else self.cfg.event_component
 
-    def _queue_record_deletion(self, key: str) -> None:
-        if self.api is None:
-            return
-        api, namespace, name = self.api, self.cfg.leader_election.namespace, record_name(key)
-        self._evictions.put(lambda: api.delete_lease(namespace, name))
+    def background(self, call: Callable[[], None]) -> None:
+        """Run ``call`` on the evictions worker, after the calls queued before it."""
+        self._evictions.put(call)
 
     def flush(self) -> None:
         """Wait for queued evictions and events (tests)."""
@@ -362,7 +351,7 @@ class Extender:
         if len(self.named_victims):
             # A node kube-scheduler sends may be free because a victim named here is gone, which its
             # informer saw before ours: read those victims again rather than refuse the node.
-            self._confirm(self.named_victims.due(set(names)))
+            self.confirm(self.named_victims.due(set(names)))
         state = self._read.state(args.pod, names)
         status = self.cycle.filter(state)
         answer = state.answer or NodeAnswer()
@@ -380,7 +369,7 @@ class Extender:
             nodes=nodes, failed_nodes=answer.failed, failed_and_unresolvable_nodes=answer.unresolvable
         )
 
-    def _held_back(self, state: CycleState) -> bool:
+    def held_back(self, state: CycleState) -> bool:
         """Whether fair share holds the pod back now (preempt: a held-back pod never preempts)."""
         return self._fair.hold_back(state.info) is not None
 
@@ -495,7 +484,7 @@ class Extender:
 
     # ------------------------------------------------------------------ preempt
 
-    def _confirm(self, uids: Iterable[str]) -> set[str]:
+    def confirm(self, uids: Iterable[str]) -> set[str]:
         """Read these cached pods from the API server (a consistent GET each) and apply what it says to
         the cache ahead of the watch; returns the uids that are gone or terminating. A read that fails
         leaves the cache's view of that pod as it is."""
@@ -539,16 +528,16 @@ class Extender:
         self.metrics.unsure_binds.set(len(self._unsure))
         self.metrics.lease_holder.set(1 if self.leader is None or self.leader.leading else 0)
 
-    def _gang_event(self, outcome: str, key: str) -> None:
+    def gang_event(self, outcome: str, key: str) -> None:
         self.metrics.gang_events.labels(outcome).inc()
         self.metrics.gang_reservations.set(len(self.gangs.reservations))
 
-    def _queue_eviction(self, info: PodInfo, why: str) -> None:
-        self._event(info, "GangFailed", why)
+    def evict_member(self, info: PodInfo, why: str) -> None:
+        self.event(info, "GangFailed", why)
         if self.api is not None:
             self._evictions.put(lambda: self._evict(info))
 
-    def _queue_layouts(self, key: str) -> None:
+    def gang_resized(self, key: str) -> None:
         """Rewrite the layout annotation of every live member of an elastic gang (off the verbs' threads)."""
         if self.api is not None:
             self._evictions.put(lambda: self._write_layouts(key))
@@ -586,9 +575,9 @@ class Extender:
                 self._evictions.task_done()
 
     def _failure_event(self, state: CycleState, status: Status) -> None:
-        self._event(state.info, status.event, status.reason)
+        self.event(state.info, status.event, status.reason)
 
-    def _event(self, info: PodInfo, reason: str, message: str, event_type: str = "Warning") -> None:
+    def event(self, info: PodInfo, reason: str, message: str, event_type: str = "Warning") -> None:
         if info.name:
             self.events.record(info.namespace, info.name, info.uid, reason, message, event_type)
 

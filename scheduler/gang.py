@@ -20,25 +20,37 @@ minimum survives; below it the gang fails whole. A gang that is still starting (
 reservation open) fails whole on any loss, as a rigid one does.
 
 Reservations survive a restart or a failover: before the first member binds,
-the extender writes the reservation as a ``coordination.k8s.io/v1`` Lease in its
-own namespace (:func:`lease_record`: slots with node and devices, the expiry as
-``acquireTime + leaseDurationSeconds``), one write per gang; it deletes the
-record when the gang completes or the reservation ends. A claimed slot needs no
-write: the member's Binding carries its devices. A replica that takes over
-rebuilds the reservations from these records (:meth:`GangManager.restore`).
+the reservation is recorded in the API server (:class:`scheduler.gangrecords.GangRecords`,
+which the manager is given), one write per gang; the record is deleted when the gang
+completes or the reservation ends. A claimed slot needs no write: the member's Binding
+carries its devices. A replica that takes over rebuilds the reservations from these
+records (:meth:`GangManager.restore`).
+
+What the manager tells the extender (a member to evict, a gang event, a layout to rewrite, a
+record to delete) goes through its :class:`scheduler.host.Host`, queued under the cache lock and
+delivered once the lock is released (:meth:`scheduler.cachelock.CacheLock.defer`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.cache import ClusterCache, NodeRecord, NodeView, PodChange
+from scheduler.gangrecords import (
+    RECORD_ANNOTATION,
+    RECORD_LABEL,
+    GangRecords,
+    Record,
+    Reservation,
+    Slot,
+    lease_record,
+    record_name,
+)
+from scheduler.host import Host, QuietHost
 from scheduler.layout import Member, Where, layout_value, order_members
 from scheduler.podspec import GangRef, PodInfo
 from topology import (
@@ -54,92 +66,18 @@ from topology import (
     place_gang,
 )
 
-__all__ = ["RECORD_LABEL", "GangManager", "Reservation", "Slot", "lease_record", "record_name"]
-
-RECORD_LABEL = "kube-icl.io/gang-reservation"  # label of the Leases that record reservations
-RECORD_ANNOTATION = "kube-icl.io/reservation"  # the reservation itself, as JSON
+__all__ = [
+    "RECORD_ANNOTATION",
+    "RECORD_LABEL",
+    "GangManager",
+    "GangRecords",
+    "Reservation",
+    "Slot",
+    "lease_record",
+    "record_name",
+]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class Slot:
-    owner: str
-    node: str
-    devices: tuple[str, ...]
-    pod_uid: str = ""  # the member that claimed it
-
-
-@dataclass(slots=True)
-class Reservation:
-    key: str
-    size: int
-    shape: str
-    count: int
-    queue: str
-    slots: list[Slot]
-    created: float
-    deadline: float
-    domain: str = ""
-    members: dict[str, str] = field(default_factory=dict)  # uid -> slot owner
-    expires_at: float = 0.0  # wall-clock (time.time()) of the deadline, for the record
-    persisted: bool = False  # its record is in the API server
-
-    def open_nodes(self, uid: str) -> set[str]:
-        """Nodes this member may go to: its own slot, else any unclaimed slot."""
-        own = [s.node for s in self.slots if s.pod_uid == uid]
-        if own:
-            return set(own)
-        return {s.node for s in self.slots if not s.pod_uid}
-
-    def as_dict(self, now: float) -> dict[str, Any]:
-        return {
-            "size": self.size,
-            "shape": self.shape,
-            "queue": self.queue,
-            "domain": self.domain or None,
-            "expiresInSeconds": round(max(0.0, self.deadline - now), 3),
-            "slots": [{"node": s.node, "devices": list(s.devices), "pod": s.pod_uid or None} for s in self.slots],
-        }
-
-
-def record_name(key: str) -> str:
-    """The Lease name of a gang's reservation record (a DNS label, stable for the gang key)."""
-    return "kube-icl-gang-" + hashlib.sha256(key.encode()).hexdigest()[:24]
-
-
-def _micro(at: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
-
-
-def lease_record(res: Reservation, namespace: str, holder: str, created_at: float) -> dict[str, Any]:
-    """The Lease that records ``res``; ``created_at`` is wall-clock time."""
-    body = {
-        "gang": res.key,
-        "size": res.size,
-        "shape": res.shape,
-        "count": res.count,
-        "queue": res.queue,
-        "domain": res.domain,
-        "expiresAt": round(res.expires_at, 3),
-        "slots": [{"owner": s.owner, "node": s.node, "devices": list(s.devices)} for s in res.slots],
-    }
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": record_name(res.key),
-            "namespace": namespace,
-            "labels": {RECORD_LABEL: "true", "app.kubernetes.io/name": "kube-icl"},
-            "annotations": {RECORD_ANNOTATION: json.dumps(body, sort_keys=True, separators=(",", ":"))},
-        },
-        "spec": {
-            "holderIdentity": holder,
-            "leaseDurationSeconds": max(1, int(res.expires_at - created_at + 0.999)),
-            "acquireTime": _micro(created_at),
-            "renewTime": _micro(created_at),
-        },
-    }
 
 
 class GangManager:
@@ -150,27 +88,33 @@ class GangManager:
         cache: ClusterCache,
         timeout_s: float,
         policy: DeviceRank,
-        evict: Callable[[PodInfo, str], None],
-        on_event: Callable[[str, str], None] = lambda outcome, key: None,
+        host: Host | None = None,
+        records: GangRecords | None = None,
         *,
-        on_forget: Callable[[str], None] = lambda key: None,
         wall: Callable[[], float] = time.time,
     ) -> None:
+        """``policy``: how gangs' members are ranked on a node; ``host``: told of evictions, gang events
+        and resizes (none: nobody); ``records``: where reservations are recorded (none: nowhere)."""
         self.cache = cache
         self.timeout_s = timeout_s
         self.policy = policy
-        self.evict = evict
-        self.on_event = on_event  # (outcome, gang key) for metrics
-        self.on_forget = on_forget  # a persisted reservation ended: delete its record (called under the lock)
+        self.host: Host = host if host is not None else QuietHost()
+        self.records = records if records is not None else GangRecords(None, "", self.host)
         self.wall = wall
         self.reservations: dict[str, Reservation] = {}
         self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
-        self.on_resize: Callable[[str], None] = lambda key: None  # an elastic gang grew or shrank
         self._generations: dict[str, int] = {}
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
+
+    def _tell(self, call: Callable[[], None]) -> None:
+        """Tell the host (or the records) once the cache lock is released; now when it is not held."""
+        self.cache.lock.defer(call)
+
+    def _event(self, outcome: str, key: str) -> None:
+        self._tell(functools.partial(self.host.gang_event, outcome, key))
 
     # ------------------------------------------------------------------ filter
 
@@ -337,7 +281,7 @@ class GangManager:
             log.info(
                 "gang %s: reserved %d slots on %s", gang.key, remaining, ",".join(dict.fromkeys(s.node for s in slots))
             )
-            self.on_event("reserved", gang.key)
+            self._event("reserved", gang.key)
             return res.open_nodes(info.uid), ""
 
     def _grow(
@@ -477,7 +421,7 @@ class GangManager:
             del self.reservations[res.key]
         if res.persisted:
             res.persisted = False
-            self.on_forget(res.key)
+            self._tell(functools.partial(self.records.delete, res.key))
 
     # ------------------------------------------------------------------ records in the API server
 
@@ -496,7 +440,8 @@ class GangManager:
             return True
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> list[str]:
-        """Replace the reservations in memory with those recorded in the API server.
+        """Replace the reservations in memory with those recorded in the API server (record Leases, as
+        :meth:`scheduler.gangrecords.GangRecords.read` returns them).
 
         Call with the cache synced (bound pods known). A slot held by a member of the gang with exactly
         its devices is claimed by that member; any other slot is reserved again. A slot whose devices
@@ -505,27 +450,15 @@ class GangManager:
         records that are expired or unreadable (the caller deletes them).
         """
         now, wall = self.cache.clock(), self.wall()
-        stale: list[str] = []
+        kept, stale = self.records.load(records, wall)
         with self.cache.lock:
             for res in list(self.reservations.values()):
                 for slot in res.slots:
                     if not slot.pod_uid:
                         self.cache.unreserve(slot.owner, slot.node)
             self.reservations.clear()
-            for lease in records:
-                meta = lease.get("metadata") or {}
-                name = str(meta.get("name") or "")
-                try:
-                    body = json.loads((meta.get("annotations") or {})[RECORD_ANNOTATION])
-                    restored = self._from_record(body, now, wall)
-                except (KeyError, TypeError, ValueError) as exc:
-                    log.warning("gang reservation record %s is unreadable (%s); deleting it", name, exc)
-                    stale.append(name)
-                    continue
-                if restored is None or name != record_name(restored.key):
-                    stale.append(name)
-                    continue
-                res = restored
+            for record in kept:
+                res = self._adopt(record, now, wall)
                 self.reservations[res.key] = res
                 log.info(
                     "gang %s: reservation restored, %d of %d slots claimed, expires in %.1fs",
@@ -536,16 +469,14 @@ class GangManager:
                 )
         return stale
 
-    def _from_record(self, body: Mapping[str, Any], now: float, wall: float) -> Reservation | None:
-        """A reservation rebuilt from its record (lock held), or None when it has expired."""
-        expires_at = float(body["expiresAt"])
-        if expires_at <= wall:
-            return None
-        key = str(body["gang"])
+    def _adopt(self, record: Record, now: float, wall: float) -> Reservation:
+        """A reservation rebuilt from its record (lock held): slots its members hold are theirs, the
+        others reserved again."""
+        key = record.key
         members = {held: uid for uid, _p in self._members(key) if (held := self.cache.held(uid)) is not None}
         slots: list[Slot] = []
-        for raw in body["slots"]:
-            slot = Slot(str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"]))
+        for owner, node, devices in record.slots:
+            slot = Slot(owner, node, devices)
             uid = members.get((slot.node, slot.devices))
             if uid is not None:
                 slot.pod_uid = uid
@@ -556,21 +487,20 @@ class GangManager:
                     log.warning("gang %s: slot %s on %s cannot be reserved again: %s", key, slot.owner, slot.node, exc)
                     continue
             slots.append(slot)
-        res = Reservation(
+        return Reservation(
             key=key,
-            size=int(body["size"]),
-            shape=str(body["shape"]),
-            count=int(body["count"]),
-            queue=str(body["queue"]),
+            size=record.size,
+            shape=record.shape,
+            count=record.count,
+            queue=record.queue,
             slots=slots,
             created=now,
-            deadline=now + (expires_at - wall),
-            domain=str(body.get("domain") or ""),
+            deadline=now + (record.expires_at - wall),
+            domain=record.domain,
             members={s.pod_uid: s.owner for s in slots if s.pod_uid},
-            expires_at=expires_at,
+            expires_at=record.expires_at,
             persisted=True,
         )
-        return res
 
     def sweep(self, now: float) -> list[str]:
         """Release reservations that are complete or past their deadline; returns the expired keys."""
@@ -580,12 +510,12 @@ class GangManager:
                 claimed = [s for s in res.slots if s.pod_uid]
                 if len(claimed) == len(res.slots) and not any(self.cache.is_assumed(s.pod_uid) for s in claimed):
                     self._forget(res)
-                    self.on_event("completed", res.key)
+                    self._event("completed", res.key)
                 elif now >= res.deadline:
                     log.info("gang %s: reservation expired, %d of %d slots claimed", res.key, len(claimed), res.size)
                     self._drop(res)
                     expired.append(res.key)
-                    self.on_event("expired", res.key)
+                    self._event("expired", res.key)
         return expired
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:
@@ -605,9 +535,11 @@ class GangManager:
             self._ran.discard(key)
         if victims or res is not None:
             log.warning("gang %s failed (%s): evicting %d members", key, why, len(victims))
-            self.on_event("failed", key)
+            self._event("failed", key)
         for p in victims:
-            self.evict(p, f"gang {key} failed: {why}; the gang is requeued whole")
+            self._tell(
+                functools.partial(self.host.evict_member, p, f"gang {key} failed: {why}; the gang is requeued whole")
+            )
         return victims
 
     def _pod_changed(self, change: PodChange) -> None:
@@ -632,8 +564,8 @@ class GangManager:
             log.warning("gang %s: %s leaves %d of its minimum %d: the gang fails", gang.key, why, left, least)
             return False
         log.info("gang %s shrinks to %d members (%s); minimum %d", gang.key, left, why, least)
-        self.on_event("shrunk", gang.key)
-        self.on_resize(gang.key)
+        self._event("shrunk", gang.key)
+        self._tell(functools.partial(self.host.gang_resized, gang.key))
         return True
 
     def _node_changed(self, name: str, rec: NodeRecord | None) -> None:

@@ -17,7 +17,7 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from scheduler import fairshare
@@ -27,6 +27,7 @@ from scheduler.decision import Classify
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, StateKey, Status
 from scheduler.gang import GangManager
+from scheduler.host import Host
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker
 from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, GroupSpec, PodInfo, PodSpecError, pod_info
@@ -384,14 +385,14 @@ class GangLease:
     name = "GangLease"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: Outcome("held")}
 
-    def __init__(self, lead: Callable[[float], str], lease_wait_s: float) -> None:
-        self.lead = lead
+    def __init__(self, host: Host, lease_wait_s: float) -> None:
+        self.host = host
         self.lease_wait_s = lease_wait_s
 
     def pre_filter(self, state: CycleState) -> Status:
         if state.read(ADMITTED):
             return OK
-        why = self.lead(self.lease_wait_s)
+        why = self.host.lead(self.lease_wait_s)
         return Status(Code.UNSCHEDULABLE, why) if why else OK
 
 

@@ -8,6 +8,7 @@ one running the callback) still holds it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import given
@@ -15,7 +16,11 @@ from hypothesis import strategies as st
 
 from scheduler.cache import ClusterCache, NodeRecord, PodChange
 from scheduler.cachelock import CacheLock
-from tests.support.extender import node_obj, pod_obj
+from scheduler.gang import GangManager, GangRecords
+from scheduler.host import QuietHost
+from scheduler.podspec import PodInfo
+from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
+from topology import DeviceRank, parse_shape
 
 RESOURCE = "kube-icl.io/accelerator"
 
@@ -124,3 +129,69 @@ def test_deferred_calls_run_in_the_order_queued_and_never_under_the_lock(script:
             lock.release()
         assert len(ran) == queued
     assert ran == [(i, True) for i in range(queued)]
+
+
+class RecordingHost(QuietHost):
+    """A host that records each call the gang manager (and its records) make, with whether the cache
+    lock was free then."""
+
+    def __init__(self, lock: CacheLock) -> None:
+        self.lock = lock
+        self.calls: list[tuple[str, bool]] = []
+
+    def _note(self, what: str) -> None:
+        self.calls.append((what, lock_is_free(self.lock)))
+
+    def evict_member(self, info: PodInfo, why: str) -> None:
+        self._note(f"evict {info.name}")
+
+    def gang_event(self, outcome: str, key: str) -> None:
+        self._note(f"{outcome} {key}")
+
+    def gang_resized(self, key: str) -> None:
+        self._note(f"resized {key}")
+
+    def background(self, call: Callable[[], None]) -> None:
+        self._note("background")
+        call()
+
+
+def _gang_pod(name: str, devices: str = "", **kw: Any) -> dict[str, Any]:
+    ann = {"kube-icl.io/gang": "job", "kube-icl.io/gang-size": "2"}
+    if devices:
+        ann["kube-icl.io/devices"] = devices
+    return pod_obj(name, 8, "ring", annotations=ann, **kw)
+
+
+def test_the_gang_manager_tells_its_host_only_after_the_cache_lock_is_released() -> None:
+    """A gang reserved, recorded, then failed by a member's failure while the caller holds the cache
+    lock: the reservation event, the eviction of the other member, the failure event and the record's
+    deletion all come after the lock is released."""
+    cache = ClusterCache(RESOURCE)
+    for name in ("n0", "n1"):
+        cache.upsert_node(node_obj(name, "ring:8"))
+    host = RecordingHost(cache.lock)
+    api = MemoryKubeAPI()
+    gangs = GangManager(cache, 60.0, DeviceRank.FRAGMENTATION, host, GangRecords(api, "kube-icl", host))
+    for name in ("m0", "m1"):
+        cache.upsert_pod(_gang_pod(name))
+    m0 = cache.find_pod("default", "m0")
+    assert m0 is not None
+    with cache.lock:
+        nodes, why = gangs.plan(m0, parse_shape("ring", 8), ["n0", "n1"])
+        assert nodes and not why
+        assert host.calls == []
+    assert host.calls == [("reserved default/job", True)]
+    res = gangs.unrecorded("default/job")
+    assert res is not None and gangs.records.write(res) == "" and gangs.recorded(res)
+    assert len(gangs.records.read()) == 1
+    node = sorted(nodes)[0]
+    slot = gangs.claim(m0, node)
+    assert slot is not None
+    devices = ",".join(slot.devices)
+    host.calls.clear()
+    with cache.lock:
+        cache.upsert_pod(_gang_pod("m0", devices, node=node, phase="Failed"))
+        assert host.calls == []
+    assert host.calls == [("background", True), ("failed default/job", True), ("evict m1", True)]
+    assert api.list_leases("kube-icl", "kube-icl.io/gang-reservation=true") == []  # the record was deleted

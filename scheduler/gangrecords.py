@@ -1,0 +1,224 @@
+"""Gang reservations as data, and their records in the API server.
+
+A gang's reservation (:class:`Reservation`: its slots, each a node and exact devices) survives a
+restart or a failover as a ``coordination.k8s.io/v1`` Lease in the extender's namespace
+(:func:`lease_record`: the reservation as JSON, the expiry as ``acquireTime + leaseDurationSeconds``).
+:class:`GangRecords` writes a record before the gang's first member binds, deletes it when the
+reservation ends (off the verbs' threads), and reads the records back when a replica takes over
+(:meth:`GangRecords.read`, :meth:`GangRecords.load`); the gang manager rebuilds its reservations
+from them (:meth:`scheduler.gang.GangManager.restore`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.host import Host, QuietHost
+from scheduler.kube import KubeAPI, KubeError
+
+__all__ = [
+    "RECORD_ANNOTATION",
+    "RECORD_LABEL",
+    "GangRecords",
+    "Record",
+    "Reservation",
+    "Slot",
+    "lease_record",
+    "read_record",
+    "record_name",
+]
+
+RECORD_LABEL = "kube-icl.io/gang-reservation"  # label of the Leases that record reservations
+RECORD_ANNOTATION = "kube-icl.io/reservation"  # the reservation itself, as JSON
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Slot:
+    owner: str
+    node: str
+    devices: tuple[str, ...]
+    pod_uid: str = ""  # the member that claimed it
+
+
+@dataclass(slots=True)
+class Reservation:
+    key: str
+    size: int
+    shape: str
+    count: int
+    queue: str
+    slots: list[Slot]
+    created: float
+    deadline: float
+    domain: str = ""
+    members: dict[str, str] = field(default_factory=dict)  # uid -> slot owner
+    expires_at: float = 0.0  # wall-clock (time.time()) of the deadline, for the record
+    persisted: bool = False  # its record is in the API server
+
+    def open_nodes(self, uid: str) -> set[str]:
+        """Nodes this member may go to: its own slot, else any unclaimed slot."""
+        own = [s.node for s in self.slots if s.pod_uid == uid]
+        if own:
+            return set(own)
+        return {s.node for s in self.slots if not s.pod_uid}
+
+    def as_dict(self, now: float) -> dict[str, Any]:
+        return {
+            "size": self.size,
+            "shape": self.shape,
+            "queue": self.queue,
+            "domain": self.domain or None,
+            "expiresInSeconds": round(max(0.0, self.deadline - now), 3),
+            "slots": [{"node": s.node, "devices": list(s.devices), "pod": s.pod_uid or None} for s in self.slots],
+        }
+
+
+def record_name(key: str) -> str:
+    """The Lease name of a gang's reservation record (a DNS label, stable for the gang key)."""
+    return "kube-icl-gang-" + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _micro(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
+
+
+def lease_record(res: Reservation, namespace: str, holder: str, created_at: float) -> dict[str, Any]:
+    """The Lease that records ``res``; ``created_at`` is wall-clock time."""
+    body = {
+        "gang": res.key,
+        "size": res.size,
+        "shape": res.shape,
+        "count": res.count,
+        "queue": res.queue,
+        "domain": res.domain,
+        "expiresAt": round(res.expires_at, 3),
+        "slots": [{"owner": s.owner, "node": s.node, "devices": list(s.devices)} for s in res.slots],
+    }
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": record_name(res.key),
+            "namespace": namespace,
+            "labels": {RECORD_LABEL: "true", "app.kubernetes.io/name": "kube-icl"},
+            "annotations": {RECORD_ANNOTATION: json.dumps(body, sort_keys=True, separators=(",", ":"))},
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": max(1, int(res.expires_at - created_at + 0.999)),
+            "acquireTime": _micro(created_at),
+            "renewTime": _micro(created_at),
+        },
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A gang's reservation as its record holds it: slots as (owner, node, devices), the expiry wall-clock."""
+
+    key: str
+    size: int
+    shape: str
+    count: int
+    queue: str
+    domain: str
+    expires_at: float
+    slots: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+
+def read_record(lease: Mapping[str, Any]) -> Record:
+    """The reservation a record Lease holds; KeyError, TypeError or ValueError when it cannot be read."""
+    meta = lease.get("metadata") or {}
+    body = json.loads((meta.get("annotations") or {})[RECORD_ANNOTATION])
+    return Record(
+        key=str(body["gang"]),
+        size=int(body["size"]),
+        shape=str(body["shape"]),
+        count=int(body["count"]),
+        queue=str(body["queue"]),
+        domain=str(body.get("domain") or ""),
+        expires_at=float(body["expiresAt"]),
+        slots=tuple(
+            (str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"])) for raw in body["slots"]
+        ),
+    )
+
+
+class GangRecords:
+    """The gang reservations' records in the API server: write, delete, read back (no API: none kept)."""
+
+    def __init__(self, api: KubeAPI | None, namespace: str, host: Host | None = None) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.host: Host = host if host is not None else QuietHost()
+
+    @property
+    def kept(self) -> bool:
+        """Whether records are kept at all (there is an API server to keep them in)."""
+        return self.api is not None
+
+    def write(self, res: Reservation) -> str:
+        """Write (or overwrite a stale) record of ``res``: "" when written, else why not."""
+        if self.api is None:
+            return ""
+        namespace = self.namespace
+        body = lease_record(res, namespace, self.host.holder(), time.time())
+        try:
+            try:
+                self.api.create_lease(namespace, body)
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise
+                old = self.api.get_lease(namespace, body["metadata"]["name"]) or {}  # a stale record
+                rv = (old.get("metadata") or {}).get("resourceVersion")
+                body["metadata"]["resourceVersion"] = rv
+                self.api.replace_lease(namespace, body["metadata"]["name"], body)
+        except KubeError as exc:
+            return f"gang {res.key}: cannot record its reservation in {namespace}: {exc}"
+        return ""
+
+    def delete(self, key: str) -> None:
+        """Delete gang ``key``'s record, off the verbs' threads."""
+        self.delete_named([record_name(key)])
+
+    def delete_named(self, names: Iterable[str]) -> None:
+        """Delete these records (by Lease name), off the verbs' threads."""
+        if self.api is None:
+            return
+        for name in names:
+            self.host.background(functools.partial(self.api.delete_lease, self.namespace, name))
+
+    def read(self) -> list[dict[str, Any]]:
+        """Every record in the API server (a list; none without an API server)."""
+        if self.api is None:
+            return []
+        return self.api.list_leases(self.namespace, f"{RECORD_LABEL}=true")
+
+    @staticmethod
+    def load(leases: Iterable[Mapping[str, Any]], wall: float) -> tuple[list[Record], list[str]]:
+        """The records of ``leases`` still in force at wall-clock ``wall``, and the names of those that are
+        expired, unreadable or misnamed (to be deleted)."""
+        kept: list[Record] = []
+        stale: list[str] = []
+        for lease in leases:
+            name = str((lease.get("metadata") or {}).get("name") or "")
+            try:
+                record = read_record(lease)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("gang reservation record %s is unreadable (%s); deleting it", name, exc)
+                stale.append(name)
+                continue
+            if record.expires_at <= wall or name != record_name(record.key):
+                stale.append(name)
+                continue
+            kept.append(record)
+        return kept, stale
