@@ -39,6 +39,7 @@ per hour by least squares; :func:`timeline_png` draws the run.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -329,8 +330,10 @@ def compare_views(
             lines.append((str(node), f"the extender counts pods {dict(rec['unattributed'])} without their devices"))
     if extender.get("assumed"):
         lines.append(("extender", f"the extender still assumes binds of {list(extender['assumed'])}"))
-    if extender.get("reservations"):
-        lines.append(("extender", f"the extender still keeps gang reservations {sorted(extender['reservations'])}"))
+    reservations = extender.get("reservations")
+    for gang, res in sorted(reservations.items() if isinstance(reservations, Mapping) else ()):
+        left = res.get("expiresInSeconds") if isinstance(res, Mapping) else None
+        lines.append((str(gang), f"the extender still keeps a reservation for gang {gang} (expires in {left}s)"))
     return lines
 
 
@@ -513,7 +516,11 @@ class Checker:
     def final(self, obs: Observation, extender_view: dict[str, Any] | None) -> list[Violation]:
         """After the faults stopped and the workload drained: every continuous invariant once more,
         no pod left pending or holding a device, no gang record left, and the extender's view (its
-        ``/debug/state`` JSON; None when it could not be read) equal to the API server's.
+        ``/debug/state`` JSON; None when it could not be read) equal to the API server's, with no
+        reservation, assumed bind or device counted without its pod left in it.
+
+        Call it ``gang_timeout_s`` after the last pod went: a gang whose members were all deleted
+        while they waited keeps its reservation (and record) until the reservation expires.
 
         A continuous violation :meth:`observe` already reported and still lasting is not returned again."""
         at = obs.at
@@ -538,10 +545,14 @@ class Checker:
                 continue
             raw = (meta.get("annotations") or {}).get(RECORD_ANNOTATION, "")
             try:
-                gang = str(json.loads(raw).get("gang"))
-            except (ValueError, AttributeError):
-                gang = "(unreadable)"
-            out.append(Violation(at, "record-left", _key(lease), f"the reservation record of gang {gang} is left"))
+                body = json.loads(raw)
+                gang, expires = str(body.get("gang")), float(body.get("expiresAt"))
+                when = f"expired {time.time() - expires:.0f}s ago" if expires <= time.time() else "not expired yet"
+            except (ValueError, TypeError, AttributeError):
+                gang, when = "(unreadable)", "expiry unreadable"
+            out.append(
+                Violation(at, "record-left", _key(lease), f"the reservation record of gang {gang} is left ({when})")
+            )
         if extender_view is None:
             out.append(Violation(at, "views-differ", "extender", "the extender's view could not be read"))
         else:

@@ -598,3 +598,23 @@ def test_what_the_extender_binds_passes_every_check_and_its_view_equals_the_api_
         cache.delete_pod(p)
     api.pods.clear()
     assert check.final(Observation(1.0, [], nodes, [], []), ext.debug_state()) == []
+
+
+def test_a_reservation_left_by_a_gang_deleted_while_waiting_shows_in_the_final_check() -> None:
+    api = MemoryKubeAPI()
+    api.nodes["a"] = node_obj("a", "torus:4x4")
+    cache = ClusterCache(DEFAULT_RESOURCE)
+    Informer(api, cache).sync_once()
+    ext = Extender(ExtenderConfig(), cache, api)
+    members = [pod_obj(f"g{i}", 4, "ring", annotations={ANN_GANG: "job", ANN_GANG_SIZE: "2"}) for i in range(2)]
+    for p in members:
+        cache.upsert_pod(p)
+    assert ext.filter(ExtenderArgs(pod=members[0], node_names=["a"])).node_names == ["a"]  # reserves both slots
+    for p in members:  # deleted while they waited: the reservation stays until it expires
+        cache.delete_pod(p)
+    ext.sweep()
+    found = Checker(Rules(gang_timeout_s=TIMEOUT)).final(
+        Observation(0.0, [], list(api.nodes.values()), [], []), ext.debug_state()
+    )
+    assert kinds(found) == [("views-differ", "a"), ("views-differ", "default/job")]
+    assert "gang:default/job#0" in next(v.detail for v in found if v.subject == "a")
