@@ -26,7 +26,7 @@ from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.decision import Decision
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.podspec import GroupSpec, PodInfo, parse_devices
-from scheduler.sharing import SnapshotShareRanker
+from scheduler.sharing import ShareRanker, SnapshotShareRanker, Target
 from scheduler.snapshot import Snapshot
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims, Victims
 from topology.policy import PolicyName, Weights, linked_policy
@@ -50,6 +50,8 @@ __all__ = [
     "NodeView",
     "PodInfo",
     "QueueConfig",
+    "ShareRanker",
+    "Target",
     "Victims",
     "build_decision",
     "build_extender",

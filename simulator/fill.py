@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.sharing import ShareRanker, Target
+from scheduler.factory import ShareRanker, Target
 from topology.gpushare import (
     FragmentationModel,
     GpuNodeSpec,

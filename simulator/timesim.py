@@ -58,6 +58,7 @@ import contextlib
 import dataclasses
 import heapq
 import itertools
+import logging
 import math
 import random
 import time
@@ -526,6 +527,11 @@ class _ExtenderCluster(_TopoCluster):
         super().__init__(spec, policy, balance, gang_tier)
         self.gang_tier = gang_tier
         self.now = 0.0
+        # the extender logs each gang it fails or shrinks, a line per event: part of a run's result here,
+        # not a warning to print (a handler of its own keeps Python's last-resort printer away)
+        quiet = logging.getLogger("scheduler")
+        if not quiet.handlers:
+            quiet.addHandler(logging.NullHandler())
         cfg = ExtenderConfig(
             policy=policy.value,
             tiers=spec.view.tier_keys,
