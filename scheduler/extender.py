@@ -30,7 +30,6 @@ a later GET) shows the pod, as kube-scheduler's assume cache does.
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue
 import threading
@@ -58,7 +57,7 @@ from scheduler.decision import Classify
 from scheduler.events import EventRecorder
 from scheduler.factory import build_decision
 from scheduler.framework import CycleState, NodeAnswer, PodKind, Status
-from scheduler.gang import RECORD_LABEL, GangManager, GangRecords
+from scheduler.gang import GangManager, GangRecords
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
@@ -156,7 +155,7 @@ class Extender:
         self._binding = Binding(api, cache, self.gangs, self._unsure, cfg.kube.request_timeout_s) if api else None
         self.cycle = Profiles(self._cycles(cfg, cache, whole_shares, fits))
         self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
-        self.preemption = Preemption(cache, cfg, self.gangs, self.held_back, self.confirm, self.named_victims)
+        self.preemption = Preemption(cache, cfg, self.gangs, self, self.named_victims)
         self.metrics.attach_state(self._share_metrics, self.ranker.free_shapes)
 
     def _cycles(
@@ -254,9 +253,6 @@ class Extender:
             )
         return cycles
 
-        self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
-        self.preemption = Preemption(cache, cfg, self.gangs, self.held_back, self.confirm, self.named_victims)
-
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
@@ -304,12 +300,8 @@ class Extender:
             self.cache.replace_nodes(self.api.list("nodes")[0])
         items, _rv = self.api.list("pods")
         merged = self.cache.merge_pods(items)
-        namespace = self.cfg.leader_election.namespace
-        records = self.api.list_leases(namespace, f"{RECORD_LABEL}=true")
-        stale = self.gangs.restore(records)
-        api = self.api
-        for name in stale:
-            self._evictions.put(functools.partial(api.delete_lease, namespace, name))
+        stale = self.gangs.restore(self.gangs.records.read())
+        self.gangs.records.delete_named(stale)
         log.info(
             "reconciled: %d pods newer than the watch, %d gang reservations restored, %d stale records",
             merged,

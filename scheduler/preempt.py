@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from scheduler.cache import ClusterCache, share_free
 from scheduler.config import ExtenderConfig
 from scheduler.framework import CycleState, PodKind
 from scheduler.gang import GangManager
+from scheduler.host import Host
 from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
 from topology import Placer, Shape
 from topology.contract import MILLI_PER_DEVICE
@@ -194,17 +195,15 @@ class Preemption:
         cache: ClusterCache,
         cfg: ExtenderConfig,
         gangs: GangManager,
-        held_back: Callable[[CycleState], bool],
-        confirm: Callable[[Iterable[str]], set[str]] = lambda uids: set(),
+        host: Host,
         named: NamedVictims | None = None,
     ) -> None:
+        """``host``: whether fair share holds a pod back, and reads of cached pods again from the API server
+        (:meth:`scheduler.host.Host.confirm`)."""
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
-        self.held_back = held_back
-        # Reads these cached pods again from the API server and applies what it says to the cache;
-        # returns the uids that are gone or terminating.
-        self.confirm = confirm
+        self.host = host
         self.named = named if named is not None else NamedVictims(cache)
 
     def victims(self, state: CycleState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
@@ -227,7 +226,7 @@ class Preemption:
                 check += [u for u in lower_holders(self.cache, nominated, priority) if u not in check]
         with self.cache.lock:
             where = {u: held[0] for u in check if (held := self.cache.held(u)) is not None}
-        leaving = self.confirm(dict.fromkeys(check)) if check else set()
+        leaving = self.host.confirm(dict.fromkeys(check)) if check else set()
         with self.cache.lock:
             earlier = [u for u in self.named.of(preemptor) if u in leaving or ((p := self.cache.pod(u)) and p.deleting)]
         if preemptor and earlier:
@@ -250,7 +249,7 @@ class Preemption:
         if state.shape is None:
             return {n: _victims(uids, pdb) for n, (uids, pdb) in proposed.items()}
         info, shape = state.info, state.shape
-        if self.held_back(state):
+        if self.host.held_back(state):
             return {}  # a held-back pod never preempts
         used = self.cache.used_by_queue()
         capacity = self.cache.capacity()
