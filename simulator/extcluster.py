@@ -14,6 +14,9 @@ verbs (built by :func:`scheduler.factory.build_extender`) for one pod.
 - :func:`schedule_pod` is kube-scheduler's part: filter over the nodes its own filters pass, prioritize
   the passing ones, the first of the best-scored in the cluster's order (kube-scheduler picks one of them
   at random), bind through the extender.
+- :func:`preempt_pod` is kube-scheduler's preemption (``DefaultPreemption``) after the extender's: the
+  victims kube-scheduler proposes per node (its dry run, by the caller) go to the extender's preempt verb,
+  and of the nodes it answers the one :func:`pick_victims` prefers is taken.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from scheduler.factory import (
     ClusterCache,
     ExtenderArgs,
     ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
     GroupSpec,
     KubeError,
+    MetaPod,
+    MetaVictims,
     parse_devices,
 )
 from simulator.clusterspec import NodeSpec
@@ -47,7 +53,17 @@ from topology.contract import (
     ANN_TOPOLOGY,
 )
 
-__all__ = ["NAMESPACE", "JsonObj", "LocalAPI", "Verbs", "member_pod", "node_object", "schedule_pod"]
+__all__ = [
+    "NAMESPACE",
+    "JsonObj",
+    "LocalAPI",
+    "Verbs",
+    "member_pod",
+    "node_object",
+    "pick_victims",
+    "preempt_pod",
+    "schedule_pod",
+]
 
 JsonObj = dict[str, Any]
 NAMESPACE = "sim"
@@ -117,7 +133,7 @@ def member_pod(job: Job, member: int, uid: str, resource: str, gang_tier: str | 
         "spec": {
             "containers": [{"name": "main", "resources": {"requests": requests, "limits": limits}}],
             "schedulerName": "kube-icl",
-            "priority": 0,
+            "priority": job.priority,
         },
         "status": {"phase": "Pending"},
     }
@@ -274,15 +290,23 @@ class Verbs(Protocol):
 
     def bind(self, args: ExtenderBindingArgs) -> Any: ...
 
+    def preempt(self, args: ExtenderPreemptionArgs) -> Any: ...
 
-def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]) -> tuple[str, tuple[str, ...]] | None:
+
+def schedule_pod(
+    verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
+) -> tuple[tuple[str, tuple[str, ...]] | None, frozenset[str]]:
     """kube-scheduler's cycle for ``pod`` over ``names`` (the nodes its own filters pass, in the cluster's
     order): the extender's filter, its prioritize on the passing nodes, the first best-scored, the
-    extender's bind. (node, devices) bound, or None when no node passes or the bind fails."""
+    extender's bind. (node, devices) bound, or None when no node passes or the bind fails; and the nodes
+    the extender failed as unresolvable (where preemption would not help)."""
     meta = pod["metadata"]
     found: tuple[str, tuple[str, ...]] | None = None
+    unresolvable: frozenset[str] = frozenset()
     if names:
-        passed = verbs.filter(ExtenderArgs(pod=pod, node_names=list(names))).node_names or []
+        answer = verbs.filter(ExtenderArgs(pod=pod, node_names=list(names)))
+        passed = answer.node_names or []
+        unresolvable = frozenset(answer.failed_and_unresolvable_nodes)
         if passed:
             _, scores = verbs.prioritize_scores(ExtenderArgs(pod=pod, node_names=passed))
             node = passed[scores.index(max(scores))]
@@ -290,4 +314,41 @@ def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
             if not error:
                 found = api.devices_of(meta["namespace"], meta["name"])
     api.note("try", meta["name"], meta["uid"], tuple(names), found)
-    return found
+    return found, unresolvable
+
+
+def pick_victims(
+    answer: Mapping[str, Sequence[str]], priority: Mapping[str, int]
+) -> tuple[str, tuple[str, ...]] | None:
+    """The node kube-scheduler preempts on among the extender's answer (node -> victim uids), as its
+    ``pickOneNodeForPreemption`` orders them with no PodDisruptionBudget: the lowest highest victim
+    priority, then the fewest victims (each priority counts with an offset of 2^31, so the count comes
+    first), then the lowest sum of priorities, then the first node by name (the start times it compares
+    next are equal here); None when the answer names no node with victims."""
+    best: tuple[tuple[int, int, int, str], str, tuple[str, ...]] | None = None
+    for node, uids in answer.items():
+        if not uids:
+            continue
+        prios = [priority.get(u, 0) for u in uids]
+        key = (max(prios), len(uids), sum(prios), node)
+        if best is None or key < best[0]:
+            best = (key, node, tuple(uids))
+    return None if best is None else (best[1], best[2])
+
+
+def preempt_pod(
+    verbs: Verbs, api: LocalAPI, pod: JsonObj, proposal: Mapping[str, Sequence[str]], priority: Mapping[str, int]
+) -> tuple[str, tuple[str, ...]] | None:
+    """kube-scheduler's preemption of ``pod``: ``proposal`` (node -> the victims its dry run chose, lowest
+    need first) through the extender's preempt verb, then the node :func:`pick_victims` takes among the
+    extender's answer; (node, victim uids), or None. Deleting the victims is the caller's."""
+    meta = pod["metadata"]
+    args = ExtenderPreemptionArgs(
+        pod=pod,
+        node_name_to_meta_victims={n: MetaVictims(tuple(MetaPod(u) for u in uids)) for n, uids in proposal.items()},
+    )
+    result = verbs.preempt(args)
+    answer = {n: tuple(p.uid for p in mv.pods) for n, mv in (result.node_name_to_meta_victims or {}).items()}
+    chosen = pick_victims(answer, priority)
+    api.note("preempt", meta["name"], meta["uid"], {n: tuple(u) for n, u in proposal.items()}, answer, chosen)
+    return chosen

@@ -22,6 +22,8 @@ gpu_spec        (any)     allowed device models joined by ``|``
 min_gang        0         an elastic gang's minimum (1 .. gang-1; ``gang`` is then
                           its maximum): it starts when the minimum fits, grows
                           next to itself, shrinks on a failure; 0: rigid
+priority        0         the pods' priority (time mode under the extender: a
+                          pod that fits nowhere preempts pods of lower priority)
 ==============  ========  =====================================================
 """
 
@@ -59,6 +61,7 @@ JOB_FIELDS = (
     "gpu_milli",
     "gpu_spec",
     "min_gang",
+    "priority",
 )
 
 
@@ -80,6 +83,7 @@ class Job:
     gpu_milli: int = 1000
     gpu_spec: frozenset[str] = field(default_factory=frozenset)
     gang_min: int = 0  # an elastic gang's minimum (``gang`` is its maximum); 0: rigid
+    priority: int = 0  # its pods' priority (kube-scheduler's PrioritySort and preemption)
 
     def __post_init__(self) -> None:
         where = f"job {self.id!r}"
@@ -157,6 +161,7 @@ def _job(where: str, index: int, rec: Mapping[str, object]) -> Job:
             gpu_milli=int(_num(rec, "gpu_milli", 1000)),
             gpu_spec=spec,
             gang_min=int(_num(rec, "min_gang", 0)),
+            priority=int(_num(rec, "priority", 0)),
         )
     except JobFormatError as exc:
         raise JobFormatError(f"{where}: {exc}") from None
@@ -254,6 +259,7 @@ def write_jobs_csv(jobs: Sequence[Job], path: str | Path) -> None:
                     j.gpu_milli,
                     "|".join(sorted(j.gpu_spec)),
                     j.gang_min,
+                    j.priority,
                 ]
             )
 

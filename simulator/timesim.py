@@ -77,7 +77,7 @@ from scheduler.factory import (
     build_extender,
 )
 from simulator.clusterspec import ClusterSpec, NodeSpec
-from simulator.extcluster import NAMESPACE, JsonObj, LocalAPI, member_pod, node_object, schedule_pod
+from simulator.extcluster import NAMESPACE, JsonObj, LocalAPI, member_pod, node_object, preempt_pod, schedule_pod
 from simulator.fill import never_fits
 from simulator.jobs import Job
 from simulator.network import NetworkModel
@@ -143,6 +143,8 @@ class JobRecord:
     elastic: bool = False  # ran as an elastic gang
     grows: int = 0
     shrinks: int = 0
+    preempted: int = 0
+    """How many times preemption took members of it (a requeue, or a shrink of an elastic gang)."""
 
     @property
     def wait(self) -> float | None:
@@ -546,6 +548,9 @@ class _ExtenderCluster(_TopoCluster):
         self.cache.nodes_synced = self.cache.pods_synced = True
         self.extender = build_extender(cfg, self.cache, self.api)
         self.pending: dict[str, dict[int, JsonObj]] = {}  # job -> member -> its pending pod
+        self.uid_of: dict[tuple[str, int], str] = {}  # (job, member) -> its pod's uid now
+        self.member_of: dict[str, tuple[str, int]] = {}  # a bound pod's uid -> (job, member)
+        self.victims: list[str] = []  # the uids preemption chose, for the event loop
         self.bound: dict[str, dict[int, tuple[str, tuple[str, ...]]]] = {}  # job -> member -> (node, devices)
         self.jobs: dict[str, Job] = {}
         self._uids = itertools.count()
@@ -565,7 +570,9 @@ class _ExtenderCluster(_TopoCluster):
         self.api.note("clock", t)
 
     def _new_pod(self, job: Job, member: int) -> None:
-        pod = member_pod(job, member, f"{job.id}.{member}.{next(self._uids)}", self.resource, self.gang_tier)
+        uid = f"{job.id}.{member}.{next(self._uids)}"
+        pod = member_pod(job, member, uid, self.resource, self.gang_tier)
+        self.uid_of[(job.id, member)] = uid
         self.api.create_pod(pod)
         self.pending.setdefault(job.id, {})[member] = pod
 
@@ -597,21 +604,86 @@ class _ExtenderCluster(_TopoCluster):
             out.append(n)
         return out
 
-    def _schedule(self, job: Job, member: int) -> tuple[str, tuple[str, ...]] | None:
+    def _schedule(self, job: Job, member: int, *, preempt: bool = False) -> tuple[str, tuple[str, ...]] | None:
         pod = self.pending[job.id][member]
-        got = schedule_pod(self.extender, self.api, pod, self._names(job))
+        got, unresolvable = schedule_pod(self.extender, self.api, pod, self._names(job))
         if got is not None:
             del self.pending[job.id][member]
             self.bound.setdefault(job.id, {})[member] = got
+            self.member_of[pod["metadata"]["uid"]] = (job.id, member)
+        elif preempt and job.priority > 0:
+            self._preempt(job, pod, unresolvable)
         return got
 
-    def place(self, job: Job) -> tuple[_Alloc, bool | None] | None:
+    def _preempt(self, job: Job, pod: JsonObj, unresolvable: frozenset[str]) -> None:
+        """kube-scheduler's preemption for ``pod`` (``DefaultPreemption``): on every node where preemption
+        might help (ready, a device model the job allows, not failed as unresolvable by the extender), its
+        dry run: without the pods of lower priority, do the pod's requests (devices, CPU, memory) fit the
+        node's allocatable; then the more important of those pods are reprieved while they still fit. The
+        proposal goes through the extender (:func:`simulator.extcluster.preempt_pod`); the victims of the
+        node taken wait in :attr:`victims` for the event loop to end their jobs."""
+        on_node: dict[str, list[tuple[int, str, Job]]] = {}
+        for jid, members in self.bound.items():
+            held = self.jobs[jid]
+            for member, (node, _devices) in members.items():
+                uid = self.uid_of[(jid, member)]
+                on_node.setdefault(node, []).append((held.priority, uid, held))
+        proposal: dict[str, list[str]] = {}
+        priority: dict[str, int] = {}
+        for node in self.order:
+            if node in self.down or node in unresolvable:
+                continue
+            if job.gpu_spec and job.count and self.nodes[node].model not in job.gpu_spec:
+                continue
+            spec = self.nodes[node]
+            devices = len(self.topo[node].healthy_ids)
+            pods = on_node.get(node, [])
+            keep = [p for p in pods if p[0] >= job.priority]
+            lower = sorted((p for p in pods if p[0] < job.priority), key=lambda p: (-p[0], p[1]))
+
+            def fits(kept: list[tuple[int, str, Job]], spec: NodeSpec = spec, devices: int = devices) -> bool:
+                return (
+                    sum(j.count for _, _, j in kept) + job.count <= devices
+                    and sum(j.cpu_milli for _, _, j in kept) + job.cpu_milli <= spec.cpu_milli
+                    and sum(j.memory_mib for _, _, j in kept) + job.memory_mib <= spec.memory_mib
+                )
+
+            if not lower or not fits(keep):
+                continue
+            victims = []
+            for p in lower:  # the most important first: reprieved while the pod still fits
+                if fits([*keep, p]):
+                    keep.append(p)
+                else:
+                    victims.append(p[1])
+                    priority[p[1]] = p[0]
+            proposal[node] = victims
+        if not proposal:
+            return
+        for here in on_node.values():
+            priority.update({uid: prio for prio, uid, _ in here})
+        chosen = preempt_pod(self.extender, self.api, pod, proposal, priority)
+        if chosen is not None:
+            self.victims.extend(chosen[1])
+
+    def take_victims(self) -> list[tuple[str, tuple[str, tuple[str, ...]]]]:
+        """The pods preemption chose since the last call: (job, (node, devices)) each."""
+        out = []
+        for uid in dict.fromkeys(self.victims):
+            found = self.member_of.get(uid)
+            if found is not None and found[1] in self.bound.get(found[0], {}):
+                out.append((found[0], self.bound[found[0]][found[1]]))
+        self.victims.clear()
+        return out
+
+    def place(self, job: Job, *, preempt: bool = False) -> tuple[_Alloc, bool | None] | None:
         """The first ``job.gang`` waiting members, one by one through the extender (a gang's first member
-        reserves every slot of its minimum); None, and nothing kept, when one is not placed."""
+        reserves every slot of its minimum); None, and nothing kept, when one is not placed (with
+        ``preempt``, that member's preemption may have chosen victims: :meth:`take_victims`)."""
         waiting = sorted(self.pending.get(job.id, {}))[: job.gang]
         members: list[tuple[int, tuple[str, tuple[str, ...]]]] = []
         for member in waiting:
-            got = self._schedule(job, member)
+            got = self._schedule(job, member, preempt=preempt)
             if got is None:
                 break
             members.append((member, got))
@@ -910,17 +982,46 @@ class TimeRun:
         kube-scheduler moves its unschedulable pods back to the active queue) until a pass places none."""
         records = self.records
         placed_any = True
+        # job -> its preemptions in this call: each frees one member's room, so a gang preempts at most once
+        # per member before the next event
+        preempted: dict[str, int] = {}
         while placed_any:
             placed_any = False
-            order = sorted((j for q in self.queues.values() for j in q), key=lambda j: (records[j].job.submit, j))
+            queued = (j for q in self.queues.values() for j in q)
+            order = sorted(queued, key=lambda j: (-records[j].job.priority, records[j].job.submit, j))
             for jid in order:
+                if jid not in self.records or jid in self.running:
+                    continue
                 want = records[jid].job
                 if jid in self.elastic:
                     want = dataclasses.replace(want, gang=want.gang_min)  # the minimum, all at once
-                placed = c.place(want)
+                placed = c.place(want, preempt=preempted.get(jid, 0) < want.gang)
                 if placed is not None:
                     self.start(jid, placed, t)
                     placed_any = True
+                victims = c.take_victims()
+                if victims:
+                    preempted[jid] = preempted.get(jid, 0) + 1
+                    self.preempt(victims, t)
+                    placed_any = True
+
+    def preempt(self, victims: list[tuple[str, tuple[str, tuple[str, ...]]]], t: float) -> None:
+        """Preemption's victims (job, member's (node, devices)) go: a running elastic gang that keeps its
+        minimum shrinks, any other job is requeued whole with its progress lost."""
+        by_job: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        for jid, where in victims:
+            by_job.setdefault(jid, []).append(where)
+        for jid, wheres in sorted(by_job.items()):
+            if jid not in self.running:
+                continue
+            job = self.records[jid].job
+            self.records[jid].preempted += 1
+            if jid in self.elastic and len(self.running[jid].members) - len(wheres) >= job.gang_min:
+                self.lose_members(jid, wheres, t)
+                continue
+            if jid in self.elastic:
+                self.advance(jid, t)
+            self.stop_job(jid, failed=True, t=t, preempted=True)
 
     def start(self, jid: str, placed: tuple[_Alloc, bool | None], t: float) -> None:
         job = self.records[jid].job
@@ -1020,7 +1121,7 @@ class TimeRun:
             rec.comm = (slow - (1.0 - self.network.share)) / slow
         rec.slowdown = self.slow.get(jid, 1.0)
 
-    def stop_job(self, jid: str, failed: bool, t: float = 0.0) -> None:
+    def stop_job(self, jid: str, failed: bool, t: float = 0.0, *, preempted: bool = False) -> None:
         self.slow.pop(jid, None)
         alloc = self.running.pop(jid)
         job = self.records[jid].job
@@ -1039,7 +1140,7 @@ class TimeRun:
             lost = (t - self.records[jid].starts[-1]) * job.gang * job.count
         self.result.lost_device_seconds[kind] += max(0.0, lost)
         self.records[jid].requeues += 1
-        if job.gang > 1:
+        if job.gang > 1 and not preempted:
             self.result.gang_failures += 1
         self.queues[job.queue].appendleft(jid)
         if isinstance(self.c, _ExtenderCluster):
@@ -1054,6 +1155,16 @@ class TimeRun:
         hit = [m for m in alloc.members if c.hits(item, _Alloc([m]))]
         if len(alloc.members) - len(hit) < job.gang_min:
             return False
+        self.lose_members(jid, hit, t)
+        return True
+
+    def lose_members(self, jid: str, hit: Sequence[tuple[str, tuple[str, ...]]], t: float) -> None:
+        """A running elastic gang goes on without the members ``hit`` (it keeps at least its minimum): the
+        survivors keep the progress and stall ``resize_s``."""
+        c = self.c
+        assert isinstance(c, _TopoCluster)
+        job = self.records[jid].job
+        alloc = self.running[jid]
         self.advance(jid, t)
         for m in hit:
             alloc.members.remove(m)
@@ -1068,7 +1179,6 @@ class TimeRun:
         self.result.lost_device_seconds["elastic"] += self.resize_s * len(alloc.members) * job.count
         self.resume[jid] = t + self.resize_s
         self.finish_at(jid, t)
-        return True
 
 
 def _member_milli(job: Job) -> int:

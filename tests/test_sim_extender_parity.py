@@ -7,9 +7,10 @@ Here an extender of the test's own (:class:`scheduler.extender.Extender` over a
 the same writes as its watch would deliver them, and a kube-scheduler-like driver written here asks
 its verbs for each attempt: filter over the nodes kube-scheduler's own filters pass, prioritize over
 the passing ones, the first best-scored, bind. Every attempt must give the same node and devices, or
-no node, as time mode's. The trace has rigid gangs, elastic gangs (grown and shrunk), two queues of
-different weights under the extender's fair share (which holds a queue back in some decisions), and
-failures of devices and links.
+no node, as time mode's; every preemption the same victims per node from the extender for the victims
+kube-scheduler proposed, and the same node taken. The trace has rigid gangs, elastic gangs (grown and
+shrunk), two queues of different weights under the extender's fair share (which holds a queue back in
+some decisions), jobs of a higher priority that preempt, and failures of devices and links.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.extender import Extender
 from scheduler.podspec import parse_devices
-from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 from simulator.clusterspec import builtin_cluster
 from simulator.jobs import make_elastic, synthetic_jobs
 from simulator.timesim import FailureRates, run_time
@@ -33,6 +34,8 @@ WEIGHTS = {"research": 3.0, "prod": 1.0}
 
 def _trace() -> list[Any]:
     jobs = synthetic_jobs(160, 7, queues=WEIGHTS, mean_interarrival=45.0, mean_duration=1800.0)
+    # every seventh job is urgent: it preempts when it fits nowhere
+    jobs = [dataclasses.replace(j, priority=100) if i % 7 == 3 else j for i, j in enumerate(jobs)]
     return make_elastic(jobs, 0.6, 7)
 
 
@@ -87,6 +90,27 @@ class _Replay:
         raw = bound["metadata"]["annotations"].get("kube-icl.io/devices", "")
         return bound["spec"]["nodeName"], parse_devices(raw) if raw else ()
 
+    def preempt(
+        self, name: str, uid: str, proposal: dict[str, tuple[str, ...]]
+    ) -> tuple[dict[str, tuple[str, ...]], tuple[str, tuple[str, ...]] | None]:
+        """kube-scheduler's preemption after its dry run proposed ``proposal``: the extender's answer, and
+        the node pickOneNodeForPreemption takes (lowest highest victim priority, fewest victims, lowest
+        sum, then by name); deleting the victims is in the log."""
+        pod = self.api.pods[("sim", name)]
+        assert pod["metadata"]["uid"] == uid
+        meta = {n: MetaVictims(tuple(MetaPod(u) for u in uids)) for n, uids in proposal.items()}
+        result = self.ext.preempt(ExtenderPreemptionArgs(pod=pod, node_name_to_meta_victims=meta))
+        answer = {n: tuple(p.uid for p in mv.pods) for n, mv in result.node_name_to_meta_victims.items()}
+
+        def prio(u: str) -> int:
+            info = self.cache.pod(u)
+            return info.priority if info is not None else 0
+
+        ranked = sorted(
+            (max(map(prio, uids)), len(uids), sum(map(prio, uids)), n) for n, uids in answer.items() if uids
+        )
+        return answer, ((ranked[0][3], answer[ranked[0][3]]) if ranked else None)
+
 
 def _time_mode_log(jobs: list[Any]) -> tuple[list[tuple[Any, ...]], Any]:
     spec = builtin_cluster()
@@ -99,8 +123,13 @@ def test_time_mode_places_every_member_where_the_extender_would() -> None:
     jobs = _trace()
     log, result = _time_mode_log(jobs)
     replay = _Replay(builtin_cluster().view.tier_keys)
-    tries = placed = 0
+    tries = placed = preemptions = 0
     for entry in log:
+        if entry[0] == "preempt":
+            _, name, uid, proposal, answer, chosen = entry
+            assert replay.preempt(name, uid, proposal) == (answer, chosen), f"preemption of {name} at t={replay.now}"
+            preemptions += chosen is not None
+            continue
         if entry[0] != "try":
             replay.apply(entry)
             continue
@@ -115,6 +144,7 @@ def test_time_mode_places_every_member_where_the_extender_would() -> None:
     assert any(r.job.gang > 1 and not r.job.elastic and r.starts for r in recs)
     assert sum(r.grows for r in recs) > 0 and sum(r.shrinks for r in recs) > 0
     assert sum(r.requeues for r in recs) > 0
+    assert preemptions > 0 and sum(r.preempted for r in recs) > 0
     assert {r.job.queue for r in recs if r.starts} == set(WEIGHTS)
     # every start time mode recorded is an attempt the extender answered the same
     assert placed >= sum(len(r.starts) for r in recs)
