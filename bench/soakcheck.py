@@ -631,13 +631,10 @@ class ResourceSampler:
                 continue
             self.samples.setdefault(role, []).append(Sample(at, pid, rss, threads, fds))
 
-    def slopes_per_hour(self, warmup_s: float = 60.0) -> dict[str, dict[str, float]]:
-        """role -> metric (``rss_bytes``, ``threads``, ``fds``) -> least-squares slope per hour.
-
-        Each process of a role (a restart gives a new pid) is fitted from ``warmup_s`` after its
-        first sample, with its own intercept and one slope for the role; a role without two samples
-        past its warm-up in one process is left out."""
-        out: dict[str, dict[str, float]] = {}
+    def _fitted(self, warmup_s: float) -> dict[str, list[list[Sample]]]:
+        """role -> its processes' samples past each process's warm-up (processes with fewer than two
+        such samples left out; roles with none too)."""
+        out: dict[str, list[list[Sample]]] = {}
         for role, samples in sorted(self.samples.items()):
             by_pid: dict[int, list[Sample]] = {}
             for s in samples:
@@ -648,12 +645,32 @@ class ResourceSampler:
                 late = [s for s in seg if s.at >= start]
                 if len(late) >= 2 and late[-1].at > late[0].at:
                     kept.append(late)
-            if not kept:
-                continue
-            out[role] = {
-                m: _pooled_slope([[(s.at, s.metric(m)) for s in seg] for seg in kept]) * 3600.0 for m in METRICS
-            }
+            if kept:
+                out[role] = kept
         return out
+
+    def slopes_per_hour(self, warmup_s: float = 60.0) -> dict[str, dict[str, float]]:
+        """role -> metric (``rss_bytes``, ``threads``, ``fds``) -> least-squares slope per hour.
+
+        Each process of a role (a restart gives a new pid) is fitted from ``warmup_s`` after its
+        first sample, with its own intercept and one slope for the role; a role without two samples
+        past its warm-up in one process is left out (:meth:`basis` says how much each slope rests on)."""
+        return {
+            role: {m: _pooled_slope([[(s.at, s.metric(m)) for s in seg] for seg in kept]) * 3600.0 for m in METRICS}
+            for role, kept in self._fitted(warmup_s).items()
+        }
+
+    def basis(self, warmup_s: float = 60.0) -> dict[str, dict[str, float]]:
+        """role -> what its slopes rest on: ``samples``, ``seconds`` (summed over its processes) and
+        ``processes``; a slope over a few seconds of one process says little."""
+        return {
+            role: {
+                "samples": float(sum(len(seg) for seg in kept)),
+                "seconds": sum(seg[-1].at - seg[0].at for seg in kept),
+                "processes": float(len(kept)),
+            }
+            for role, kept in self._fitted(warmup_s).items()
+        }
 
 
 # --------------------------------------------------------------------------- the figure

@@ -525,6 +525,9 @@ def test_the_sampler_fits_within_each_process_after_its_warmup(tmp_path: Path) -
     assert abs(slopes["leaky"]["rss_bytes"] - 100 * 1024 * 360) < 1.0
     assert slopes["steady"] == {"rss_bytes": 0.0, "threads": 0.0, "fds": 0.0}
     assert "gone" not in slopes and sampler.missed["gone"] == 40
+    basis = sampler.basis(warmup_s=60.0)
+    assert basis["leaky"] == {"samples": 34.0, "seconds": 330.0, "processes": 1.0}
+    assert basis["steady"] == {"samples": 28.0, "seconds": 260.0, "processes": 2.0}
 
 
 def test_the_sampler_reads_a_real_process() -> None:
