@@ -37,12 +37,15 @@ def find(kind: str, name: str) -> dict[str, Any]:
     return next(d for d in deployed() if d["kind"] == kind and d["metadata"]["name"] == name)
 
 
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
 def test_every_resource_of_the_kustomization_exists_and_is_namespaced() -> None:
     docs = deployed()
     assert docs
     for d in docs:
         assert {"apiVersion", "kind", "metadata"} <= set(d)
-        if d["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if d["kind"] not in CLUSTER_SCOPED:
             assert d["metadata"].get("namespace") == "kube-system", d["metadata"]["name"]
 
 
@@ -153,3 +156,23 @@ def test_rbac_covers_every_native_group_path_the_client_reads() -> None:
         for path in paths:
             parts = path.split("/")  # /apis/GROUP/VERSION/namespaces/{ns}/RESOURCE/{name}
             assert (parts[2], parts[6]) in granted, path
+
+
+def test_the_gang_records_policy_names_the_extenders_account_and_the_records_namespace() -> None:
+    """The shipped manifests' policy: only the account the extender runs under (the scheduler pods' in
+    sidecar mode, bound to the leases Role) writes Leases of the records' name prefix or label, in the
+    namespace where the extender keeps them."""
+    from scheduler.gang import RECORD_LABEL, record_name
+
+    policy = find("ValidatingAdmissionPolicy", "kube-icl-extender-gang-records")
+    binding = find("ValidatingAdmissionPolicyBinding", "kube-icl-extender-gang-records")
+    assert binding["spec"] == {"policyName": "kube-icl-extender-gang-records", "validationActions": ["Deny"]}
+    (subject,) = find("RoleBinding", "kube-icl-extender-leases")["subjects"]
+    user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+    assert f'request.userInfo.username == "{user}"' in policy["spec"]["validations"][0]["expression"]
+    selector = policy["spec"]["matchConstraints"]["namespaceSelector"]["matchLabels"]
+    config = yaml.safe_load(find("ConfigMap", "kube-icl-extender")["data"]["extender.yaml"])
+    assert selector == {"kubernetes.io/metadata.name": config["leaderElection"]["namespace"]}
+    condition = policy["spec"]["matchConditions"][0]["expression"]
+    prefix = record_name("ns/gang")[:-24]
+    assert f'startsWith("{prefix}")' in condition and f'"{RECORD_LABEL}" in' in condition

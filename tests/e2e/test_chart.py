@@ -542,6 +542,108 @@ def test_the_node_patch_policy_names_the_releases_plugin(
             control_plane.kubectl("delete", "node", node, "--ignore-not-found", check=False)
 
 
+def _leases_as(control_plane: ControlPlane, user: str) -> Any:
+    """A CoordinationV1Api impersonating the service account ``user``."""
+    from kubernetes import client as k8s
+
+    return k8s.CoordinationV1Api(control_plane.core_as_service_account(user).api_client)
+
+
+def _lease(name: str, *, record_label: bool, note: str = "") -> dict[str, Any]:
+    labels = {"kube-icl.io/gang-reservation": "true"} if record_label else {}
+    meta: dict[str, Any] = {"name": name, "labels": labels, "annotations": {"kube-icl.io/reservation": note or "{}"}}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta, "spec": {}}
+
+
+def test_gang_records_are_written_only_by_the_extender(control_plane: ControlPlane, helm: str, tmp_path: Path) -> None:
+    """A release in its own namespace. Another service account that may write every Lease there is refused
+    on a gang record, whether it is one by name prefix or by label, on create, update and delete, with the
+    policy's message naming the extender's account; the extender's own account writes, updates and deletes
+    a record, and only a well-formed one; a Lease that is no record stays open to both."""
+    from scheduler.gang import RECORD_LABEL, record_name
+
+    suffix, namespace = release_namespace(control_plane, "icl-gang")
+    docs = objects(template(helm, None, release=f"gr-{suffix}", namespace=namespace))
+    wanted = [
+        d
+        for d in docs
+        if d["metadata"]["name"].endswith(("-gang-records", "-extender-leases"))
+        and d["kind"] in {"Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    ]
+    assert len(wanted) == 4, [d["metadata"]["name"] for d in wanted]
+    (binding,) = [d for d in wanted if d["kind"] == "RoleBinding"]
+    subject = binding["subjects"][0]
+    extender_user = f"system:serviceaccount:{subject['namespace']}:{subject['name']}"
+    intruder_user = f"system:serviceaccount:{namespace}:intruder"
+    intruder_rbac = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "lease-writer", "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": ["coordination.k8s.io"],
+                    "resources": ["leases"],
+                    "verbs": ["get", "list", "create", "update", "patch", "delete"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "lease-writer", "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "lease-writer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "intruder", "namespace": namespace}],
+        },
+    ]
+    policy = tmp_path / "gang-records.yaml"
+    policy.write_text(yaml.safe_dump_all(wanted + intruder_rbac))
+    control_plane.kubectl("apply", "-f", str(policy))
+    try:
+        extender, intruder = _leases_as(control_plane, extender_user), _leases_as(control_plane, intruder_user)
+        record = record_name(f"{namespace}/train")
+        assert record.startswith("kube-icl-gang-")
+        probes = iter(range(1000))
+        wait_for(
+            lambda: refusal(
+                lambda: intruder.create_namespaced_lease(
+                    namespace, _lease(f"kube-icl-gang-probe-{next(probes)}", record_label=True)
+                )
+            ),
+            what="the gang records policy in effect",
+        )
+        own = "only the extender (" + extender_user + ") may write them"
+        # Another writer: refused by the name prefix, by the label, and on both.
+        for name, label in ((record, True), (record, False), (f"fake-{suffix}", True)):
+            said = refusal(
+                lambda name=name, label=label: intruder.create_namespaced_lease(
+                    namespace, _lease(name, record_label=label)
+                )
+            )
+            assert own in said, (name, label, said)
+        # A Lease that is no record is not the policy's business; making it one by label is.
+        plain = f"plain-{suffix}"
+        assert refusal(lambda: intruder.create_namespaced_lease(namespace, _lease(plain, record_label=False))) == ""
+        with_label = {"metadata": {"labels": {RECORD_LABEL: "true"}}}
+        assert own in refusal(lambda: intruder.patch_namespaced_lease(plain, namespace, with_label))
+        # The extender: a well-formed record only.
+        assert "both" in refusal(
+            lambda: extender.create_namespaced_lease(namespace, _lease(f"fake-{suffix}", record_label=True))
+        )
+        assert refusal(lambda: extender.create_namespaced_lease(namespace, _lease(record, record_label=True))) == ""
+        moved = {"metadata": {"annotations": {"kube-icl.io/reservation": '{"moved": true}'}}}
+        assert own in refusal(lambda: intruder.patch_namespaced_lease(record, namespace, moved))
+        assert own in refusal(lambda: intruder.delete_namespaced_lease(record, namespace))
+        # The extender replaces a record whole (PUT), as its code does: it may not patch Leases at all.
+        current = extender.read_namespaced_lease(record, namespace)
+        current.metadata.annotations["kube-icl.io/reservation"] = '{"moved": true}'
+        assert refusal(lambda: extender.replace_namespaced_lease(record, namespace, current)) == ""
+        assert refusal(lambda: extender.delete_namespaced_lease(record, namespace)) == ""
+        assert refusal(lambda: intruder.delete_namespaced_lease(plain, namespace)) == ""
+    finally:
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(policy), check=False)
+
+
 # ----------------------------------------------------------------------------- examples
 
 
