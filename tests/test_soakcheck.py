@@ -173,6 +173,9 @@ def test_a_valid_busy_state_stays_quiet_through_its_grace_and_gang_timeout() -> 
     for at in (0.0, GRACE + 1, TIMEOUT):  # the starting gang is within its timeout + grace throughout
         assert c.observe(obs(at, pods, nodes, events=valid_events(pods))) == []
     assert c.violations == []
+    # ring4, pair, quarter, rest, g1-0, g2-0 hold devices and have their shapes checked; two gang members
+    # are bound; one pod waits: in each of the three observations
+    assert c.checked == {"observations": 3, "holding": 18, "shapes": 18, "gang-members": 6, "pending": 3}
 
 
 def test_a_device_that_failed_after_the_bind_does_not_break_the_pods_shape() -> None:
