@@ -1,8 +1,8 @@
 """The snapshot: what the extender's rankers and steps read of the cluster, as one protocol.
 
-:class:`scheduler.cache.ClusterCache` implements it in the extender (fed by watches and binds), the
-simulator's time mode implements it over its own cluster (``simulator.timesim``); the type checker
-checks both against it (kube-scheduler's ``SharedLister`` plays this part there). Every read is of
+:class:`scheduler.cache.ClusterCache` implements it (fed by watches and binds in the extender, and in
+process by the simulator's time mode, whose cluster is such a cache); the type checker checks the
+cache against it (kube-scheduler's ``SharedLister`` plays this part there). Every read is of
 the state now: a node's :class:`scheduler.cache.NodeView` is immutable, so a caller holding one
 reads one state; a caller that needs several answers from one state holds :attr:`Snapshot.lock`.
 """

@@ -1,8 +1,9 @@
 """Time mode: a discrete-event run with arrivals, durations, departures, queues,
 gangs, fair share and failures, on a cluster of topology nodes.
 
-Decisions are ``topology``'s (the policy registry ``topology.policy``, ``place_gang``);
-this module only drives time. Policies (their linked forms, ``topology.policy.LINKED``):
+This module drives time; the decisions are the extender's (``icl``, ``icl-binpack``) or the
+stock stack's, as ``topology`` models it (``kubelet``). Policies (their linked forms,
+``topology.policy.LINKED``):
 
 - ``kubelet``: the stock stack. The scheduler counts devices only and spreads
   (``LeastAllocated``: the node with the most free devices); the kubelet hands
@@ -11,24 +12,24 @@ this module only drives time. Policies (their linked forms, ``topology.policy.LI
   it is upstream kube-scheduler's topology-aware workload scheduling: a gang goes to the
   first domain of that tier (by name) whose free devices hold every member, placed there
   member by member as above.
-- ``icl``: kube-icl, the extender's own decision: every node where CPU, memory and
-  the device model allow is scored by ``LinkedPolicy.evaluate`` (what the extender's
-  filter and prioritize answer), the first of the best-scored nodes in the cluster's
-  order wins (kube-scheduler picks one of them at random), and the devices are
-  ``LinkedPolicy.devices`` (what the extender's bind writes); the stranding term's
-  ratios are the trace's (``Balance.of_pods`` over its jobs). Gangs through
-  ``place_gang`` (the lowest network tier that holds them: one node, adjacent nodes of
-  one link domain, the fewest racks, ... the cluster), within ``gang_tier`` when given.
-- ``icl-binpack``: as ``icl`` with ``DeviceRank.BINPACK`` on the node.
+- ``icl``: kube-icl, the extender itself (``scheduler.factory.build_extender``) over its cache
+  fed in process (:class:`_ExtenderCluster`, ``simulator.extcluster``): each job member is a
+  pod that goes through its filter, prioritize and bind, the first of the best-scored nodes
+  in the cluster's order winning (kube-scheduler picks one of them at random); gangs through
+  its gang manager (the lowest network tier that holds them, within ``gang_tier`` when
+  given), queues through its fair share, preemption through its preempt verb.
+- ``icl-binpack``: as ``icl`` with the extender's ``policy: icl-binpack``.
 
 The ``share:NAME`` policies are the share forms (``topology.policy.SHARE``) on a
 cluster of shared devices (``simulator.fractime``); ``share:icl`` is the extender's own share
 decision (``scheduler.sharing.SnapshotShareRanker``), as fill mode's ``icl``.
 
-Queues share the cluster by weighted dominant-resource fairness: at each
-scheduling pass the queue with the lowest (devices in use / weight) goes
-first; a queue whose first ``backfill`` jobs do not fit is blocked for that pass (a queue
-over its share waits while an under-share queue has work that fits).
+Queues: under the extender, kube-scheduler's queue (higher priority first, then the oldest
+submission; every waiting job tried, passes repeated while one places) and the extender's
+weighted dominant-resource fairness with quotas, which holds a queue back (:meth:`TimeRun.schedule_fifo`).
+Under ``kubelet``, the simulator's own queueing in front of the stock scheduler: at each
+scheduling pass the queue with the lowest (devices in use / weight) goes first; a queue whose
+first ``backfill`` jobs do not fit is blocked for that pass.
 
 Network: with a :class:`simulator.network.NetworkModel` a gang's runtime grows with the
 tiers it crosses (its all-reduce against the same gang inside one link domain); each
@@ -39,10 +40,10 @@ exponential) and come back after ``repair_s``; a job on a failed item fails,
 and the whole gang goes back to the front of its queue (a requeue).
 
 Elastic gangs (``Job.gang_min``, under ``icl`` and ``icl-binpack``; other policies run
-them rigid at ``gang`` members): the minimum is placed all at once (``place_gang``);
-once the scheduling pass has placed every queued job that fits, running elastic gangs
-grow one member at a time up to ``gang``, each only next to their members
-(``extend_gang``, the extender's rule). A job's work is ``duration x gang``
+them rigid at ``gang`` members): the minimum is placed all at once (the extender's gang
+manager reserves it); once the scheduling pass has placed every queued job that fits,
+running elastic gangs grow one member at a time up to ``gang``, each only next to their
+members (the extender's filter of a member above the minimum). A job's work is ``duration x gang``
 member-seconds; with k members it progresses at k per second (data parallel, linear).
 A failure that leaves at least the minimum shrinks the gang: the survivors keep the
 progress (each data-parallel replica holds the whole model) and stall ``resize_s``
@@ -54,7 +55,6 @@ counts the work failures cost (progress thrown away, shrink stalls) in device-se
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -66,16 +66,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.factory import (
-    ClusterCache,
-    Decision,
-    ExtenderConfig,
-    NodeView,
-    PodInfo,
-    QueueConfig,
-    build_decision,
-    build_extender,
-)
+from scheduler.factory import ClusterCache, ExtenderConfig, QueueConfig, build_extender
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.extcluster import NAMESPACE, JsonObj, LocalAPI, member_pod, node_object, preempt_pod, schedule_pod
 from simulator.fill import never_fits
@@ -92,13 +83,10 @@ from topology import (
     Shape,
     ShapeError,
     TopologyError,
-    extend_gang,
     parse_shape,
-    place_gang,
 )
-from topology.contract import MILLI_PER_DEVICE
 from topology.gpushare import GpuNodeSpec, TaskRequest
-from topology.policy import LINKED, SHARE, Balance, LinkedPolicy, PolicyName, linked_policy
+from topology.policy import LINKED, SHARE, PolicyName, linked_policy
 
 __all__ = [
     "SHARE_POLICIES",
@@ -181,20 +169,16 @@ class TimeResult:
 
 
 class _TopoCluster:
-    """Whole devices on topology nodes: free devices per node, with health; placement through ``topology``."""
+    """Whole devices on topology nodes: free devices per node, with health, CPU and memory; placement as the
+    stock stack makes it (``kubelet``; :class:`_ExtenderCluster` places through the extender)."""
 
     def __init__(
-        self,
-        spec: ClusterSpec,
-        policy: PolicyName = PolicyName.ICL,
-        balance: Balance | None = None,
-        gang_tier: str | None = None,
+        self, spec: ClusterSpec, policy: PolicyName = PolicyName.KUBELET, gang_tier: str | None = None
     ) -> None:
         self.spec = spec
         # the highest level a gang may cross (None: the cluster)
         self.within = spec.view.level_of(gang_tier) if gang_tier else None
         self.policy = policy
-        self.balance = balance or Balance()
         self.nodes: dict[str, NodeSpec] = {n.name: n for n in spec.nodes}
         self.order = [n.name for n in spec.nodes]
         self.base: dict[str, NodeTopology] = {n.name: n.topology for n in spec.nodes}
@@ -209,15 +193,6 @@ class _TopoCluster:
         self._shapes: dict[tuple[str, int], Shape] = {}
         self._distinct = list({t.fingerprint: t for t in self.base.values()}.values())
         self._specs = list({(n.cpu_milli, n.memory_mib, n.devices, n.model): n.gpu_spec() for n in spec.nodes}.values())
-        # (CPU, memory, devices, milli per device) -> running members asking it: the share policy's
-        # target workload, as the extender's cache counts its pods (scheduler.cache.ClusterCache.task_types)
-        self.types: dict[tuple[int, int, int, int], int] = {}
-        # the extender's own decision over this state; with the product's policy (icl) its share policy
-        # decides shape-less whole-device pods on nodes without links, as the extender's does
-        # (scheduler.factory, as the extender builds it over its cache)
-        self.decision = build_decision(ExtenderConfig(policy=policy.value), _Snapshot(self))
-        self.shares = self.decision.shares
-        self.linked = self.decision.policy
 
     def shape(self, job: Job) -> Shape:
         key = (job.shape, job.count)
@@ -268,20 +243,11 @@ class _TopoCluster:
         self.free[node] -= set(devices)
         self.cpu[node] -= job.cpu_milli
         self.mem[node] -= job.memory_mib
-        if devices:
-            key = (job.cpu_milli, job.memory_mib, len(devices), MILLI_PER_DEVICE)
-            self.types[key] = self.types.get(key, 0) + 1
 
     def give_devices(self, node: str, devices: Sequence[str], job: Job) -> None:
         self.free[node] |= set(devices)
         self.cpu[node] += job.cpu_milli
         self.mem[node] += job.memory_mib
-        key = (job.cpu_milli, job.memory_mib, len(devices), MILLI_PER_DEVICE)
-        left = self.types.get(key, 0) - 1
-        if left > 0:
-            self.types[key] = left
-        else:
-            self.types.pop(key, None)
 
     def take(self, alloc: _Alloc, job: Job) -> None:
         for node, devs in alloc.members:
@@ -304,9 +270,7 @@ class _TopoCluster:
         if job.count == 0:
             node = next((n for n in self.order if self.room(n, job)), None)
             return None if node is None else (_Alloc([(node, ())] * job.gang), True)
-        if self.policy is PolicyName.KUBELET:
-            return _place_kubelet(self, job, self.shape(job))
-        return _place_icl(self, job, self.shape(job))
+        return _place_kubelet(self, job, self.shape(job))
 
     def failure_items(self, rates: FailureRates) -> list[tuple[str, str, str, float]]:
         items: list[tuple[str, str, str, float]] = []
@@ -401,113 +365,6 @@ def _kubelet_members(c: _TopoCluster, job: Job, shape: Shape, nodes: Sequence[st
     return _Alloc(members), valid
 
 
-class _Snapshot:
-    """The cluster's state as the extender's rankers read it (:class:`scheduler.snapshot.Snapshot`): a
-    node view per node, built from the free healthy devices and free CPU/memory now."""
-
-    def __init__(self, c: _TopoCluster) -> None:
-        self.c = c
-
-    def view(self, name: str) -> NodeView | None:
-        c = self.c
-        if name in c.down:
-            return None
-        topo = c.topo[name]
-        free = frozenset(c.usable_free(name))
-        cpu, mem = c.cpu[name], c.mem[name]
-        key = (topo.fingerprint, topo.mask_of(free), 0, -1, cpu, mem, ())
-        return NodeView(topo, free, key, 0, -1, cpu, mem)
-
-    def view_lookup(self) -> Callable[[str], NodeView | None]:
-        return self.view
-
-    def ready_views(self) -> dict[str, NodeView]:
-        return {n: v for n in self.c.order if (v := self.view(n)) is not None}
-
-    def every_view(self) -> dict[str, NodeView]:
-        return self.ready_views()
-
-    def node_problem(self, name: str) -> tuple[str, bool]:
-        return ("node is down", False) if name in self.c.nodes else ("node is not in the cluster", True)
-
-    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
-        return 0, None  # no log of changes: a best-nodes index is rebuilt every time (keepBestNodes is 0 here)
-
-    def balance(self) -> Balance:
-        return self.c.balance
-
-    # what the share ranker reads besides the views
-
-    lock = contextlib.nullcontext()  # one thread
-    generation = -1  # changes are not counted here: the share policy reads the cluster afresh each time
-
-    def node_view(self, name: str) -> tuple[NodeView | None, str]:
-        view = self.view(name)
-        return view, "" if view is not None else self.node_problem(name)[0]
-
-    def node_config(self, name: str) -> tuple[int, int]:
-        spec = self.c.nodes[name]
-        return spec.cpu_milli, spec.memory_mib
-
-    def task_types(self) -> dict[tuple[int, int, int, int], int]:
-        return dict(self.c.types)
-
-    def knows_pod(self, uid: str) -> bool:
-        return False  # the job being placed is not running yet
-
-    def deviceless(self, name: str) -> bool:
-        return False  # every node of the cluster has devices
-
-
-def _pod(job: Job) -> PodInfo:
-    """The job's pod as the extender reads it (one member)."""
-    return PodInfo.pending(job.id, "sim", job.id, job.count, job.shape, cpu_milli=job.cpu_milli, mem_mib=job.memory_mib)
-
-
-def _place_icl(
-    c: _TopoCluster, job: Job, shape: Shape, policy: LinkedPolicy | None = None
-) -> tuple[_Alloc, bool] | None:
-    """kube-icl: the extender's own decision (:meth:`scheduler.decision.Decision.place`: its per-node
-    filter and score steps on every node with room, the first best-scored node, the devices its bind
-    assumes there); gangs at the lowest network tier that holds them (``place_gang``)."""
-    policy = policy or c.linked
-    if job.gang == 1:
-        names = [n for n in c.order if len(c.usable_free(n)) >= job.count and c.room(n, job)]
-        decision = c.decision if policy is c.linked else Decision(_Snapshot(c), policy)
-        placed = decision.place(_pod(job), shape, names)
-        if placed is None:
-            return None
-        return _Alloc([placed]), True
-    free_by_node = {n: c.usable_free(n) for n in c.order if c.room(n, job)}
-    topos = {n: c.topo[n] for n in free_by_node}
-    g = place_gang(c.spec.view, topos, free_by_node, shape, job.gang, policy.rank, c.within)
-    if g is None:
-        return None
-    per_node: dict[str, int] = {}
-    for node, _ in g.members:
-        per_node[node] = per_node.get(node, 0) + 1
-    for node, k in per_node.items():
-        if c.cpu[node] < k * job.cpu_milli or c.mem[node] < k * job.memory_mib:
-            return None
-    return _Alloc([(node, p.devices) for node, p in g.members]), True
-
-
-def _grow_icl(c: _TopoCluster, job: Job, alloc: _Alloc) -> tuple[str, tuple[str, ...]] | None:
-    """One more member of a running elastic gang: the first node ``extend_gang`` offers (a node holding
-    a member, else one linked to one, else the lowest tier shared with one, up to the gang tier), the
-    policy's devices there; None when no such node has room."""
-    shape = c.shape(job)
-    free_by_node = {n: c.usable_free(n) for n in c.order if c.room(n, job)}
-    held = [n for n, _ in alloc.members]
-    topos = {n: c.topo[n] for n in free_by_node}
-    ranked = extend_gang(c.spec.view, topos, free_by_node, shape, held, c.linked.rank, c.within)
-    for node, _tier in ranked:
-        p = c.linked.devices(c.topo[node], c.usable_free(node), shape)
-        if p is not None:
-            return node, p.devices
-    return None
-
-
 class _ExtenderCluster(_TopoCluster):
     """kube-icl (``icl``, ``icl-binpack``): the extender itself decides. Its cache is fed in process
     (:class:`simulator.extcluster.LocalAPI`: the nodes of the spec with their health and labels, each
@@ -520,13 +377,12 @@ class _ExtenderCluster(_TopoCluster):
         self,
         spec: ClusterSpec,
         policy: PolicyName,
-        balance: Balance | None,
         gang_tier: str | None,
         weights: Mapping[str, float] | None,
         *,
         record: bool = False,
     ) -> None:
-        super().__init__(spec, policy, balance, gang_tier)
+        super().__init__(spec, policy, gang_tier)
         self.gang_tier = gang_tier
         self.now = 0.0
         # the extender logs each gang it fails or shrinks, a line per event: part of a run's result here,
@@ -688,12 +544,20 @@ class _ExtenderCluster(_TopoCluster):
                 break
             members.append((member, got))
         if len(members) == job.gang and members:
-            return _Alloc([m for _, m in members]), True
+            where = [m for _, m in members]
+            return _Alloc(where), self._formed(job, where)
         for member, _ in members:  # not all of it: the members placed are taken back
             self.api.end_pod(NAMESPACE, f"{job.id}-{member}", succeeded=False)
             del self.bound[job.id][member]
             self._new_pod(self.jobs[job.id], member)
         return None
+
+    def _formed(self, job: Job, members: Sequence[tuple[str, tuple[str, ...]]]) -> bool:
+        """Whether every member's devices form the job's shape on its node."""
+        if not job.count:
+            return True
+        shape = self.shape(job)
+        return all(Placer.for_topology(self.topo[n]).is_valid(shape, devices) for n, devices in members)
 
     def grow_one(self, job: Job, alloc: _Alloc) -> tuple[str, tuple[str, ...]] | None:
         """One more member of a running elastic gang, through the extender (next to its members)."""
@@ -779,12 +643,11 @@ def run_time(
         if not isinstance(spec, ClusterSpec):
             raise ValueError(f"policy {policy!r}: needs a cluster spec with node topologies")
         pol = PolicyName(policy)
-        balance = Balance.of_pods((j.count, j.cpu_milli, j.memory_mib) for j in jobs if j.count)
         try:
             if pol is PolicyName.KUBELET:
-                c = _TopoCluster(spec, pol, balance, gang_tier)
+                c = _TopoCluster(spec, pol, gang_tier)
             else:
-                c = _ExtenderCluster(spec, pol, balance, gang_tier, weights, record=record)
+                c = _ExtenderCluster(spec, pol, gang_tier, weights, record=record)
         except TopologyError as exc:
             raise ValueError(f"gang_tier: {exc}") from None
         label = pol.value
@@ -1049,13 +912,13 @@ class TimeRun:
         """After every queued job that fits is placed: elastic gangs take free room as near themselves as
         they may."""
         c = self.c
-        assert isinstance(c, _TopoCluster)
+        assert isinstance(c, _ExtenderCluster)  # elastic gangs grow under the extender only
         for jid in sorted(j for j in self.running if j in self.elastic):
             job = self.records[jid].job
             alloc = self.running[jid]
             added = 0
             while len(alloc.members) < job.gang:
-                member = c.grow_one(job, alloc) if isinstance(c, _ExtenderCluster) else _grow_icl(c, job, alloc)
+                member = c.grow_one(job, alloc)
                 if member is None:
                     break
                 if added == 0:
@@ -1162,16 +1025,13 @@ class TimeRun:
         """A running elastic gang goes on without the members ``hit`` (it keeps at least its minimum): the
         survivors keep the progress and stall ``resize_s``."""
         c = self.c
-        assert isinstance(c, _TopoCluster)
+        assert isinstance(c, _ExtenderCluster)  # elastic gangs run under the extender only
         job = self.records[jid].job
         alloc = self.running[jid]
         self.advance(jid, t)
         for m in hit:
             alloc.members.remove(m)
-            if isinstance(c, _ExtenderCluster):
-                c.drop_member(job, m)
-            else:
-                c.give_devices(m[0], m[1], job)
+            c.drop_member(job, m)
             self.held[jid] -= _member_milli(job)
             self.in_use[job.queue] -= _member_milli(job)
         self.records[jid].shrinks += 1

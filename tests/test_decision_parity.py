@@ -1,9 +1,9 @@
 """One decision path: the simulator, the extender and the plugin make the same decision for the same state.
 
 - For random cluster states and pods, the extender's real verbs (filter, prioritize, bind, in
-  process over the in-memory API) and the simulator's time mode (``timesim._place_icl``) choose
-  the same node (the simulator's node is among the extender's best-scored ones, and the best
-  scores are the simulator's) and the same devices.
+  process over the in-memory API, its cache fed by the informer) and the simulator's time mode
+  (its cluster fed in process: the spec's node objects, the pods running there) choose the same
+  node (the simulator's node is among the extender's best-scored ones) and the same devices.
 - The plugin's GetPreferredAllocation, asked over a real unix socket with no scheduler
   annotation, gives what the shared policy (``LinkedPolicy.devices``) gives.
 - CPU and memory are in the extender's decision: the cache keeps every pod's requests on its
@@ -34,7 +34,7 @@ from simulator.jobs import Job
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import build_preset, load_topology, parse_shape
-from topology.policy import Balance, linked_policy
+from topology.policy import Balance, PolicyName, linked_policy
 
 PRESETS = ["ring:8", "mesh:2x4", "torus:4x4", "full:4"]
 ASKS = [(1, "any"), (2, "ring"), (2, "any"), (3, "any"), (4, "ring"), (4, "mesh:2x2"), (4, "any"), (8, "ring")]
@@ -94,18 +94,22 @@ def _extender(scene: dict[str, Any]) -> tuple[MemoryKubeAPI, ClusterCache, Exten
     return api, cache, Extender(ExtenderConfig(), cache, api), pod
 
 
-def _simulator(scene: dict[str, Any], cache: ClusterCache) -> tuple[str, tuple[str, ...]] | None:
+def _simulator(scene: dict[str, Any]) -> tuple[str, tuple[str, ...]] | None:
     spec = ClusterSpec(
         tuple(NodeSpec(nd["name"], build_preset(nd["preset"]), nd["cpu"], nd["mem"], "X", "p") for nd in scene["nodes"])
     )
-    # the extender's stranding ratios come from the device pods it knows; the simulator is given the same
-    c = timesim._TopoCluster(spec, balance=cache.balance())
-    for nd in scene["nodes"]:
-        for devs, cpu in zip(nd["holders"], nd["used_cpu"], strict=True):
-            c.take_devices(nd["name"], devs, Job("h", 0.0, 1.0, len(devs), cpu_milli=cpu, memory_mib=1024 * len(devs)))
-        c.cpu[nd["name"]] -= nd["plain_cpu"]
+    c = timesim._ExtenderCluster(spec, PolicyName.ICL, None, None)
+    for nd in scene["nodes"]:  # the pods running there, as the simulator's cluster holds them
+        for j, (devs, cpu) in enumerate(zip(nd["holders"], nd["used_cpu"], strict=True)):
+            p = pod_obj(f"{nd['name']}-h{j}", len(devs), "any", namespace="sim", node=nd["name"], phase="Running")
+            p["metadata"]["annotations"]["kube-icl.io/devices"] = ",".join(devs)
+            c.api.create_pod(_with_requests(p, cpu, 1024 * len(devs)))
+        if nd["plain_cpu"]:
+            plain = pod_obj(f"{nd['name']}-plain", 0, namespace="sim", node=nd["name"], phase="Running")
+            c.api.create_pod(_with_requests(plain, nd["plain_cpu"], 0))
     job = Job("new", 0.0, 1.0, scene["count"], scene["shape"], cpu_milli=scene["cpu"], memory_mib=scene["mem"])
-    placed = timesim._place_icl(c, job, c.shape(job))
+    c.queued(job)
+    placed = c.place(job)
     if placed is None:
         return None
     ((node, devices),) = placed[0].members
@@ -123,7 +127,7 @@ def test_simulator_and_extender_choose_the_same_node_and_devices(scene: dict[str
         if (v := cache.view(nd["name"])) is not None and v.cpu_free >= scene["cpu"] and v.mem_free >= scene["mem"]
     ]
     passed = ext.filter(ExtenderArgs(pod=pod, node_names=names)).node_names or []
-    sim = _simulator(scene, cache)
+    sim = _simulator(scene)
     if not passed:
         assert sim is None
         return

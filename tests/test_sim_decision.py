@@ -1,9 +1,9 @@
-"""The simulator's time mode places single-node jobs through the extender's own decision object.
+"""Time mode's ``icl`` and ``icl-binpack`` are the extender itself, built by the factory ``icl extender`` uses.
 
-``scheduler.decision.Decision`` is what the extender's filter/prioritize (its per-node step) and
-bind (the devices it assumes) run; the time mode's ``icl`` and ``icl-binpack`` call its ``place``
-over their own cluster state, so a replay is the product's decision. tests/test_decision_parity.py
-checks the outcome against the extender's real verbs; here, that the replay goes through it.
+``scheduler.factory.build_extender`` builds the extender from a configuration and a cache; time mode
+builds it over a cache it feeds in process and asks its verbs for every pod, so a replay is the
+product's decision. tests/test_sim_extender_parity.py checks a whole trace decision by decision
+against an extender of its own; here, that time mode's cluster is built so and places through it.
 """
 
 from __future__ import annotations
@@ -11,92 +11,55 @@ from __future__ import annotations
 from typing import Any
 from unittest import mock
 
+import pytest
+
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.decision import Decision
 from scheduler.extender import Extender
-from scheduler.factory import build_decision
-from scheduler.podspec import PodInfo
+from scheduler.factory import build_extender
 from simulator import timesim
 from simulator.clusterspec import builtin_cluster
 from simulator.jobs import Job
-from tests.support.extender import node_obj
-from topology import Shape, parse_shape
 from topology.policy import PolicyName
 
 SPEC = builtin_cluster()
 
 
-class Recording(Decision):
-    """The real decision, remembering what it was asked and what it answered."""
+@pytest.mark.parametrize("policy", ["icl", "icl-binpack"])
+def test_time_mode_builds_its_extender_with_the_factory(policy: str) -> None:
+    built: list[tuple[str, Any, Any]] = []
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls: list[tuple[str, tuple[str, tuple[str, ...]] | None]] = []
+    def recording(cfg: ExtenderConfig, cache: ClusterCache, api: Any = None, **kw: Any) -> Extender:
+        built.append((cfg.policy, cache, api))
+        return build_extender(cfg, cache, api, **kw)
 
-    def place(self, info: PodInfo, shape: Shape, names: Any) -> tuple[str, tuple[str, ...]] | None:
-        out = super().place(info, shape, names)
-        self.calls.append((info.name, out))
-        return out
-
-
-def test_the_extender_and_the_time_mode_hold_the_same_decision_class() -> None:
-    ext = Extender(ExtenderConfig(), ClusterCache("kube-icl.io/accelerator"))
-    c = timesim._TopoCluster(SPEC, PolicyName.ICL)
-    assert type(ext.decision) is type(c.decision) is Decision
-    assert ext.fit is ext.decision.fit  # the filter and score step of the extender's cycle
+    with mock.patch("simulator.timesim.build_extender", recording):
+        res = timesim.run_time(SPEC, [Job("j", 0.0, 10.0, 4, "ring")], policy)
+    assert res.records[0].end == 10.0
+    ((name, cache, api),) = built
+    assert name == policy and isinstance(cache, ClusterCache) and api is not None
+    # every node of the spec reached its cache, as node objects
+    assert sorted(cache.ready_views()) == sorted(n.name for n in SPEC.nodes)
 
 
-def test_the_extender_and_the_time_mode_build_their_decision_with_one_factory() -> None:
-    built: list[tuple[str, str]] = []
-
-    def recording(cfg: ExtenderConfig, snapshot: Any, shares: Any = None) -> Decision:
-        built.append((cfg.policy, type(snapshot).__name__))
-        return build_decision(cfg, snapshot, shares)
-
-    with (
-        mock.patch("scheduler.extender.build_decision", recording),
-        mock.patch("simulator.timesim.build_decision", recording),
-    ):
-        ext = Extender(ExtenderConfig(), ClusterCache("kube-icl.io/accelerator"))
-        c = timesim._TopoCluster(SPEC, PolicyName.ICL)
-    assert built == [("icl", "ClusterCache"), ("icl", "_Snapshot")]
-    assert ext.decision.policy == c.decision.policy == c.linked  # the same policy, weights and ranking
-    assert ext.decision.shares is ext.shares  # one share ranker for shares and unshaped pods
-    assert c.decision.shares is not None
-
-
-def test_a_replayed_placement_is_the_decisions_answer() -> None:
-    c = timesim._TopoCluster(SPEC, PolicyName.ICL)
-    rec = Recording(c.decision.nodes, c.linked)
-    c.decision = rec
-    c.free["ring-00"] -= {"0", "2", "5"}
-    for i, (count, shape) in enumerate([(4, "ring"), (2, "any"), (8, "ring"), (4, "mesh:2x2")]):
-        job = Job(f"j{i}", 0.0, 10.0, count, shape)
-        placed = timesim._place_icl(c, job, c.shape(job))
+def test_every_placement_is_the_extenders_bind_in_its_cache() -> None:
+    c = timesim._ExtenderCluster(SPEC, PolicyName.ICL, None, None, record=True)
+    jobs = [
+        Job(f"j{i}", 0.0, 10.0, count, shape)
+        for i, (count, shape) in enumerate([(4, "ring"), (2, "any"), (8, "ring"), (4, "mesh:2x2")])
+    ]
+    jobs.append(Job("g", 0.0, 10.0, 8, "ring", gang=2))
+    for job in jobs:
+        c.queued(job)
+        placed = c.place(job)
         assert placed is not None
-        assert rec.calls[-1] == (job.id, placed[0].members[0])
         c.take(placed[0], job)
-    assert [name for name, _ in rec.calls] == ["j0", "j1", "j2", "j3"]
-
-
-def test_the_decision_over_the_extenders_cache_is_the_decision_over_the_simulators_state() -> None:
-    """The same decision object, fed the extender's cache or the simulator's state of the same cluster,
-    gives the same node and devices."""
-    nodes = list({n.topology.name: n for n in reversed(SPEC.nodes)}.values())  # one node per topology
-    cache = ClusterCache("kube-icl.io/accelerator")
-    for n in nodes:
-        cache.upsert_node(node_obj(n.name, n.topology.name))
-    ext = Extender(ExtenderConfig(), cache)
-    c = timesim._TopoCluster(type(SPEC)(tuple(nodes)), PolicyName.ICL)
-    taken = Job("held", 0.0, 10.0, 3, "any")
-    for n in nodes:  # the same devices held on both sides
-        held = tuple(sorted(n.topology.ids)[:3])
-        cache.assume(f"held-{n.name}", n.name, held)
-        c.take_devices(n.name, held, taken)
-    names = [n.name for n in nodes]
-    for count, text in [(1, "any"), (2, "ring"), (4, "ring"), (4, "any"), (4, "mesh:2x2")]:
-        job = Job("j", 0.0, 10.0, count, text)
-        shape = parse_shape(text, count=count)
-        info = timesim._pod(job)
-        assert ext.decision.place(info, shape, names) == c.decision.place(info, shape, names)
+        # each member is a pod the extender bound: its cache holds the devices time mode records
+        for member, where in enumerate(placed[0].members):
+            uid = c.uid_of[(job.id, member)]
+            assert c.cache.held(uid) == where
+    tries = [e for e in c.log if e[0] == "try"]
+    assert [e[1] for e in tries] == ["j0-0", "j1-0", "j2-0", "j3-0", "g-0", "g-1"]
+    # the gang's members went where the extender's gang manager reserved them: adjacent nodes of one domain
+    g0, g1 = (e[4][0] for e in tries[-2:])
+    assert SPEC.view.crossing([g0, g1]) <= 1

@@ -3,14 +3,18 @@ requeue below the minimum; the work lost counted; the free devices always consis
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator import timesim
 from simulator.clusterspec import builtin_cluster, cluster_from_mapping
+from simulator.extcluster import NAMESPACE, member_pod
 from simulator.jobs import Job, JobFormatError, make_elastic, synthetic_jobs
 from simulator.timesim import FailureRates, run_time, summarise
+from topology.policy import PolicyName
 
 LINE = cluster_from_mapping(
     {"pools": [{"name": "n", "count": 4, "topology": "ring:8", "link_domain": {"kind": "mesh", "dims": [4]}}]}
@@ -30,31 +34,47 @@ def test_an_elastic_gang_grows_at_once_when_there_is_room_and_finishes_sooner() 
     assert rigid.records[0].end == pytest.approx(1000.0)
 
 
+def _holding(c: timesim._ExtenderCluster, nodes: list[str]) -> None:
+    """Pods already running that hold every device of ``nodes``."""
+    for node in nodes:
+        pod = member_pod(Job(f"hold-{node}", 0.0, 1.0, 8), 0, f"hold-{node}", c.resource)
+        pod["spec"]["nodeName"] = node
+        pod["metadata"]["annotations"]["kube-icl.io/devices"] = ",".join(sorted(c.base[node].ids))
+        c.api.create_pod(pod)
+
+
+def _release(c: timesim._ExtenderCluster, node: str) -> None:
+    c.api.end_pod(NAMESPACE, f"hold-{node}-0", succeeded=True)
+
+
 def test_an_elastic_gang_within_its_link_domain_grows_only_next_to_itself() -> None:
-    # n0 and n2 are taken by long jobs; the elastic gang starts on n1 (min 1), n3 is free but not linked.
-    blockers = [Job(f"b{i}", 0.0, 5000.0, 8, "ring") for i in range(2)]
-    c = timesim._TopoCluster(LINE, gang_tier="link-domain")
+    # n0, n2 and n3 are taken; the elastic gang starts on n1 (min 1); then n3 is free but not linked to n1
+    c = timesim._ExtenderCluster(LINE, PolicyName.ICL, "link-domain", None)
     order = c.order
-    c.free[order[0]] = set()
-    c.free[order[2]] = set()
-    alloc = timesim._Alloc([(order[1], tuple(sorted(LINE.nodes[1].topology.ids)))])
-    c.free[order[1]] = set()
+    _holding(c, [order[0], order[2], order[3]])
     job = Job("e", 0.0, 100.0, 8, "ring", gang=3, gang_min=1)
-    assert timesim._grow_icl(c, job, alloc) is None, "n3 is free but only n0 and n2 are linked to n1"
-    c.free[order[2]] = set(LINE.nodes[2].topology.ids)
-    got = timesim._grow_icl(c, job, alloc)
+    c.queued(job)
+    placed = c.place(dataclasses.replace(job, gang=1))
+    assert placed is not None and placed[0].members[0][0] == order[1]
+    _release(c, order[3])
+    assert c.grow_one(job, placed[0]) is None, "n3 is free but only n0 and n2 are linked to n1"
+    _release(c, order[2])
+    got = c.grow_one(job, placed[0])
     assert got is not None and got[0] == order[2]
     # and through the event loop: the elastic gang ends up with members on linked nodes only
+    blockers = [Job(f"b{i}", 0.0, 5000.0, 8, "ring") for i in range(2)]
     res = run_time(
         LINE, [*blockers, Job("e", 1.0, 100.0, 8, "ring", gang=3, gang_min=1)], "icl", gang_tier="link-domain"
     )
     assert all(r.end is not None for r in res.records)
     # without a gang tier the same gang may also grow onto n3 (the cluster is the top tier)
-    c = timesim._TopoCluster(LINE)
-    c.free[order[0]] = set()
-    c.free[order[1]] = set()
-    c.free[order[2]] = set()
-    got = timesim._grow_icl(c, job, alloc)
+    c = timesim._ExtenderCluster(LINE, PolicyName.ICL, None, None)
+    _holding(c, [order[0], order[2], order[3]])
+    c.queued(job)
+    placed = c.place(dataclasses.replace(job, gang=1))
+    assert placed is not None and placed[0].members[0][0] == order[1]
+    _release(c, order[3])
+    got = c.grow_one(job, placed[0])
     assert got is not None and got[0] == order[3]
 
 

@@ -330,7 +330,8 @@ def test_topology_policies_honour_gpu_spec() -> None:
     # where each ran: only T4 nodes (t-00, t-01); checked through the free devices of a one-job run
     from simulator import timesim
 
-    c = timesim._TopoCluster(spec, PolicyName.ICL)
+    c = timesim._ExtenderCluster(spec, PolicyName.ICL, None, None)
+    c.queued(jobs[0])
     placed = c.place(jobs[0])
     assert placed is not None and {n for n, _ in placed[0].members} <= {"t-00", "t-01"}
     c = timesim._TopoCluster(spec, PolicyName.KUBELET)

@@ -8,10 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.clusterspec import SpecError, builtin_cluster, cluster_from_mapping
+from simulator.extcluster import member_pod
 from simulator.jobs import Job, JobFormatError, read_jobs, synthetic_jobs, write_jobs_csv
 from simulator.timesim import FailureRates, jain_index, run_time, summarise
 from topology import Placer, parse_shape
 from topology.gpushare import GpuNodeSpec
+from topology.policy import PolicyName
 
 SPEC = builtin_cluster()
 
@@ -56,11 +58,17 @@ def test_valid_flag_matches_the_topology_check() -> None:
     alloc, valid = placed
     ((_node, devices),) = alloc.members
     assert valid == Placer.for_topology(SPEC.nodes[0].topology).is_valid(shape, devices)
-    placed_icl = timesim._place_icl(c, job, shape)
+    ext = timesim._ExtenderCluster(SPEC, PolicyName.ICL, None, None)
+    held = member_pod(Job("h", 0.0, 1.0, 3), 0, "h", ext.resource)  # the same devices held there
+    held["spec"]["nodeName"] = "ring-00"
+    held["metadata"]["annotations"]["kube-icl.io/devices"] = "0,2,5"
+    ext.api.create_pod(held)
+    ext.queued(job)
+    placed_icl = ext.place(job)
     assert placed_icl is not None
     ((node2, devices2),) = placed_icl[0].members
     topo = next(n.topology for n in SPEC.nodes if n.name == node2)
-    assert Placer.for_topology(topo).is_valid(shape, devices2)
+    assert placed_icl[1] is Placer.for_topology(topo).is_valid(shape, devices2) is True
 
 
 def test_gang_members_sit_on_adjacent_nodes_of_one_domain() -> None:
@@ -69,9 +77,10 @@ def test_gang_members_sit_on_adjacent_nodes_of_one_domain() -> None:
     assert all(r.valid for r in res.records)
     from simulator import timesim
 
-    c = timesim._TopoCluster(SPEC)
+    c = timesim._ExtenderCluster(SPEC, PolicyName.ICL, None, None)
     job = jobs[0]
-    placed = timesim._place_icl(c, job, parse_shape("ring", count=8))
+    c.queued(job)
+    placed = c.place(job)
     assert placed is not None
     nodes = {n for n, _ in placed[0].members}
     dom = {SPEC.view.domain_of[n] for n in nodes}
