@@ -645,9 +645,12 @@ def run_case(
     progress: Callable[[str], None] = lambda _: None,
     stall_s: float = 10.0,
     workers: int = 8,
+    settle: bool = True,
 ) -> CaseResult:
     """Create the pods with no scheduler running, start kube-scheduler, wait until every pod is bound or
     kube-scheduler has given up on the rest; measure binds per second from the first bind to the last.
+    The pods are force-deleted at the end; ``settle``: wait until they are gone (another case reuses
+    the nodes), else only ask (the last case: the measurement is done, and the nodes go next).
     """
     namespace = f"tp-{name}-{uuid.uuid4().hex[:6]}"
     plane.ensure_namespace(namespace)
@@ -705,7 +708,10 @@ def run_case(
         f"{result.valid}/{result.bound} on a valid shape"
     )
     plane.stop_scheduler()
-    delete_pods(plane, namespace, tag=name, progress=progress)
+    if settle:
+        delete_pods(plane, namespace, tag=name, progress=progress)
+    else:
+        _ask_delete_pods(plane, namespace, tag=name, progress=progress)
     return result
 
 
@@ -721,20 +727,25 @@ def delete_pods(
     falling (:func:`wait_until_drained`): the next case reuses the nodes, and a loaded machine deletes
     thousands of pods slowly but surely. Fails only when no pod went for ``stall`` seconds.
     """
-    try:
-        plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-    except (k8s.ApiException, urllib3.exceptions.HTTPError) as error:
-        # Thousands of pods on a busy machine: the server goes on deleting after its 60 s request timeout
-        # (504) or after the connection broke mid-answer; the wait below sees it through.
-        if isinstance(error, k8s.ApiException) and error.status != 504:
-            raise
-        progress(f"[{tag}] deleting the pods outlasted the request ({type(error).__name__}); waiting for it")
+    _ask_delete_pods(plane, namespace, tag=tag, progress=progress)
     wait_until_drained(
         lambda: pods_left(plane.core, namespace),
         what=f"[{tag}] pods of {namespace} deleted",
         stall=stall,
         progress=progress,
     )
+
+
+def _ask_delete_pods(plane: ControlPlane, namespace: str, *, tag: str, progress: Callable[[str], None]) -> None:
+    """Ask the API server to force-delete every pod of ``namespace``; it goes on when the request times out."""
+    try:
+        plane.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    except (k8s.ApiException, urllib3.exceptions.HTTPError) as error:
+        # Thousands of pods on a busy machine: the server goes on deleting after its 60 s request timeout
+        # (504) or after the connection broke mid-answer; a caller that must see them gone waits.
+        if isinstance(error, k8s.ApiException) and error.status != 504:
+            raise
+        progress(f"[{tag}] deleting the pods outlasted the request ({type(error).__name__}); the server goes on")
 
 
 def _with_qps(config: dict[str, Any], qps: float | None) -> dict[str, Any]:
@@ -804,6 +815,7 @@ def compare_throughput(
                     ),
                     uses_extender=extender is not None,
                     progress=progress,
+                    settle=side != order[-1],
                 )
                 if extender is not None:
                     latency = extender.verb_latency()
