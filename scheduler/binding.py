@@ -22,14 +22,13 @@ from typing import ClassVar
 from scheduler.cache import ClusterCache, NodeView
 from scheduler.config import ExtenderConfig
 from scheduler.decision import unlinked_devices
-from scheduler.framework import OK, Code, CycleState, Outcome, StateKey, Status
+from scheduler.framework import OK, POD_ERROR, Code, CycleState, Outcome, StateKey, Status
 from scheduler.gang import GangManager, Slot
 from scheduler.host import Host
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.nodefit import LinkedRanker
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, format_devices
 from scheduler.sharing import SnapshotShareRanker
-from scheduler.steps import POD_ERROR
 from topology import AllocationError, ShapeError, TopologyError
 from topology.contract import ANN_DEVICE_MILLI
 

@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from scheduler.cache import NodeView
-from scheduler.cycle import Cycle
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, Status
 from scheduler.gang import GangManager
@@ -210,9 +209,11 @@ class Decision:
         self.fit = NodeFit(self.ranker, self.fits, keep_best)
         self.unlinked = UnlinkedFit(nodes, self.ranker, shares, self.fits, keep_best) if shares is not None else None
         self.classify = Classify(None, cpu_pods=False, unshaped=shares is not None)
-        self.cycles = {PodKind.SHAPED: Cycle(filter=self.fit, score=(self.fit,))}
+        # Each whole-device kind's one per-node step, its filter and its score (these kinds' cycles in
+        # the extender add pre-filter and bind steps around it: Extender._cycles).
+        self.steps: dict[PodKind, NodeFit | UnlinkedFit] = {PodKind.SHAPED: self.fit}
         if self.unlinked is not None:
-            self.cycles[PodKind.UNSHAPED] = Cycle(filter=self.unlinked, score=(self.unlinked,))
+            self.steps[PodKind.UNSHAPED] = self.unlinked
 
     def devices(self, view: NodeView, shape: Shape) -> tuple[str, ...] | None:
         """The devices the topology-aware ranker takes for ``shape`` on this node view; ``None`` when it
@@ -231,12 +232,14 @@ class Decision:
         """Filter ``names`` (the nodes kube-scheduler's own filters passed), score those that pass, take
         the first best-scored one and the devices bind would choose there; ``None`` when none fits."""
         kind = self.classify.kind(info, shape, "")
-        cycle = self.cycles[kind]
+        step = self.steps[kind]
         state = CycleState({}, info, shape, kind, names=list(names))
-        if not cycle.filter(state).ok or state.answer is None or not state.answer.passed:
+        status = step.filter(state, state.names)
+        answer = state.answer or NodeAnswer.every(state.names, status)
+        if not status.ok or not answer.passed:
             return None
-        state.names = state.answer.passed
-        scores = cycle.score(state)
+        state.names = answer.passed
+        scores = step.score(state, state.names) or [0] * len(state.names)
         node = state.names[scores.index(max(scores))]
         view = self.nodes.view_lookup()(node)
         if view is None:

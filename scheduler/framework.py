@@ -39,6 +39,7 @@ from topology import Shape
 __all__ = [
     "DEFAULT_OUTCOMES",
     "OK",
+    "POD_ERROR",
     "BindStep",
     "Code",
     "CycleState",
@@ -148,6 +149,11 @@ class StateKey(Generic[T]):
 
     def __repr__(self) -> str:
         return f"StateKey({self.name!r})"
+
+
+POD_ERROR: StateKey[str] = StateKey("ReadPod.error")
+"""Why the pod's annotations cannot be read: written when the pod is read (:class:`scheduler.steps.ReadPod`)
+for an ``INVALID`` pod, answered by that kind's bind (:class:`scheduler.binding.Request`)."""
 
 
 @dataclass(slots=True)

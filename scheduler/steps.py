@@ -25,7 +25,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.decision import Classify
 from scheduler.events import summarize_failures
-from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, StateKey, Status
+from scheduler.framework import OK, POD_ERROR, Code, CycleState, NodeAnswer, Outcome, StateKey, Status
 from scheduler.gang import GangManager
 from scheduler.host import Host
 from scheduler.kube import KubeAPI, KubeError
@@ -51,8 +51,6 @@ __all__ = [
     "Shares",
 ]
 
-POD_ERROR: StateKey[str] = StateKey("ReadPod.error")
-"""Why the pod's annotations cannot be read (written by :class:`ReadPod` for an ``INVALID`` pod)."""
 ADMITTED: StateKey[bool] = StateKey("GangAdmission.admitted")
 """Whether the member's gang holds a reservation that admits it (written by :class:`GangAdmission`)."""
 
