@@ -48,7 +48,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,7 +127,7 @@ FAULT_KINDS = (
     "proxy-429",
     "garbage-topology",
 )
-REQUEST_TIMEOUT = 10
+REQUEST_TIMEOUT = 5
 
 
 def say(message: str) -> None:
@@ -151,7 +151,7 @@ class RawApi:
             ca_certs=str(plane.pki.path("ca.crt")),
             cert_file=str(plane.pki.path("admin.crt")),
             key_file=str(plane.pki.path("admin.key")),
-            timeout=urllib3.Timeout(connect=5, read=30),
+            timeout=urllib3.Timeout(connect=5, read=15),
             retries=False,
         )
 
@@ -502,6 +502,11 @@ class Options:
     observe_every: float
     warmup_s: float
     stall_s: float
+    tail_s: float = 30.0  # work keeps arriving this long after the last fault, so every fault's recovery shows
+
+
+class ApiPaused(Exception):
+    """The main loop makes no API call for a moment (the last one timed out)."""
 
 
 class Soak:
@@ -513,8 +518,9 @@ class Soak:
         self.t0 = time.monotonic()
         self.pool = ThreadPoolExecutor(6, thread_name_prefix="soak-fault")
         self.faults: list[Fault] = []
-        self.undo: list[tuple[float, Callable[[], None], Fault]] = []
-        self.running_undo: list[tuple[Future[None], Fault]] = []
+        self.timers: list[threading.Thread] = []  # undos of faults, each in its own thread
+        self.api_backoff_until = 0.0  # the main loop's API calls pause after one timed out
+        self.api_failures = 0
         self.slots: list[Slot] = []
         self.plugins: list[PluginNode] = []
         self.specs: dict[str, NodeSpec] = {}
@@ -636,7 +642,46 @@ class Soak:
         say(f"fault: {line}")
 
     def schedule_undo(self, after: float, action: Callable[[], None], fault: Fault) -> None:
-        self.undo.append((self.now() + after, action, fault))
+        """Undo ``fault`` with ``action`` after ``after`` seconds, in a thread of its own (never behind the
+        main loop, whose API calls may wait on the very fault being undone); the fault ends when it returns."""
+
+        def run() -> None:
+            try:
+                action()
+            except Exception as error:
+                self.errors.append(f"undo of {fault.kind} {fault.target} at {self.now():.0f}s: {error}")
+                say(f"undo of {fault.kind} {fault.target} failed: {str(error)[:300]}")
+            finally:
+                fault.ended = self.now()
+
+        timer = threading.Timer(after, run)
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+
+    def undoing(self) -> bool:
+        self.timers = [t for t in self.timers if t.is_alive()]
+        return bool(self.timers)
+
+    def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """An API call of the main loop: after one that timed out or found no server, the loop makes none
+        for a few seconds (so that it keeps its pace through an API server restart or a paused etcd)."""
+        if time.monotonic() < self.api_backoff_until:
+            raise ApiPaused()
+        try:
+            return method(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+        except k8s.ApiException as error:
+            if error.status and error.status < 500 and error.status != 429:
+                raise
+            self._back_off()
+            raise
+        except Exception:
+            self._back_off()
+            raise
+
+    def _back_off(self) -> None:
+        self.api_failures += 1
+        self.api_backoff_until = time.monotonic() + 3.0
 
     def inject(self) -> None:
         """Inject one fault of a kind drawn at random among those that have a target now."""
@@ -672,7 +717,7 @@ class Soak:
             if any(f.kind in ("restart-apiserver", "pause-etcd") and f.ended is None for f in self.faults):
                 return None
             fault = Fault(now, kind, "kube-apiserver")
-            self.running_undo.append((self.pool.submit(self._restart_apiserver, fault), fault))
+            self.schedule_undo(0.0, self._restart_apiserver, fault)
             return fault
         if kind == "pause-etcd":
             if any(f.kind in ("restart-apiserver", "pause-etcd") and f.ended is None for f in self.faults):
@@ -742,12 +787,10 @@ class Soak:
             if not candidates:
                 return None
             name = rng.choice(sorted(candidates))
-            node: Any = self.plane.core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
+            node: Any = self.call(self.plane.core.read_node, name)
             original = (node.metadata.annotations or {}).get(TOPOLOGY_ANNOTATION)
             garbage = rng.choice(["{not json", '{"v": 99, "devices": "x"}', "", "garbage"])
-            self.plane.core.patch_node(
-                name, {"metadata": {"annotations": {TOPOLOGY_ANNOTATION: garbage}}}, _request_timeout=REQUEST_TIMEOUT
-            )
+            self.call(self.plane.core.patch_node, name, {"metadata": {"annotations": {TOPOLOGY_ANNOTATION: garbage}}})
             self.busy_nodes.add(name)
             seconds = rng.uniform(10, 25)
             fault = Fault(now, kind, name, f"{garbage!r} for {seconds:.0f}s")
@@ -799,7 +842,7 @@ class Soak:
             finally:
                 slot.busy = False  # what did not come back, the supervisor starts again
 
-        self.undo.append((self.now() + seconds, lambda: self._in_background(back, fault), fault))
+        self.schedule_undo(seconds, back, fault)
         return fault
 
     def supervise(self) -> None:
@@ -840,14 +883,11 @@ class Soak:
                 component.stop()
                 start()
 
-    def _in_background(self, action: Callable[[], None], fault: Fault) -> None:
-        self.running_undo.append((self.pool.submit(action), fault))
-
-    def _restart_apiserver(self, fault: Fault) -> None:
+    def _restart_apiserver(self) -> None:
         plane = self.plane
         old = plane.apiserver
         assert old is not None and plane.pki is not None
-        old.stop(30.0)
+        old.stop(5.0)  # SIGTERM, then SIGKILL: a graceful stop can hang for its whole grace period
         plane.apiserver = Component(old.name, old.argv, old.log_path).start()
         ca = str(plane.pki.path("ca.crt"))
         context = ssl.create_default_context(cafile=ca)
@@ -876,7 +916,7 @@ class Soak:
         self.busy_nodes.add(name)
         self.deleted_nodes.add(name)
         try:
-            self.plane.core.delete_node(name, _request_timeout=REQUEST_TIMEOUT)
+            self.call(self.plane.core.delete_node, name)
         except Exception as error:
             self.deleted_nodes.discard(name)
             self.busy_nodes.discard(name)
@@ -891,32 +931,8 @@ class Soak:
             self.deleted_nodes.discard(name)
             self.busy_nodes.discard(name)
 
-        self.undo.append((self.now() + seconds, lambda: self._in_background(back, fault), fault))
+        self.schedule_undo(seconds, back, fault)
         return fault
-
-    def run_undo(self) -> None:
-        now = self.now()
-        due = [u for u in self.undo if u[0] <= now]
-        self.undo = [u for u in self.undo if u[0] > now]
-        for _, action, fault in due:
-            try:
-                action()
-            except Exception as error:
-                self.errors.append(f"undo of {fault.kind} {fault.target}: {error}")
-                say(f"undo of {fault.kind} {fault.target} failed: {error}")
-            if not any(f is fault for _, f in self.running_undo):
-                fault.ended = self.now()
-        still: list[tuple[Future[None], Fault]] = []
-        for future, fault in self.running_undo:
-            if future.done():
-                error = future.exception()
-                if error is not None:
-                    self.errors.append(f"{fault.kind} {fault.target}: {error}")
-                    say(f"{fault.kind} {fault.target}: {str(error)[:300]}")
-                fault.ended = self.now()
-            else:
-                still.append((future, fault))
-        self.running_undo = still
 
     # ------------------------------------------------------------------ workload
 
@@ -930,7 +946,7 @@ class Soak:
             if job.ended:
                 continue
             try:
-                self.plane.core.create_namespaced_pod(job.namespace, body, _request_timeout=REQUEST_TIMEOUT)
+                self.call(self.plane.core.create_namespaced_pod, job.namespace, body)
             except k8s.ApiException as error:
                 if error.status != 409:  # 409: an earlier try went through
                     left.extend(self.pending_create[i:])
@@ -947,9 +963,7 @@ class Soak:
             if name in job.deleting:
                 continue
             try:
-                self.plane.core.delete_namespaced_pod(
-                    name, job.namespace, grace_period_seconds=0, _request_timeout=REQUEST_TIMEOUT
-                )
+                self.call(self.plane.core.delete_namespaced_pod, name, job.namespace, grace_period_seconds=0)
             except k8s.ApiException as error:
                 if error.status != 404:
                     continue
@@ -987,8 +1001,8 @@ class Soak:
             if node and node not in node_names and not meta.get("deletionTimestamp"):
                 job = self.jobs.get(meta.get("labels", {}).get("kube-icl.io/soak-job", ""))
                 try:
-                    self.plane.core.delete_namespaced_pod(
-                        meta["name"], meta["namespace"], grace_period_seconds=0, _request_timeout=REQUEST_TIMEOUT
+                    self.call(
+                        self.plane.core.delete_namespaced_pod, meta["name"], meta["namespace"], grace_period_seconds=0
                     )
                     self.stats["gc_pods"] += 1
                     if job is not None:
@@ -1027,6 +1041,7 @@ class Soak:
             self.errors.append(f"observation at {self.now():.0f}s: {type(error).__name__}")
             return None
         self.last_pods, self.last_nodes = pods, nodes
+        self.last_obs_at = time.monotonic()
         return Observation(at=at, pods=pods, nodes=nodes, events=events, leases=leases)
 
     def check(self, obs: Observation) -> None:
@@ -1057,7 +1072,7 @@ class Soak:
         self.workload = Workload(self.rng, o.rate, node_labels(self.label), o.runtime)
         self.last_pods: list[dict[str, Any]] = []
         self.last_nodes: list[dict[str, Any]] = []
-        self.t0 = time.monotonic()
+        self.t0 = self.last_obs_at = time.monotonic()
         duration = o.minutes * 60.0
         next_fault = o.warmup_s + self.fault_rng.uniform(*o.fault_every)
         next_obs = next_sample = next_say = 0.0
@@ -1069,13 +1084,16 @@ class Soak:
         while True:
             now = self.now()
             if phase == "run" and now >= duration:
+                phase = "tail"
+                say(f"faults stop; work arrives {o.tail_s:.0f}s more")
+            if phase == "tail" and now >= duration + o.tail_s:
                 phase = "drain"
                 drain_started = now
                 last_fall = now
-                say("faults stop; no new work; waiting for the workload to drain")
-            if phase == "run":
+                say("no new work; waiting for the workload to drain")
+            if phase in ("run", "tail"):
                 self.submit(now)
-                if now >= next_fault and o.kinds:
+                if phase == "run" and now >= next_fault and o.kinds:
                     try:
                         self.inject()
                     except Exception as error:
@@ -1084,7 +1102,6 @@ class Soak:
                     next_fault = now + self.fault_rng.uniform(*o.fault_every)
             elif self.pending_create:
                 self.submit(now)
-            self.run_undo()
             self.complete()
             if now >= next_obs:
                 next_obs = now + o.observe_every
@@ -1101,7 +1118,7 @@ class Soak:
                 self.progress(now, phase)
             if phase == "drain":
                 left = sum(1 for p in self.last_pods if SOAK_LABEL in (p["metadata"].get("labels") or {}))
-                busy = bool(self.undo or self.running_undo or self.pending_create)
+                busy = self.undoing() or bool(self.pending_create)
                 if left != last_left:
                     if last_left < 0 or left < last_left:
                         last_fall = now
@@ -1125,11 +1142,13 @@ class Soak:
         bound = self.bound_series[-1][1] if self.bound_series else 0
         pending = self.pending_series[-1][1] if self.pending_series else 0
         active = sum(1 for f in self.faults if f.ended is None)
+        stale = time.monotonic() - self.last_obs_at
+        seen = f" (last read of the API server {stale:.0f}s ago)" if stale > 3 * self.o.observe_every else ""
         say(
             f"{now:6.0f}s {phase}: bound {bound}, pending {pending}, binds {len(self.binds.bound_at)}, "
             f"jobs {self.stats['completed_jobs']} done / {self.stats['lost_jobs']} lost / "
             f"{self.stats['submitted_jobs']} in, faults {len(self.faults)} ({active} active), "
-            f"violations {len(self.violations)}"
+            f"violations {len(self.violations)}{seen}"
         )
 
     # ------------------------------------------------------------------ the end
@@ -1332,6 +1351,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--faults", default="all", help=f"comma-separated kinds or 'all': {', '.join(FAULT_KINDS)}")
     parser.add_argument("--gang-timeout", type=float, default=120.0, help="the extenders' gangTimeoutSeconds")
     parser.add_argument("--observe-every", type=float, default=4.0, help="seconds between invariant checks")
+    parser.add_argument("--tail", type=float, default=30.0, help="seconds of work after the last fault")
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds of work before the first fault")
     parser.add_argument(
         "--stall", type=float, default=300.0, help="the drain gives up after this long without progress"
@@ -1367,6 +1387,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         observe_every=args.observe_every,
         warmup_s=args.warmup,
         stall_s=args.stall,
+        tail_s=args.tail,
     )
 
 
