@@ -106,6 +106,7 @@ class GangManager:
         self._generations: dict[str, int] = {}
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
+        self._view: tuple[object, ClusterView] | None = None  # (the labels it was built from, the view)
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
 
@@ -333,7 +334,17 @@ class GangManager:
         nodes outside any domain); the others stand."""
         by_domain: dict[str, dict[str, dict[str, str]]] = {}
         with self.cache.lock:
-            for name, node_labels in self.cache.link_labels().items():
+            link = self.cache.link_labels()
+            # built again only when a node's link labels or tier path changed (a plan per gang member's filter)
+            paths = self.cache.tier_paths() if self.cache.tier_keys else {}
+            key = (
+                tuple(sorted((n, tuple(sorted(lb.items()))) for n, lb in link.items())),
+                self.cache.tier_keys,
+                tuple(sorted(paths.items())),
+            )
+            if self._view is not None and self._view[0] == key:
+                return self._view[1]
+            for name, node_labels in link.items():
                 by_domain.setdefault(node_labels[DOMAIN_LABEL], {})[name] = node_labels
             labels: dict[str, dict[str, str]] = {}
             for domain, members in by_domain.items():
@@ -350,7 +361,9 @@ class GangManager:
             except TopologyError as exc:
                 log.warning("link-domain labels are inconsistent, placing gangs without link domains: %s", exc)
                 cluster = ClusterView()
-            return self._tiered(cluster)
+            view = self._tiered(cluster)
+            self._view = (key, view)
+            return view
 
     def _tiered(self, cluster: ClusterView, names: Iterable[str] | None = None) -> ClusterView:
         """``cluster`` with the network tiers of the cache's nodes (of ``names`` only when given)."""

@@ -1,0 +1,39 @@
+"""The gangs' cluster view (link domains and tiers) is built once per labelling, not once per gang plan.
+
+Every gang member's filter plans over :meth:`scheduler.gang.GangManager.view`; at 512 nodes building it
+(every domain's labels checked, its graph built) cost most of a plan. It is kept while no node's link
+labels or tier path change, and built again when one does.
+"""
+
+from __future__ import annotations
+
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.extender import Extender
+from tests.support.extender import node_obj
+from topology.cluster import COORDS_LABEL, DOMAIN_LABEL
+
+R = "kube-icl.io/accelerator"
+RACK = "example.com/rack"
+
+
+def _node(name: str, x: int, rack: str) -> dict[str, object]:
+    return node_obj(name, "ring:8", labels={DOMAIN_LABEL: "d0", COORDS_LABEL: str(x), RACK: rack})
+
+
+def test_the_view_is_kept_until_a_nodes_labels_change() -> None:
+    cache = ClusterCache(R)
+    for i in range(4):
+        cache.upsert_node(_node(f"n{i}", i, "r0"))
+    ext = Extender(ExtenderConfig(tiers=(RACK,)), cache)
+    first = ext.gangs.view()
+    assert set(first.domains["d0"].nodes) == {"n0", "n1", "n2", "n3"}
+    assert ext.gangs.view() is first, "nothing changed: the same view"
+    cache.upsert_node(_node("n3", 3, "r1"))  # another rack
+    second = ext.gangs.view()
+    assert second is not first and second.paths["n3"] == ("r1",)
+    cache.upsert_node(_node("n4", 4, "r1"))  # a node joins the domain
+    third = ext.gangs.view()
+    assert third.domains["d0"].nodes["n4"] == (4,)
+    cache.delete_node("n0")
+    assert "n0" not in ext.gangs.view().domains["d0"].nodes
