@@ -74,7 +74,7 @@ class ClusterCache:
         self.lock = CacheLock()  # listeners run after its outermost release, never under it
         self.usage = QueueUsage()
         self.nodes = Nodes(resource, self.usage.dirty, requests=requests)
-        self.ledger = PodLedger(self.nodes, self.usage.dirty, clock)
+        self.ledger = PodLedger(self.nodes, self.usage.dirty, lambda: self.clock())  # the clock as set now
         self.reserved = Reservations(self.nodes)
         self.workload = Workload(self.nodes, requests=requests, cpu_pods_of=cpu_pods_of)
         # The filter's hot path reads the ready views without the lock (see :meth:`view_lookup`).
