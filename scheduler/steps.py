@@ -293,16 +293,21 @@ class FairShare:
         For a ``surplus`` member, other queues' surplus members do not count (two elastic gangs
         would hold each other back forever)."""
         lower: dict[str, list[PodInfo]] = {}
+        below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue, not per pod)
         for p in self.cache.pending(other_than=info.queue):
             if p.uid == info.uid or p.unschedulable:
                 continue  # a pod kube-scheduler could not place holds nobody back
+            under = below.get(p.queue)
+            if under is None:
+                weight = self.cfg.queue(p.queue).weight
+                under = below[p.queue] = fairshare.dominant_share(used.get(p.queue, {}), capacity, weight) < mine
+            if not under:
+                continue
             if surplus and p.gang is not None and self.gangs.is_surplus(p):
                 continue
             if self.fits.found_none(p.uid):
                 continue  # our last filter for it found no node either
-            share = fairshare.dominant_share(used.get(p.queue, {}), capacity, self.cfg.queue(p.queue).weight)
-            if share < mine:
-                lower.setdefault(p.queue, []).append(p)
+            lower.setdefault(p.queue, []).append(p)
         if not lower:
             return {}
         views = {view.key: view for view in self.cache.schedulable_views()}

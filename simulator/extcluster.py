@@ -24,6 +24,7 @@ from __future__ import annotations
 import builtins
 import copy
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduler.factory import (
@@ -55,6 +56,7 @@ from topology.contract import (
 
 __all__ = [
     "NAMESPACE",
+    "Attempt",
     "JsonObj",
     "LocalAPI",
     "Verbs",
@@ -149,6 +151,8 @@ class LocalAPI:
         self.pods: dict[tuple[str, str], JsonObj] = {}
         self.leases: dict[tuple[str, str], JsonObj] = {}
         self.log: list[tuple[Any, ...]] | None = [] if record else None
+        self.deleted = 0
+        """How many pods were deleted: each may have freed devices, CPU or memory."""
         self._rv = 0
 
     def _stamp(self, obj: JsonObj) -> JsonObj:
@@ -199,6 +203,7 @@ class LocalAPI:
             return
         obj = self._stamp(obj)
         self.note("delete", copy.deepcopy(obj))
+        self.deleted += 1
         self.cache.delete_pod(obj)
 
     def devices_of(self, namespace: str, name: str) -> tuple[str, tuple[str, ...]]:
@@ -293,20 +298,33 @@ class Verbs(Protocol):
     def preempt(self, args: ExtenderPreemptionArgs) -> Any: ...
 
 
-def schedule_pod(
-    verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
-) -> tuple[tuple[str, tuple[str, ...]] | None, frozenset[str]]:
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One pod's scheduling attempt: where it was bound, if anywhere, and what the extender's filter said."""
+
+    found: tuple[str, tuple[str, ...]] | None
+    """(node, devices) bound; None when no node passed or the bind failed."""
+    unresolvable: frozenset[str] = frozenset()
+    """The nodes the extender failed as unresolvable (where preemption would not help)."""
+    held: bool = False
+    """Every node failed as unresolvable for one same reason: the pod itself was refused, as fair share
+    holds a queue back, not a node (another queue's placement may change that; freed devices need not)."""
+
+
+def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]) -> Attempt:
     """kube-scheduler's cycle for ``pod`` over ``names`` (the nodes its own filters pass, in the cluster's
     order): the extender's filter, its prioritize on the passing nodes, the first best-scored, the
-    extender's bind. (node, devices) bound, or None when no node passes or the bind fails; and the nodes
-    the extender failed as unresolvable (where preemption would not help)."""
+    extender's bind."""
     meta = pod["metadata"]
     found: tuple[str, tuple[str, ...]] | None = None
     unresolvable: frozenset[str] = frozenset()
+    held = False
     if names:
         answer = verbs.filter(ExtenderArgs(pod=pod, node_names=list(names)))
         passed = answer.node_names or []
-        unresolvable = frozenset(answer.failed_and_unresolvable_nodes)
+        refused = answer.failed_and_unresolvable_nodes
+        unresolvable = frozenset(refused)
+        held = not passed and len(refused) == len(names) and len(set(refused.values())) == 1
         if passed:
             _, scores = verbs.prioritize_scores(ExtenderArgs(pod=pod, node_names=passed))
             node = passed[scores.index(max(scores))]
@@ -314,7 +332,7 @@ def schedule_pod(
             if not error:
                 found = api.devices_of(meta["namespace"], meta["name"])
     api.note("try", meta["name"], meta["uid"], tuple(names), found)
-    return found, unresolvable
+    return Attempt(found, unresolvable, held)
 
 
 def pick_victims(

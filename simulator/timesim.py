@@ -407,6 +407,10 @@ class _ExtenderCluster(_TopoCluster):
         self.uid_of: dict[tuple[str, int], str] = {}  # (job, member) -> its pod's uid now
         self.member_of: dict[str, tuple[str, int]] = {}  # a bound pod's uid -> (job, member)
         self.victims: list[str] = []  # the uids preemption chose, for the event loop
+        # job -> _freed() when no node took it for want of room (not held back by fair share): it is not
+        # tried again until something is freed, as kube-scheduler parks a pod in its unschedulable queue
+        self.unschedulable: dict[str, tuple[int, int]] = {}
+        self.repairs = 0
         self.bound: dict[str, dict[int, tuple[str, tuple[str, ...]]]] = {}  # job -> member -> (node, devices)
         self.jobs: dict[str, Job] = {}
         self._uids = itertools.count()
@@ -436,6 +440,7 @@ class _ExtenderCluster(_TopoCluster):
         """The job (again) waits: a pending pod per member (up to an elastic gang's maximum)."""
         self.jobs[job.id] = job
         self.bound.pop(job.id, None)
+        self.unschedulable.pop(job.id, None)
         for member in range(job.gang):
             self._new_pod(job, member)
 
@@ -462,14 +467,24 @@ class _ExtenderCluster(_TopoCluster):
 
     def _schedule(self, job: Job, member: int, *, preempt: bool = False) -> tuple[str, tuple[str, ...]] | None:
         pod = self.pending[job.id][member]
-        got, unresolvable = schedule_pod(self.extender, self.api, pod, self._names(job))
+        attempt = schedule_pod(self.extender, self.api, pod, self._names(job))
+        got = attempt.found
         if got is not None:
             del self.pending[job.id][member]
             self.bound.setdefault(job.id, {})[member] = got
             self.member_of[pod["metadata"]["uid"]] = (job.id, member)
-        elif preempt and job.priority > 0:
-            self._preempt(job, pod, unresolvable)
-        return got
+            self.unschedulable.pop(job.id, None)
+            return got
+        if not attempt.held:
+            # kube-scheduler's unschedulable queue: tried again once something is freed
+            self.unschedulable[job.id] = self._freed()
+        if preempt and job.priority > 0:
+            self._preempt(job, pod, attempt.unresolvable)
+        return None
+
+    def _freed(self) -> tuple[int, int]:
+        """Counts that grow whenever devices, CPU or memory may have been freed: pods deleted, repairs."""
+        return self.api.deleted, self.repairs
 
     def _preempt(self, job: Job, pod: JsonObj, unresolvable: frozenset[str]) -> None:
         """kube-scheduler's preemption for ``pod`` (``DefaultPreemption``): on every node where preemption
@@ -536,6 +551,8 @@ class _ExtenderCluster(_TopoCluster):
         """The first ``job.gang`` waiting members, one by one through the extender (a gang's first member
         reserves every slot of its minimum); None, and nothing kept, when one is not placed (with
         ``preempt``, that member's preemption may have chosen victims: :meth:`take_victims`)."""
+        if self.unschedulable.get(job.id) == self._freed():
+            return None  # nothing freed since no node took it: the same answer (no attempt)
         waiting = sorted(self.pending.get(job.id, {}))[: job.gang]
         members: list[tuple[int, tuple[str, tuple[str, ...]]]] = []
         for member in waiting:
@@ -579,6 +596,7 @@ class _ExtenderCluster(_TopoCluster):
 
     def repair(self, item: tuple[str, str, str]) -> None:
         super().repair(item)
+        self.repairs += 1
         self.api.put_node(self._node(item[1]))
 
 
