@@ -67,7 +67,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.soakcheck import Checker, Observation, ResourceSampler, Rules, Violation, timeline_png  # noqa: E402
-from tests.e2e.failover import SCHEDULER_ELECTION  # noqa: E402
+from tests.e2e.failover import IN_FLIGHT_S, SCHEDULER_ELECTION  # noqa: E402
 from tests.e2e.harness import Component, ControlPlane, find_binaries, free_port, wait_for  # noqa: E402
 from tests.e2e.inprocess import ensure_priority_classes  # noqa: E402
 from tests.e2e.scenario import (  # noqa: E402
@@ -1182,7 +1182,7 @@ class Soak:
             say(f"VIOLATION (final) {v.invariant} {v.subject}: {v.detail}")
         times = [t - self.t0 for t in self.binds.times()]
         for fault in self.faults:
-            after = [t for t in times if t > fault.at]
+            after = [t for t in times if t > fault.at + in_flight(fault.kind)]
             fault.recovery_s = after[0] - fault.at if after else None
         report = self.report(times, drained, drain_s)
         (o.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
@@ -1234,6 +1234,7 @@ class Soak:
             "label": self.label,
             "duration_s": end,
             "stats": {**self.stats, "binds": len(times)},
+            "bind_times": [round(t, 3) for t in times],
             "faults": [dataclasses.asdict(f) for f in self.faults],
             "faults_by_kind": by_kind,
             "throughput": {
@@ -1274,6 +1275,14 @@ class Soak:
         if getattr(self, "proxy", None) is not None:
             self.proxy.stop()
         self.fault_log.close()
+
+
+def in_flight(kind: str) -> float:
+    """Seconds after a fault in which a bind does not count as recovery: a Binding that lands within
+    ``IN_FLIGHT_S`` of the leader's kill or rollout was sent by the old leader before it went."""
+    return (
+        IN_FLIGHT_S if kind in ("kill-leader", "kill-leader-scheduler", "kill-leader-extender", "roll-leader") else 0.0
+    )
 
 
 def binds_per_second(times: Sequence[float], width: float) -> list[tuple[float, float]]:
@@ -1345,7 +1354,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--nodes", type=int, default=100, help="kwok nodes in all (default: %(default)s)")
     parser.add_argument("--plugins", type=int, default=4, help="of them run by real device plugins (default: 4)")
     parser.add_argument("--out", type=Path, default=Path("out/soak"), help="report directory (default: out/soak)")
-    parser.add_argument("--rate", type=float, default=1.5, help="jobs arriving per second (default: 1.5)")
+    parser.add_argument("--rate", type=float, default=2.5, help="jobs arriving per second (default: 2.5)")
     parser.add_argument("--runtime", default="30,120", help="a job's seconds once bound: MIN,MAX (default: 30,120)")
     parser.add_argument("--fault-every", default="15,30", help="seconds between faults: MIN,MAX (default: 15,30)")
     parser.add_argument("--faults", default="all", help=f"comma-separated kinds or 'all': {', '.join(FAULT_KINDS)}")
