@@ -641,16 +641,25 @@ class Soak:
         self.fault_log.flush()
         say(f"fault: {line}")
 
-    def schedule_undo(self, after: float, action: Callable[[], None], fault: Fault) -> None:
+    def schedule_undo(self, after: float, action: Callable[[], None], fault: Fault, *, retry: bool = False) -> None:
         """Undo ``fault`` with ``action`` after ``after`` seconds, in a thread of its own (never behind the
-        main loop, whose API calls may wait on the very fault being undone); the fault ends when it returns."""
+        main loop, whose API calls may wait on the very fault being undone); the fault ends when it returns.
+        With ``retry`` (an idempotent action) a failed try is tried again every 3 s for up to 10 minutes (the
+        API server may be restarting meanwhile)."""
 
         def run() -> None:
+            deadline = time.monotonic() + 600.0
             try:
-                action()
-            except Exception as error:
-                self.errors.append(f"undo of {fault.kind} {fault.target} at {self.now():.0f}s: {error}")
-                say(f"undo of {fault.kind} {fault.target} failed: {str(error)[:300]}")
+                while True:
+                    try:
+                        action()
+                        return
+                    except Exception as error:
+                        self.errors.append(f"undo of {fault.kind} {fault.target} at {self.now():.0f}s: {error}")
+                        say(f"undo of {fault.kind} {fault.target} failed: {str(error)[:300]}")
+                        if not retry or time.monotonic() > deadline:
+                            return
+                    time.sleep(3.0)
             finally:
                 fault.ended = self.now()
 
@@ -727,7 +736,7 @@ class Soak:
             seconds = rng.uniform(3, 8)
             os.kill(etcd.pid, signal.SIGSTOP)
             fault = Fault(now, kind, "etcd", f"SIGSTOP for {seconds:.1f}s")
-            self.schedule_undo(seconds, lambda: os.kill(etcd.pid or 0, signal.SIGCONT), fault)
+            self.schedule_undo(seconds, lambda: os.kill(etcd.pid or 0, signal.SIGCONT), fault, retry=True)
             return fault
         if kind == "delete-node":
             return self._delete_node(now)
@@ -766,7 +775,7 @@ class Soak:
                 node.fault_file.write_text("{}")
                 node.busy = False
 
-            self.schedule_undo(seconds, healthy, fault)
+            self.schedule_undo(seconds, healthy, fault, retry=True)
             return fault
         if kind.startswith("proxy-"):
             if any(f.kind.startswith("proxy-") and f.ended is None for f in self.faults):
@@ -803,7 +812,7 @@ class Soak:
                 )
                 self.busy_nodes.discard(name)
 
-            self.schedule_undo(seconds, restore, fault)
+            self.schedule_undo(seconds, restore, fault, retry=True)
             return fault
         raise ValueError(f"unknown fault kind {kind!r}")
 
@@ -926,12 +935,17 @@ class Soak:
         fault = Fault(now, "delete-node", name, f"{running[name]} pods on it ({gangs.get(name, 0)} gang members)")
 
         def back() -> None:
-            publish_nodes(self.plane, [self.specs[name]])
+            try:
+                publish_nodes(self.plane, [self.specs[name]])
+            except k8s.ApiException as error:
+                if error.status == 409:  # an earlier try created it and failed later: start afresh
+                    self.plane.core.delete_node(name, _request_timeout=REQUEST_TIMEOUT)
+                raise
             self._share_allocatable([name])
             self.deleted_nodes.discard(name)
             self.busy_nodes.discard(name)
 
-        self.schedule_undo(seconds, back, fault)
+        self.schedule_undo(seconds, back, fault, retry=True)
         return fault
 
     # ------------------------------------------------------------------ workload
