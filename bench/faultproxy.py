@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import random
 import ssl
 import time
@@ -197,6 +198,8 @@ async def serve(args: argparse.Namespace) -> None:
     client_context = ssl.create_default_context(cafile=args.ca)
     client_context.load_cert_chain(args.client_cert, args.client_key)
     faults = Faults(args.seed)
+    # A dropped connection is the fault asked for: aiohttp's traceback of each one says nothing more.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     app, control_app = build_apps(args.upstream.rstrip("/"), client_context, faults)
     runner = web.AppRunner(app, access_log=None, handle_signals=True)
     control_runner = web.AppRunner(control_app, access_log=None)
