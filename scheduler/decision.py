@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from scheduler.cache import NodeView
+from scheduler.config import ExtenderConfig
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, Status
 from scheduler.gang import GangManager
@@ -39,9 +40,9 @@ from scheduler.snapshot import Snapshot
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape
 from topology.contract import DEFAULT_RESOURCE
-from topology.policy import LinkedPolicy
+from topology.policy import LinkedPolicy, PolicyName, Weights, linked_policy
 
-__all__ = ["Classify", "Decision", "UnlinkedFit", "unlinked_devices"]
+__all__ = ["Classify", "Decision", "UnlinkedFit", "build_decision", "unlinked_devices"]
 
 
 class Classify:
@@ -246,3 +247,17 @@ class Decision:
             return None
         devices, _ = self.devices_on(kind, info, shape, node, view)
         return (node, devices) if devices else None
+
+
+def build_decision(cfg: ExtenderConfig, snapshot: Snapshot, shares: SnapshotShareRanker | None = None) -> Decision:
+    """The decision of ``cfg`` (policy, weights, resource, ``keepBestNodes``) over ``snapshot``.
+
+    With the ``icl`` policy, unshaped pods on nodes without links are ranked by ``shares`` (the caller's
+    share ranker over the same snapshot, so one ranker serves shares and unshaped pods) or, when none
+    is given, a share ranker of its own; with any other policy, by the topology-aware ranker."""
+    weights = Weights(cfg.fragmentation_weight, cfg.binpack_weight, cfg.stranding_weight)
+    policy = linked_policy(cfg.policy, weights)
+    unshaped = None
+    if policy.name is PolicyName.ICL:
+        unshaped = shares if shares is not None else SnapshotShareRanker(snapshot, PolicyName.ICL.value)
+    return Decision(snapshot, policy, cfg.resource_name, cfg.keep_best_nodes, unshaped)

@@ -53,9 +53,8 @@ from scheduler.binding import (
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.cycle import Cycle, Profiles
-from scheduler.decision import Classify
+from scheduler.decision import Classify, build_decision
 from scheduler.events import EventRecorder
-from scheduler.factory import build_decision
 from scheduler.framework import CycleState, NodeAnswer, PodKind, Status
 from scheduler.gang import GangManager, GangRecords
 from scheduler.ha import LeaseElector
