@@ -1049,7 +1049,9 @@ class Soak:
             nodes = self.raw.items("/api/v1/nodes")
             events: list[dict[str, Any]] = []
             for queue in QUEUES:
-                events += self.raw.items(f"/api/v1/namespaces/{queue}/events")
+                # From the API server's watch cache (resourceVersion=0): an hour's Events are many, and the
+                # check allows them seconds of lag anyway.
+                events += self.raw.items(f"/api/v1/namespaces/{queue}/events?resourceVersion=0")
             leases = self.raw.items("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases")
         except Exception as error:
             self.errors.append(f"observation at {self.now():.0f}s: {type(error).__name__}")
