@@ -107,6 +107,7 @@ class GangManager:
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         self._view: tuple[object, ClusterView] | None = None  # (the labels it was built from, the view)
+        self._broken: set[str] = set()  # link domains whose inconsistent labels were reported ("" for all of them)
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
 
@@ -331,7 +332,8 @@ class GangManager:
         The domains are built from every node in the cache, full, left out of the candidates or not
         ready alike: which nodes are adjacent (wrap-around links included) follows from the whole
         domain's coordinates. A domain with inconsistent labels is left out (its nodes take gangs as
-        nodes outside any domain); the others stand."""
+        nodes outside any domain; a warning says so once, and again only after it was fixed and broke
+        again); the others stand."""
         by_domain: dict[str, dict[str, dict[str, str]]] = {}
         with self.cache.lock:
             link = self.cache.link_labels()
@@ -347,20 +349,30 @@ class GangManager:
             for name, node_labels in link.items():
                 by_domain.setdefault(node_labels[DOMAIN_LABEL], {})[name] = node_labels
             labels: dict[str, dict[str, str]] = {}
+            broken: set[str] = set()
             for domain, members in by_domain.items():
                 try:  # one domain with bad labels must not take the others down with it
                     ClusterView.from_labels(members)
                 except TopologyError as exc:
-                    log.warning(
-                        "link domain %r: inconsistent labels, its nodes take gangs one node at a time: %s", domain, exc
-                    )
+                    broken.add(domain)
+                    if domain not in self._broken:  # said once until its labels are fixed and break again
+                        log.warning(
+                            "link domain %r: inconsistent labels, its nodes take gangs one node at a time: %s",
+                            domain,
+                            exc,
+                        )
                     continue
                 labels.update(members)
             try:
                 cluster = ClusterView.from_labels(labels)
             except TopologyError as exc:
-                log.warning("link-domain labels are inconsistent, placing gangs without link domains: %s", exc)
+                broken.add("")
+                if "" not in self._broken:
+                    log.warning("link-domain labels are inconsistent, placing gangs without link domains: %s", exc)
                 cluster = ClusterView()
+            for domain in sorted(self._broken - broken):
+                log.info("link domain %r: labels consistent again", domain or "(all)")
+            self._broken = broken
             view = self._tiered(cluster)
             self._view = (key, view)
             return view

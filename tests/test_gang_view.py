@@ -7,6 +7,10 @@ labels or tier path change, and built again when one does.
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
@@ -37,3 +41,30 @@ def test_the_view_is_kept_until_a_nodes_labels_change() -> None:
     assert third.domains["d0"].nodes["n4"] == (4,)
     cache.delete_node("n0")
     assert "n0" not in ext.gangs.view().domains["d0"].nodes
+
+
+def _broken_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "inconsistent labels" in r.getMessage()]
+
+
+def test_a_broken_domain_is_reported_once_until_fixed_and_again_when_it_breaks_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache = ClusterCache(R)
+    for i in range(3):
+        cache.upsert_node(_node(f"n{i}", i, "r0"))
+    ext = Extender(ExtenderConfig(tiers=(RACK,)), cache)
+    caplog.set_level(logging.INFO, logger="scheduler.gang")
+    cache.upsert_node(_node("n2", 1, "r0"))  # two nodes at coordinate 1: d0's labels are inconsistent
+    assert "d0" not in ext.gangs.view().domains
+    for rack in ("r1", "r2", "r3"):  # other labels change: the view is built again, d0 still broken
+        cache.upsert_node(_node("n0", 0, rack))
+        assert "d0" not in ext.gangs.view().domains
+    assert len(_broken_warnings(caplog)) == 1
+    cache.upsert_node(_node("n2", 2, "r0"))  # fixed
+    assert set(ext.gangs.view().domains["d0"].nodes) == {"n0", "n1", "n2"}
+    assert any("consistent again" in r.getMessage() for r in caplog.records)
+    cache.upsert_node(_node("n2", 0, "r0"))  # broken again
+    assert "d0" not in ext.gangs.view().domains
+    warnings = _broken_warnings(caplog)
+    assert len(warnings) == 2 and all("'d0'" in w for w in warnings)
