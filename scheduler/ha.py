@@ -16,6 +16,12 @@ extender holds a ``coordination.k8s.io/v1`` Lease of its own:
   no clock skew between replicas matters);
 - having taken it, the replica first lists pods again from the API server and
   reloads the gang reservation records (``on_acquire``), and only then decides.
+  The reconcile runs with no lock of the elector held: the elector is
+  *reconciling* meanwhile, the background loop keeps renewing, and every other
+  caller of :meth:`LeaseElector.ensure` waits on a condition until the reconcile
+  ends, the Lease is lost (a renewal refused) or handed back (a stop, a failed
+  reconcile); only a reconcile that ends while its own acquisition still holds
+  makes the replica lead.
 
 Standby replicas read the Lease every ``renewIntervalSeconds`` so that their
 observation is fresh when their kube-scheduler becomes leader and calls them.
@@ -32,6 +38,7 @@ nobody else wrote since this replica released it skips the reconcile.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import logging
 import os
 import socket
@@ -44,7 +51,7 @@ from typing import Any
 from scheduler.config import LeaderElectionConfig
 from scheduler.kube import KubeAPI, KubeError
 
-__all__ = ["LeaseElector", "default_identity", "micro_time"]
+__all__ = ["LeaseElector", "Phase", "default_identity", "micro_time"]
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +73,20 @@ def default_identity() -> str:
     return f"{base}_{uuid.uuid4().hex[:8]}"
 
 
+class Phase(enum.Enum):
+    """Where this replica stands with the Lease."""
+
+    FOLLOWING = "following"  # another replica (or nobody) holds it
+    RECONCILING = "reconciling"  # we hold it; ``on_acquire`` runs, nobody decides yet
+    LEADING = "leading"  # we hold it and reconciled: binds may decide
+
+
 class LeaseElector:
-    """Holds, renews, observes and releases the extender's Lease. Thread-safe."""
+    """Holds, renews, observes and releases the extender's Lease. Thread-safe.
+
+    ``_lock`` guards the elector's state and its own Lease reads and writes; ``on_acquire`` runs
+    with it released (:class:`Phase` ``RECONCILING``), and ``_changed`` (a condition on the same
+    lock) wakes those waiting for the reconcile's outcome."""
 
     def __init__(
         self,
@@ -87,8 +106,11 @@ class LeaseElector:
         self.on_acquire = on_acquire
         self.clock = clock
         self.wall = wall
-        self._lock = threading.RLock()  # one acquisition (and its reconcile) at a time
-        self._leading = False
+        self._lock = threading.Lock()  # the state below and our Lease reads and writes; never held in on_acquire
+        self._changed = threading.Condition(self._lock)  # the phase changed (a reconcile ended, the Lease was lost)
+        self._phase = Phase.FOLLOWING
+        self._term = 0  # counts our acquisitions: a reconcile leads only if its own acquisition still holds
+        self._in_reconcile = False  # on_acquire runs (a lost acquisition's too): the next one waits for it
         self._renewed_at = 0.0  # clock() when the last successful write of our record was sent
         self._record: JsonObj | None = None  # the Lease as last read or written
         self._observed: tuple[tuple[str, str, str], float] | None = None  # (holder, renewTime, rv), first seen
@@ -103,7 +125,16 @@ class LeaseElector:
 
     @property
     def leading(self) -> bool:
-        return self._leading
+        return self._phase is Phase.LEADING
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
+    def _set_phase(self, phase: Phase) -> None:
+        """(lock held) Move to ``phase`` and wake those waiting for a reconcile's outcome."""
+        self._phase = phase
+        self._changed.notify_all()
 
     def _safe_until(self) -> float:
         """Until when (clock()) a Binding started now surely ends before our Lease could be taken over."""
@@ -139,42 +170,51 @@ class LeaseElector:
 
     def release(self) -> None:
         with self._lock:
-            if not self._leading or self._record is None:
-                return
-            self._leading = False
-            record = self._record
-            spec = dict(record.get("spec") or {})
-            if spec.get("holderIdentity") != self.identity:
-                return
-            spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time(self.wall()))
-            try:
-                self._record = self.api.replace_lease(self.cfg.namespace, self.cfg.name, {**record, "spec": spec})
-                self._written_rv = _rv(self._record)
-                log.info("lease %s/%s released by %s", self.cfg.namespace, self.cfg.name, self.identity)
-            except KubeError as exc:
-                log.warning("lease %s/%s: release failed: %s", self.cfg.namespace, self.cfg.name, exc)
+            self._release()
+
+    def _release(self) -> None:
+        """(lock held) Hand the Lease back, whether reconciled or still reconciling."""
+        if self._phase is Phase.FOLLOWING or self._record is None:
+            return
+        reconciled = self._phase is Phase.LEADING
+        self._set_phase(Phase.FOLLOWING)
+        record = self._record
+        spec = dict(record.get("spec") or {})
+        if spec.get("holderIdentity") != self.identity:
+            return
+        spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time(self.wall()))
+        try:
+            self._record = self.api.replace_lease(self.cfg.namespace, self.cfg.name, {**record, "spec": spec})
+            # taking back a Lease nobody wrote since skips the reconcile only if ours was complete
+            self._written_rv = _rv(self._record) if reconciled else ""
+            log.info("lease %s/%s released by %s", self.cfg.namespace, self.cfg.name, self.identity)
+        except KubeError as exc:
+            log.warning("lease %s/%s: release failed: %s", self.cfg.namespace, self.cfg.name, exc)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.cfg.renew_interval_s):
             try:
+                take = False
                 with self._lock:
                     wanted = self.clock() < self._wanted_until
-                    if self._leading and wanted:
-                        self._renew()
-                    elif self._leading:
+                    if self._phase is Phase.RECONCILING or (self._phase is Phase.LEADING and wanted):
+                        self._renew()  # a long reconcile keeps the Lease too
+                    elif self._phase is Phase.LEADING:
                         log.info(
                             "lease %s/%s: not called for %.0fs, handing it back",
                             self.cfg.namespace,
                             self.cfg.name,
                             self.cfg.lease_duration_s,
                         )
-                        self.release()
+                        self._release()
                     elif wanted:
-                        why = self._try_acquire()
-                        if why:
-                            log.debug("lease: %s", why)
+                        take = True
                     else:
                         self._observe(self.api.get_lease(self.cfg.namespace, self.cfg.name))
+                if take:
+                    why = self._attempt(time.monotonic())
+                    if why:
+                        log.debug("lease: %s", why)
             except KubeError as exc:
                 log.warning("lease %s/%s: %s", self.cfg.namespace, self.cfg.name, exc)
             except Exception:
@@ -223,17 +263,18 @@ class LeaseElector:
         except KubeError as exc:
             if exc.status in (404, 409):
                 log.warning("lease %s/%s lost: %s", self.cfg.namespace, self.cfg.name, exc.message)
-                self._leading = False
+                self._set_phase(Phase.FOLLOWING)  # a reconcile running now ends without leading
                 self._observe(None)
             raise
         self._renewed_at = sent
 
     def _try_acquire(self) -> str:
-        """One attempt (lock held): "" when we hold the Lease with time to spare, else why not."""
+        """One attempt (lock held, not reconciling): "" when we hold the Lease with time to spare or
+        have just taken it (then :class:`Phase` ``RECONCILING`` when it needs a reconcile), else why not."""
         now = self.clock()
-        if self._leading and now < self._safe_until():
+        if self._phase is Phase.LEADING and now < self._safe_until():
             return ""
-        if self._leading:
+        if self._phase is Phase.LEADING:
             try:
                 self._renew()
             except KubeError as exc:
@@ -279,18 +320,55 @@ class LeaseElector:
         self._written_rv = _rv(written)
         self._observe(written)
         self._renewed_at = sent
-        try:
-            if not untouched:  # nobody else held it since our last write: our state is complete
-                self.on_acquire()  # reconcile before the first decision
-        except Exception as exc:
-            log.exception("reconcile after taking the lease")
-            self._leading = True
-            self.release()  # hand it back: another replica (or our next attempt) reconciles afresh
-            return f"took the extender lease but could not reconcile: {exc}"
-        self._leading = True
+        self._term += 1
+        if untouched:  # nobody else held it since our last write: our state is complete
+            self._acquired()
+        else:
+            self._set_phase(Phase.RECONCILING)  # the caller reconciles, with the lock released
+        return ""
+
+    def _acquired(self) -> None:
+        """(lock held) Lead: the Lease is ours and our state complete."""
+        self._set_phase(Phase.LEADING)
         self.acquisitions += 1
         self.last_acquired_at = self.clock()
         log.info("lease %s/%s acquired by %s", self.cfg.namespace, self.cfg.name, self.identity)
+
+    def _attempt(self, deadline: float) -> str:
+        """One attempt to lead: wait (until ``deadline``, time.monotonic()) for a reconcile another
+        thread runs, else try to take the Lease, and reconcile if this attempt took it over.
+        "" when we lead, else why not."""
+        with self._lock:
+            while self._phase is Phase.RECONCILING or self._in_reconcile:  # another thread reconciles: wait
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return f"took the extender lease {self.cfg.namespace}/{self.cfg.name}; reconciling"
+                self._changed.wait(left)
+            why = self._try_acquire()
+            if why or self.phase is not Phase.RECONCILING:
+                return why
+            term = self._term
+            self._in_reconcile = True
+        error = "interrupted"
+        try:
+            self.on_acquire()  # reconcile before the first decision, no lock held
+            error = ""
+        except Exception as exc:
+            log.exception("reconcile after taking the lease")
+            error = str(exc)
+        finally:
+            with self._lock:
+                self._in_reconcile = False
+                self._changed.notify_all()
+                ours = self._term == term and self.phase is Phase.RECONCILING
+                if ours and not error:
+                    self._acquired()
+                elif ours:
+                    self._release()  # hand it back: another replica (or our next attempt) reconciles afresh
+        if error:
+            return f"took the extender lease but could not reconcile: {error}"
+        if not ours:
+            return f"lost the extender lease {self.cfg.namespace}/{self.cfg.name} while reconciling"
         return ""
 
     def ensure(self, wait_s: float = 0.0) -> str:
@@ -299,14 +377,15 @@ class LeaseElector:
         Returns "" when this replica may decide now, else a one-line reason.
         """
         self._wanted_until = self.clock() + self.cfg.lease_duration_s
-        if self._leading and self.clock() < self._safe_until():
+        if self._phase is Phase.LEADING and self.clock() < self._safe_until():
             return ""  # the hot path: no lock, no I/O
         deadline = time.monotonic() + wait_s  # real time: a test's clock may stand still
         while True:
-            with self._lock:
-                why = self._try_acquire()
+            why = self._attempt(deadline)
             if not why:
-                return ""
+                if self._phase is Phase.LEADING and self.clock() < self._safe_until():
+                    return ""
+                why = f"the extender lease {self.cfg.namespace}/{self.cfg.name} ran short while reconciling"
             left = deadline - time.monotonic()
             if left <= 0 or self._stop.is_set():
                 return why
