@@ -5,8 +5,8 @@ members, in rank order along the link domain. The cost should follow the gang's 
 not the cluster's. The cache holds N bound pods of one device each (64-device torus:8x8
 nodes, all full: large nodes keep the set-up short, since the cache's first sight of a bound pod
 still visits every node), plus a gang of 8 whole-node members on 8 nodes of a ring link domain,
-7 bound; each timing is one ``GangManager.layout_for`` for the 8th member (median of
-``--repeat`` calls), and one ``GangManager.layouts`` (every member's layout, as after an
+7 bound; each timing is one ``MemberLayouts.for_member`` for the 8th member (median of
+``--repeat`` calls), and one ``MemberLayouts.of_gang`` (every member's layout, as after an
 elastic gang grows or shrinks).
 
 ``--against DIR`` runs the same measurement on another checkout (say, an older commit
@@ -81,10 +81,13 @@ def measure(pods: int, repeat: int) -> dict[str, float]:
             runs.append(time.perf_counter() - t0)
         return statistics.median(runs) * 1000
 
-    bind_ms = timed(lambda: gangs.layout_for(info, f"g-{GANG - 1}", devices))
-    value = json.loads(gangs.layout_for(info, f"g-{GANG - 1}", devices))
+    layouts: Any = getattr(gangs, "member_layouts", None)  # an older checkout (--against): the manager's own
+    for_member = layouts.for_member if layouts is not None else gangs.layout_for  # type: ignore[attr-defined]
+    of_gang = layouts.of_gang if layouts is not None else gangs.layouts  # type: ignore[attr-defined]
+    bind_ms = timed(lambda: for_member(info, f"g-{GANG - 1}", devices))
+    value = json.loads(for_member(info, f"g-{GANG - 1}", devices))
     assert value["size"] == GANG and value["rank"] == GANG - 1, value
-    layouts_ms = timed(lambda: gangs.layouts("default/job"))
+    layouts_ms = timed(lambda: of_gang("default/job"))
     return {"layout_for_ms": bind_ms, "layouts_ms": layouts_ms}
 
 

@@ -317,7 +317,7 @@ class Binding:
         if devices and info.milli:
             annotations[ANN_DEVICE_MILLI] = str(info.milli)
         if devices and info.gang is not None:
-            annotations[ANN_GANG_LAYOUT] = self.gangs.layout_for(info, node, devices)
+            annotations[ANN_GANG_LAYOUT] = self.gangs.member_layouts.for_member(info, node, devices)
         try:
             # One write: the API server copies the Binding's annotations onto the pod together with
             # spec.nodeName, so no unbound pod ever carries a devices annotation, and no bound one lacks it.

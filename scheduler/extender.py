@@ -535,7 +535,7 @@ class Extender:
 
     def _write_layouts(self, key: str) -> None:
         assert self.api is not None
-        for info, value in self.gangs.layouts(key):
+        for info, value in self.gangs.member_layouts.of_gang(key):
             try:
                 self.api.annotate_pod(info.namespace, info.name, info.uid, {ANN_GANG_LAYOUT: value})
             except KubeError as exc:

@@ -71,6 +71,7 @@ __all__ = [
     "RECORD_LABEL",
     "GangManager",
     "GangRecords",
+    "MemberLayouts",
     "Reservation",
     "Slot",
     "lease_record",
@@ -103,11 +104,11 @@ class GangManager:
         self.wall = wall
         self.reservations: dict[str, Reservation] = {}
         self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
-        self._generations: dict[str, int] = {}
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         self._view: tuple[object, ClusterView] | None = None  # (the labels it was built from, the view)
         self._broken: set[str] = set()  # link domains whose inconsistent labels were reported ("" for all of them)
+        self.member_layouts = MemberLayouts(self)
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
 
@@ -373,15 +374,9 @@ class GangManager:
             for domain in sorted(self._broken - broken):
                 log.info("link domain %r: labels consistent again", domain or "(all)")
             self._broken = broken
-            view = self._tiered(cluster)
+            view = _tiered(self.cache, cluster)
             self._view = (key, view)
             return view
-
-    def _tiered(self, cluster: ClusterView, names: Iterable[str] | None = None) -> ClusterView:
-        """``cluster`` with the network tiers of the cache's nodes (of ``names`` only when given)."""
-        if not self.cache.tier_keys:
-            return cluster
-        return ClusterView(cluster.domains, self.cache.tier_keys, self.cache.tier_paths(names))
 
     # ------------------------------------------------------------------ bind
 
@@ -627,20 +622,33 @@ class GangManager:
                 return p.gang
         return None
 
-    # ------------------------------------------------------------------ what the members see
+    def snapshot(self) -> dict[str, Any]:
+        now = self.cache.clock()
+        with self.cache.lock:
+            return {k: r.as_dict(now) for k, r in sorted(self.reservations.items())}
+
+
+class MemberLayouts:
+    """The ``kube-icl.io/gang-layout`` value of each member of a gang: its members in rank order along
+    the links, where each sits (link domain, coordinates, network tiers) and a growing generation."""
+
+    def __init__(self, gangs: GangManager) -> None:
+        self.gangs = gangs
+        self.cache = gangs.cache
+        self._generations: dict[str, int] = {}
 
     def _generation(self, key: str) -> int:
         """A number that grows with every layout written for the gang (wall-clock ms, bumped past the last)."""
-        gen = max(int(self.wall() * 1000), self._generations.get(key, 0) + 1)
+        gen = max(int(self.gangs.wall() * 1000), self._generations.get(key, 0) + 1)
         self._generations[key] = gen
         if len(self._generations) > 100_000:
             self._generations.clear()
         return gen
 
-    def _layout_members(self, key: str, extra: Member | None) -> list[Member]:
+    def _members(self, key: str, extra: Member | None) -> list[Member]:
         """Live members, unclaimed reserved slots and ``extra`` (a member being bound), in rank order (lock held)."""
         members: dict[str, Member] = {}
-        for p in self.survivors(key):
+        for p in self.gangs.survivors(key):
             held = self.cache.held(p.uid)
             assert held is not None  # a survivor holds devices
             node, devs = held
@@ -648,15 +656,15 @@ class GangManager:
         if extra is not None:
             members[extra.uid] = extra
         items = list(members.values())
-        res = self.reservations.get(key)
+        res = self.gangs.reservations.get(key)
         if res is not None:
             items += [Member("", s.node, s.devices) for s in res.slots if not s.pod_uid]
         nodes = dict.fromkeys(m.node for m in items)
         labels = self.cache.link_labels(nodes)
         try:
-            cluster = self._tiered(ClusterView.from_labels(labels), nodes)
+            cluster = _tiered(self.cache, ClusterView.from_labels(labels), nodes)
         except TopologyError:
-            cluster = self._tiered(ClusterView(), nodes)
+            cluster = _tiered(self.cache, ClusterView(), nodes)
 
         def index(node: str, device: str) -> int:
             topo = self.cache.topology_of(node)
@@ -682,28 +690,28 @@ class GangManager:
             for node in nodes
         }
 
-    def layout_for(self, info: PodInfo, node: str, devices: tuple[str, ...]) -> str:
+    def for_member(self, info: PodInfo, node: str, devices: tuple[str, ...]) -> str:
         """The ``kube-icl.io/gang-layout`` value for a member being bound to ``node`` with ``devices``."""
         gang = info.gang
         assert gang is not None
         with self.cache.lock:
-            least, most = self.limits_of(gang)
-            ordered = self._layout_members(gang.key, Member(info.name, node, devices, info.uid or info.key))
+            least, most = self.gangs.limits_of(gang)
+            ordered = self._members(gang.key, Member(info.name, node, devices, info.uid or info.key))
             rank = next(i for i, m in enumerate(ordered) if m.uid == (info.uid or info.key))
             where = self._where(ordered)
             gen = self._generation(gang.key)
             return layout_value(gang.key, least, most, gen, ordered, rank, where, self.cache.tier_keys)
 
-    def layouts(self, key: str) -> list[tuple[PodInfo, str]]:
+    def of_gang(self, key: str) -> list[tuple[PodInfo, str]]:
         """A fresh layout value for every live member of the gang (after it grew or shrank)."""
         with self.cache.lock:
-            alive = {p.uid: p for p in self.survivors(key)}
+            alive = {p.uid: p for p in self.gangs.survivors(key)}
             if not alive:
                 return []
             gang = next(iter(alive.values())).gang
             assert gang is not None
-            least, most = self.limits_of(gang)
-            ordered = self._layout_members(key, None)
+            least, most = self.gangs.limits_of(gang)
+            ordered = self._members(key, None)
             gen = self._generation(key)
             where = self._where(ordered)
             return [
@@ -712,7 +720,9 @@ class GangManager:
                 if m.uid in alive
             ]
 
-    def snapshot(self) -> dict[str, Any]:
-        now = self.cache.clock()
-        with self.cache.lock:
-            return {k: r.as_dict(now) for k, r in sorted(self.reservations.items())}
+
+def _tiered(cache: ClusterCache, cluster: ClusterView, names: Iterable[str] | None = None) -> ClusterView:
+    """``cluster`` with the network tiers of the cache's nodes (of ``names`` only when given)."""
+    if not cache.tier_keys:
+        return cluster
+    return ClusterView(cluster.domains, cache.tier_keys, cache.tier_paths(names))
