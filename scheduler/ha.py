@@ -212,7 +212,7 @@ class LeaseElector:
                     else:
                         self._observe(self.api.get_lease(self.cfg.namespace, self.cfg.name))
                 if take:
-                    why = self._attempt(time.monotonic())
+                    why = self._attempt(time.monotonic(), aside=True)
                     if why:
                         log.debug("lease: %s", why)
             except KubeError as exc:
@@ -334,9 +334,10 @@ class LeaseElector:
         self.last_acquired_at = self.clock()
         log.info("lease %s/%s acquired by %s", self.cfg.namespace, self.cfg.name, self.identity)
 
-    def _attempt(self, deadline: float) -> str:
+    def _attempt(self, deadline: float, *, aside: bool = False) -> str:
         """One attempt to lead: wait (until ``deadline``, time.monotonic()) for a reconcile another
-        thread runs, else try to take the Lease, and reconcile if this attempt took it over.
+        thread runs, else try to take the Lease, and reconcile if this attempt took it over (with
+        ``aside``, on a thread of its own: the background loop goes on renewing meanwhile).
         "" when we lead, else why not."""
         with self._lock:
             while self._phase is Phase.RECONCILING or self._in_reconcile:  # another thread reconciles: wait
@@ -349,6 +350,13 @@ class LeaseElector:
                 return why
             term = self._term
             self._in_reconcile = True
+        if aside:
+            threading.Thread(target=self._reconcile, args=(term,), name="lease-reconcile", daemon=True).start()
+            return f"took the extender lease {self.cfg.namespace}/{self.cfg.name}; reconciling"
+        return self._reconcile(term)
+
+    def _reconcile(self, term: int) -> str:
+        """Run ``on_acquire`` for acquisition ``term`` (no lock held), then lead if it still holds."""
         error = "interrupted"
         try:
             self.on_acquire()  # reconcile before the first decision, no lock held

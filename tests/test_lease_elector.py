@@ -129,3 +129,35 @@ def test_a_failed_reconcile_hands_the_lease_back_and_the_next_attempt_reconciles
     lease = RestKubeAPI.from_url(fake.url, timeout_s=1.0).get_lease(CFG.namespace, CFG.name)
     assert lease is not None and lease["spec"]["holderIdentity"] == ""
     assert one.ensure(0.0) == "" and one.leading and len(calls) == 2
+
+
+def test_a_reconcile_the_background_loop_started_does_not_stop_its_renewals(fake: FakeAPIServer) -> None:
+    """Asked for by a filter (``want``), the loop takes the Lease; the reconcile runs beside it, so a
+    reconcile longer than the Lease's duration does not let the Lease lapse under it."""
+    entered, finish = threading.Event(), threading.Event()
+
+    def reconcile() -> None:
+        entered.set()
+        finish.wait(10)
+
+    one = elector(fake, reconcile)
+    api = RestKubeAPI.from_url(fake.url, timeout_s=1.0)
+    one.want()
+    one.start()
+    try:
+        assert entered.wait(5)
+        first = api.get_lease(CFG.namespace, CFG.name)
+        assert first is not None
+
+        def renewed() -> bool:
+            now = api.get_lease(CFG.namespace, CFG.name)
+            return now is not None and now["spec"]["renewTime"] != first["spec"]["renewTime"]
+
+        wait_for(renewed, timeout_s=5, what="a renewal while the reconcile runs")
+        assert one.phase is Phase.RECONCILING and not one.leading
+        finish.set()
+        wait_for(lambda: one.leading, what="leading once the reconcile ended")
+        assert one.ensure(0.0) == "" and one.acquisitions == 1
+    finally:
+        finish.set()
+        one.halt()
