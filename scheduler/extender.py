@@ -127,7 +127,8 @@ class Extender:
                 clock=cache.clock,
             )
         self._reconciled = False  # without leader election: reconciled once, before the first bind
-        self._lead_lock = threading.Lock()
+        self._reconciling = False  # that reconcile runs now (no lock held); other binds wait on _lead_cv
+        self._lead_cv = threading.Condition()
         self._unsure: dict[str, Unsure] = {}  # pod uid -> a Binding whose outcome is unknown
         self._inflight = 0  # binds being answered (a graceful stop waits for them before releasing the lease)
         self._inflight_cv = threading.Condition()
@@ -282,13 +283,23 @@ class Extender:
             return self.leader.ensure(wait_s)
         if self._reconciled or self.api is None:
             return ""
-        with self._lead_lock:
-            if not self._reconciled:
-                try:
-                    self._reconcile()
-                except (KubeError, RuntimeError) as exc:
-                    return f"cannot reconcile with the API server before the first bind: {exc}"
-                self._reconciled = True
+        with self._lead_cv:
+            if not self._lead_cv.wait_for(lambda: not self._reconciling, timeout=wait_s):
+                return "reconciling with the API server before the first bind"
+            if self._reconciled:
+                return ""
+            self._reconciling = True
+        done = False
+        try:
+            self._reconcile()  # with no lock held: a bind that cannot wait is answered meanwhile
+            done = True
+        except (KubeError, RuntimeError) as exc:
+            return f"cannot reconcile with the API server before the first bind: {exc}"
+        finally:
+            with self._lead_cv:
+                self._reconciling = False
+                self._reconciled = done
+                self._lead_cv.notify_all()
         return ""
 
     def _reconcile(self) -> None:

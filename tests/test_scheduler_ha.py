@@ -464,3 +464,47 @@ def test_one_gangs_slow_record_does_not_hold_up_another_gangs_bind(fake: FakeAPI
         record_name(f"default/{g}") for g in gangs
     )
     one.stop()
+
+
+def test_without_leader_election_the_first_reconcile_holds_no_lock_and_binds_wait_for_it(
+    fake: FakeAPIServer,
+) -> None:
+    """Without a Lease the extender reconciles once, before its first bind. While the pod list is in
+    flight a bind that cannot wait is told why at once (no lock held across the list), and one that can
+    waits and then binds."""
+    fake.put_node(node_obj("a", "ring:8"))
+    pods = [fake.put_pod(pod_obj(f"p{i}", 2, "ring")) for i in range(2)]
+    cfg = _config(leader_election=LeaderElectionConfig(enabled=False))
+    one = replica(fake, cfg, watch=True)
+    listing, finish = threading.Event(), threading.Event()
+    real_list = one.api.list
+
+    def slow_list(resource: str, *args: Any, **kw: Any) -> Any:
+        if resource == "pods" and not finish.is_set():
+            listing.set()
+            finish.wait(10)
+        return real_list(resource, *args, **kw)
+
+    one.api.list = slow_list  # type: ignore[method-assign]
+    results: dict[str, str] = {}
+    try:
+        first = threading.Thread(target=lambda: results.__setitem__("first", one.bind(pods[0], "a")), daemon=True)
+        first.start()
+        assert listing.wait(5)
+        answered: list[str] = []
+        impatient = threading.Thread(target=lambda: answered.append(one.ext.lead(0.0)), daemon=True)
+        impatient.start()
+        impatient.join(2)
+        assert answered == ["reconciling with the API server before the first bind"], answered
+        second = threading.Thread(target=lambda: results.__setitem__("second", one.bind(pods[1], "a")), daemon=True)
+        second.start()
+        second.join(0.5)
+        assert "second" not in results, "a bind decided before the first reconcile ended"
+        finish.set()
+        first.join(10)
+        second.join(10)
+        assert results == {"first": "", "second": ""}
+        assert held_twice(fake) == []
+    finally:
+        finish.set()
+        one.stop()
