@@ -127,6 +127,7 @@ FAULT_KINDS = (
     "proxy-429",
     "garbage-topology",
 )
+LEADER_KINDS = ("kill-leader", "kill-leader-scheduler", "kill-leader-extender", "roll-leader")
 REQUEST_TIMEOUT = 5
 
 
@@ -1295,10 +1296,9 @@ class Soak:
 
 def in_flight(kind: str) -> float:
     """Seconds after a fault in which a bind does not count as recovery: a Binding that lands within
-    ``IN_FLIGHT_S`` of the leader's kill or rollout was sent by the old leader before it went."""
-    return (
-        IN_FLIGHT_S if kind in ("kill-leader", "kill-leader-scheduler", "kill-leader-extender", "roll-leader") else 0.0
-    )
+    ``IN_FLIGHT_S`` of the leader's kill or rollout was sent by the old leader before it went, and one that
+    lands as the API server begins to stop was sent before that."""
+    return IN_FLIGHT_S if kind in (*LEADER_KINDS, "restart-apiserver") else 0.0
 
 
 def binds_per_second(times: Sequence[float], width: float) -> list[tuple[float, float]]:
