@@ -303,10 +303,10 @@ class FairShare:
                 under = below[p.queue] = fairshare.dominant_share(used.get(p.queue, {}), capacity, weight) < mine
             if not under:
                 continue
-            if surplus and p.gang is not None and self.gangs.is_surplus(p):
-                continue
             if self.fits.found_none(p.uid):
                 continue  # our last filter for it found no node either
+            if p.gang is not None and self.gangs.is_surplus(p):
+                continue  # a member above its gang's minimum yields to every other pod: it holds nobody back
             lower.setdefault(p.queue, []).append(p)
         if not lower:
             return {}

@@ -412,3 +412,23 @@ def test_a_member_of_an_elastic_gang_fallen_below_its_minimum_is_not_placed_away
     result = c.filter(members[2])
     assert result.node_names == []
     assert "runs 1 of its minimum 2: it is requeued whole" in next(iter(result.failed_nodes.values()))
+
+
+def test_a_surplus_member_holds_no_other_queues_pod_back() -> None:
+    """A member above its elastic gang's minimum yields to every other queue's pod: it never counts as
+    a pod waiting that fits, so a queue over its share is not held back by it (else the two wait for
+    each other: the surplus member for the pod, the pod for the surplus member, the devices idle)."""
+    cfg = ExtenderConfig(fair_share=True, queues={q: QueueConfig(q, weight=1.0) for q in "ab"})
+    c = line_cluster(6, cfg)
+    members = [c.add(elastic_pod(f"w{i}", "job", 1, 3, annotations={"kube-icl.io/queue": "a"})) for i in range(3)]
+    assert c.schedule(members[0]) is not None
+    c.ext.sweep()
+    for i, node in enumerate(["n4", "n5"]):  # queue b holds more than queue a
+        held = {"kube-icl.io/queue": "b", "kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
+        c.add(pod_obj(f"b{i}", 8, "ring", node=node, annotations=held))
+    late = c.add(pod_obj("b2", 8, "ring", annotations={"kube-icl.io/queue": "b"}))
+    assert c.filter(late).node_names, "a's surplus members wait for b; they do not hold b back"
+    result = c.filter(members[1])
+    assert result.node_names == [] and "above its elastic gang's minimum" in next(
+        iter(result.failed_and_unresolvable_nodes.values())
+    )
