@@ -1264,6 +1264,10 @@ class Soak:
             "drained": drained,
             "drain_s": drain_s,
             "resource_slopes_per_hour": self.sampler.slopes_per_hour(),
+            "resource_samples": {  # role -> [seconds, pid, RSS bytes, threads, open fds], every 10 s
+                role: [[round(x.at, 1), x.pid, x.rss_bytes, x.threads, x.fds] for x in samples]
+                for role, samples in self.sampler.samples.items()
+            },
             "proxy": self._proxy_stats(),
             "restarts_without_fault": self.notes,
             "errors": self.errors[-50:],
