@@ -537,6 +537,7 @@ class Soak:
         self.fault_log = (options.out / "faults.log").open("a")
         self.errors: list[str] = []
         self.notes: list[str] = []  # what exited without a fault and was started again
+        self.notes_lost: list[str] = []  # jobs that lost a pod the soak did not delete
         self.stats = {"submitted_jobs": 0, "created_pods": 0, "completed_jobs": 0, "lost_jobs": 0, "gc_pods": 0}
 
     def rules(self) -> Rules:
@@ -1035,11 +1036,19 @@ class Soak:
             ]
             if not gone:
                 continue
+            left = [m for m in job.created if m not in gone and m not in job.deleting]
+            if job.kind == "elastic" and job.running_at is not None and len(left) >= job.needed:
+                job.deleting.update(gone)  # a surplus member preempted or evicted: the gang runs on smaller
+                continue
             # A job that lost a pod fails whole, as a job controller without restarts would end it.
             self.delete(job, job.members)
             job.deleting.update(gone)
             job.ended = "lost"
             self.stats["lost_jobs"] += 1
+            running = "running" if job.running_at is not None else "not running yet"
+            self.notes_lost.append(
+                f"{self.now():.0f}s {job.namespace}/{job.key} ({running}): {', '.join(sorted(gone))} gone"
+            )
 
     # ------------------------------------------------------------------ observation
 
@@ -1270,6 +1279,7 @@ class Soak:
             },
             "proxy": self._proxy_stats(),
             "restarts_without_fault": self.notes,
+            "lost_jobs": self.notes_lost,
             "errors": self.errors[-50:],
         }
 
