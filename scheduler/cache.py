@@ -74,8 +74,9 @@ class ClusterCache:
         self.lock = CacheLock()  # listeners run after its outermost release, never under it
         self.usage = QueueUsage()
         self.nodes = Nodes(resource, self.usage.dirty, requests=requests)
-        self.ledger = PodLedger(self.nodes, self.usage.dirty, lambda: self.clock())  # the clock as set now
         self.reserved = Reservations(self.nodes)
+        # the clock as set now
+        self.ledger = PodLedger(self.nodes, self.usage.dirty, lambda: self.clock(), self.reserved.yield_to)
         self.workload = Workload(self.nodes, requests=requests, cpu_pods_of=cpu_pods_of)
         # The filter's hot path reads the ready views without the lock (see :meth:`view_lookup`).
         self._views = self.nodes.views
@@ -84,6 +85,7 @@ class ClusterCache:
         self.generation = 0  # bumps on every change; cheap staleness check for callers
         self._listeners: list[Callable[[PodChange], None]] = []
         self._node_listeners: list[Callable[[str, NodeRecord | None], None]] = []
+        self._taken_listeners: list[Callable[[str, str, str], None]] = []
 
     # ------------------------------------------------------------------ listeners
 
@@ -92,6 +94,19 @@ class ClusterCache:
 
     def on_node_change(self, fn: Callable[[str, NodeRecord | None], None]) -> None:
         self._node_listeners.append(fn)
+
+    def on_reservation_taken(self, fn: Callable[[str, str, str], None]) -> None:
+        """``fn(owner, node, pod uid)``: a pod read from the API server took devices reserved by ``owner``
+        on ``node``; the reservation is gone from the cache."""
+        self._taken_listeners.append(fn)
+
+    def _tell_taken(self) -> None:
+        """Queue the calls for the reservations pods took (lock held)."""
+        taken = self.ledger.taken
+        while taken:
+            owner, node, uid = taken.pop(0)
+            for fn in self._taken_listeners:
+                self.lock.defer(functools.partial(fn, owner, node, uid))
 
     def _tell_pod(self, change: PodChange) -> None:
         """Queue the pod listeners' calls; they run once the lock is released (lock held)."""
@@ -186,6 +201,7 @@ class ClusterCache:
             change = ledger.apply(info)
             self.usage.dirty.add(uid)
             self.generation += 1
+            self._tell_taken()
             if change is not None:
                 self._tell_pod(change)
 
@@ -250,6 +266,7 @@ class ClusterCache:
                     return
             info, held = ledger.remove(uid)
             self.generation += 1
+            self._tell_taken()  # a pod counted by size for a conflict with this one may take its devices
             if info is not None:
                 failed = bool(held or info.node_name) and info.phase != "Succeeded"
                 self._tell_pod(PodChange(info, failed, info.node_name or (held[0] if held else "")))
@@ -476,6 +493,12 @@ class ClusterCache:
         """The pods whose devices are assumed by a bind the watch has not confirmed yet."""
         with self.lock:
             return frozenset(self.ledger.assumed)
+
+    def is_reserved(self, owner: str, node: str) -> bool:
+        """Whether ``owner`` holds a reservation on ``node`` (a pod bound to its devices takes it)."""
+        with self.lock:
+            rec = self.nodes.records.get(node)
+            return rec is not None and owner in rec.reserved
 
     def reservations(self) -> dict[str, dict[str, tuple[str, ...]]]:
         """node -> reservation owner -> devices, for the nodes holding any reservation (a copy)."""

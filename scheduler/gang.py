@@ -111,6 +111,7 @@ class GangManager:
         self.member_layouts = MemberLayouts(self)
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
+        cache.on_reservation_taken(self._slot_taken)
 
     def _tell(self, call: Callable[[], None]) -> None:
         """Tell the host (or the records) once the cache lock is released; now when it is not held."""
@@ -390,7 +391,16 @@ class GangManager:
                 return None
             slot = next((s for s in res.slots if s.pod_uid == info.uid and s.node == node), None)
             if slot is None:
-                slot = next((s for s in res.slots if not s.pod_uid and s.node == node), None)
+                # an unclaimed slot still reserved in the cache: a pod read from the API server may have
+                # taken one's devices, and its news may not have reached :meth:`_slot_taken` yet
+                slot = next(
+                    (
+                        s
+                        for s in res.slots
+                        if not s.pod_uid and s.node == node and self.cache.is_reserved(s.owner, node)
+                    ),
+                    None,
+                )
             if slot is None:
                 return None
             self.cache.unreserve(slot.owner, node)
@@ -442,6 +452,41 @@ class GangManager:
         if res.persisted:
             res.persisted = False
             self._tell(functools.partial(self.records.delete, res.key))
+
+    def _slot_taken(self, owner: str, node: str, uid: str) -> None:
+        """A pod the API server shows bound took the devices of slot ``owner`` on ``node`` (the cache
+        dropped the reservation). Its gang's own member on exactly the slot's devices claims the slot.
+        Otherwise the slot is gone: a gang none of whose members holds a slot drops its reservation and
+        plans afresh at its next member's filter; one with members bound keeps its other slots, and the
+        member left over is planned once they are claimed (the reservation then completes)."""
+        with self.cache.lock:
+            for res in list(self.reservations.values()):
+                slot = next((s for s in res.slots if s.owner == owner and s.node == node and not s.pod_uid), None)
+                if slot is None:
+                    continue
+                pod = self.cache.pod(uid)
+                if (
+                    pod is not None
+                    and pod.gang is not None
+                    and pod.gang.key == res.key
+                    and uid not in res.members
+                    and self.cache.held(uid) == (node, slot.devices)
+                ):
+                    slot.pod_uid = uid
+                    res.members[uid] = owner
+                    log.info("gang %s: member %s bound elsewhere holds slot %s", res.key, pod.key, owner)
+                    return
+                res.slots.remove(slot)
+                if any(s.pod_uid for s in res.slots):
+                    log.warning(
+                        "gang %s: slot %s on %s taken by a bound pod; its member is planned again", res.key, owner, node
+                    )
+                else:
+                    log.warning(
+                        "gang %s: slot %s on %s taken by a bound pod; the gang plans again", res.key, owner, node
+                    )
+                    self._drop(res)
+                return
 
     # ------------------------------------------------------------------ records in the API server
 

@@ -4,9 +4,11 @@
 a gang), the devices each holds whole (``allocations``) or as a share, the devices of pods bound
 without a readable devices annotation (counted by size), the binds assumed while in flight
 (:meth:`PodLedger.assume`, :meth:`PodLedger.forget`; the watch confirms them when it shows the pod),
-and which watch events are stale (resourceVersions applied, floors of consistent reads). It writes
-holdings into the node records of :class:`scheduler.nodes.Nodes` and asks them to refresh. Every
-method runs under the cache's lock.
+and which watch events are stale (resourceVersions applied, floors of consistent reads). A pod read
+from the API server bound to devices reserved for a gang's slot takes them: what the API server says
+a bound pod holds is fact, a reservation only an intention; the reservations dropped are queued in
+:attr:`PodLedger.taken` for the gang manager. It writes holdings into the node records of
+:class:`scheduler.nodes.Nodes` and asks them to refresh. Every method runs under the cache's lock.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 from scheduler.nodes import NodeRecord, Nodes, share_free
 from scheduler.podspec import PodInfo
 from scheduler.podtable import PodTable
-from topology import AllocationError, TopologyError
+from topology import AllocationError, HoldKind, TopologyError
 from topology.contract import MILLI_PER_DEVICE
 
 __all__ = ["GONE", "PodChange", "PodLedger", "resource_version"]
@@ -51,9 +53,21 @@ def resource_version(meta: Mapping[str, Any]) -> int | None:
 class PodLedger:
     """The pods tracked, what each holds (whole, shared, by size), binds assumed, stale events."""
 
-    def __init__(self, nodes: Nodes, dirty: set[str], clock: Callable[[], float] = time.monotonic) -> None:
-        """``dirty``: the uids whose queue charge may have changed (the queue usage's)."""
+    def __init__(
+        self,
+        nodes: Nodes,
+        dirty: set[str],
+        clock: Callable[[], float] = time.monotonic,
+        yield_reserved: Callable[[NodeRecord, tuple[str, ...]], list[str]] | None = None,
+    ) -> None:
+        """``dirty``: the uids whose queue charge may have changed (the queue usage's); ``yield_reserved``:
+        drops the reservations on a node's devices that a pod bound to them takes, and names their owners
+        (:meth:`scheduler.reservations.Reservations.yield_to`; none: a pod never takes reserved devices)."""
         self.nodes = nodes
+        self.yield_reserved = yield_reserved
+        # (reservation owner, node, pod uid): reservations a pod read from the API server took, until the
+        # cache tells its listeners
+        self.taken: list[tuple[str, str, str]] = []
         self._dirty = dirty
         self.clock = clock
         # uid -> pods that ask for our resource (or are gang members); pods.by_gang: gang key -> member uids
@@ -172,8 +186,21 @@ class PodLedger:
         return info, held
 
     def hold(self, uid: str, node: str, devices: tuple[str, ...]) -> bool:
+        """Record that a pod read from the API server holds ``devices`` on ``node``: reservations on any of
+        them are dropped for it (:attr:`taken`); a device held by another pod, or not on the node, counts
+        the pod by size instead (False) until that conflict goes (:meth:`release`)."""
         rec = self.nodes.record(node)
         if rec.allocator is not None:
+            if self.yield_reserved is not None:
+                for owner in self.yield_reserved(rec, devices):
+                    log.warning(
+                        "node %s: pod %s is bound to %s reserved by %s: the pod takes them",
+                        node,
+                        uid,
+                        ",".join(devices),
+                        owner,
+                    )
+                    self.taken.append((owner, node, uid))
             try:
                 rec.allocator.allocate(uid, devices)
             except (AllocationError, TopologyError) as exc:
@@ -212,6 +239,28 @@ class PodLedger:
             rec.shares.pop(held[1], None)
             self.nodes.share_owner(rec, held[1], False)
         self.nodes.refresh(rec)
+        if not users and rec.unattributed:
+            self._reattribute(rec)
+
+    def _reattribute(self, rec: NodeRecord) -> None:
+        """Pods bound to known devices on ``rec`` but counted by size (another pod held one of them) take
+        their devices once only reservations, or nothing, hold them."""
+        allocator = rec.allocator
+        if allocator is None:
+            return
+        for uid in list(rec.unattributed):
+            info = self.pods.get(uid)
+            if info is None or uid in self.bad_pods or uid in self.allocated or info.milli:
+                continue
+            if info.node_name != rec.name or not info.devices:
+                continue
+            holds = allocator.holds()
+            if all(
+                d in allocator.topo.ids
+                and ((h := holds.get(d)) is None or (h.kind is HoldKind.RESERVED and h.owner in rec.reserved))
+                for d in info.devices
+            ):
+                self.hold(uid, rec.name, info.devices)
 
     def release(self, uid: str) -> None:
         self._dirty.add(uid)
@@ -224,16 +273,18 @@ class PodLedger:
         for rec in records.values() if held is None else [records.get(held[0])]:
             if rec is None:
                 continue
-            changed = False
+            changed = freed = False
             if uid in rec.owners:
                 del rec.owners[uid]
                 if rec.allocator is not None:
                     rec.allocator.release(uid)
-                changed = True
+                changed = freed = True
             if rec.unattributed.pop(uid, None) is not None:
                 changed = True
             if changed:
                 self.nodes.refresh(rec)
+            if freed and rec.unattributed:
+                self._reattribute(rec)
             if held is not None:
                 break
 
