@@ -178,3 +178,68 @@ def test_taking_over_keeps_only_the_recorded_reservations() -> None:
     assert gangs.reservations == {}
     assert cache.reservations() == {}
     cache.check_invariants()
+
+
+GANG_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("plan"), st.integers(0, 1), st.just(frozenset[str]())),
+        st.tuples(st.just("claim"), st.integers(0, 1), st.just(frozenset[str]())),
+        st.tuples(st.just("bind"), st.integers(0, 5), st.sets(st.sampled_from("01234567"), min_size=1, max_size=3)),
+        st.tuples(st.just("fail"), st.integers(0, 1), st.just(frozenset[str]())),
+        st.tuples(st.just("delete"), st.integers(0, 5), st.just(frozenset[str]())),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(GANG_OPS, st.sampled_from(["n0", "n1"]))
+def test_gang_reservations_and_bound_pods_never_share_a_device(
+    ops: list[tuple[str, int, frozenset[str]]], where: str
+) -> None:
+    """Two gangs planned, claimed and failed in any order while the API server shows pods bound (never
+    two on one device there): each bound pod holds exactly its devices, every unclaimed slot the gang
+    manager keeps is reserved in the cache with exactly its devices, and the cache's invariants hold."""
+    cache = ClusterCache(RESOURCE)
+    for name in ("n0", "n1"):
+        cache.upsert_node(node_obj(name, "ring:8"))
+    gangs = GangManager(cache, 60.0, DeviceRank.FRAGMENTATION)
+    for g in range(2):
+        for i in range(2):
+            ann = {"kube-icl.io/gang": f"g{g}", "kube-icl.io/gang-size": "2"}
+            cache.upsert_pod(pod_obj(f"g{g}m{i}", 2, "ring", annotations=ann, uid=f"uid-g{g}m{i}"))
+    truth: dict[str, tuple[str, ...]] = {}
+    claimed: dict[str, tuple[str, tuple[str, ...]]] = {}  # member uid -> slot claimed (node, devices)
+    for op, i, devs in ops:
+        if op in ("plan", "claim"):
+            member = cache.find_pod("default", f"g{i}m{len([u for u in claimed if u.startswith(f'uid-g{i}')])}")
+            if member is None or member.uid in claimed:
+                continue
+            nodes, _why = gangs.plan(member, parse_shape("ring", 2), ["n0", "n1"])
+            if op == "claim" and nodes:
+                slot = gangs.claim(member, sorted(nodes)[0])
+                if slot is not None:
+                    claimed[member.uid] = (slot.node, slot.devices)
+        elif op == "fail":
+            gangs.fail(f"default/g{i}", "a member failed")
+            for uid in [u for u in claimed if u.startswith(f"uid-g{i}")]:
+                cache.forget(uid)
+                del claimed[uid]
+        elif op == "bind" and f"p{i}" not in truth:
+            taken = {d for n, held in claimed.values() if n == where for d in held}
+            if taken & devs or any(set(d) & devs for d in truth.values()):
+                continue  # the API server never shows two pods on one device
+            truth[f"p{i}"] = tuple(sorted(devs))
+            cache.upsert_pod(_bound(f"p{i}", where, truth[f"p{i}"], phase="Running"))
+        elif op == "delete" and f"p{i}" in truth:
+            del truth[f"p{i}"]
+            cache.delete_pod(_bound(f"p{i}", where, ()))
+        cache.check_invariants()
+        reserved = cache.reservations()
+        for name, held in truth.items():
+            assert cache.held(f"uid-{name}") == (where, held)
+            assert not set(held) & {d for devices in reserved.get(where, {}).values() for d in devices}
+        for res in gangs.reservations.values():
+            for slot in res.slots:
+                if not slot.pod_uid:
+                    assert reserved.get(slot.node, {}).get(slot.owner) == slot.devices
