@@ -222,6 +222,7 @@ class ClusterCache:
                 self.generation += 1
             self.ledger.unreadable(uid, reason, node, count, phase)
             self.generation += 1
+            self._tell_taken()
 
     def count_cpu_pods_of(self, scheduler_name: str) -> None:
         """Count the non-terminal pods of ``scheduler_name`` that ask no device (but CPU or memory) in
@@ -347,6 +348,7 @@ class ClusterCache:
         with self.lock:
             if self.ledger.forget(uid):
                 self.generation += 1
+                self._tell_taken()  # a pod counted by size for a conflict with this bind may take its devices
 
     # ------------------------------------------------------------------ reservations
 

@@ -243,3 +243,22 @@ def test_gang_reservations_and_bound_pods_never_share_a_device(
             for slot in res.slots:
                 if not slot.pod_uid:
                     assert reserved.get(slot.node, {}).get(slot.owner) == slot.devices
+
+
+def test_a_pod_counted_by_size_behind_a_bind_in_flight_takes_its_devices_when_the_bind_is_undone() -> None:
+    """The API server shows a pod on devices one of our binds in flight assumed (that bind will fail):
+    counted by size meanwhile, it holds exactly its devices once the assumed bind is forgotten, taking
+    the reservation on its other devices, and the reservation's listeners hear of it."""
+    cache = ClusterCache(RESOURCE)
+    cache.upsert_node(node_obj("n0", "ring:8"))
+    heard: list[tuple[str, str, str]] = []
+    cache.on_reservation_taken(lambda owner, node, uid: heard.append((owner, node, uid)))
+    cache.assume("uid-ours", "n0", ("0", "1"))
+    cache.reserve("gang:g/x#0", "n0", ("2", "3"))
+    cache.upsert_pod(_bound("theirs", "n0", ("0", "1", "2", "3"), phase="Running"))
+    assert cache.held("uid-theirs") is None and heard == []
+    cache.forget("uid-ours")
+    assert cache.held("uid-theirs") == ("n0", ("0", "1", "2", "3"))
+    assert heard == [("gang:g/x#0", "n0", "uid-theirs")]
+    assert cache.reservations() == {}
+    cache.check_invariants()
