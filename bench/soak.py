@@ -1458,8 +1458,14 @@ def run_soak(options: Options) -> dict[str, Any]:
                 shutil.copy(path, options.out / "logs" / path.name)
 
 
+def _stop_on_term(signum: int, frame: object) -> None:
+    """SIGTERM (a timeout, a CI runner stopping) ends the soak as Ctrl-C does: every process it started is stopped."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_term)
     report = run_soak(options)
     print(summary_markdown(report))
     say(f"report in {options.out}")
