@@ -80,6 +80,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+PRUNE_EVERY_S = 60.0  # how often sweep forgets what it kept of gangs that are gone
+
 
 class GangManager:
     """Reservations per gang, kept consistent with the cache's holdings."""
@@ -106,6 +108,7 @@ class GangManager:
         self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
+        self._pruned_at = 0.0  # when limits and _ran last let go of gangs with no pod and no reservation left
         self._view: tuple[object, ClusterView] | None = None  # (the labels it was built from, the view)
         self._broken: set[str] = set()  # link domains whose inconsistent labels were reported ("" for all of them)
         self.member_layouts = MemberLayouts(self)
@@ -581,7 +584,17 @@ class GangManager:
                     self._drop(res)
                     expired.append(res.key)
                     self._event("expired", res.key)
+            if now - self._pruned_at >= PRUNE_EVERY_S:
+                self._prune(now)
         return expired
+
+    def _prune(self, now: float) -> None:
+        """Forget the limits and the has-run mark of gangs with no pod in the cache and no reservation (lock held):
+        without it both grow by one entry per gang ever seen, for as long as the extender runs."""
+        self._pruned_at = now
+        for key in [k for k in self.limits.keys() | self._ran if k not in self.reservations and not self._members(k)]:
+            self.limits.pop(key, None)
+            self._ran.discard(key)
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:
         """Fail a gang: drop its reservation and evict every remaining member."""
