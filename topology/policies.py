@@ -210,19 +210,33 @@ class BestFit:
         return (-float(math.floor(self.levels * (1.0 - remaining / 2.0))), take)
 
 
+# Fragmentation growths closer to 0 than this (milli-units) are 0. A fragmentation value sums
+# popularity-weighted free units, popularities being counts over a task count N, so a true growth
+# is 0 or at least 1/N away from it: this keeps every growth of a workload below 10 million tasks,
+# while float summation leaves about 1e-13 on equal fragmentations reached by different terms.
+# Otherwise the score of an exact tie (floor(100 * sigmoid(0)) = 50) would be 49 or 50 by the
+# order of the sums.
+DELTA_RESOLUTION = 1e-7
+
+
 def gradient_score(delta: float, levels: int, scale: float) -> float:
     """FGD's score of a fragmentation growth ``delta`` (milli-units), lower is better.
 
     ``levels > 0``: minus the kube-scheduler integer score
-    ``floor(levels * sigmoid(-delta / scale))``; ``levels == 0``: ``delta`` itself.
+    ``floor(levels * sigmoid(-delta / scale))``; ``levels == 0``: ``delta`` itself. A growth
+    within ``DELTA_RESOLUTION`` of 0 counts as 0 (float noise, not a growth).
 
     >>> gradient_score(0.0, 100, 1000.0)
+    -50.0
+    >>> gradient_score(2.3e-13, 100, 1000.0)
     -50.0
     >>> gradient_score(-5000.0, 100, 1000.0)
     -99.0
     >>> gradient_score(250.0, 0, 1000.0)
     250.0
     """
+    if abs(delta) < DELTA_RESOLUTION:
+        delta = 0.0
     if levels <= 0:
         return delta
     x = -delta / scale
