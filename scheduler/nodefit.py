@@ -98,18 +98,37 @@ class FitTiers:
 
 
 class FitMemory:
-    """Whether our latest filter for a pod passed any node (fair share skips pods that fit nowhere)."""
+    """Our latest answer for a pod: its filter passed some node, found none, or fair share held it back.
+
+    Fair share reads it: a pod our filter found no node for holds nobody back, and a pod kube-scheduler
+    marked Unschedulable holds others back only when our own hold-back is why it was not placed."""
 
     def __init__(self) -> None:
-        self._last: dict[str, bool] = {}
+        self._last: dict[str, bool | None] = {}  # uid -> passed a node, found none; None: held back
+
+    def _put(self, uid: str, answer: bool | None) -> None:
+        if len(self._last) > 100_000:  # bounded: the answers of pods long gone are dropped with the rest
+            self._last.clear()
+        self._last[uid] = answer
 
     def note(self, uid: str, fit: bool) -> None:
-        if len(self._last) > 100_000:
-            self._last.clear()
-        self._last[uid] = fit
+        """Our filter passed some node for the pod (``fit``) or found none; either ends a hold-back."""
+        self._put(uid, fit)
+
+    def hold(self, uid: str) -> None:
+        """Fair share held the pod back (the filter answered before looking at any node)."""
+        self._put(uid, None)
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone (deleted, or finished): nothing more to remember of it."""
+        self._last.pop(uid, None)
 
     def found_none(self, uid: str) -> bool:
-        return self._last.get(uid) is False
+        return self._last.get(uid, True) is False
+
+    def held_back(self, uid: str) -> bool:
+        """Our latest answer for the pod was a fair-share hold-back."""
+        return uid in self._last and self._last[uid] is None
 
 
 class LinkedRanker:

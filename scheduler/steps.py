@@ -29,6 +29,7 @@ from scheduler.framework import OK, POD_ERROR, Code, CycleState, NodeAnswer, Out
 from scheduler.gang import GangManager
 from scheduler.host import Host
 from scheduler.kube import KubeAPI, KubeError
+from scheduler.ledger import PodChange
 from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker
 from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, GroupSpec, PodInfo, PodSpecError, pod_info
 from scheduler.sharing import SnapshotShareRanker
@@ -252,6 +253,12 @@ class FairShare:
         self.gangs = gangs
         self.ranker = ranker
         self.fits = fits
+        cache.on_pod_change(self._pod_changed)
+
+    def _pod_changed(self, change: PodChange) -> None:
+        # The cache tells a pod's deletion or end (a bound pod's hold-back already ended with the
+        # filter that passed its node): it never waits again.
+        self.fits.forget(change.info.uid)
 
     def pre_filter(self, state: CycleState) -> Status:
         if state.read(ADMITTED):
@@ -259,6 +266,9 @@ class FairShare:
         hold = self.hold_back(state.info)
         if hold is None:
             return OK
+        # kube-scheduler marks the pod Unschedulable for this answer too; remembered so that the
+        # mark does not count as "fits nowhere" once the queue is under its share again.
+        self.fits.hold(state.info.uid)
         return Status(Code.UNRESOLVABLE, hold.reason)
 
     def hold_back(self, info: PodInfo) -> fairshare.HoldBack | None:
@@ -295,8 +305,11 @@ class FairShare:
         lower: dict[str, list[PodInfo]] = {}
         below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue, not per pod)
         for p in self.cache.pending(other_than=info.queue):
-            if p.uid == info.uid or p.unschedulable:
-                continue  # a pod kube-scheduler could not place holds nobody back
+            if p.uid == info.uid:
+                continue
+            if p.unschedulable and not self.fits.held_back(p.uid):
+                # kube-scheduler could not place it, and not because we held it back: it holds nobody back.
+                continue
             under = below.get(p.queue)
             if under is None:
                 weight = self.cfg.queue(p.queue).weight

@@ -18,7 +18,7 @@ from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.informer import Informer
-from scheduler.nodefit import FitTiers
+from scheduler.nodefit import FitMemory, FitTiers
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import Placer, parse_shape
@@ -411,6 +411,117 @@ def test_a_pod_kube_scheduler_marked_unschedulable_holds_nobody_back() -> None:
     c.add(stuck)
     alpha = c.add(pod_obj("more", 2, "ring", namespace="alpha"))
     assert c.filter(alpha).node_names == ["b"]
+
+
+def _mark_unschedulable(c: Cluster, pod: dict[str, Any]) -> None:
+    """What kube-scheduler writes on a pod it could not place, whatever the reason."""
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    c.add(pod)
+
+
+def _weighted_cluster() -> Cluster:
+    """Three 8-device nodes; beta weighs 3, alpha 1; beta runs 8 devices on node a."""
+    cfg = ExtenderConfig(queues={"alpha": QueueConfig("alpha", weight=1.0), "beta": QueueConfig("beta", weight=3.0)})
+    c = Cluster({"a": "ring:8", "b": "ring:8", "c": "ring:8"}, cfg)
+    full = {"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
+    c.add(pod_obj("beta-run", 8, "ring", namespace="beta", node="a", annotations=full))
+    return c
+
+
+def test_a_pod_we_held_back_still_holds_others_back_once_kube_scheduler_marks_it_unschedulable() -> None:
+    """kube-scheduler marks every pod it could not place Unschedulable, our hold-backs included: that
+    mark must not hide a held-back pod once its queue is under its share again."""
+    c = _weighted_cluster()
+    first = c.add(pod_obj("alpha-first", 2, "ring", namespace="alpha"))
+    held = c.add(pod_obj("beta-next", 2, "ring", namespace="beta"))
+    # beta (8/24 over weight 3) is above alpha (0) and alpha's pod fits: beta's pod is held back.
+    answer = c.filter(held)
+    assert answer.node_names == []
+    assert c.ext.decision.fits.held_back(held["metadata"]["uid"])
+    _mark_unschedulable(c, held)
+    # alpha's pod goes, and alpha takes node b: 8/24 over weight 1 is above beta's 8/24 over weight 3.
+    c.api.pods.pop(("alpha", "alpha-first"))
+    c.cache.delete_pod(first)
+    c.add(
+        pod_obj(
+            "alpha-run", 8, "ring", namespace="alpha", node="b", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
+        )
+    )
+    more = c.add(pod_obj("alpha-more", 2, "ring", namespace="alpha"))
+    assert c.filter(more).node_names == [], "beta's held-back pod fits node c and waits below alpha's share"
+    assert c.filter(held).node_names == ["c"]
+
+
+def test_a_held_back_pod_our_later_filter_passed_holds_nobody_back_once_marked_unschedulable() -> None:
+    """A filter that passes a node ends the hold-back: if kube-scheduler then marks the pod
+    Unschedulable, its own filters rejected it, and it holds nobody back."""
+    c = _weighted_cluster()
+    first = c.add(pod_obj("alpha-first", 2, "ring", namespace="alpha"))
+    held = c.add(pod_obj("beta-next", 2, "ring", namespace="beta"))
+    assert c.filter(held).node_names == []
+    c.api.pods.pop(("alpha", "alpha-first"))
+    c.cache.delete_pod(first)
+    assert c.filter(held).node_names == ["b", "c"]  # no alpha pod waits now: beta's goes
+    assert not c.ext.decision.fits.held_back(held["metadata"]["uid"])
+    _mark_unschedulable(c, held)
+    c.add(
+        pod_obj(
+            "alpha-run", 8, "ring", namespace="alpha", node="b", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
+        )
+    )
+    more = c.add(pod_obj("alpha-more", 2, "ring", namespace="alpha"))
+    assert c.filter(more).node_names == ["c"]
+
+
+def test_a_held_back_pod_our_later_filter_found_no_node_for_holds_nobody_back() -> None:
+    c = _weighted_cluster()
+    first = c.add(pod_obj("alpha-first", 2, "ring", namespace="alpha"))
+    held = c.add(pod_obj("beta-next", 2, "ring", namespace="beta"))
+    assert c.filter(held).node_names == []
+    c.api.pods.pop(("alpha", "alpha-first"))
+    c.cache.delete_pod(first)
+    # kube-scheduler's own filters left only node a, which is full.
+    assert c.ext.filter(ExtenderArgs(pod=held, node_names=["a"])).node_names == []
+    assert not c.ext.decision.fits.held_back(held["metadata"]["uid"])
+    _mark_unschedulable(c, held)
+    c.add(
+        pod_obj(
+            "alpha-run", 8, "ring", namespace="alpha", node="b", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
+        )
+    )
+    more = c.add(pod_obj("alpha-more", 2, "ring", namespace="alpha"))
+    assert c.filter(more).node_names == ["c"]
+
+
+def test_a_held_back_pod_that_is_deleted_is_forgotten() -> None:
+    c = _weighted_cluster()
+    c.add(pod_obj("alpha-first", 2, "ring", namespace="alpha"))
+    held = c.add(pod_obj("beta-next", 2, "ring", namespace="beta"))
+    assert c.filter(held).node_names == []
+    uid = held["metadata"]["uid"]
+    assert c.ext.decision.fits.held_back(uid)
+    c.api.pods.pop(("beta", "beta-next"))
+    c.cache.delete_pod(held)
+    assert not c.ext.decision.fits.held_back(uid)
+
+
+@given(st.lists(st.tuples(st.sampled_from("xyz"), st.sampled_from(["pass", "none", "hold", "gone"])), max_size=30))
+def test_fit_memory_holds_back_exactly_the_pods_whose_latest_answer_was_a_hold_back(
+    ops: list[tuple[str, str]],
+) -> None:
+    memory = FitMemory()
+    latest: dict[str, str] = {}
+    for uid, op in ops:
+        if op == "hold":
+            memory.hold(uid)
+        elif op == "gone":
+            memory.forget(uid)
+        else:
+            memory.note(uid, op == "pass")
+        latest[uid] = op
+    for uid in "xyz":
+        assert memory.held_back(uid) == (latest.get(uid) == "hold")
+        assert memory.found_none(uid) == (latest.get(uid) == "none")
 
 
 def test_a_pod_our_filter_found_no_node_for_holds_nobody_back() -> None:
