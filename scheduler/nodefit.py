@@ -98,37 +98,40 @@ class FitTiers:
 
 
 class FitMemory:
-    """Our latest answer for a pod: its filter passed some node, found none, or fair share held it back.
+    """Our latest answers for a pod: whether its latest filter passed any node (fair share skips pods
+    that fit nowhere), and whether fair share held it back since (a pod kube-scheduler marked
+    Unschedulable holds others back only when our own hold-back is why it was not placed)."""
 
-    Fair share reads it: a pod our filter found no node for holds nobody back, and a pod kube-scheduler
-    marked Unschedulable holds others back only when our own hold-back is why it was not placed."""
+    _LIMIT = 100_000  # bounded: the answers of pods long gone are dropped with the rest
 
     def __init__(self) -> None:
-        self._last: dict[str, bool | None] = {}  # uid -> passed a node, found none; None: held back
-
-    def _put(self, uid: str, answer: bool | None) -> None:
-        if len(self._last) > 100_000:  # bounded: the answers of pods long gone are dropped with the rest
-            self._last.clear()
-        self._last[uid] = answer
+        self._last: dict[str, bool] = {}  # uid -> its latest filter passed some node
+        self._held: set[str] = set()  # uids held back by fair share since their latest filter
 
     def note(self, uid: str, fit: bool) -> None:
         """Our filter passed some node for the pod (``fit``) or found none; either ends a hold-back."""
-        self._put(uid, fit)
+        if len(self._last) > self._LIMIT:
+            self._last.clear()
+        self._last[uid] = fit
+        self._held.discard(uid)
 
     def hold(self, uid: str) -> None:
         """Fair share held the pod back (the filter answered before looking at any node)."""
-        self._put(uid, None)
+        if len(self._held) > self._LIMIT:
+            self._held.clear()
+        self._held.add(uid)
 
     def forget(self, uid: str) -> None:
         """The pod is gone (deleted, or finished): nothing more to remember of it."""
         self._last.pop(uid, None)
+        self._held.discard(uid)
 
     def found_none(self, uid: str) -> bool:
-        return self._last.get(uid, True) is False
+        return self._last.get(uid) is False
 
     def held_back(self, uid: str) -> bool:
-        """Our latest answer for the pod was a fair-share hold-back."""
-        return uid in self._last and self._last[uid] is None
+        """Fair share held the pod back, and no filter of it looked at the nodes since."""
+        return uid in self._held
 
 
 class LinkedRanker:
