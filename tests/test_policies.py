@@ -149,16 +149,25 @@ def _fgd_icl_after(
 
 
 @given(clusters())
-def test_icl_orders_like_fgd_and_only_refines_ties(setup: tuple[list[GpuNodeSpec], list[TaskRequest]]) -> None:
-    """icl never overrides FGD's integer score: its choices are among FGD's."""
+def test_icl_orders_by_its_fragmentation_gradient_and_only_refines_ties(
+    setup: tuple[list[GpuNodeSpec], list[TaskRequest]],
+) -> None:
+    """icl's tie term never overrides the gradient: its choices are among those of FGD's integer score
+    measured against icl's own target workload (``TargetWorkload.common``: memory kept, rare types cut).
+    Against FGD's own target (``typical``: no memory) icl may choose otherwise, where memory decides
+    whether a task type still fits a node."""
+    from topology.gpushare import FragmentationModel
+    from topology.policies import Fgd
+
     specs, history = setup
     workload = TargetWorkload.from_tasks(TASK_MIX)
     fgd, icl, cluster = _fgd_icl_after(specs, workload, history)
+    gradient = Fgd(FragmentationModel(workload.common()))
     for task in TASK_MIX:
-        by_fgd = brute_force_best(cluster.states, task, fgd)
+        by_gradient = brute_force_best(cluster.states, task, gradient)
         by_icl = brute_force_best(cluster.states, task, icl)
-        assert bool(by_icl) == bool(by_fgd)
-        assert {i for i, _ in by_icl} <= {i for i, _ in by_fgd}
+        assert bool(by_icl) == bool(brute_force_best(cluster.states, task, fgd)) == bool(by_gradient)
+        assert {i for i, _ in by_icl} <= {i for i, _ in by_gradient}
 
 
 def test_icl_keeps_unconstrained_tasks_off_models_in_demand() -> None:
