@@ -11,10 +11,13 @@ from them (:meth:`scheduler.gang.GangManager.restore`).
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import json
 import logging
+import math
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ __all__ = [
 
 RECORD_LABEL = "kube-icl.io/gang-reservation"  # label of the Leases that record reservations
 RECORD_ANNOTATION = "kube-icl.io/reservation"  # the reservation itself, as JSON
+DELETE_RETRIES_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # waits before each further try at a failed record deletion
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +125,16 @@ def lease_record(res: Reservation, namespace: str, holder: str, created_at: floa
     }
 
 
+def _written_at(lease: Mapping[str, Any]) -> float:
+    """When a record was written (its ``spec.acquireTime``, wall clock); +inf when it cannot be read, so an
+    unreadable one is never taken for an older record."""
+    raw = str((lease.get("spec") or {}).get("acquireTime") or "")
+    try:
+        return datetime.datetime.strptime(raw, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return math.inf
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """A gang's reservation as its record holds it: slots as (owner, node, devices), the expiry wall-clock."""
@@ -191,11 +205,36 @@ class GangRecords:
         self.delete_named([record_name(key)])
 
     def delete_named(self, names: Iterable[str]) -> None:
-        """Delete these records (by Lease name), off the verbs' threads."""
+        """Delete these records (by Lease name), off the verbs' threads; a deletion that fails (a 5xx, a
+        dropped connection) is tried again later (:data:`DELETE_RETRIES_S`), never over a newer record."""
         if self.api is None:
             return
+        asked_at = time.time()
         for name in names:
-            self.host.background(functools.partial(self.api.delete_lease, self.namespace, name))
+            self.host.background(functools.partial(self._delete, name, asked_at, 0))
+
+    def _delete(self, name: str, asked_at: float, attempt: int) -> None:
+        """One try at deleting record ``name``, asked for at wall-clock ``asked_at``."""
+        api = self.api
+        assert api is not None
+        try:
+            if attempt:  # a record of the same gang written after the deletion was asked is a new one: it stays
+                lease = api.get_lease(self.namespace, name)
+                if lease is None or _written_at(lease) > asked_at:
+                    return
+            api.delete_lease(self.namespace, name)
+        except KubeError as exc:
+            if attempt >= len(DELETE_RETRIES_S):
+                log.warning(
+                    "gang record %s not deleted after %d tries (%s); a takeover deletes it", name, attempt + 1, exc
+                )
+                return
+            delay = DELETE_RETRIES_S[attempt]
+            log.info("gang record %s not deleted (%s); trying again in %.0fs", name, exc, delay)
+            retry = functools.partial(self._delete, name, asked_at, attempt + 1)
+            timer = threading.Timer(delay, self.host.background, (retry,))
+            timer.daemon = True
+            timer.start()
 
     def read(self) -> list[dict[str, Any]]:
         """Every record in the API server (a list; none without an API server)."""
