@@ -452,45 +452,45 @@ def test_a_pod_we_held_back_still_holds_others_back_once_kube_scheduler_marks_it
     assert c.filter(held).node_names == ["c"]
 
 
+def _held_back_then_freed(c: Any) -> dict[str, Any]:
+    """beta's pod held back while alpha's first pod waits, then alpha's pod deleted: beta's pod."""
+    first = c.add(pod_obj("alpha-first", 2, "ring", namespace="alpha"))
+    held: dict[str, Any] = c.add(pod_obj("beta-next", 2, "ring", namespace="beta"))
+    assert c.filter(held).node_names == []
+    c.api.pods.pop(("alpha", "alpha-first"))
+    c.cache.delete_pod(first)
+    return held
+
+
+def _marked_then_alpha_passes(c: Any, held: dict[str, Any]) -> None:
+    """kube-scheduler marks ``held`` Unschedulable; alpha fills node b and its next pod passes node c."""
+    _mark_unschedulable(c, held)
+    c.add(
+        pod_obj(
+            "alpha-run", 8, "ring", namespace="alpha", node="b", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
+        )
+    )
+    more = c.add(pod_obj("alpha-more", 2, "ring", namespace="alpha"))
+    assert c.filter(more).node_names == ["c"]
+
+
 def test_a_held_back_pod_our_later_filter_passed_holds_nobody_back_once_marked_unschedulable() -> None:
     """A filter that passes a node ends the hold-back: if kube-scheduler then marks the pod
     Unschedulable, its own filters rejected it, and it holds nobody back."""
     c = _weighted_cluster()
-    first = c.add(pod_obj("alpha-first", 2, "ring", namespace="alpha"))
-    held = c.add(pod_obj("beta-next", 2, "ring", namespace="beta"))
-    assert c.filter(held).node_names == []
-    c.api.pods.pop(("alpha", "alpha-first"))
-    c.cache.delete_pod(first)
+    held = _held_back_then_freed(c)
     assert c.filter(held).node_names == ["b", "c"]  # no alpha pod waits now: beta's goes
     assert not c.ext.decision.fits.held_back(held["metadata"]["uid"])
-    _mark_unschedulable(c, held)
-    c.add(
-        pod_obj(
-            "alpha-run", 8, "ring", namespace="alpha", node="b", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
-        )
-    )
-    more = c.add(pod_obj("alpha-more", 2, "ring", namespace="alpha"))
-    assert c.filter(more).node_names == ["c"]
+    _marked_then_alpha_passes(c, held)
 
 
 def test_a_held_back_pod_our_later_filter_found_no_node_for_holds_nobody_back() -> None:
     c = _weighted_cluster()
-    first = c.add(pod_obj("alpha-first", 2, "ring", namespace="alpha"))
-    held = c.add(pod_obj("beta-next", 2, "ring", namespace="beta"))
-    assert c.filter(held).node_names == []
-    c.api.pods.pop(("alpha", "alpha-first"))
-    c.cache.delete_pod(first)
+    held = _held_back_then_freed(c)
     # kube-scheduler's own filters left only node a, which is full.
     assert c.ext.filter(ExtenderArgs(pod=held, node_names=["a"])).node_names == []
     assert not c.ext.decision.fits.held_back(held["metadata"]["uid"])
-    _mark_unschedulable(c, held)
-    c.add(
-        pod_obj(
-            "alpha-run", 8, "ring", namespace="alpha", node="b", annotations={"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
-        )
-    )
-    more = c.add(pod_obj("alpha-more", 2, "ring", namespace="alpha"))
-    assert c.filter(more).node_names == ["c"]
+    _marked_then_alpha_passes(c, held)
 
 
 def test_a_held_back_pod_that_is_deleted_is_forgotten() -> None:
