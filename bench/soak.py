@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import ipaddress
 import json
 import math
 import os
@@ -55,10 +53,6 @@ from typing import Any
 
 import urllib3
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
@@ -326,44 +320,14 @@ class PluginNode:
 # --------------------------------------------------------------------------- the fault proxy
 
 
-def proxy_certificate(pki_dir: Path, out: Path) -> tuple[Path, Path]:
-    """A serving certificate for 127.0.0.1 signed by the cluster's CA (``ca.crt``/``ca.key``)."""
-    ca_cert = x509.load_pem_x509_certificate((pki_dir / "ca.crt").read_bytes())
-    ca_key: Any = serialization.load_pem_private_key((pki_dir / "ca.key").read_bytes(), password=None)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-icl-soak-fault-proxy")]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_path, key_path = out / "proxy.crt", out / "proxy.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    key_path.chmod(0o600)
-    return cert_path, key_path
-
-
 class FaultProxy:
     """``bench/faultproxy.py`` as a process, and a kubeconfig that sends a client through it."""
 
     def __init__(self, plane: ControlPlane, workdir: Path, seed: int) -> None:
         assert plane.pki is not None
         pki = plane.pki.directory
-        cert, key = proxy_certificate(pki, workdir)
+        # a serving certificate for 127.0.0.1 signed by the cluster's CA
+        cert, key = plane.pki.issue("soak-fault-proxy", "kube-icl-soak-fault-proxy", server=True)
         self.port, self.control_port = free_port(), free_port()
         argv = [
             sys.executable, str(ROOT / "bench" / "faultproxy.py"),

@@ -314,6 +314,47 @@ class Component:
 # --------------------------------------------------------------------------- certificates
 
 
+def _leaf(
+    common_name: str,
+    org: str | None,
+    server: bool,
+    issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey],
+    now: dt.datetime,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A leaf certificate and its key, for a day: a client's, or a server's for the API server's names."""
+    ca_name, ca_key = issuer
+    key = ec.generate_private_key(ec.SECP256R1())
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if org:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(attributes))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if server:
+        names: list[x509.GeneralName] = [
+            x509.DNSName(dns)
+            for dns in (
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            )
+        ]
+        names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1", "10.96.0.1")]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()), key
+
+
 @dataclass(frozen=True, slots=True)
 class Pki:
     """Files of the cluster's certificates and keys."""
@@ -322,6 +363,16 @@ class Pki:
 
     def path(self, name: str) -> Path:
         return self.directory / name
+
+    def issue(self, name: str, common_name: str, org: str | None = None, *, server: bool = False) -> tuple[Path, Path]:
+        """A certificate (client, or serving for the loopback names) signed by the cluster's CA, written as
+        ``name.crt`` and ``name.key`` beside the others; their paths."""
+        ca_cert = x509.load_pem_x509_certificate(self.path("ca.crt").read_bytes())
+        ca_key = serialization.load_pem_private_key(self.path("ca.key").read_bytes(), password=None)
+        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+        self._write(name, *_leaf(common_name, org, server, (ca_cert.subject, ca_key), dt.datetime.now(dt.UTC)))
+        self.path(f"{name}.key").chmod(0o600)
+        return self.path(f"{name}.crt"), self.path(f"{name}.key")
 
     @classmethod
     def generate(cls, directory: Path) -> Pki:
@@ -368,37 +419,7 @@ class Pki:
             server: bool,
             issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey],
         ) -> None:
-            ca_name, ca_key = issuer
-            key = ec.generate_private_key(ec.SECP256R1())
-            attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-            if org:
-                attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
-            usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
-            builder = (
-                x509.CertificateBuilder()
-                .subject_name(x509.Name(attributes))
-                .issuer_name(ca_name)
-                .public_key(key.public_key())
-                .serial_number(x509.random_serial_number())
-                .not_valid_before(now - dt.timedelta(minutes=5))
-                .not_valid_after(now + dt.timedelta(days=1))
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            )
-            if server:
-                names: list[x509.GeneralName] = [
-                    x509.DNSName(dns)
-                    for dns in (
-                        "localhost",
-                        "kubernetes",
-                        "kubernetes.default",
-                        "kubernetes.default.svc",
-                        "kubernetes.default.svc.cluster.local",
-                    )
-                ]
-                names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1", "10.96.0.1")]
-                builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-            pki._write(name, builder.sign(ca_key, hashes.SHA256()), key)
+            pki._write(name, *_leaf(common_name, org, server, issuer, now))
 
         ca = authority("ca", "kube-icl-e2e-ca")
         leaf("apiserver", "kube-apiserver", None, server=True, issuer=ca)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import json
 import os
 import shutil
@@ -43,10 +42,6 @@ from typing import Any
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes.utils import parse_quantity
 
 from . import build
@@ -393,37 +388,8 @@ state = "{d / "state"}"
         path = self.workdir / "kubelet.kubeconfig"
         if path.exists():
             return path
-        ca_cert = x509.load_pem_x509_certificate(pki.path("ca.crt").read_bytes())
-        ca_key = serialization.load_pem_private_key(pki.path("ca.key").read_bytes(), password=None)
-        assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.UTC)
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{self.name}"),
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-            ]
-        )
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
         user = f"node-{self.name}"
-        pki.path(f"{user}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        pki.path(f"{user}.key").write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
-        pki.path(f"{user}.key").chmod(0o600)
+        pki.issue(user, f"system:node:{self.name}", "system:nodes")
         return write_kubeconfig(path, server=self.plane.server, pki=pki, user=user)
 
     def kubelet_config(self, port: int, healthz_port: int) -> dict[str, Any]:
