@@ -1,8 +1,9 @@
 """The plugin's two decisions, as pure functions of the topology and the request.
 
 - :func:`preferred_allocation`: which devices GetPreferredAllocation answers — the
-  scheduler's choice when a bound pod names it, else a topology-aware placement,
-  always with ``must_include``.
+  scheduler's choice when a bound pod names it (the one the kubelet is admitting, where
+  its pod list says), else a topology-aware placement away from devices the kubelet
+  gave shares of, always with ``must_include``.
 - :func:`rank_layout` and :func:`container_env`: the rank order and coordinates of
   the devices the kubelet allocated (it may reorder the ids), and the environment
   a collective library reads.
@@ -17,7 +18,7 @@ from enum import StrEnum
 
 import networkx as nx
 
-from deviceplugin.pods import PodInfo, find_scheduled_pod
+from deviceplugin.pods import KubeletPods, PodInfo, find_scheduled_pod
 from topology import NodeTopology, Placement, Placer, Shape, ShapeError, ShapeKind, TopologyError, parse_shape
 from topology.policy import LinkedPolicy, PolicyName, linked_policy
 
@@ -89,19 +90,30 @@ def preferred_allocation(
     node: str = "",
     policy: LinkedPolicy = _ICL,
     exclude_uids: Collection[str] = (),
+    kubelet: KubeletPods | None = None,
+    resource: str = "",
+    avoid: Collection[str] = (),
 ) -> Choice:
-    """The devices to prefer for one container request (see the module docstring)."""
+    """The devices to prefer for one container request (see the module docstring). ``kubelet`` (its pod
+    list) and ``resource`` tell which bound pod is being admitted; ``avoid``: devices the topology-aware
+    choice leaves out while it can (shares the kubelet gave of them: it counts the two resources apart)."""
     check_preferred_request(topo, available, must_include, size)
-    pod = find_scheduled_pod(pods, node, available, size, must_include, exclude_uids) if node else None
+    pod = None
+    if node:
+        pod = find_scheduled_pod(
+            pods, node, available, size, must_include, exclude_uids, kubelet=kubelet, resource=resource
+        )
     if pod is not None:
         return Choice(pod.devices, ChoiceSource.SCHEDULER, None, pod)
     healthy = [d for d in dict.fromkeys(available) if d in topo.healthy_ids]
     must = list(dict.fromkeys(must_include))
-    if set(must) <= set(healthy) and len(healthy) >= size:
-        shape = parse_shape("any", count=size)
-        placement = policy.devices(topo, healthy, shape, must_include=must)
-        if placement is not None:
-            return Choice(placement.devices, ChoiceSource.TOPOLOGY, placement)
+    shape = parse_shape("any", count=size)
+    unshared = [d for d in healthy if d not in avoid or d in must]
+    for candidates in (unshared, healthy) if len(unshared) < len(healthy) else (healthy,):
+        if set(must) <= set(candidates) and len(candidates) >= size:
+            placement = policy.devices(topo, candidates, shape, must_include=must)
+            if placement is not None:
+                return Choice(placement.devices, ChoiceSource.TOPOLOGY, placement)
     # No connected set: must_include first, then the lowest device indices (what a stock kubelet does).
     rest = sorted((d for d in dict.fromkeys(available) if d not in must), key=topo.index_of)
     rest.sort(key=lambda d: d not in topo.healthy_ids)  # healthy first, stable

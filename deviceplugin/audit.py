@@ -67,6 +67,7 @@ __all__ = [
     "audit_pod",
     "holders",
     "kubelet_pods",
+    "list_pod_resources",
     "verdict_counts",
     "wired",
 ]
@@ -309,6 +310,26 @@ class AuditMalformed(RuntimeError):
     """The kubelet answered something that does not decode."""
 
 
+async def list_pod_resources(socket: Path, timeout: float) -> api_pb2.ListPodResourcesResponse:
+    """One PodResources ``List`` call on a fresh channel (a restarted kubelet re-creates its socket); raises
+    :class:`AuditUnavailable` or :class:`AuditMalformed`."""
+    if not socket.exists():
+        raise AuditUnavailable(f"{socket}: no such socket (is the kubelet running, and the directory mounted?)")
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+    async with grpc.aio.insecure_channel(f"unix://{socket}", options=options) as channel:
+        stub = api_pb2_grpc.PodResourcesListerStub(channel)
+        try:
+            response = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            details = e.details() or ""
+            if e.code() is grpc.StatusCode.INTERNAL and "deserializ" in details.lower():
+                raise AuditMalformed(f"{socket}: List answered bytes that do not decode: {details}") from None
+            raise AuditUnavailable(f"{socket}: List failed: {e.code().name}: {details}") from None
+    if not isinstance(response, api_pb2.ListPodResourcesResponse):  # grpc.aio gives None for undecodable bytes
+        raise AuditMalformed(f"{socket}: List answered bytes that do not decode as ListPodResourcesResponse")
+    return response
+
+
 class PlacementAuditor:
     """Poll the kubelet's PodResources API and report every pod whose devices are not what kube-icl chose."""
 
@@ -345,24 +366,7 @@ class PlacementAuditor:
         self.verdicts: dict[str, Verdict] = {}  # namespace/name -> the latest verdict (tests, debugging)
 
     async def kubelet_answer(self) -> api_pb2.ListPodResourcesResponse:
-        """One List call on a fresh channel (a restarted kubelet re-creates its socket)."""
-        if not self.socket.exists():
-            raise AuditUnavailable(
-                f"{self.socket}: no such socket (is the kubelet running, and the directory mounted?)"
-            )
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-        async with grpc.aio.insecure_channel(f"unix://{self.socket}", options=options) as channel:
-            stub = api_pb2_grpc.PodResourcesListerStub(channel)
-            try:
-                response = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout)
-            except grpc.aio.AioRpcError as e:
-                details = e.details() or ""
-                if e.code() is grpc.StatusCode.INTERNAL and "deserializ" in details.lower():
-                    raise AuditMalformed(f"{self.socket}: List answered bytes that do not decode: {details}") from None
-                raise AuditUnavailable(f"{self.socket}: List failed: {e.code().name}: {details}") from None
-        if not isinstance(response, api_pb2.ListPodResourcesResponse):  # grpc.aio gives None for undecodable bytes
-            raise AuditMalformed(f"{self.socket}: List answered bytes that do not decode as ListPodResourcesResponse")
-        return response
+        return await list_pod_resources(self.socket, self.timeout)
 
     def _poll_outcome(self, outcome: str) -> None:
         self.metrics.audit_polls.labels(outcome).inc()

@@ -25,7 +25,8 @@ A config file looks like::
            deviceListStrategy: [envvar], deviceIdStrategy: uuid, passDeviceSpecs: true,
            cudaVisibleDevices: true, nvidiaPluginCheck: fail, hostRoot: /}
     audit: {enabled: true, interval: 30, socket: /var/lib/kubelet/pod-resources/kubelet.sock}
-                                     # placement audit: the kubelet's PodResources answer vs kube-icl.io/devices
+                                     # placement audit: the kubelet's PodResources answer vs kube-icl.io/devices;
+                                     # GetPreferredAllocation reads the socket too (which pod is being admitted)
 
 Every key is optional. Unknown keys and wrong types are errors naming the key.
 """

@@ -5,6 +5,13 @@ extender wrote the devices it chose on the pod (``kube-icl.io/devices``) before
 binding it, so the plugin looks for the bound, not-yet-started pod on this node
 whose annotated devices match the request (:func:`find_scheduled_pod`).
 
+Two pods of one size bound close together (a gang's members) both match, and the
+kubelet admits them in the order they reached it, not in creation order. So the
+plugin also asks the kubelet itself (its PodResources ``List``, :class:`KubeletPods`):
+the kubelet lists a pod from the moment it starts admitting it, and with the devices it
+got once allocated. A pod the kubelet lists holding this resource is not asked for
+again; a pod it lists holding none of it is the one being admitted and goes first.
+
 Pods come from a :class:`PodSource`: the API server (:class:`KubernetesPodSource`),
 a file of recorded pod JSON in the upstream format (:class:`FilePodSource`), or
 nothing (:class:`NoPods`).
@@ -25,11 +32,13 @@ __all__ = [
     "DEVICES_ANNOTATION",
     "SHAPE_ANNOTATION",
     "FilePodSource",
+    "KubeletPods",
     "KubernetesPodSource",
     "NoPods",
     "PodInfo",
     "PodSource",
     "find_scheduled_pod",
+    "first_admitted",
     "parse_device_list",
     "pod_from_json",
 ]
@@ -159,6 +168,40 @@ class KubernetesPodSource:
         return await asyncio.to_thread(self._list, node)
 
 
+@dataclass(frozen=True, slots=True)
+class KubeletPods:
+    """The kubelet's own list of its pods at one moment (PodResources ``List``): per pod (namespace/name),
+    the device ids each resource gave its containers. A pod is listed from the moment the kubelet
+    starts admitting it, before any device is allocated to it."""
+
+    held: Mapping[str, Mapping[str, frozenset[str]]]
+
+    @classmethod
+    def from_answer(cls, response: Any) -> KubeletPods:
+        """From a ``v1.ListPodResourcesResponse`` (pods without a name or namespace left out)."""
+        held: dict[str, dict[str, set[str]]] = {}
+        for pod in response.pod_resources:
+            if not pod.name or not pod.namespace:
+                continue
+            mine = held.setdefault(f"{pod.namespace}/{pod.name}", {})
+            for container in pod.containers:
+                for devices in container.devices:
+                    mine.setdefault(devices.resource_name, set()).update(d for d in devices.device_ids if d)
+        return cls({k: {r: frozenset(ids) for r, ids in v.items()} for k, v in held.items()})
+
+    def allocated(self, key: str, resource: str) -> bool:
+        """The kubelet gave ``key`` devices of ``resource`` already."""
+        return bool(self.held.get(key, {}).get(resource))
+
+    def admitting(self, key: str, resource: str) -> bool:
+        """The kubelet lists ``key`` without devices of ``resource``: it is admitting it (or it needs none)."""
+        return key in self.held and not self.held[key].get(resource)
+
+    def ids(self, resource: str) -> frozenset[str]:
+        """Every device id of ``resource`` the kubelet gave some pod."""
+        return frozenset(i for by in self.held.values() for i in by.get(resource, ()))
+
+
 def find_scheduled_pod(
     pods: Iterable[PodInfo],
     node: str,
@@ -166,13 +209,17 @@ def find_scheduled_pod(
     size: int,
     must_include: Collection[str] = (),
     exclude_uids: Collection[str] = (),
+    *,
+    kubelet: KubeletPods | None = None,
+    resource: str = "",
 ) -> PodInfo | None:
     """The scheduler's pod for this request, or None.
 
     A match is bound to ``node``, not finished or being deleted, has no started
     container, and annotates exactly ``size`` distinct devices, all in
-    ``available`` and including ``must_include``. Among several, the oldest
-    (then by namespace/name) wins: the kubelet admits pods in creation order.
+    ``available`` and including ``must_include``. With the kubelet's list, a pod it
+    gave ``resource`` already is no match, and a pod it lists without ``resource``
+    (the one being admitted) goes first; then the oldest, then by namespace/name.
     """
     avail = set(available)
     must = set(must_include)
@@ -182,9 +229,19 @@ def find_scheduled_pod(
             continue
         if pod.container_statuses or pod.uid in exclude_uids:
             continue
+        if kubelet is not None and kubelet.allocated(pod.key, resource):
+            continue
         devs = pod.devices
         if len(devs) != size or len(set(devs)) != size or not set(devs) <= avail or not must <= set(devs):
             continue
         matches.append(pod)
-    matches.sort(key=lambda p: (p.created, p.namespace, p.name))
-    return matches[0] if matches else None
+    return first_admitted(matches, kubelet, resource)
+
+
+def first_admitted(matches: Iterable[PodInfo], kubelet: KubeletPods | None, resource: str) -> PodInfo | None:
+    """Of pods that match a request, the one the kubelet is admitting if it lists one, else the oldest."""
+
+    def order(p: PodInfo) -> tuple[bool, str, str, str]:
+        return (not (kubelet is not None and kubelet.admitting(p.key, resource)), p.created, p.namespace, p.name)
+
+    return min(matches, key=order, default=None)

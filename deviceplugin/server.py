@@ -42,11 +42,11 @@ from deviceplugin.config import PluginConfig
 from deviceplugin.events import NodeEventRecorder
 from deviceplugin.gangenv import GANG_LAYOUT_ANNOTATION, gang_env
 from deviceplugin.metrics import PluginMetrics
-from deviceplugin.pods import DEVICES_ANNOTATION, NoPods, PodInfo, PodSource
+from deviceplugin.pods import DEVICES_ANNOTATION, KubeletPods, NoPods, PodInfo, PodSource
 from deviceplugin.publisher import NodePublisher
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from topology import NodeTopology
-from topology.contract import ContractError
+from topology.contract import ContractError, parse_replica
 from topology.policy import linked_policy
 
 if TYPE_CHECKING:
@@ -258,6 +258,7 @@ class DevicePlugin:
         self.closing = asyncio.Event()  # set while the gRPC server stops
         self._tasks: list[asyncio.Task[Any]] = []
         self.owns_backend = True  # runs and closes the backend (the shared-device endpoint only follows it)
+        self._kubelet_pods_down: str | None = None  # why the kubelet's pod list did not answer, while it does not
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -279,6 +280,29 @@ class DevicePlugin:
             pre_start_required=self.config.pre_start_required, get_preferred_allocation_available=True
         )
 
+    # Seconds GetPreferredAllocation waits for the kubelet's pod list: the kubelet waits on the answer.
+    KUBELET_PODS_TIMEOUT = 2.0
+
+    async def _kubelet_pods(self) -> KubeletPods | None:
+        """The kubelet's own list of its pods (PodResources ``List`` on ``audit.socket``), to tell which
+        bound pod it is admitting (:mod:`deviceplugin.pods`); None when it does not answer or no pods are read."""
+        if isinstance(self.pods, NoPods) or not self.config.node_name:
+            return None
+        from deviceplugin.audit import AuditMalformed, AuditUnavailable, list_pod_resources
+
+        socket = self.config.audit.socket
+        try:
+            answer = await list_pod_resources(socket, self.KUBELET_PODS_TIMEOUT)
+        except (AuditUnavailable, AuditMalformed, OSError) as e:
+            if self._kubelet_pods_down is None:
+                log.info("the kubelet's pod list does not answer (%s); bound pods are matched oldest first", e)
+            self._kubelet_pods_down = str(e)
+            return None
+        if self._kubelet_pods_down is not None:
+            log.info("the kubelet's pod list on %s answers again", socket)
+            self._kubelet_pods_down = None
+        return KubeletPods.from_answer(answer)
+
     async def _pods(self) -> list[PodInfo]:
         if not self.config.node_name:
             return []
@@ -291,6 +315,10 @@ class DevicePlugin:
     async def preferred(self, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         topo = self.topology
         pods = await self._pods() if request.container_requests else []
+        kubelet = await self._kubelet_pods() if pods else None
+        shared = self.config.shared_resource_name
+        # Devices the kubelet gave shares of: its whole-device count does not know them.
+        avoid = {_replica_device(r) for r in kubelet.ids(shared)} if kubelet is not None and shared else set()
         answers: list[tuple[tuple[str, ...], str, ChoiceSource]] = []
         for i, creq in enumerate(request.container_requests):
             try:
@@ -302,6 +330,9 @@ class DevicePlugin:
                     pods=pods,
                     node=self.config.node_name,
                     policy=self.policy,
+                    kubelet=kubelet,
+                    resource=self.config.resource_name,
+                    avoid=avoid,
                 )
             except RequestError as e:
                 raise RequestError(f"container_requests[{i}].{e}") from None
@@ -539,3 +570,11 @@ class DevicePlugin:
                 await self.events.close()
             if self.owns_backend:
                 await self.backend.close()
+
+
+def _replica_device(replica: str) -> str:
+    """The device behind a shared-resource replica id (the id itself when it is not one)."""
+    try:
+        return parse_replica(replica)[0]
+    except ContractError:
+        return replica

@@ -8,9 +8,11 @@ kubelet itself never lets a device's shares add up to more than one device, what
 
 - :func:`preferred_share`: GetPreferredAllocation. The scheduler's choice when a bound, not yet
   started pod on this node names one device in ``kube-icl.io/devices`` with ``kube-icl.io/device-milli``
-  equal to the request and that device has that many replicas available; else the share form of
+  equal to the request and that device has that many replicas available (the pod the kubelet is
+  admitting first, where its pod list says: :mod:`deviceplugin.pods`); else the share form of
   ``icl`` (``topology.policies.make_policy``) on the node's devices, each as free as its available
-  replicas. The answer is always replicas of one device, ``must_include`` first.
+  replicas, away from devices the kubelet gave whole while another can take the share (it counts
+  the two resources apart). The answer is always replicas of one device, ``must_include`` first.
 - :func:`share_device`: Allocate. The replicas must all be of one healthy device (a kubelet that
   ignored the preference and spread a share over devices gets a clear error, not two devices);
   the container gets that one device, in the NVIDIA runtime's terms too (``NVIDIA_VISIBLE_DEVICES`` or
@@ -30,7 +32,7 @@ from typing import Any
 from deviceplugin.allocation import RequestError, container_env, rank_layout
 from deviceplugin.backends.base import Backend
 from deviceplugin.config import PluginConfig
-from deviceplugin.pods import PodInfo, PodSource
+from deviceplugin.pods import KubeletPods, PodInfo, PodSource, first_admitted
 from deviceplugin.server import HEALTHY, UNHEALTHY, DevicePlugin, container_response
 from deviceplugin.v1beta1 import api_pb2
 from topology import NodeTopology
@@ -81,23 +83,31 @@ def _by_device(topo: NodeTopology, ids: Sequence[str], field: str) -> dict[str, 
 
 
 def _scheduled(
-    pods: Sequence[PodInfo], node: str, size: int, free: dict[str, list[str]], served: Collection[str] = ()
+    pods: Sequence[PodInfo],
+    node: str,
+    size: int,
+    free: dict[str, list[str]],
+    served: Collection[str] = (),
+    kubelet: KubeletPods | None = None,
+    resource: str = "",
 ) -> PodInfo | None:
-    """The bound, not yet started share pod of this size whose device has room, or None; oldest first.
-    ``served``: uids whose share was allocated already (a pod waits for its container a while after
-    admission, and its device may still have room for another share of the same size)."""
+    """The bound, not yet started share pod of this size whose device has room, or None; the one the
+    kubelet is admitting first, then the oldest. ``served``: uids whose share was allocated already (a
+    pod waits for its container a while after admission, and its device may still have room for another
+    share of the same size); a pod the kubelet lists with ``resource`` given is served too."""
     matches = []
     for pod in pods:
         if pod.node_name != node or pod.deleting or pod.phase not in ("Pending", "") or pod.container_statuses:
             continue
         if pod.uid and pod.uid in served:
             continue
+        if kubelet is not None and kubelet.allocated(pod.key, resource):
+            continue
         if pod.annotations.get(ANN_DEVICE_MILLI, "") != str(size) or len(pod.devices) != 1:
             continue
         if len(free.get(pod.devices[0], ())) >= size:
             matches.append(pod)
-    matches.sort(key=lambda p: (p.created, p.namespace, p.name))
-    return matches[0] if matches else None
+    return first_admitted(matches, kubelet, resource)
 
 
 def preferred_share(
@@ -109,8 +119,13 @@ def preferred_share(
     pods: Sequence[PodInfo] = (),
     node: str = "",
     served: Collection[str] = (),
+    kubelet: KubeletPods | None = None,
+    resource: str = "",
+    avoid: Collection[str] = (),
 ) -> tuple[tuple[str, ...], str, PodInfo | None]:
-    """(replica ids of one device, "scheduler" | "policy", the scheduler's pod) for one container request."""
+    """(replica ids of one device, "scheduler" | "policy", the scheduler's pod) for one container request.
+    ``kubelet`` (its pod list) and ``resource`` tell which bound pod is being admitted; ``avoid``: devices
+    the policy leaves out while another device can take the share (held whole, as the kubelet says)."""
     if not 0 < size < MILLI_PER_DEVICE:
         raise RequestError(f"allocation_size: a share is 1..{MILLI_PER_DEVICE - 1} milli-devices, got {size}")
     free = _by_device(topo, available, "available_deviceIDs")
@@ -119,7 +134,7 @@ def preferred_share(
         raise RequestError(f"must_include_deviceIDs: replicas of {len(must)} devices; a share is on one device")
     healthy = topo.healthy_ids
     source = "scheduler"
-    pod = _scheduled(pods, node, size, free, served) if node else None
+    pod = _scheduled(pods, node, size, free, served, kubelet, resource) if node else None
     dev = pod.devices[0] if pod is not None else ""
     if dev and must and dev not in must:
         dev, pod = "", None
@@ -129,13 +144,19 @@ def preferred_share(
             dev = next(iter(must))
         else:
             order = [d for d in topo.ids if d in healthy]
-            state = NodeState("", 1, 1, 1, 1, tuple(min(MILLI_PER_DEVICE, len(free.get(d, ()))) for d in order))
+            room = [min(MILLI_PER_DEVICE, len(free.get(d, ()))) for d in order]
             task = TaskRequest(0, 0, 1, size)
             policy = make_policy("icl", [GpuNodeSpec("", 1, 1, len(order))], TargetWorkload.from_tasks([task]))
-            choice = policy.score(state, task)
+            away = [0 if d in avoid else r for d, r in zip(order, room, strict=True)]
+            choice = None
+            for state in [NodeState("", 1, 1, 1, 1, tuple(r)) for r in ((away, room) if away != room else (room,))]:
+                choice = policy.score(state, task)
+                if choice is not None:
+                    break
             if choice is None:
-                most = max(state.gpu_free, default=0)
-                raise RequestError(f"allocation_size: {size} exceeds the {most} replicas any healthy device has")
+                raise RequestError(
+                    f"allocation_size: {size} exceeds the {max(room, default=0)} replicas any healthy device has"
+                )
             (index,) = state.pick(choice[1])
             dev = order[index]
     if len(free.get(dev, ())) < size:
@@ -190,6 +211,7 @@ class SharedDevicePlugin(DevicePlugin):
         self.owns_backend = False
         self._answered: OrderedDict[frozenset[str], str] = OrderedDict()  # replicas preferred -> the pod's uid
         self._served: OrderedDict[str, None] = OrderedDict()  # uids whose share was allocated (bounded)
+        self.whole_resource = config.resource_name  # the whole devices' resource, which the kubelet counts apart
 
     def device_list(self, topo: NodeTopology) -> api_pb2.ListAndWatchResponse:
         return replica_list(topo)
@@ -197,6 +219,8 @@ class SharedDevicePlugin(DevicePlugin):
     async def preferred(self, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
         topo = self.topology
         pods = await self._pods() if request.container_requests else []
+        kubelet = await self._kubelet_pods() if pods else None
+        whole = kubelet.ids(self.whole_resource) if kubelet is not None else frozenset()
         answers = []
         for i, creq in enumerate(request.container_requests):
             try:
@@ -208,6 +232,9 @@ class SharedDevicePlugin(DevicePlugin):
                     pods=pods,
                     node=self.config.node_name,
                     served=self._served,
+                    kubelet=kubelet,
+                    resource=self.config.resource_name,
+                    avoid=whole,
                 )
             except RequestError as e:
                 raise RequestError(f"container_requests[{i}].{e}") from None

@@ -27,7 +27,9 @@ With ``pod_resources_socket`` it also serves the kubelet's PodResources API v1
 kubelet does on ``/var/lib/kubelet/pod-resources/kubelet.sock``, field by field as
 ``pkg/kubelet/apis/podresources/server_v1.go`` fills it: every pod it admitted with each container
 and, per device and NUMA node, one ``ContainerDevices`` (resource, one id, the NUMA node the plugin
-reported); allocatable = the healthy devices, one entry each. A pod is named by what
+reported), and, as the kubelet lists a pod from the moment it adds it to its pod manager, the pod
+being admitted, its container without devices while GetPreferredAllocation and Allocate run;
+allocatable = the healthy devices, one entry each. A pod is named by what
 :meth:`KubeletEmulator.admit` was told (``pod_name``, ``namespace``), else by its uid in ``default``.
 
 Like the kubelet, it creates its device-plugin directory when missing
@@ -167,6 +169,7 @@ class KubeletEmulator:
         self.create_dir = create_dir
         self.pod_resources_socket = Path(pod_resources_socket) if pod_resources_socket is not None else None
         self.pod_names: dict[str, tuple[str, str]] = {}  # pod uid -> (namespace, name), as admit was told
+        self.admitting: dict[str, list[str]] = {}  # pod uid -> its containers being admitted (listed, no devices)
         self.pod_resources_calls = 0
         self._pr_server: grpc.aio.Server | None = None
         self.endpoints: dict[str, PluginEndpoint] = {}
@@ -359,6 +362,17 @@ class KubeletEmulator:
         ep = self.endpoints.get(resource)
         if ep is None or not ep.connected:
             raise AdmissionError(f"no device plugin registered for {resource}")
+        containers = self.admitting.setdefault(pod_uid, [])
+        containers.append(container)
+        try:
+            return await self._allocate(key, ep, count)
+        finally:  # admitted (its devices listed now) or rejected (the kubelet fails the pod): no longer admitting
+            containers.remove(container)
+            if not containers:
+                del self.admitting[pod_uid]
+
+    async def _allocate(self, key: tuple[str, str, str], ep: PluginEndpoint, count: int) -> ContainerAllocation:
+        pod_uid, container, resource = key
         available = set(self.healthy(resource)) - self.in_use(resource)
         if len(available) < count:
             raise AdmissionError(
@@ -443,6 +457,9 @@ class KubeletEmulator:
         pods: dict[str, dict[str, list[pr_pb2.ContainerDevices]]] = {}
         for (uid, container, resource), a in self.allocations.items():
             pods.setdefault(uid, {}).setdefault(container, []).extend(self._container_devices(resource, a.devices))
+        for uid, being in self.admitting.items():
+            for container in being:
+                pods.setdefault(uid, {}).setdefault(container, [])
         out = []
         for uid, containers in pods.items():
             namespace, name = self.pod_names.get(uid, ("default", uid))

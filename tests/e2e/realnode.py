@@ -60,13 +60,17 @@ __all__ = [
     "image_reference",
     "kube_icl_node",
     "node_refusal",
+    "plugin_config",
     "plugin_pod",
+    "plugin_process",
     "probe_pod",
     "probe_report",
     "project_image_archive",
     "require_node",
     "running_node",
     "sim_device_nodes",
+    "start_plugin_pod",
+    "stop_plugin_pod",
 ]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -879,34 +883,12 @@ def kube_icl_node(
     workdir = Path(tempfile.mkdtemp(prefix="icl-rn-", dir="/tmp"))
     label = f"rn-{uuid.uuid4().hex[:6]}"
     name = f"realnode-{label}"
-    plugin_dir = workdir / "plugin"
-    plugin_dir.mkdir()
-    topology = sim_device_nodes(workdir, preset)
-    count = len(build_topology(preset).devices)
-    config = plugin_dir / "plugin.yaml"
-    settings = {
-        "backend": "sim",
-        "topology": str(topology),
-        "resourceName": RESOURCE,
-        "sharedResourceName": SHARED_RESOURCE,
-        "pods": "kubernetes",
-        "kubeconfig": str(plane.kubeconfig),
-        "publish": True,
-        "probeInterval": 1.0,
-        "recoverAfter": 1,
-        "metricsAddress": "",
-    }
-    config.write_text(yaml.safe_dump(settings))
     extender = ExtenderProcess(plane, extender_dir, {"fairShare": False, **(extender_settings or {})})
     try:
         with running_node(plane, workdir, binaries, name, labels={E2E_LABEL: label}, images=[archive]) as node:
             image = image_reference(archive)
-            mounts = [workdir, plane.kubeconfig.parent, plane.pki.directory]
-            plugin: Any = plugin_pod(node, image, config, extra_mounts=mounts)
-            plane.core.create_namespaced_pod(PLUGIN_NAMESPACE, plugin)
+            count = start_plugin_pod(node, image, preset)
             try:
-                node.wait_resource(RESOURCE, count, timeout=120)
-                node.wait_resource(SHARED_RESOURCE, count * MILLI_PER_DEVICE, timeout=60)
                 extender.start()
                 with plane.use_scheduler(shipped_scheduler_config(extender.url)):
                     wait_for(
@@ -917,12 +899,69 @@ def kube_icl_node(
                     yield KubeIclNode(plane, node, image, label, workdir / "dev", extender)
             finally:
                 extender.stop()
-                with contextlib.suppress(Exception):
-                    plane.core.delete_namespaced_pod(
-                        plugin["metadata"]["name"], PLUGIN_NAMESPACE, grace_period_seconds=0
-                    )
+                stop_plugin_pod(node)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def plugin_config(node: RealNode) -> Path:
+    """Where :func:`start_plugin_pod` writes the plugin's config (the pod's ``icl plugin --config``)."""
+    return node.workdir / "plugin" / "plugin.yaml"
+
+
+def start_plugin_pod(node: RealNode, image: str, preset: str, **settings: Any) -> int:
+    """The device plugin as a pod on ``node`` (:func:`plugin_pod`): the sim backend on ``preset`` with real
+    device nodes under the node's work directory, shares on, its topology published; ``settings`` added to
+    its config. Waits until the kubelet lists its devices (whole and shared); returns how many devices."""
+    plane = node.plane
+    assert plane.pki is not None
+    config = plugin_config(node)
+    config.parent.mkdir(exist_ok=True)
+    topology = sim_device_nodes(node.workdir, preset)
+    count = len(build_topology(preset).devices)
+    document = {
+        "backend": "sim",
+        "topology": str(topology),
+        "resourceName": RESOURCE,
+        "sharedResourceName": SHARED_RESOURCE,
+        "pods": "kubernetes",
+        "kubeconfig": str(plane.kubeconfig),
+        "publish": True,
+        "probeInterval": 1.0,
+        "recoverAfter": 1,
+        "metricsAddress": "",
+        **settings,
+    }
+    config.write_text(yaml.safe_dump(document))
+    mounts = [node.workdir, plane.kubeconfig.parent, plane.pki.directory]
+    plane.core.create_namespaced_pod(PLUGIN_NAMESPACE, plugin_pod(node, image, config, extra_mounts=mounts))
+    node.wait_resource(RESOURCE, count, timeout=120)
+    node.wait_resource(SHARED_RESOURCE, count * MILLI_PER_DEVICE, timeout=60)
+    return count
+
+
+def plugin_process(node: RealNode) -> int | None:
+    """The pid, seen from the host, of the ``icl plugin --config <plugin_config(node)>`` process that
+    :func:`start_plugin_pod`'s container runs (None while it is not running)."""
+    needle = str(plugin_config(node)).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"plugin" in argv and needle in argv:
+            return int(entry.name)
+    return None
+
+
+def stop_plugin_pod(node: RealNode) -> None:
+    """Delete the plugin pod :func:`start_plugin_pod` created (gone already is fine)."""
+    with contextlib.suppress(Exception):
+        node.plane.core.delete_namespaced_pod(
+            f"kube-icl-device-plugin-{node.name}", PLUGIN_NAMESPACE, grace_period_seconds=0
+        )
 
 
 def build_topology(preset: str) -> Any:

@@ -15,13 +15,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client as k8s
 
 from .harness import ControlPlane, e2e_required, wait_for
 from .realnode import (
@@ -31,6 +34,7 @@ from .realnode import (
     KubeIclNode,
     kube_icl_node,
     plugin_pod,
+    plugin_process,
     probe_report,
     project_image_archive,
     require_node,
@@ -197,6 +201,36 @@ def test_kubelet_restart_keeps_a_running_pods_devices(cluster: Cluster) -> None:
         _check_sees_exactly(_report(cluster, namespace, "other"), _devices(other), "other")
         assert not set(_devices(other)) & set(held)
         plane.core.delete_namespaced_pod("holder", namespace, grace_period_seconds=1)
+
+
+def test_pods_bound_newest_first_each_get_their_own_devices_from_the_kubelet(cluster: Cluster) -> None:
+    """Two pods of one size whose devices were chosen (as the extender's Binding writes them), bound newest
+    first: the kubelet admits the newer one first, and asks the plugin while the older one is bound too
+    (the plugin is held with SIGSTOP until both Bindings are in). The plugin must not take the older pod
+    for the one being admitted (the kubelet's PodResources list says which it is), or the two swap."""
+    plane, node = cluster.plane, cluster.node
+    wanted = {"older": ["1", "2"], "newer": ["5", "6"]}
+    with plane.scratch_namespace("rn") as namespace:
+        for name in wanted:  # a scheduler name nothing serves: only the Bindings below place them
+            cluster.create(namespace, cluster.pod(name, whole=2, hold_s=3600, scheduler="nobody"))
+            time.sleep(1.1)  # creation timestamps have seconds: the older one is older
+        pid = plugin_process(node)
+        assert pid is not None, "the plugin pod's process is not running"
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for name in ("newer", "older"):
+                binding = k8s.V1Binding(
+                    metadata=k8s.V1ObjectMeta(name=name, annotations={"kube-icl.io/devices": ",".join(wanted[name])}),
+                    target=k8s.V1ObjectReference(kind="Node", name=node.name),
+                )
+                plane.core.create_namespaced_binding(namespace, binding, _preload_content=False)
+                time.sleep(3.0)  # the kubelet takes the newer one and waits on the stopped plugin
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        for name, devices in wanted.items():
+            _wait_phase(cluster, namespace, name, "Running")
+            _check_sees_exactly(_report(cluster, namespace, name), devices, name)
+            plane.core.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
 
 
 def test_containerd_resolves_the_plugins_cdi_names_into_the_devices_in_rank_order(cluster: Cluster) -> None:
