@@ -18,7 +18,7 @@ from enum import StrEnum
 
 import networkx as nx
 
-from deviceplugin.pods import KubeletPods, PodInfo, find_scheduled_pod
+from deviceplugin.pods import KubeletPods, PodInfo, admitting_pod, find_scheduled_pod
 from topology import NodeTopology, Placement, Placer, Shape, ShapeError, ShapeKind, TopologyError, parse_shape
 from topology.policy import LinkedPolicy, PolicyName, linked_policy
 
@@ -27,6 +27,7 @@ _ICL = linked_policy(PolicyName.ICL)
 __all__ = [
     "Choice",
     "ChoiceSource",
+    "PreconditionError",
     "RankLayout",
     "RequestError",
     "container_env",
@@ -40,6 +41,10 @@ ENV_WORLD = "ICL_WORLD_SIZE"
 ENV_SHAPE = "ICL_SHAPE"
 ENV_COORDS = "ICL_COORDS"
 ENV_RING = "ICL_RING_ORDER"
+
+
+class PreconditionError(ValueError):
+    """The request is well-formed but the devices are not in a state to honour it."""
 
 
 class RequestError(ValueError):
@@ -105,6 +110,8 @@ def preferred_allocation(
         )
     if pod is not None:
         return Choice(pod.devices, ChoiceSource.SCHEDULER, None, pod)
+    if node and kubelet is not None:
+        refuse_other_devices(pods, node, kubelet, resource, size, available)
     healthy = [d for d in dict.fromkeys(available) if d in topo.healthy_ids]
     must = list(dict.fromkeys(must_include))
     shape = parse_shape("any", count=size)
@@ -118,6 +125,25 @@ def preferred_allocation(
     rest = sorted((d for d in dict.fromkeys(available) if d not in must), key=topo.index_of)
     rest.sort(key=lambda d: d not in topo.healthy_ids)  # healthy first, stable
     return Choice(tuple(must + rest[: size - len(must)]), ChoiceSource.FALLBACK)
+
+
+def refuse_other_devices(
+    pods: Sequence[PodInfo], node: str, kubelet: KubeletPods, resource: str, size: int, available: Collection[str]
+) -> None:
+    """Raise :class:`PreconditionError` when the pod the kubelet is admitting carries the scheduler's choice of
+    ``size`` devices that are not all available (the kubelet still counts a pod deleted while it was down, a
+    device went unhealthy): other devices would run it where the scheduler does not know (a device held
+    whole and shared, a gang off its ring), so the kubelet fails the pod and its controller asks again."""
+    pod = admitting_pod(pods, node, kubelet, resource)
+    if pod is None or len(pod.devices) != size:
+        return
+    missing = [d for d in pod.devices if d not in set(available)]
+    if missing:
+        raise PreconditionError(
+            f"pod {pod.key}: the scheduler chose devices {','.join(pod.devices)} (kube-icl.io/devices), but the "
+            f"kubelet does not offer {','.join(missing)} (still held by a pod it counts, or unhealthy); refusing "
+            "other devices the scheduler does not know of"
+        )
 
 
 @dataclass(frozen=True, slots=True)

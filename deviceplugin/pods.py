@@ -37,6 +37,7 @@ __all__ = [
     "NoPods",
     "PodInfo",
     "PodSource",
+    "admitting_pod",
     "find_scheduled_pod",
     "first_admitted",
     "parse_device_list",
@@ -236,6 +237,18 @@ def find_scheduled_pod(
             continue
         matches.append(pod)
     return first_admitted(matches, kubelet, resource)
+
+
+def admitting_pod(pods: Iterable[PodInfo], node: str, kubelet: KubeletPods, resource: str) -> PodInfo | None:
+    """The pod bound to ``node`` that the kubelet is admitting for ``resource`` (it lists it without devices of
+    it, not started, not finished), when exactly one is."""
+    found = [
+        p
+        for p in pods
+        if p.node_name == node and not p.deleting and p.phase in ("Pending", "") and not p.container_statuses
+        and kubelet.admitting(p.key, resource)
+    ]  # fmt: skip
+    return found[0] if len(found) == 1 else None
 
 
 def first_admitted(matches: Iterable[PodInfo], kubelet: KubeletPods | None, resource: str) -> PodInfo | None:

@@ -32,6 +32,7 @@ import grpc.aio
 
 from deviceplugin.allocation import (
     ChoiceSource,
+    PreconditionError,
     RequestError,
     container_env,
     preferred_allocation,
@@ -177,10 +178,6 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
             return self.plugin.pre_start(request)
 
         return await self._timed("PreStartContainer", context, call)
-
-
-class PreconditionError(ValueError):
-    """The request is well-formed but the devices are not in a state to honour it."""
 
 
 def container_response(

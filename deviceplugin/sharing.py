@@ -29,10 +29,10 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from deviceplugin.allocation import RequestError, container_env, rank_layout
+from deviceplugin.allocation import PreconditionError, RequestError, container_env, rank_layout
 from deviceplugin.backends.base import Backend
 from deviceplugin.config import PluginConfig
-from deviceplugin.pods import KubeletPods, PodInfo, PodSource, first_admitted
+from deviceplugin.pods import KubeletPods, PodInfo, PodSource, admitting_pod, first_admitted
 from deviceplugin.server import HEALTHY, UNHEALTHY, DevicePlugin, container_response
 from deviceplugin.v1beta1 import api_pb2
 from topology import NodeTopology
@@ -135,6 +135,15 @@ def preferred_share(
     healthy = topo.healthy_ids
     source = "scheduler"
     pod = _scheduled(pods, node, size, free, served, kubelet, resource) if node else None
+    if pod is None and node and kubelet is not None:
+        stale = admitting_pod(pods, node, kubelet, resource)
+        if stale is not None and stale.annotations.get(ANN_DEVICE_MILLI, "") == str(size) and len(stale.devices) == 1:
+            offered = len(free.get(stale.devices[0], ()))
+            raise PreconditionError(
+                f"pod {stale.key}: the scheduler chose {size} milli-devices of device {stale.devices[0]} "
+                f"({ANN_DEVICES}, {ANN_DEVICE_MILLI}), but the kubelet offers {offered} of its replicas (it still "
+                "counts a pod's, or the device is unhealthy); refusing another device the scheduler does not know of"
+            )
     dev = pod.devices[0] if pod is not None else ""
     if dev and must and dev not in must:
         dev, pod = "", None

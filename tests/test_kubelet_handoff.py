@@ -8,6 +8,10 @@ being admitted goes first, and a pod the kubelet gave devices already is never c
 Without that list the oldest pod was chosen, and two gang members bound newest first swapped
 their devices (the chaos soak's real node found it: the kubelet gave each member the other's).
 
+When the pod being admitted carries the scheduler's choice and those devices are not available
+(the kubelet still counts a pod deleted while it was down), the plugin refuses (FAILED_PRECONDITION:
+the kubelet fails the pod) rather than run it on devices the scheduler does not know of.
+
 Checked three ways: a property over every admission order (each pod gets exactly its devices),
 the real plugin over gRPC with the kubelet emulator serving PodResources as the kubelet does, and
 the share endpoint likewise.
@@ -20,15 +24,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceplugin.allocation import preferred_allocation
+from deviceplugin.allocation import PreconditionError, preferred_allocation
 from deviceplugin.backends.sim import SimBackend
 from deviceplugin.config import AuditConfig
 from deviceplugin.pods import FilePodSource, KubeletPods, PodInfo, find_scheduled_pod
 from deviceplugin.sharing import SharedDevicePlugin, preferred_share
-from simulator.kubelet import KubeletEmulator
+from simulator.kubelet import AdmissionError, KubeletEmulator
 from tests.support.plugin import async_test, plugin_config, running_plugin, short_tmpdir
 from topology import build_preset
 from topology.contract import ANN_DEVICE_MILLI, ANN_DEVICES, format_replica
@@ -124,6 +129,33 @@ def test_a_share_in_the_fallback_keeps_off_devices_the_kubelet_gave_whole_while_
     assert len(ids) == 250  # every device held whole: the kubelet's count still decides
 
 
+def test_the_pod_being_admitted_is_refused_when_its_chosen_devices_are_not_offered() -> None:
+    topo = build_preset("ring:8")
+    pods = [bound("late", "0,1", created=0), PodInfo("team", "plain", uid="u-plain", node_name="n")]
+    offered = ["2", "3", "4", "5"]  # 0 and 1 still held by a pod the kubelet counts
+    with pytest.raises(
+        PreconditionError, match=r"pod team/late: the scheduler chose devices 0,1 .* does not offer 0,1"
+    ):
+        preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=kubelet_view({}, "late"), resource=R)
+    # a pod without the scheduler's choice, or no kubelet list to say who is admitted: the plugin's own choice
+    plain = kubelet_view({}, "plain")
+    assert (
+        preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=plain, resource=R).source == "topology"
+    )
+    assert preferred_allocation(topo, offered, [], 2, pods=pods, node="n").source == "topology"
+
+
+def test_a_share_being_admitted_is_refused_when_its_device_has_too_few_replicas_offered() -> None:
+    topo = build_preset("ring:4")
+    pods = [bound("late", "0", created=0, milli=250)]
+    free = [format_replica("0", k) for k in range(100)] + [format_replica("1", k) for k in range(1000)]
+    view = kubelet_view({}, "late", resource=S)
+    with pytest.raises(PreconditionError, match=r"250 milli-devices of device 0 .* offers 100 of its replicas"):
+        preferred_share(topo, free, [], 250, pods=pods, node="n", kubelet=view, resource=S)
+    ids, source, _ = preferred_share(topo, free, [], 250, pods=pods, node="n")
+    assert source == "policy" and {r.partition("::")[0] for r in ids} == {"1"}
+
+
 # --------------------------------------------------------------------------- the real plugin over gRPC
 
 
@@ -178,3 +210,25 @@ async def test_shares_admitted_newest_first_each_get_their_device_over_grpc() ->
             finally:
                 stop.set()
                 await task
+
+
+@async_test
+async def test_a_pod_whose_chosen_devices_the_kubelet_still_counts_as_held_is_refused_over_grpc() -> None:
+    with short_tmpdir() as d:
+        pods_file = d / "api" / "pods.json"
+        write_pods(pods_file, [("gone", "0,1", 0)])
+        socket = d / "pod-resources" / "kubelet.sock"
+        kubelet = KubeletEmulator(d, pod_resources_socket=socket)
+        backend = SimBackend(build_preset("ring:8"))
+        async with running_plugin(
+            d, backend, FilePodSource(pods_file), kubelet=kubelet, audit=AuditConfig(socket=socket)
+        ):
+            await kubelet.admit("uid-gone", "main", R, 2, pod_name="gone", namespace="team")
+            # "gone" is deleted from the API server, but this kubelet still counts its devices; the scheduler,
+            # seeing them free, chose them for "next"
+            write_pods(pods_file, [("next", "0,1", 1)])
+            with pytest.raises(AdmissionError, match=r"FAILED_PRECONDITION: .*pod team/next: the scheduler chose"):
+                await kubelet.admit("uid-next", "main", R, 2, pod_name="next", namespace="team")
+            kubelet.release("uid-gone")  # the kubelet lets the deleted pod go: the next try gets its devices
+            got = await kubelet.admit("uid-next", "main", R, 2, pod_name="next", namespace="team")
+            assert set(got.devices) == {"0", "1"}
