@@ -4,8 +4,9 @@ On the real control plane of the e2e tests (``make e2e-bins``): two kube-schedul
 leader election, each with its ``icl extender`` sidecar (the chart's deployment shape,
 :mod:`tests.e2e.failover`), ~100 kwok nodes of mixed topologies (ring:8, hcm:8, mesh:2x4,
 torus:2x2x2, full:4, ring:4; some in link domains), a few of them run by real device plugins
-(``icl plugin``, sim backend, each registered with a kubelet emulator), and every extender talks
-to the API server through a fault proxy (``bench/faultproxy.py``).
+(``icl plugin``, sim backend, each registered with a kubelet emulator), with ``--real-node`` a real
+kubelet and containerd that start the pods bound there (:mod:`bench.soaknode`), and every extender
+talks to the API server through a fault proxy (``bench/faultproxy.py``).
 
 A seeded workload in two queues of different weights (fair share) keeps arriving: shaped jobs,
 gangs, elastic gangs, shares, a few high-priority jobs; each runs for a seeded time after it is
@@ -15,7 +16,8 @@ rollout (SIGTERM) of either (each replica is started again afterwards); a kube-a
 etcd stopped (SIGSTOP) for a few seconds; a node with running pods deleted (its pods collected as
 the pod garbage collector does, the node back later); a device plugin killed and restarted; a
 device marked unhealthy and back; the proxy delaying, dropping connections or answering 5xx/429
-for a while; a node's topology annotation replaced by garbage and restored.
+for a while; a node's topology annotation replaced by garbage and restored; the real node's
+kubelet killed and restarted, its plugin's container killed.
 
 Invariants are checked every few seconds by :mod:`bench.soakcheck` from API-server lists alone;
 after the faults stop the workload drains (a progress-based wait), and the extender's
@@ -61,6 +63,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.soakcheck import Checker, Observation, ResourceSampler, Rules, Violation, timeline_png  # noqa: E402
+from bench.soaknode import SoakNode, real_node_refusal, runnable  # noqa: E402
 from tests.e2e.failover import IN_FLIGHT_S, SCHEDULER_ELECTION  # noqa: E402
 from tests.e2e.harness import Component, ControlPlane, find_binaries, free_port, wait_for  # noqa: E402
 from tests.e2e.inprocess import ensure_priority_classes  # noqa: E402
@@ -120,7 +123,10 @@ FAULT_KINDS = (
     "proxy-5xx",
     "proxy-429",
     "garbage-topology",
+    "restart-kubelet",
+    "kill-node-plugin",
 )
+REAL_NODE_KINDS = ("restart-kubelet", "kill-node-plugin")  # these need --real-node
 LEADER_KINDS = ("kill-leader", "kill-leader-scheduler", "kill-leader-extender", "roll-leader")
 REQUEST_TIMEOUT = 5
 
@@ -383,8 +389,17 @@ class Job:
 class Workload:
     """Seeded arrivals in two queues (namespaces ``soak-a`` and ``soak-b``, fair-share weights 1 and 3)."""
 
-    def __init__(self, rng: random.Random, rate: float, selector: Mapping[str, str], runtime: tuple[float, float]):
+    def __init__(
+        self,
+        rng: random.Random,
+        rate: float,
+        selector: Mapping[str, str],
+        runtime: tuple[float, float],
+        *,
+        runs: bool = False,
+    ):
         self.rng, self.rate, self.selector, self.runtime = rng, rate, dict(selector), runtime
+        self.runs = runs  # pods must run on a real node too (soaknode.runnable)
         self.seq = 0
         self.next_at = rng.expovariate(rate)
 
@@ -398,7 +413,7 @@ class Workload:
                 "requests": {SHARED_RESOURCE: str(extra["milli"])},
             }
         body["spec"]["priorityClassName"] = extra.get("priority", LOW)
-        return body
+        return runnable(body) if self.runs else body
 
     def due(self, now: float) -> list[tuple[Job, list[dict[str, Any]]]]:
         """The jobs whose arrival time has come, with their pods' bodies."""
@@ -450,6 +465,7 @@ class Fault:
     detail: str = ""
     ended: float | None = None  # when the fault was undone (replica back, window over, node back)
     recovery_s: float | None = None  # from the fault to the first bind after it
+    serving_s: float | None = None  # a real-node fault: until its kubelet answers and offers every device again
 
 
 @dataclass
@@ -468,6 +484,7 @@ class Options:
     warmup_s: float
     stall_s: float
     tail_s: float = 30.0  # work keeps arriving this long after the last fault, so every fault's recovery shows
+    real_node: bool = False  # a real kubelet and containerd beside the kwok nodes (bench/soaknode.py)
 
 
 class ApiPaused(Exception):
@@ -488,6 +505,7 @@ class Soak:
         self.api_failures = 0
         self.slots: list[Slot] = []
         self.plugins: list[PluginNode] = []
+        self.real: SoakNode | None = None
         self.specs: dict[str, NodeSpec] = {}
         self.deleted_nodes: set[str] = set()
         self.busy_nodes: set[str] = set()
@@ -538,6 +556,11 @@ class Soak:
         self.proxy = FaultProxy(plane, self.workdir, o.seed)
         for i in range(o.plugins):
             self._add_plugin_node(f"{self.label}-p{i}", PLUGIN_PRESETS[i % len(PLUGIN_PRESETS)])
+        if o.real_node:
+            started = time.monotonic()
+            self.real = SoakNode(plane, f"{self.label}-real", node_labels(self.label), o.out / "logs")
+            self.real.start()
+            say(f"real node {self.real.name} ({self.real.preset}) up in {time.monotonic() - started:.0f}s")
         settings = {
             **shipped_extender_settings(),
             "fairShare": True,
@@ -555,7 +578,7 @@ class Soak:
                 wait_for(lambda: self.slots[0].leads(), what="kube-scheduler a to lead", timeout=120)
         self.binds = BindTracker(plane)
         self.raw = RawApi(plane)
-        plugins = {p.name: p for p in self.plugins}
+        plugins = {p.name for p in self.plugins} | ({self.real.name} if self.real is not None else set())
 
         def published() -> bool:
             selector = urllib.parse.quote(f"kube-icl.io/e2e={self.label}")
@@ -564,7 +587,10 @@ class Soak:
             return set(plugins) <= seen
 
         wait_for(published, what="the device plugins' topologies published", timeout=180, interval=1)
-        say(f"two replicas up ({', '.join(s.extender.url for s in self.slots)}), {len(self.plugins)} plugin nodes")
+        real = ", a real node" if self.real is not None else ""
+        say(
+            f"two replicas up ({', '.join(s.extender.url for s in self.slots)}), {len(self.plugins)} plugin nodes{real}"
+        )
 
     def _share_allocatable(self, names: Sequence[str]) -> None:
         """Give each node the shared resource (1000 milli-devices per device) beside its whole devices."""
@@ -727,19 +753,20 @@ class Soak:
             self.schedule_undo(seconds, back, fault)
             return fault
         if kind == "device-unhealthy":
-            free = [p for p in self.plugins if not p.busy]
-            if not free:
+            targets: list[PluginNode | SoakNode] = [*self.plugins, *([self.real] if self.real is not None else [])]
+            free_targets = [p for p in targets if not p.busy]
+            if not free_targets:
                 return None
-            node = rng.choice(free)
-            node.busy = True
-            device = rng.choice(list(build_preset(node.preset).ids))
-            node.fault_file.write_text(json.dumps({"devices": [device]}))
+            target = rng.choice(free_targets)
+            target.busy = True
+            device = rng.choice(list(build_preset(target.preset).ids))
+            target.fault_file.write_text(json.dumps({"devices": [device]}))
             seconds = rng.uniform(10, 30)
-            fault = Fault(now, kind, node.name, f"device {device} unhealthy for {seconds:.0f}s")
+            fault = Fault(now, kind, target.name, f"device {device} unhealthy for {seconds:.0f}s")
 
             def healthy() -> None:
-                node.fault_file.write_text("{}")
-                node.busy = False
+                target.fault_file.write_text("{}")
+                target.busy = False
 
             self.schedule_undo(seconds, healthy, fault, retry=True)
             return fault
@@ -780,7 +807,47 @@ class Soak:
 
             self.schedule_undo(seconds, restore, fault, retry=True)
             return fault
+        if kind in REAL_NODE_KINDS:
+            return self._real_node_fault(kind, now)
         raise ValueError(f"unknown fault kind {kind!r}")
+
+    def _real_node_fault(self, kind: str, now: float) -> Fault | None:
+        real = self.real
+        if real is None or real.busy or not real.kubelet_running():
+            return None
+        if kind == "kill-node-plugin":
+            pid = real.kill_plugin()
+            if pid is None:  # the kubelet is restarting it (its crash back-off)
+                return None
+            # The kubelet restarts the container itself; the fault lasts until the plugin runs again.
+            real.busy = True
+
+            def running_again() -> None:
+                try:
+                    deadline = time.monotonic() + 600.0  # the kubelet's back-off grows to 5 minutes at most
+                    while real.plugin_pid() in (None, pid):
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the plugin's container did not start again in 10 minutes")
+                        time.sleep(1.0)
+                finally:
+                    real.busy = False
+
+            fault = Fault(now, kind, real.name, f"SIGKILL pid {pid}; the kubelet restarts the container")
+            self.schedule_undo(1.0, running_again, fault)
+            return fault
+        real.busy = True
+        seconds = self.fault_rng.uniform(2, 8)
+        real.kill_kubelet()
+        fault = Fault(now, kind, real.name, f"SIGKILL, started again after {seconds:.1f}s")
+
+        def back() -> None:
+            try:
+                real.start_kubelet()
+            finally:
+                real.busy = False
+
+        self.schedule_undo(seconds, back, fault)
+        return fault
 
     def _replica_fault(self, kind: str, slot: Slot, now: float) -> Fault:
         slot.busy = True
@@ -857,6 +924,19 @@ class Soak:
                 say(f"{component.name} exited ({component.returncode}); starting it again")
                 component.stop()
                 start()
+        real = self.real
+        if real is not None and not real.busy and not real.kubelet_running():
+            real.busy = True
+            self.notes.append(f"{self.now():.0f}s the real node's kubelet exited; started again")
+            say("the real node's kubelet exited; starting it again")
+
+            def kubelet_again() -> None:
+                try:
+                    real.start_kubelet()
+                finally:
+                    real.busy = False
+
+            self.pool.submit(kubelet_again)
 
     def _restart_apiserver(self) -> None:
         plane = self.plane
@@ -942,8 +1022,11 @@ class Soak:
         for name in names:
             if name in job.deleting:
                 continue
+            # A kwok node's pod goes at once; the real node's is stopped by its kubelet within its grace period
+            # (the pod holds its devices until then), as a completion there would be.
+            grace = None if self.real is not None and f"{job.namespace}/{name}" in self.real.bound else 0
             try:
-                self.call(self.plane.core.delete_namespaced_pod, name, job.namespace, grace_period_seconds=0)
+                self.call(self.plane.core.delete_namespaced_pod, name, job.namespace, grace_period_seconds=grace)
             except k8s.ApiException as error:
                 if error.status != 404:
                     continue
@@ -970,13 +1053,15 @@ class Soak:
                     self.stats["completed_jobs"] += 1
 
     def reconcile(self, pods: list[dict[str, Any]], listed_at: float) -> None:
-        """From one list: a job that lost a pod the soak did not delete (evicted, preempted) ends, its other
-        pods deleted; pods on a node that is gone are deleted, as the pod garbage collector does."""
+        """From one list: a job that lost a pod the soak did not delete (evicted, preempted, failed by the real
+        node's kubelet) ends, its other pods deleted; pods on a node that is gone are deleted, as the pod
+        garbage collector does."""
         node_names = {n["metadata"]["name"] for n in self.last_nodes}
         present: set[str] = set()
         for pod in pods:
             meta = pod["metadata"]
-            present.add(f"{meta['namespace']}/{meta['name']}")
+            if (pod.get("status") or {}).get("phase") != "Failed":
+                present.add(f"{meta['namespace']}/{meta['name']}")
             node = pod["spec"].get("nodeName")
             if node and node not in node_names and not meta.get("deletionTimestamp"):
                 job = self.jobs.get(meta.get("labels", {}).get("kube-icl.io/soak-job", ""))
@@ -1032,7 +1117,24 @@ class Soak:
             return None
         self.last_pods, self.last_nodes = pods, nodes
         self.last_obs_at = time.monotonic()
-        return Observation(at=at, pods=pods, nodes=nodes, events=events, leases=leases)
+        held, answered = None, frozenset[str]()
+        if self.real is not None:
+            self.real.note_pods(pods)
+            held = self.real.kubelet_held() if self.real.kubelet_running() else None
+            answered = frozenset({self.real.name}) if held is not None else frozenset()
+            if held is not None and self.real.serving(nodes):
+                for fault in self.faults:
+                    if fault.target == self.real.name and fault.serving_s is None and fault.ended is not None:
+                        fault.serving_s = self.now() - fault.at
+        return Observation(
+            at=at,
+            pods=pods,
+            nodes=nodes,
+            events=events,
+            leases=leases,
+            kubelet=tuple(held or ()),
+            kubelet_nodes=answered,
+        )
 
     def check(self, obs: Observation) -> None:
         found = self.checker.observe(obs)
@@ -1053,13 +1155,15 @@ class Soak:
         for node in self.plugins:
             if node.plugin is not None and node.plugin.running and node.plugin.pid is not None:
                 procs[f"plugin-{node.name.rsplit('-', 1)[-1]}"] = node.plugin.pid
+        if self.real is not None and (pid := self.real.plugin_pid()) is not None:
+            procs["plugin-real"] = pid
         self.sampler.sample(time.monotonic() - self.t0, procs)
 
     # ------------------------------------------------------------------ the run
 
     def run(self) -> dict[str, Any]:
         o = self.o
-        self.workload = Workload(self.rng, o.rate, node_labels(self.label), o.runtime)
+        self.workload = Workload(self.rng, o.rate, node_labels(self.label), o.runtime, runs=self.real is not None)
         self.last_pods: list[dict[str, Any]] = []
         self.last_nodes: list[dict[str, Any]] = []
         self.t0 = self.last_obs_at = time.monotonic()
@@ -1199,6 +1303,9 @@ class Soak:
                 "recovery_median_s": statistics.median(rec) if rec else None,
                 "recovery_max_s": max(rec) if rec else None,
             }
+            serving = [f.serving_s for f in mine if f.serving_s is not None]
+            if serving:  # a fault of the real node: until it offered every device again
+                by_kind[kind] |= {"serving_median_s": statistics.median(serving), "serving_max_s": max(serving)}
         windows = [(f.at, f.ended if f.ended is not None else f.at) for f in self.faults]
         end = max(times[-1] if times else 0.0, o.minutes * 60)
         fault_s = quiet_s = 0.0
@@ -1242,6 +1349,7 @@ class Soak:
                 for role, samples in self.sampler.samples.items()
             },
             "proxy": self._proxy_stats(),
+            "real_node": self.real.report() if self.real is not None else None,
             "restarts_without_fault": self.notes,
             "lost_jobs": self.notes_lost,
             "errors": self.errors[-50:],
@@ -1267,6 +1375,8 @@ class Soak:
         for node in self.plugins:
             node.stop()
             shutil.rmtree(node.directory, ignore_errors=True)
+        if self.real is not None:
+            self.real.stop()
         if getattr(self, "proxy", None) is not None:
             self.proxy.stop()
         self.fault_log.close()
@@ -1306,6 +1416,17 @@ def summary_markdown(report: Mapping[str, Any]) -> str:
         f"{stats['binds']} binds",
         f"- drained after the faults: {'yes' if report['drained'] else 'NO'} ({report['drain_s']:.0f} s)",
         f"- invariant violations: {len(report['violations'])}",
+    ]
+    real = report.get("real_node")
+    if real:
+        refused = ", ".join(f"{n} {why}" for why, n in sorted(real["pods_refused"].items())) or "none"
+        polls = real["kubelet_polls"]
+        lines.append(
+            f"- real node {real['name']} ({real['preset']}): {real['pods_bound']} pods bound, "
+            f"{real['pods_started']} started, refused by the kubelet: {refused}; its PodResources answer read "
+            f"{polls['ok']} times ({polls['unavailable']} without an answer)"
+        )
+    lines += [
         "",
         "| fault | injected | recovered | recovery median (s) | recovery max (s) |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -1315,6 +1436,18 @@ def summary_markdown(report: Mapping[str, Any]) -> str:
             f"| {kind} | {row['count']} | {row['recovered']} | {_f(row['recovery_median_s'])} | "
             f"{_f(row['recovery_max_s'])} |"
         )
+    serving = [
+        f"{kind} {_f(row['serving_median_s'])} / {_f(row['serving_max_s'])} s"
+        for kind, row in report["faults_by_kind"].items()
+        if "serving_median_s" in row
+    ]
+    if serving:
+        lines += [
+            "",
+            "The real node offered every device again (its kubelet answering), median / max: "
+            + ", ".join(serving)
+            + ".",
+        ]
     tp = report["throughput"]
     lines += [
         "",
@@ -1359,6 +1492,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--stall", type=float, default=300.0, help="the drain gives up after this long without progress"
     )
+    parser.add_argument(
+        "--real-node",
+        action="store_true",
+        help="add a real kubelet and containerd (needs root, `make e2e-bins node-runtime image`); "
+        f"enables {', '.join(REAL_NODE_KINDS)}",
+    )
     args = parser.parse_args(argv)
 
     def pair(text: str, what: str) -> tuple[float, float]:
@@ -1391,6 +1530,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         warmup_s=args.warmup,
         stall_s=args.stall,
         tail_s=args.tail,
+        real_node=args.real_node,
     )
 
 
@@ -1399,6 +1539,8 @@ def run_soak(options: Options) -> dict[str, Any]:
     binaries, reason = find_binaries()
     if binaries is None:
         raise RuntimeError(reason)
+    if options.real_node and (refusal := real_node_refusal()):
+        raise RuntimeError(f"--real-node: {refusal}")
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "logs").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kube-icl-soak-") as tmp:

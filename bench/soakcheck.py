@@ -25,6 +25,12 @@ Invariants (the ``invariant`` name of a :class:`Violation`):
 - ``elastic-below-min``: an elastic gang that ran at its minimum and kept members running below it
   for longer than ``grace_s`` (it must fail whole);
 - ``pending-without-reason``: a pod not bound ``grace_s`` after it was first seen, with no Event on it;
+- where a real kubelet answers (:attr:`Observation.kubelet_nodes`, the soak's ``--real-node``), its own
+  PodResources answer against the API server's pods: ``kubelet-differs`` (a container got other
+  devices, or another number of share replicas, than its pod's annotations say; or the kubelet runs a
+  pod the API server binds elsewhere), ``kubelet-held-twice`` (the kubelet gave one device whole to two
+  pods, or whole to one and shared to another), ``not-started`` (a pod bound there ``grace_s`` ago whose
+  container has not run and that the kubelet has not failed either);
 - at the end (:meth:`Checker.final`): ``not-drained`` (a pod left, a device still held),
   ``record-left`` (a gang reservation record still in the API server), ``views-differ`` (the
   extender's ``/debug/state`` disagrees with the API server on which pod holds which devices where).
@@ -63,6 +69,7 @@ __all__ = [
     "INVARIANTS",
     "Checker",
     "Conflict",
+    "KubeletHeld",
     "Observation",
     "ResourceSampler",
     "Rules",
@@ -71,6 +78,7 @@ __all__ = [
     "api_view",
     "compare_views",
     "held_twice",
+    "kubelet_differences",
     "layout_problem",
     "slope_per_hour",
     "timeline_png",
@@ -84,21 +92,39 @@ INVARIANTS = (
     "gang-partial",
     "elastic-below-min",
     "pending-without-reason",
+    "kubelet-differs",
+    "kubelet-held-twice",
+    "not-started",
     "not-drained",
     "record-left",
     "views-differ",
 )
 
 
+KUBELET_INVARIANTS = frozenset({"kubelet-differs", "kubelet-held-twice", "not-started"})
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletHeld:
+    """What a real kubelet's PodResources ``List`` says one pod's containers got."""
+
+    node: str
+    pod: str  # namespace/name
+    whole: tuple[str, ...]  # device ids of the whole-device resource
+    shared: tuple[tuple[str, int], ...]  # (device, replica ids of the shared resource given on it)
+
+
 @dataclass(frozen=True)
 class Observation:
-    """One read of the API server."""
+    """One read of the API server (and of the real kubelets that answered)."""
 
     at: float  # time.monotonic() seconds of the read
     pods: list[dict[str, Any]]  # every pod, as the API server's JSON (camelCase keys)
     nodes: list[dict[str, Any]]  # every node, same form
     events: list[dict[str, Any]]  # core/v1 Events of the soak's namespaces (events.k8s.io ones are read too)
     leases: list[dict[str, Any]]  # coordination.k8s.io Leases holding gang records
+    kubelet: tuple[KubeletHeld, ...] = ()  # the answers of the real kubelets in kubelet_nodes
+    kubelet_nodes: frozenset[str] = frozenset()  # nodes whose real kubelet answered with this read
 
 
 @dataclass(frozen=True)
@@ -171,6 +197,43 @@ def held_twice(infos: Iterable[PodInfo]) -> list[Conflict]:
         s = sorted(shares.get(where, ()))
         if len(w) > 1 or (w and s) or sum(m for _p, m in s) > MILLI_PER_DEVICE:
             out.append(Conflict(where[0], where[1], tuple(w), tuple(s)))
+    return out
+
+
+def kubelet_differences(infos: Iterable[PodInfo], held: Iterable[KubeletHeld]) -> list[tuple[str, str, str]]:
+    """(invariant, subject, why) where a real kubelet's answer disagrees with the API server's pods: a
+    container given other devices than ``kube-icl.io/devices`` names (for a share: its device and as many
+    replica ids as its milli-devices), a pod the kubelet runs that the API server binds to another node
+    (``kubelet-differs``); a device the kubelet gave whole to two pods, or whole to one and shared to
+    another (``kubelet-held-twice``). A pod the API server no longer has, or has finished, is left out:
+    the kubelet lists a pod until it has stopped its containers."""
+    by_key = {info.key: info for info in infos}
+    out: list[tuple[str, str, str]] = []
+    whole_by: dict[tuple[str, str], list[str]] = {}
+    shared_by: dict[tuple[str, str], list[str]] = {}
+    for kh in held:
+        for device in kh.whole:
+            whole_by.setdefault((kh.node, device), []).append(kh.pod)
+        for device, _replicas in kh.shared:
+            shared_by.setdefault((kh.node, device), []).append(kh.pod)
+        info = by_key.get(kh.pod)
+        if info is None or info.terminal:
+            continue
+        given = f"the kubelet on {kh.node} gave devices {list(kh.whole)}" + (
+            f" and replicas {dict(kh.shared)}" if kh.shared else ""
+        )
+        if info.node_name != kh.node:
+            out.append(("kubelet-differs", kh.pod, f"{given}, but the API server binds it to {info.node_name!r}"))
+        elif info.milli:
+            if kh.whole or dict(kh.shared) != {d: info.milli for d in info.devices[:1]}:
+                out.append(("kubelet-differs", kh.pod, f"{given}, the pod holds {info.milli} milli of {info.devices}"))
+        elif set(kh.whole) != set(info.devices) or kh.shared:
+            out.append(("kubelet-differs", kh.pod, f"{given}, the pod holds {list(info.devices)}"))
+    for (node, device), pods in sorted(whole_by.items()):
+        others = shared_by.get((node, device), [])
+        if len(pods) > 1 or others:
+            names = ", ".join(sorted(pods)) + (f" (whole); {', '.join(sorted(others))} (shared)" if others else "")
+            out.append(("kubelet-held-twice", f"{node}/{device}", f"the kubelet gave it to {names}"))
     return out
 
 
@@ -354,14 +417,16 @@ class Checker:
         self.violations: list[Violation] = []  # every one reported, in order
         self._topologies: dict[str, NodeTopology] = {}  # node -> its last readable topology, wired
         self._first_seen: dict[str, float] = {}  # pending pod uid -> when first seen pending
+        self._bound_seen: dict[str, float] = {}  # uid of a pod on a real node, not started -> when first seen so
         self._gangs: dict[str, _Gang] = {}
         self._open: set[tuple[str, str]] = set()  # (invariant, subject) reported and still lasting
         self._shapes: dict[tuple[str, str, tuple[str, ...]], str] = {}  # shape verdicts, memoized
         self._decoded: dict[str, NodeTopology | None] = {}  # annotation text -> wired topology (None: garbage)
         # what the checks looked at, summed over observations (a clean run shows it was not vacuous):
-        # observations, holding pods, shapes checked on a known topology, gang members, pending pods
+        # observations, holding pods, shapes checked on a known topology, gang members, pending pods, pods
+        # a real kubelet's answer listed
         self.checked: dict[str, int] = dict.fromkeys(
-            ("observations", "holding", "shapes", "gang-members", "pending"), 0
+            ("observations", "holding", "shapes", "gang-members", "pending", "kubelet-pods"), 0
         )
 
     # -- reading
@@ -417,6 +482,8 @@ class Checker:
         """The violations that begin with this observation (one per episode)."""
         found = self._check(obs)
         current = {(v.invariant, v.subject) for v in found}
+        if not obs.kubelet_nodes:  # no kubelet answered this time (restarting): what it said last still stands
+            current |= {(inv, subject) for inv, subject in self._open if inv in KUBELET_INVARIANTS}
         new = [v for v in found if (v.invariant, v.subject) not in self._open]
         self._open = current
         self.violations.extend(new)
@@ -444,6 +511,37 @@ class Checker:
                 out.append(Violation(at, "layout-wrong", info.key, why))
         out += self._check_gangs(at, infos, nodes)
         out += self._check_pending(at, obs)
+        if obs.kubelet_nodes:
+            self.checked["kubelet-pods"] += len(obs.kubelet)
+            out += [Violation(at, inv, subject, why) for inv, subject, why in kubelet_differences(infos, obs.kubelet)]
+            out += self._check_started(at, read, obs.kubelet_nodes)
+        return out
+
+    def _check_started(
+        self, at: float, read: Sequence[tuple[PodInfo, Mapping[str, Any]]], kubelet_nodes: frozenset[str]
+    ) -> list[Violation]:
+        """``not-started``: a pod on a node whose real kubelet answers, bound ``grace_s`` ago (as this checker
+        saw it), not deleted, whose containers have not run and that the kubelet has not failed."""
+        seen: set[str] = set()
+        out = []
+        for info, pod in read:
+            if info.node_name not in kubelet_nodes or info.terminal or info.deleting:
+                continue
+            if self.rules.namespaces and info.namespace not in self.rules.namespaces:
+                continue
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            if any("running" in (c.get("state") or {}) or "terminated" in (c.get("state") or {}) for c in statuses):
+                continue
+            seen.add(info.uid)
+            since = self._bound_seen.setdefault(info.uid, at)
+            if at - since > self.rules.grace_s:
+                waiting = [str((c.get("state") or {}).get("waiting", {}).get("reason", "")) for c in statuses]
+                what = ", ".join(w for w in waiting if w) or "no container status"
+                out.append(
+                    Violation(at, "not-started", info.key, f"bound to {info.node_name} {at - since:.0f}s, {what}")
+                )
+        for uid in set(self._bound_seen) - seen:
+            del self._bound_seen[uid]
         return out
 
     def _shape(self, info: PodInfo) -> str:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from bench.soakcheck import (
     Checker,
+    KubeletHeld,
     Observation,
     ResourceSampler,
     Rules,
@@ -22,6 +23,7 @@ from bench.soakcheck import (
     api_view,
     compare_views,
     held_twice,
+    kubelet_differences,
     slope_per_hour,
     timeline_png,
 )
@@ -130,6 +132,8 @@ def obs(at: float, pods: list[dict[str, Any]], nodes: list[dict[str, Any]] | Non
         nodes=[node("n0")] if nodes is None else nodes,
         events=kw.get("events", []),
         leases=kw.get("leases", []),
+        kubelet=tuple(kw.get("kubelet", ())),
+        kubelet_nodes=frozenset(kw.get("kubelet_nodes", ())),
     )
 
 
@@ -175,7 +179,14 @@ def test_a_valid_busy_state_stays_quiet_through_its_grace_and_gang_timeout() -> 
     assert c.violations == []
     # ring4, pair, quarter, rest, g1-0, g2-0 hold devices and have their shapes checked; two gang members
     # are bound; one pod waits: in each of the three observations
-    assert c.checked == {"observations": 3, "holding": 18, "shapes": 18, "gang-members": 6, "pending": 3}
+    assert c.checked == {
+        "observations": 3,
+        "holding": 18,
+        "shapes": 18,
+        "gang-members": 6,
+        "pending": 3,
+        "kubelet-pods": 0,
+    }
 
 
 def test_a_device_that_failed_after_the_bind_does_not_break_the_pods_shape() -> None:
@@ -280,6 +291,87 @@ def test_the_double_hold_check_agrees_with_a_brute_force_pairwise_check(states: 
         if sum(i.milli for i in live if i.milli and (i.node_name, i.devices[0]) == where) > 1000:
             expected.add(where)
     assert {(c.node, c.device) for c in held_twice(infos)} == expected
+
+
+# --------------------------------------------------------------------------- the real kubelet's answer
+
+
+def kh(name: str, whole: str = "", shared: dict[str, int] | None = None, node: str = "n0") -> KubeletHeld:
+    return KubeletHeld(node, f"{NS}/{name}", tuple(d for d in whole.split(",") if d), tuple((shared or {}).items()))
+
+
+def started(body: dict[str, Any], state: str = "running") -> dict[str, Any]:
+    body["status"]["containerStatuses"] = [{"name": "c", "state": {state: {}}}]
+    return body
+
+
+def test_a_kubelet_answer_equal_to_the_pods_annotations_is_quiet() -> None:
+    pods = [
+        started(pod("ring4", node="n0", devices="0,1,5,4", count=4, shape="ring")),
+        started(pod("quarter", node="n0", devices="6", milli=250)),
+        started(pod("rest", node="n0", devices="6", milli=750)),
+    ]
+    answer = [kh("ring4", "4,5,1,0"), kh("quarter", shared={"6": 250}), kh("rest", shared={"6": 750})]
+    c = checker()
+    for at in (0, GRACE * 3):
+        assert c.observe(obs(at, pods, kubelet=answer, kubelet_nodes={"n0"})) == []
+    assert c.checked["kubelet-pods"] == 6
+
+
+def test_devices_or_replicas_the_kubelet_gave_against_the_annotations_differ() -> None:
+    pods = [
+        pod("moved", node="n0", devices="0,1", count=2),
+        pod("short", node="n0", devices="6", milli=250),
+        pod("elsewhere", node="n1", devices="3", count=1),
+        pod("gone-but-listed", node="n0", devices="7", count=1, phase="Succeeded"),
+    ]
+    answer = [
+        kh("moved", "0,2"),
+        kh("short", shared={"6": 249}),
+        kh("elsewhere", "3"),
+        kh("gone-but-listed", "7"),
+        kh("not-in-the-api", "5"),
+    ]
+    found = checker().observe(obs(0, pods, [node("n0"), node("n1")], kubelet=answer, kubelet_nodes={"n0"}))
+    assert kinds(found) == [
+        ("kubelet-differs", f"{NS}/elsewhere"),
+        ("kubelet-differs", f"{NS}/moved"),
+        ("kubelet-differs", f"{NS}/short"),
+    ]
+    detail = {v.subject: v.detail for v in found}
+    assert "binds it to 'n1'" in detail[f"{NS}/elsewhere"]
+    assert "['0', '2']" in detail[f"{NS}/moved"] and "249" in detail[f"{NS}/short"]
+
+
+def test_a_device_the_kubelet_gave_whole_twice_or_whole_and_shared_is_held_twice() -> None:
+    answer = [kh("a", "0,1"), kh("b", "1"), kh("c", "2"), kh("d", shared={"2": 100}), kh("e", shared={"3": 500})]
+    answer.append(kh("f", shared={"3": 500}))  # two shares of one device are what sharing is
+    assert [(inv, subject) for inv, subject, _ in kubelet_differences([], answer)] == [
+        ("kubelet-held-twice", "n0/1"),
+        ("kubelet-held-twice", "n0/2"),
+    ]
+
+
+def test_a_pod_bound_to_a_real_node_that_never_starts_is_reported_after_grace() -> None:
+    waiting = pod("stuck", node="n0", devices="0", count=1)
+    waiting["status"]["containerStatuses"] = [{"name": "c", "state": {"waiting": {"reason": "ContainerCreating"}}}]
+    others = [
+        started(pod("ran", node="n0", devices="1", count=1)),
+        started(pod("done", node="n0", devices="2", count=1, phase="Succeeded"), "terminated"),
+        pod("refused", node="n0", devices="3", count=1, phase="Failed"),
+        pod("leaving", node="n0", devices="4", count=1, deleting=True),
+        pod("kwok", node="n1", devices="0", count=1),  # no kubelet answers for n1
+    ]
+    pods = [waiting, *others]
+    nodes = [node("n0"), node("n1")]
+    answer = [kh("stuck", "0"), kh("ran", "1"), kh("leaving", "4")]
+    c = checker()
+    assert c.observe(obs(0, pods, nodes, kubelet=answer, kubelet_nodes={"n0"})) == []
+    found = c.observe(obs(GRACE + 1, pods, nodes, kubelet=answer, kubelet_nodes={"n0"}))
+    assert kinds(found) == [("not-started", f"{NS}/stuck")]
+    assert "ContainerCreating" in found[0].detail
+    # without the kubelet's answer (it is restarting) nothing about the real node is judged
+    assert c.observe(obs(GRACE * 5, pods, nodes)) == []
 
 
 # --------------------------------------------------------------------------- shape-broken
