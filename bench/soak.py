@@ -743,14 +743,7 @@ class Soak:
             node.plugin.stop()
             seconds = rng.uniform(2, 10)
             fault = Fault(now, kind, node.name, f"SIGKILL, back after {seconds:.1f}s")
-
-            def back() -> None:
-                try:
-                    node.start_plugin()
-                finally:
-                    node.busy = False
-
-            self.schedule_undo(seconds, back, fault)
+            self.schedule_undo(seconds, self._start_then_free(node, node.start_plugin), fault)
             return fault
         if kind == "device-unhealthy":
             targets: list[PluginNode | SoakNode] = [*self.plugins, *([self.real] if self.real is not None else [])]
@@ -839,15 +832,20 @@ class Soak:
         seconds = self.fault_rng.uniform(2, 8)
         real.kill_kubelet()
         fault = Fault(now, kind, real.name, f"SIGKILL, started again after {seconds:.1f}s")
+        self.schedule_undo(seconds, self._start_then_free(real, real.start_kubelet), fault)
+        return fault
+
+    @staticmethod
+    def _start_then_free(target: PluginNode | SoakNode, start: Callable[[], None]) -> Callable[[], None]:
+        """An undo that starts what a fault stopped, then lets the next fault take ``target`` again."""
 
         def back() -> None:
             try:
-                real.start_kubelet()
+                start()
             finally:
-                real.busy = False
+                target.busy = False
 
-        self.schedule_undo(seconds, back, fault)
-        return fault
+        return back
 
     def _replica_fault(self, kind: str, slot: Slot, now: float) -> Fault:
         slot.busy = True
@@ -929,14 +927,7 @@ class Soak:
             real.busy = True
             self.notes.append(f"{self.now():.0f}s the real node's kubelet exited; started again")
             say("the real node's kubelet exited; starting it again")
-
-            def kubelet_again() -> None:
-                try:
-                    real.start_kubelet()
-                finally:
-                    real.busy = False
-
-            self.pool.submit(kubelet_again)
+            self.pool.submit(self._start_then_free(real, real.start_kubelet))
 
     def _restart_apiserver(self) -> None:
         plane = self.plane
