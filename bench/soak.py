@@ -1335,6 +1335,7 @@ class Soak:
             "drained": drained,
             "drain_s": drain_s,
             "resource_slopes_per_hour": self.sampler.slopes_per_hour(),
+            "resource_peak_drift_per_hour": self.sampler.peak_drift_per_hour(),
             "resource_samples": {  # role -> [seconds, pid, RSS bytes, threads, open fds], every 10 s
                 role: [[round(x.at, 1), x.pid, x.rss_bytes, x.threads, x.fds] for x in samples]
                 for role, samples in self.sampler.samples.items()
@@ -1395,6 +1396,19 @@ def _f(value: float | None, digits: int = 1) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _slope_table(slopes: Mapping[str, Mapping[str, float]]) -> list[str]:
+    """A markdown table of per-hour slopes, role by metric (RSS in MiB); none when there is nothing."""
+    metrics = sorted({m for row in slopes.values() for m in row})
+    if not metrics:
+        return []
+    heads = [f"{m.replace('_bytes', '')} {'MiB' if 'bytes' in m else ''}/h" for m in metrics]
+    lines = [f"| process | {' | '.join(heads)} |", "| --- |" + " ---: |" * len(metrics)]
+    for role, row in sorted(slopes.items()):
+        cells = [(row[m] / 2**20 if "bytes" in m else row[m]) if m in row else math.nan for m in metrics]
+        lines.append(f"| {role} | {' | '.join(f'{c:.1f}' for c in cells)} |")
+    return lines
+
+
 def summary_markdown(report: Mapping[str, Any]) -> str:
     o = report["options"]
     stats = report["stats"]
@@ -1446,16 +1460,11 @@ def summary_markdown(report: Mapping[str, Any]) -> str:
         f"({tp['fault_seconds']:.0f} s), {_f(tp['quiet_binds_per_s'], 2)} otherwise ({tp['quiet_seconds']:.0f} s).",
         "",
     ]
-    slopes: Mapping[str, Mapping[str, float]] = report["resource_slopes_per_hour"]
-    metrics = sorted({m for row in slopes.values() for m in row})
-    if metrics:
-        heads = [f"{m.replace('_bytes', '')} {'MiB' if 'bytes' in m or 'rss' in m else ''}/h" for m in metrics]
-        lines += [f"| process | {' | '.join(heads)} |", "| --- |" + " ---: |" * len(metrics)]
-        for role, row in sorted(slopes.items()):
-            cells = [
-                (row[m] / 2**20 if "bytes" in m or "rss" in m else row[m]) if m in row else math.nan for m in metrics
-            ]
-            lines.append(f"| {role} | {' | '.join(f'{c:.1f}' for c in cells)} |")
+    lines += _slope_table(report["resource_slopes_per_hour"])
+    drift = _slope_table(report.get("resource_peak_drift_per_hour") or {})
+    if drift:
+        lines += ["", "Across restarts (each process's peak against when it started; processes that lived 100 s):", ""]
+        lines += drift
     if report.get("restarts_without_fault"):
         lines += ["", "Started again after exiting without a fault: " + "; ".join(report["restarts_without_fault"])]
     if report["violations"]:

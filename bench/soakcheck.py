@@ -768,6 +768,25 @@ class ResourceSampler:
             for role, kept in self._fitted(warmup_s).items()
         }
 
+    def peak_drift_per_hour(self, min_life_s: float = 100.0) -> dict[str, dict[str, float]]:
+        """role -> metric -> slope per hour of each process's peak against when it started, over the processes
+        that lived ``min_life_s`` or more (roles with fewer than two such processes left out).
+
+        Where faults restart a role every few minutes, :meth:`slopes_per_hour` fits mostly each process's
+        warm-up (its caches and informers filling); whether the role grows over the hour shows in whether
+        later processes peak higher than earlier ones."""
+        out: dict[str, dict[str, float]] = {}
+        for role, samples in sorted(self.samples.items()):
+            by_pid: dict[int, list[Sample]] = {}
+            for x in samples:
+                by_pid.setdefault(x.pid, []).append(x)
+            lived = [seg for seg in by_pid.values() if seg[-1].at - seg[0].at >= min_life_s]
+            if len(lived) >= 2:
+                out[role] = {
+                    m: slope_per_hour([(seg[0].at, max(x.metric(m) for x in seg)) for seg in lived]) for m in METRICS
+                }
+        return out
+
     def basis(self, warmup_s: float = 60.0) -> dict[str, dict[str, float]]:
         """role -> what its slopes rest on: ``samples``, ``seconds`` (summed over its processes) and
         ``processes``; a slope over a few seconds of one process says little."""

@@ -19,6 +19,7 @@ from bench.soakcheck import (
     Observation,
     ResourceSampler,
     Rules,
+    Sample,
     Violation,
     api_view,
     compare_views,
@@ -623,6 +624,26 @@ def test_the_sampler_fits_within_each_process_after_its_warmup(tmp_path: Path) -
     basis = sampler.basis(warmup_s=60.0)
     assert basis["leaky"] == {"samples": 34.0, "seconds": 330.0, "processes": 1.0}
     assert basis["steady"] == {"samples": 28.0, "seconds": 260.0, "processes": 2.0}
+
+
+def test_processes_restarted_every_few_minutes_drift_only_when_later_ones_peak_higher() -> None:
+    """Each process warms up (its RSS climbs 10 MiB over its life), so fitted within processes both roles
+    grow; across restarts only "creeping", whose every new process starts and peaks 5 MiB higher, drifts."""
+    mib = 2**20
+    sampler = ResourceSampler()
+    for life in range(6):  # six processes of 300 s each, sampled every 10 s
+        for step in range(30):
+            at = life * 300.0 + step * 10.0
+            warm = 60 * mib + 10 * mib * step / 29
+            sampler.samples.setdefault("flat", []).append(Sample(at, 100 + life, int(warm), 8, 10))
+            sampler.samples.setdefault("creeping", []).append(Sample(at, 200 + life, int(warm + 5 * mib * life), 8, 10))
+    sampler.samples["short"] = [Sample(0.0, 1, mib, 1, 1), Sample(50.0, 1, 2 * mib, 1, 1)]  # lived under 100 s
+    within = sampler.slopes_per_hour(warmup_s=60.0)
+    assert within["flat"]["rss_bytes"] > 50 * mib and within["creeping"]["rss_bytes"] > 50 * mib
+    drift = sampler.peak_drift_per_hour()
+    assert abs(drift["flat"]["rss_bytes"]) < 1.0
+    assert abs(drift["creeping"]["rss_bytes"] - 5 * mib * 12) < 1.0  # 5 MiB every 300 s
+    assert drift["creeping"]["fds"] == 0.0 and "short" not in drift
 
 
 def test_the_sampler_reads_a_real_process() -> None:
