@@ -131,18 +131,21 @@ def refuse_other_devices(
     pods: Sequence[PodInfo], node: str, kubelet: KubeletPods, resource: str, size: int, available: Collection[str]
 ) -> None:
     """Raise :class:`PreconditionError` when the pod the kubelet is admitting carries the scheduler's choice of
-    ``size`` devices that are not all available (the kubelet still counts a pod deleted while it was down, a
-    device went unhealthy): other devices would run it where the scheduler does not know (a device held
-    whole and shared, a gang off its ring), so the kubelet fails the pod and its controller asks again."""
+    ``size`` devices that are not all available and no pod the kubelet lists holds the missing ones: the
+    kubelet still counts a pod deleted while it was down (until its pod sources are synced), or the device
+    went unhealthy. Both pass, so the kubelet fails the pod and its controller asks again, where other
+    devices would run it where the scheduler does not know (a gang off its ring). Devices a listed pod
+    holds (bound past the scheduler, which cannot see them) will not come back: the plugin's own choice
+    runs the pod and the placement audit says so."""
     pod = admitting_pod(pods, node, kubelet, resource)
     if pod is None or len(pod.devices) != size:
         return
     missing = [d for d in pod.devices if d not in set(available)]
-    if missing:
+    if missing and not set(missing) & kubelet.ids(resource):
         raise PreconditionError(
             f"pod {pod.key}: the scheduler chose devices {','.join(pod.devices)} (kube-icl.io/devices), but the "
-            f"kubelet does not offer {','.join(missing)} (still held by a pod it counts, or unhealthy); refusing "
-            "other devices the scheduler does not know of"
+            f"kubelet does not offer {','.join(missing)}, and no pod it lists holds them (it still counts a pod "
+            "deleted while it was down, or they are unhealthy); refusing other devices the scheduler does not know of"
         )
 
 

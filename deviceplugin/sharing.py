@@ -138,12 +138,16 @@ def preferred_share(
     if pod is None and node and kubelet is not None:
         stale = admitting_pod(pods, node, kubelet, resource)
         if stale is not None and stale.annotations.get(ANN_DEVICE_MILLI, "") == str(size) and len(stale.devices) == 1:
-            offered = len(free.get(stale.devices[0], ()))
-            raise PreconditionError(
-                f"pod {stale.key}: the scheduler chose {size} milli-devices of device {stale.devices[0]} "
-                f"({ANN_DEVICES}, {ANN_DEVICE_MILLI}), but the kubelet offers {offered} of its replicas (it still "
-                "counts a pod's, or the device is unhealthy); refusing another device the scheduler does not know of"
-            )
+            device = stale.devices[0]
+            offered = len(free.get(device, ()))
+            listed = sum(1 for r in kubelet.ids(resource) if r.rpartition("::")[0] == device)
+            if MILLI_PER_DEVICE - listed >= size:  # once what no listed pod holds is back, the choice fits
+                raise PreconditionError(
+                    f"pod {stale.key}: the scheduler chose {size} milli-devices of device {device} ({ANN_DEVICES}, "
+                    f"{ANN_DEVICE_MILLI}), but the kubelet offers {offered} of its replicas while pods it lists hold "
+                    f"{listed} (it still counts a pod deleted while it was down, or the device is unhealthy); "
+                    "refusing another device the scheduler does not know of"
+                )
     dev = pod.devices[0] if pod is not None else ""
     if dev and must and dev not in must:
         dev, pod = "", None

@@ -137,6 +137,11 @@ def test_the_pod_being_admitted_is_refused_when_its_chosen_devices_are_not_offer
         PreconditionError, match=r"pod team/late: the scheduler chose devices 0,1 .* does not offer 0,1"
     ):
         preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=kubelet_view({}, "late"), resource=R)
+    # 0 and 1 held by a pod the kubelet lists (bound past the scheduler): they will not come back, so no refusal
+    rogue = KubeletPods({"team/rogue": {R: frozenset({"0", "1"})}, "team/late": {}})
+    assert (
+        preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=rogue, resource=R).source == "topology"
+    )
     # a pod without the scheduler's choice, or no kubelet list to say who is admitted: the plugin's own choice
     plain = kubelet_view({}, "plain")
     assert (
@@ -153,6 +158,11 @@ def test_a_share_being_admitted_is_refused_when_its_device_has_too_few_replicas_
     with pytest.raises(PreconditionError, match=r"250 milli-devices of device 0 .* offers 100 of its replicas"):
         preferred_share(topo, free, [], 250, pods=pods, node="n", kubelet=view, resource=S)
     ids, source, _ = preferred_share(topo, free, [], 250, pods=pods, node="n")
+    assert source == "policy" and {r.partition("::")[0] for r in ids} == {"1"}
+    # listed pods hold 800 of device 0's replicas: 200 would not fit 250 once the rest is back; no refusal
+    held = frozenset(format_replica("0", k) for k in range(100, 900))
+    listed = KubeletPods({"team/other": {S: held}, "team/late": {}})
+    ids, source, _ = preferred_share(topo, free, [], 250, pods=pods, node="n", kubelet=listed, resource=S)
     assert source == "policy" and {r.partition("::")[0] for r in ids} == {"1"}
 
 
@@ -213,22 +223,32 @@ async def test_shares_admitted_newest_first_each_get_their_device_over_grpc() ->
 
 
 @async_test
-async def test_a_pod_whose_chosen_devices_the_kubelet_still_counts_as_held_is_refused_over_grpc() -> None:
+async def test_chosen_devices_no_listed_pod_holds_are_refused_and_ones_a_listed_pod_holds_are_not() -> None:
     with short_tmpdir() as d:
         pods_file = d / "api" / "pods.json"
-        write_pods(pods_file, [("gone", "0,1", 0)])
         socket = d / "pod-resources" / "kubelet.sock"
         kubelet = KubeletEmulator(d, pod_resources_socket=socket)
-        backend = SimBackend(build_preset("ring:8"))
+        backend = SimBackend(build_preset("ring:8"), probe_interval=0.05, recover_after=1)
         async with running_plugin(
             d, backend, FilePodSource(pods_file), kubelet=kubelet, audit=AuditConfig(socket=socket)
         ):
-            await kubelet.admit("uid-gone", "main", R, 2, pod_name="gone", namespace="team")
-            # "gone" is deleted from the API server, but this kubelet still counts its devices; the scheduler,
-            # seeing them free, chose them for "next"
-            write_pods(pods_file, [("next", "0,1", 1)])
+            # device 0 failed after the scheduler chose 0,1 for "next": the kubelet does not offer it, and no pod
+            # holds it; the kubelet fails the pod (its controller asks again) rather than run it elsewhere
+            write_pods(pods_file, [("next", "0,1", 0)])
+            backend.set_faults(devices=["0"])
+            await kubelet.wait_for(lambda k: "0" not in k.healthy(R))
             with pytest.raises(AdmissionError, match=r"FAILED_PRECONDITION: .*pod team/next: the scheduler chose"):
                 await kubelet.admit("uid-next", "main", R, 2, pod_name="next", namespace="team")
-            kubelet.release("uid-gone")  # the kubelet lets the deleted pod go: the next try gets its devices
-            got = await kubelet.admit("uid-next", "main", R, 2, pod_name="next", namespace="team")
-            assert set(got.devices) == {"0", "1"}
+            backend.set_faults()
+            await kubelet.wait_for(lambda k: "0" in k.healthy(R))
+            assert set((await kubelet.admit("uid-next", "main", R, 2, pod_name="next", namespace="team")).devices) == {
+                "0",
+                "1",
+            }
+            # a pod bound past the scheduler ("rogue", no annotation) holds 4,5, which the scheduler then chose for
+            # "late": they will not come back, so "late" runs on the plugin's own choice (the audit reports it)
+            await kubelet.admit("uid-rogue", "main", R, 2, pod_name="rogue", namespace="team")
+            rogue = set(kubelet.allocations[("uid-rogue", "main", R)].devices)
+            write_pods(pods_file, [("late", ",".join(sorted(rogue)), 0)])
+            got = await kubelet.admit("uid-late", "main", R, 2, pod_name="late", namespace="team")
+            assert not set(got.devices) & rogue and not set(got.devices) & {"0", "1"}
