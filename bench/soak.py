@@ -123,8 +123,6 @@ FAULT_KINDS = (
     "proxy-5xx",
     "proxy-429",
     "garbage-topology",
-    "restart-kubelet",
-    "kill-node-plugin",
 )
 REAL_NODE_KINDS = ("restart-kubelet", "kill-node-plugin")  # these need --real-node
 LEADER_KINDS = ("kill-leader", "kill-leader-scheduler", "kill-leader-extender", "roll-leader")
@@ -1113,9 +1111,12 @@ class Soak:
             self.real.note_pods(pods)
             held = self.real.kubelet_held() if self.real.kubelet_running() else None
             answered = frozenset({self.real.name}) if held is not None else frozenset()
-            if held is not None and self.real.serving(nodes):
+            if held is not None:
                 for fault in self.faults:
-                    if fault.target == self.real.name and fault.serving_s is None and fault.ended is not None:
+                    if fault.target != self.real.name or fault.serving_s is not None or fault.ended is None:
+                        continue
+                    ended_wall = time.time() - (self.now() - fault.ended)
+                    if self.real.serving(nodes, since=ended_wall):
                         fault.serving_s = self.now() - fault.at
         return Observation(
             at=at,
@@ -1484,7 +1485,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument("--rate", type=float, default=2.5, help="jobs arriving per second (default: 2.5)")
     parser.add_argument("--runtime", default="30,120", help="a job's seconds once bound: MIN,MAX (default: 30,120)")
     parser.add_argument("--fault-every", default="15,30", help="seconds between faults: MIN,MAX (default: 15,30)")
-    parser.add_argument("--faults", default="all", help=f"comma-separated kinds or 'all': {', '.join(FAULT_KINDS)}")
+    parser.add_argument(
+        "--faults",
+        default="all",
+        help=f"comma-separated kinds or 'all': {', '.join(FAULT_KINDS + REAL_NODE_KINDS)} (the last two: --real-node)",
+    )
     parser.add_argument("--gang-timeout", type=float, default=120.0, help="the extenders' gangTimeoutSeconds")
     parser.add_argument("--observe-every", type=float, default=4.0, help="seconds between invariant checks")
     parser.add_argument("--tail", type=float, default=30.0, help="seconds of work after the last fault")
@@ -1509,10 +1514,12 @@ def parse_args(argv: Sequence[str] | None) -> Options:
             parser.error(f"{what}: expected 0 < MIN <= MAX, got {text!r}")
         return low, high
 
-    kinds = FAULT_KINDS if args.faults == "all" else tuple(k.strip() for k in args.faults.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in FAULT_KINDS]
+    known = FAULT_KINDS + REAL_NODE_KINDS if args.real_node else FAULT_KINDS
+    kinds = known if args.faults == "all" else tuple(k.strip() for k in args.faults.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in known]
     if unknown:
-        parser.error(f"--faults: unknown kind(s) {', '.join(unknown)}; known: {', '.join(FAULT_KINDS)}")
+        why = " (they need --real-node)" if set(unknown) <= set(REAL_NODE_KINDS) else ""
+        parser.error(f"--faults: unknown kind(s) {', '.join(unknown)}{why}; known: {', '.join(known)}")
     if args.minutes <= 0 or args.nodes < 8 or args.plugins < 0 or args.plugins > args.nodes or args.rate <= 0:
         parser.error("--minutes > 0, --nodes >= 8, 0 <= --plugins <= --nodes and --rate > 0 expected")
     return Options(

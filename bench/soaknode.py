@@ -24,21 +24,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import shutil
 import signal
 import tempfile
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import grpc
-import grpc.aio
 from kubernetes.utils import parse_quantity
 
 from bench.soakcheck import KubeletHeld
+from deviceplugin.audit import AuditMalformed, AuditUnavailable, list_pod_resources
 from deviceplugin.podresources.v1 import api_pb2 as pr
-from deviceplugin.podresources.v1 import api_pb2_grpc as pr_grpc
 from tests.e2e import build
 from tests.e2e.harness import ControlPlane
 from tests.e2e.realnode import (
@@ -56,7 +56,7 @@ from tests.e2e.realnode import (
     stop_plugin_pod,
 )
 from topology import build_preset
-from topology.contract import MILLI_PER_DEVICE, ContractError, parse_replica
+from topology.contract import MILLI_PER_DEVICE, replica_device
 
 __all__ = ["PRESET", "SoakNode", "held_from_answer", "real_node_refusal", "runnable"]
 
@@ -112,17 +112,9 @@ class SoakNode:
     def kubelet_held(self, timeout: float = 5.0) -> list[KubeletHeld] | None:
         """What the kubelet's PodResources ``List`` says each pod holds (None when it does not answer)."""
         assert self.node is not None
-        socket = self.node.pod_resources_socket
-
-        async def ask() -> pr.ListPodResourcesResponse:
-            async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-                stub = pr_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
-                answer: pr.ListPodResourcesResponse = await stub.List(pr.ListPodResourcesRequest(), timeout=timeout)
-                return answer
-
         try:
-            answer = asyncio.run(ask())
-        except (grpc.RpcError, OSError):
+            answer = asyncio.run(list_pod_resources(self.node.pod_resources_socket, timeout))
+        except (AuditUnavailable, AuditMalformed, OSError):
             self.polls["unavailable"] += 1
             return None
         self.polls["ok"] += 1
@@ -145,14 +137,21 @@ class SoakNode:
             if status.get("phase") == "Failed" and key not in self.started:
                 self.refused[key] = str(status.get("reason") or status.get("message") or "Failed")
 
-    def serving(self, nodes: Iterable[Mapping[str, Any]]) -> bool:
-        """The Node as listed offers every device, whole and shared (its plugin registered and listed them)."""
+    def serving(self, nodes: Iterable[Mapping[str, Any]], since: float) -> bool:
+        """The Node as listed offers every device, whole and shared (its plugin registered and listed them),
+        in a status its kubelet wrote at ``since`` (wall-clock seconds) or later: a status from before a fault
+        does not count."""
         for node in nodes:
-            if node["metadata"]["name"] == self.name:
-                allocatable = (node.get("status") or {}).get("allocatable") or {}
-                whole = parse_quantity(allocatable.get(self.resource, "0"))
-                shared = parse_quantity(allocatable.get(self.shared_resource, "0"))
-                return bool(whole == self.devices and shared == self.devices * MILLI_PER_DEVICE)
+            if node["metadata"]["name"] != self.name:
+                continue
+            status = node.get("status") or {}
+            beats = [c.get("lastHeartbeatTime") for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+            if not beats or not beats[0] or datetime.fromisoformat(beats[0]).timestamp() < math.floor(since):
+                return False
+            allocatable = status.get("allocatable") or {}
+            whole = parse_quantity(allocatable.get(self.resource, "0"))  # type: ignore[no-untyped-call]
+            shared = parse_quantity(allocatable.get(self.shared_resource, "0"))  # type: ignore[no-untyped-call]
+            return bool(whole == self.devices and shared == self.devices * MILLI_PER_DEVICE)
         return False
 
     # ------------------------------------------------------------------ faults
@@ -247,11 +246,7 @@ def held_from_answer(
                     if devices.resource_name == resource:
                         whole[rid] = None
                     elif devices.resource_name == shared_resource:
-                        try:
-                            device = parse_replica(rid)[0]
-                        except ContractError:
-                            device = rid
-                        replicas.setdefault(device, set()).add(rid)
+                        replicas.setdefault(replica_device(rid), set()).add(rid)
         if whole or replicas:
             shared = tuple((d, len(ids)) for d, ids in replicas.items())
             out.append(KubeletHeld(node, f"{pod.namespace}/{pod.name}", tuple(whole), shared))

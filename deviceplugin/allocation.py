@@ -96,22 +96,23 @@ def preferred_allocation(
     policy: LinkedPolicy = _ICL,
     exclude_uids: Collection[str] = (),
     kubelet: KubeletPods | None = None,
-    resource: str = "",
+    resources: Sequence[str] = (),
     avoid: Collection[str] = (),
 ) -> Choice:
     """The devices to prefer for one container request (see the module docstring). ``kubelet`` (its pod
-    list) and ``resource`` tell which bound pod is being admitted; ``avoid``: devices the topology-aware
-    choice leaves out while it can (shares the kubelet gave of them: it counts the two resources apart)."""
+    list) and ``resources`` (the one asked for, then kube-icl's other) tell which bound pod is being admitted;
+    ``avoid``: devices the topology-aware choice leaves out while it can (shares the kubelet gave of them:
+    it counts the two resources apart)."""
     check_preferred_request(topo, available, must_include, size)
     pod = None
     if node:
         pod = find_scheduled_pod(
-            pods, node, available, size, must_include, exclude_uids, kubelet=kubelet, resource=resource
+            pods, node, available, size, must_include, exclude_uids, kubelet=kubelet, resources=resources
         )
     if pod is not None:
         return Choice(pod.devices, ChoiceSource.SCHEDULER, None, pod)
-    if node and kubelet is not None:
-        refuse_other_devices(pods, node, kubelet, resource, size, available)
+    if node and kubelet is not None and resources:
+        refuse_other_devices(pods, node, kubelet, resources, size, available)
     healthy = [d for d in dict.fromkeys(available) if d in topo.healthy_ids]
     must = list(dict.fromkeys(must_include))
     shape = parse_shape("any", count=size)
@@ -128,7 +129,12 @@ def preferred_allocation(
 
 
 def refuse_other_devices(
-    pods: Sequence[PodInfo], node: str, kubelet: KubeletPods, resource: str, size: int, available: Collection[str]
+    pods: Sequence[PodInfo],
+    node: str,
+    kubelet: KubeletPods,
+    resources: Sequence[str],
+    size: int,
+    available: Collection[str],
 ) -> None:
     """Raise :class:`PreconditionError` when the pod the kubelet is admitting carries the scheduler's choice of
     ``size`` devices that are not all available and no pod the kubelet lists holds the missing ones: the
@@ -137,11 +143,11 @@ def refuse_other_devices(
     devices would run it where the scheduler does not know (a gang off its ring). Devices a listed pod
     holds (bound past the scheduler, which cannot see them) will not come back: the plugin's own choice
     runs the pod and the placement audit says so."""
-    pod = admitting_pod(pods, node, kubelet, resource)
+    pod = admitting_pod(pods, node, kubelet, resources, shares=False)
     if pod is None or len(pod.devices) != size:
         return
     missing = [d for d in pod.devices if d not in set(available)]
-    if missing and not set(missing) & kubelet.ids(resource):
+    if missing and not set(missing) & kubelet.ids(resources[0]):
         raise PreconditionError(
             f"pod {pod.key}: the scheduler chose devices {','.join(pod.devices)} (kube-icl.io/devices), but the "
             f"kubelet does not offer {','.join(missing)}, and no pod it lists holds them (it still counts a pod "

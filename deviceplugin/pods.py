@@ -10,7 +10,8 @@ kubelet admits them in the order they reached it, not in creation order. So the
 plugin also asks the kubelet itself (its PodResources ``List``, :class:`KubeletPods`):
 the kubelet lists a pod from the moment it starts admitting it, and with the devices it
 got once allocated. A pod the kubelet lists holding this resource is not asked for
-again; a pod it lists holding none of it is the one being admitted and goes first.
+again; the waiting pod it lists holding none of kube-icl's resources is the one being
+admitted, and only its devices may answer.
 
 Pods come from a :class:`PodSource`: the API server (:class:`KubernetesPodSource`),
 a file of recorded pod JSON in the upstream format (:class:`FilePodSource`), or
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,9 +40,10 @@ __all__ = [
     "PodSource",
     "admitting_pod",
     "find_scheduled_pod",
-    "first_admitted",
+    "is_share",
     "parse_device_list",
     "pod_from_json",
+    "waiting_here",
 ]
 
 DEVICES_ANNOTATION = contract.ANN_DEVICES
@@ -194,13 +196,37 @@ class KubeletPods:
         """The kubelet gave ``key`` devices of ``resource`` already."""
         return bool(self.held.get(key, {}).get(resource))
 
-    def admitting(self, key: str, resource: str) -> bool:
-        """The kubelet lists ``key`` without devices of ``resource``: it is admitting it (or it needs none)."""
-        return key in self.held and not self.held[key].get(resource)
+    def holds_none(self, key: str, resources: Collection[str]) -> bool:
+        """The kubelet lists ``key`` and gave it no device of any of ``resources``."""
+        return key in self.held and not any(self.held[key].get(r) for r in resources)
 
     def ids(self, resource: str) -> frozenset[str]:
         """Every device id of ``resource`` the kubelet gave some pod."""
         return frozenset(i for by in self.held.values() for i in by.get(resource, ()))
+
+
+def is_share(pod: PodInfo) -> bool:
+    """The scheduler placed ``pod`` as a share of one device (``kube-icl.io/device-milli``)."""
+    return contract.ANN_DEVICE_MILLI in pod.annotations
+
+
+def waiting_here(pod: PodInfo, node: str) -> bool:
+    """Bound to ``node``, not being deleted, not finished, no container started."""
+    return pod.node_name == node and not pod.deleting and pod.phase in ("Pending", "") and not pod.container_statuses
+
+
+def admitting_pod(
+    pods: Iterable[PodInfo], node: str, kubelet: KubeletPods, resources: Collection[str], *, shares: bool
+) -> PodInfo | None:
+    """The pod the kubelet is admitting, when exactly one fits: waiting on ``node``, carrying the scheduler's
+    choice for this kind of request (a share's when ``shares``), and listed by the kubelet without any device
+    of ``resources`` (kube-icl's whole and shared: a share already given its replicas is not admitting)."""
+    found = [
+        p
+        for p in pods
+        if waiting_here(p, node) and p.devices and is_share(p) == shares and kubelet.holds_none(p.key, resources)
+    ]
+    return found[0] if len(found) == 1 else None
 
 
 def find_scheduled_pod(
@@ -212,49 +238,32 @@ def find_scheduled_pod(
     exclude_uids: Collection[str] = (),
     *,
     kubelet: KubeletPods | None = None,
-    resource: str = "",
+    resources: Sequence[str] = (),
 ) -> PodInfo | None:
     """The scheduler's pod for this request, or None.
 
-    A match is bound to ``node``, not finished or being deleted, has no started
-    container, and annotates exactly ``size`` distinct devices, all in
-    ``available`` and including ``must_include``. With the kubelet's list, a pod it
-    gave ``resource`` already is no match, and a pod it lists without ``resource``
-    (the one being admitted) goes first; then the oldest, then by namespace/name.
+    A match is waiting on ``node`` (:func:`waiting_here`), is not a share, and annotates
+    exactly ``size`` distinct devices, all in ``available`` and including ``must_include``;
+    the oldest wins, then by namespace/name. With the kubelet's list (``resources``: the
+    one asked for first, then kube-icl's other), a pod it gave the asked resource is no
+    match, and where it names the pod being admitted (:func:`admitting_pod`) only that
+    pod may match: another pod's devices are never the answer for it.
     """
+    candidates = list(pods)
+    if kubelet is not None and resources:
+        admitted = admitting_pod(candidates, node, kubelet, resources, shares=False)
+        if admitted is not None:
+            candidates = [admitted]
     avail = set(available)
     must = set(must_include)
     matches = []
-    for pod in pods:
-        if pod.node_name != node or pod.deleting or pod.phase not in ("Pending", ""):
+    for pod in candidates:
+        if not waiting_here(pod, node) or is_share(pod) or pod.uid in exclude_uids:
             continue
-        if pod.container_statuses or pod.uid in exclude_uids:
-            continue
-        if kubelet is not None and kubelet.allocated(pod.key, resource):
+        if kubelet is not None and resources and kubelet.allocated(pod.key, resources[0]):
             continue
         devs = pod.devices
         if len(devs) != size or len(set(devs)) != size or not set(devs) <= avail or not must <= set(devs):
             continue
         matches.append(pod)
-    return first_admitted(matches, kubelet, resource)
-
-
-def admitting_pod(pods: Iterable[PodInfo], node: str, kubelet: KubeletPods, resource: str) -> PodInfo | None:
-    """The pod bound to ``node`` that the kubelet is admitting for ``resource`` (it lists it without devices of
-    it, not started, not finished), when exactly one is."""
-    found = [
-        p
-        for p in pods
-        if p.node_name == node and not p.deleting and p.phase in ("Pending", "") and not p.container_statuses
-        and kubelet.admitting(p.key, resource)
-    ]  # fmt: skip
-    return found[0] if len(found) == 1 else None
-
-
-def first_admitted(matches: Iterable[PodInfo], kubelet: KubeletPods | None, resource: str) -> PodInfo | None:
-    """Of pods that match a request, the one the kubelet is admitting if it lists one, else the oldest."""
-
-    def order(p: PodInfo) -> tuple[bool, str, str, str]:
-        return (not (kubelet is not None and kubelet.admitting(p.key, resource)), p.created, p.namespace, p.name)
-
-    return min(matches, key=order, default=None)
+    return min(matches, key=lambda p: (p.created, p.namespace, p.name), default=None)

@@ -47,7 +47,7 @@ from deviceplugin.pods import DEVICES_ANNOTATION, KubeletPods, NoPods, PodInfo, 
 from deviceplugin.publisher import NodePublisher
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from topology import NodeTopology
-from topology.contract import ContractError, parse_replica
+from topology.contract import ContractError, replica_device
 from topology.policy import linked_policy
 
 if TYPE_CHECKING:
@@ -315,7 +315,7 @@ class DevicePlugin:
         kubelet = await self._kubelet_pods() if pods else None
         shared = self.config.shared_resource_name
         # Devices the kubelet gave shares of: its whole-device count does not know them.
-        avoid = {_replica_device(r) for r in kubelet.ids(shared)} if kubelet is not None and shared else set()
+        avoid = {replica_device(r) for r in kubelet.ids(shared)} if kubelet is not None and shared else set()
         answers: list[tuple[tuple[str, ...], str, ChoiceSource]] = []
         for i, creq in enumerate(request.container_requests):
             try:
@@ -328,7 +328,7 @@ class DevicePlugin:
                     node=self.config.node_name,
                     policy=self.policy,
                     kubelet=kubelet,
-                    resource=self.config.resource_name,
+                    resources=(self.config.resource_name, *([shared] if shared else [])),
                     avoid=avoid,
                 )
             except RequestError as e:
@@ -567,11 +567,3 @@ class DevicePlugin:
                 await self.events.close()
             if self.owns_backend:
                 await self.backend.close()
-
-
-def _replica_device(replica: str) -> str:
-    """The device behind a shared-resource replica id (the id itself when it is not one)."""
-    try:
-        return parse_replica(replica)[0]
-    except ContractError:
-        return replica

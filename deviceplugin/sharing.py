@@ -32,7 +32,7 @@ from typing import Any
 from deviceplugin.allocation import PreconditionError, RequestError, container_env, rank_layout
 from deviceplugin.backends.base import Backend
 from deviceplugin.config import PluginConfig
-from deviceplugin.pods import KubeletPods, PodInfo, PodSource, admitting_pod, first_admitted
+from deviceplugin.pods import KubeletPods, PodInfo, PodSource, admitting_pod, waiting_here
 from deviceplugin.server import HEALTHY, UNHEALTHY, DevicePlugin, container_response
 from deviceplugin.v1beta1 import api_pb2
 from topology import NodeTopology
@@ -47,6 +47,7 @@ from topology.contract import (
     ContractError,
     format_replica,
     parse_replica,
+    replica_device,
 )
 from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
 from topology.policies import make_policy
@@ -89,25 +90,28 @@ def _scheduled(
     free: dict[str, list[str]],
     served: Collection[str] = (),
     kubelet: KubeletPods | None = None,
-    resource: str = "",
+    resources: Sequence[str] = (),
 ) -> PodInfo | None:
-    """The bound, not yet started share pod of this size whose device has room, or None; the one the
-    kubelet is admitting first, then the oldest. ``served``: uids whose share was allocated already (a
-    pod waits for its container a while after admission, and its device may still have room for another
-    share of the same size); a pod the kubelet lists with ``resource`` given is served too."""
+    """The bound, not yet started share pod of this size whose device has room, or None; the oldest, or,
+    where the kubelet's list names the pod being admitted, that pod alone. ``served``: uids whose share was
+    allocated already (a pod waits for its container a while after admission, and its device may still have
+    room for another share of the same size); a pod the kubelet lists with the shared resource is served too."""
+    candidates = list(pods)
+    if kubelet is not None and resources:
+        admitted = admitting_pod(candidates, node, kubelet, resources, shares=True)
+        if admitted is not None:
+            candidates = [admitted]
     matches = []
-    for pod in pods:
-        if pod.node_name != node or pod.deleting or pod.phase not in ("Pending", "") or pod.container_statuses:
+    for pod in candidates:
+        if not waiting_here(pod, node) or (pod.uid and pod.uid in served):
             continue
-        if pod.uid and pod.uid in served:
-            continue
-        if kubelet is not None and kubelet.allocated(pod.key, resource):
+        if kubelet is not None and resources and kubelet.allocated(pod.key, resources[0]):
             continue
         if pod.annotations.get(ANN_DEVICE_MILLI, "") != str(size) or len(pod.devices) != 1:
             continue
         if len(free.get(pod.devices[0], ())) >= size:
             matches.append(pod)
-    return first_admitted(matches, kubelet, resource)
+    return min(matches, key=lambda p: (p.created, p.namespace, p.name), default=None)
 
 
 def preferred_share(
@@ -120,11 +124,12 @@ def preferred_share(
     node: str = "",
     served: Collection[str] = (),
     kubelet: KubeletPods | None = None,
-    resource: str = "",
+    resources: Sequence[str] = (),
     avoid: Collection[str] = (),
 ) -> tuple[tuple[str, ...], str, PodInfo | None]:
     """(replica ids of one device, "scheduler" | "policy", the scheduler's pod) for one container request.
-    ``kubelet`` (its pod list) and ``resource`` tell which bound pod is being admitted; ``avoid``: devices
+    ``kubelet`` (its pod list) and ``resources`` (the shared one, then the whole one) tell which bound pod is
+    being admitted; ``avoid``: devices
     the policy leaves out while another device can take the share (held whole, as the kubelet says)."""
     if not 0 < size < MILLI_PER_DEVICE:
         raise RequestError(f"allocation_size: a share is 1..{MILLI_PER_DEVICE - 1} milli-devices, got {size}")
@@ -134,14 +139,15 @@ def preferred_share(
         raise RequestError(f"must_include_deviceIDs: replicas of {len(must)} devices; a share is on one device")
     healthy = topo.healthy_ids
     source = "scheduler"
-    pod = _scheduled(pods, node, size, free, served, kubelet, resource) if node else None
-    if pod is None and node and kubelet is not None:
-        stale = admitting_pod(pods, node, kubelet, resource)
+    pod = _scheduled(pods, node, size, free, served, kubelet, resources) if node else None
+    if pod is None and node and kubelet is not None and resources:
+        stale = admitting_pod(pods, node, kubelet, resources, shares=True)
         if stale is not None and stale.annotations.get(ANN_DEVICE_MILLI, "") == str(size) and len(stale.devices) == 1:
             device = stale.devices[0]
             offered = len(free.get(device, ()))
-            listed = sum(1 for r in kubelet.ids(resource) if r.rpartition("::")[0] == device)
-            if MILLI_PER_DEVICE - listed >= size:  # once what no listed pod holds is back, the choice fits
+            listed = sum(1 for r in kubelet.ids(resources[0]) if replica_device(r) == device)
+            # refused when the device falls short and, once what no listed pod holds is back, the choice fits
+            if offered < size <= MILLI_PER_DEVICE - listed:
                 raise PreconditionError(
                     f"pod {stale.key}: the scheduler chose {size} milli-devices of device {device} ({ANN_DEVICES}, "
                     f"{ANN_DEVICE_MILLI}), but the kubelet offers {offered} of its replicas while pods it lists hold "
@@ -246,7 +252,7 @@ class SharedDevicePlugin(DevicePlugin):
                     node=self.config.node_name,
                     served=self._served,
                     kubelet=kubelet,
-                    resource=self.config.resource_name,
+                    resources=(self.config.resource_name, self.whole_resource),
                     avoid=whole,
                 )
             except RequestError as e:

@@ -28,7 +28,8 @@ kubelet does on ``/var/lib/kubelet/pod-resources/kubelet.sock``, field by field 
 ``pkg/kubelet/apis/podresources/server_v1.go`` fills it: every pod it admitted with each container
 and, per device and NUMA node, one ``ContainerDevices`` (resource, one id, the NUMA node the plugin
 reported), and, as the kubelet lists a pod from the moment it adds it to its pod manager, the pod
-being admitted, its container without devices while GetPreferredAllocation and Allocate run;
+being admitted, its container without devices while GetPreferredAllocation and Allocate run (the
+kubelet lists every active pod, devices or not; this emulator knows only the pods it admits);
 allocatable = the healthy devices, one entry each. A pod is named by what
 :meth:`KubeletEmulator.admit` was told (``pod_name``, ``namespace``), else by its uid in ``default``.
 

@@ -65,7 +65,7 @@ def admit_in_order(pods: list[PodInfo], order: list[int], *, with_kubelet: bool)
         available = [d for d in topo.ids if all(d not in held for held in given_.values())]
         view = kubelet_view(given_, pod.name) if with_kubelet else None
         choice = preferred_allocation(
-            topo, available, [], len(pod.devices), pods=pods, node="n", kubelet=view, resource=R
+            topo, available, [], len(pod.devices), pods=pods, node="n", kubelet=view, resources=(R, S)
         )
         given_[pod.name] = choice.devices
     return given_
@@ -100,17 +100,48 @@ def test_without_the_kubelets_list_two_members_bound_newest_first_swap_their_dev
 def test_a_pod_the_kubelet_gave_devices_is_not_chosen_again_even_when_it_has_not_started() -> None:
     pods = [bound("a", "0,1", created=0), bound("b", "2,3", created=1)]
     view = KubeletPods({"team/a": {R: frozenset({"4", "5"})}})  # a was given other devices: it is served
-    assert find_scheduled_pod(pods, "n", ["0", "1", "2", "3"], 2, kubelet=view, resource=R) == pods[1]
+    assert find_scheduled_pod(pods, "n", ["0", "1", "2", "3"], 2, kubelet=view, resources=(R, S)) == pods[1]
     assert find_scheduled_pod(pods, "n", ["0", "1", "2", "3"], 2) == pods[0]
 
 
-def test_the_admitting_pod_goes_first_only_for_its_own_resource() -> None:
-    view = KubeletPods({"team/b": {S: frozenset({"0::1"})}})
-    pods = [bound("a", "0,1", created=0), bound("b", "2,3", created=1)]
-    # b holds shares but no whole device: for the whole resource the kubelet is admitting it
-    assert find_scheduled_pod(pods, "n", ["0", "1", "2", "3"], 2, kubelet=view, resource=R) == pods[1]
-    # for the shared resource b is served already and not being admitted
-    assert view.allocated("team/b", S) and not view.admitting("team/b", S)
+def test_a_share_given_its_replicas_is_not_taken_for_the_whole_device_pod_being_admitted() -> None:
+    share = bound("share", "3", created=0, milli=250)  # older, its replicas given, its container not started
+    whole = bound("whole", "5", created=1)
+    view = KubeletPods({"team/share": {S: frozenset({"3::0"})}, "team/whole": {}})
+    assert find_scheduled_pod([share, whole], "n", ["3", "5"], 1, kubelet=view, resources=(R, S)) == whole
+    # without the kubelet's list a share never answers a whole-device request either
+    assert find_scheduled_pod([share, whole], "n", ["3", "5"], 1) == whole
+
+
+def test_the_pod_being_admitted_never_gets_another_pods_devices() -> None:
+    topo = build_preset("ring:8")
+    a, b = bound("a", "0,1", created=0), bound("b", "2,3", created=1)
+    offered = ["1", "2", "3", "4", "5"]  # device 0 still counted by a pod deleted while the kubelet was down
+    with pytest.raises(PreconditionError, match="pod team/a"):
+        preferred_allocation(topo, offered, [], 2, pods=[a, b], node="n", kubelet=kubelet_view({}, "a"), resources=(R,))
+    # device 0 held by a pod the kubelet lists: a is not refused, it runs on the plugin's own choice, and b is
+    # never taken for the pod being admitted
+    held = KubeletPods({"team/rogue": {R: frozenset({"0"})}, "team/a": {}})
+    choice = preferred_allocation(topo, offered, [], 2, pods=[a, b], node="n", kubelet=held, resources=(R,))
+    assert choice.pod is None and choice.source == "topology"
+
+
+def test_a_share_being_admitted_never_gets_another_shares_device() -> None:
+    topo = build_preset("ring:4")
+    a, b = bound("a", "0", created=0, milli=500), bound("b", "1", created=1, milli=500)
+    free = [format_replica("0", k) for k in range(100)] + [format_replica("1", k) for k in range(1000)]
+    with pytest.raises(PreconditionError, match="pod team/a"):
+        preferred_share(topo, free, [], 500, pods=[a, b], node="n", kubelet=kubelet_view({}, "a", S), resources=(S, R))
+
+
+def test_a_share_whose_device_has_room_is_not_refused_even_when_it_was_served() -> None:
+    topo = build_preset("ring:4")
+    a = bound("a", "0", created=0, milli=250)
+    free = [format_replica(d, k) for d in topo.ids for k in range(1000)]
+    ids, _, _ = preferred_share(
+        topo, free, [], 250, pods=[a], node="n", served={"uid-a"}, kubelet=kubelet_view({}, "a", S), resources=(S, R)
+    )
+    assert len(ids) == 250
 
 
 def test_the_fallback_keeps_off_devices_the_kubelet_gave_shares_of_while_it_can() -> None:
@@ -136,16 +167,20 @@ def test_the_pod_being_admitted_is_refused_when_its_chosen_devices_are_not_offer
     with pytest.raises(
         PreconditionError, match=r"pod team/late: the scheduler chose devices 0,1 .* does not offer 0,1"
     ):
-        preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=kubelet_view({}, "late"), resource=R)
+        preferred_allocation(
+            topo, offered, [], 2, pods=pods, node="n", kubelet=kubelet_view({}, "late"), resources=(R, S)
+        )
     # 0 and 1 held by a pod the kubelet lists (bound past the scheduler): they will not come back, so no refusal
     rogue = KubeletPods({"team/rogue": {R: frozenset({"0", "1"})}, "team/late": {}})
     assert (
-        preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=rogue, resource=R).source == "topology"
+        preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=rogue, resources=(R, S)).source
+        == "topology"
     )
     # a pod without the scheduler's choice, or no kubelet list to say who is admitted: the plugin's own choice
     plain = kubelet_view({}, "plain")
     assert (
-        preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=plain, resource=R).source == "topology"
+        preferred_allocation(topo, offered, [], 2, pods=pods, node="n", kubelet=plain, resources=(R, S)).source
+        == "topology"
     )
     assert preferred_allocation(topo, offered, [], 2, pods=pods, node="n").source == "topology"
 
@@ -156,13 +191,13 @@ def test_a_share_being_admitted_is_refused_when_its_device_has_too_few_replicas_
     free = [format_replica("0", k) for k in range(100)] + [format_replica("1", k) for k in range(1000)]
     view = kubelet_view({}, "late", resource=S)
     with pytest.raises(PreconditionError, match=r"250 milli-devices of device 0 .* offers 100 of its replicas"):
-        preferred_share(topo, free, [], 250, pods=pods, node="n", kubelet=view, resource=S)
+        preferred_share(topo, free, [], 250, pods=pods, node="n", kubelet=view, resources=(S, R))
     ids, source, _ = preferred_share(topo, free, [], 250, pods=pods, node="n")
     assert source == "policy" and {r.partition("::")[0] for r in ids} == {"1"}
     # listed pods hold 800 of device 0's replicas: 200 would not fit 250 once the rest is back; no refusal
     held = frozenset(format_replica("0", k) for k in range(100, 900))
     listed = KubeletPods({"team/other": {S: held}, "team/late": {}})
-    ids, source, _ = preferred_share(topo, free, [], 250, pods=pods, node="n", kubelet=listed, resource=S)
+    ids, source, _ = preferred_share(topo, free, [], 250, pods=pods, node="n", kubelet=listed, resources=(S, R))
     assert source == "policy" and {r.partition("::")[0] for r in ids} == {"1"}
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "parse_gang_layout",
     "parse_replica",
     "pod_requests",
+    "replica_device",
 ]
 
 DEFAULT_RESOURCE = "kube-icl.io/accelerator"
@@ -178,6 +179,18 @@ def parse_replica(value: str) -> tuple[str, int]:
     if not sep or not _DEVICE_ID.match(dev) or not k.isdigit() or int(k) >= MILLI_PER_DEVICE:
         raise ContractError(f"device id {value!r} is not a replica id <device>::<0..{MILLI_PER_DEVICE - 1}>")
     return dev, int(k)
+
+
+def replica_device(value: str) -> str:
+    """The device behind a shared-resource replica id, or ``value`` itself when it is not one.
+
+    >>> replica_device("nvidia0::999"), replica_device("3")
+    ('nvidia0', '3')
+    """
+    try:
+        return parse_replica(value)[0]
+    except ContractError:
+        return value
 
 
 def format_devices(devices: tuple[str, ...] | list[str]) -> str:

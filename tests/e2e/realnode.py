@@ -934,7 +934,8 @@ def start_plugin_pod(node: RealNode, image: str, preset: str, **settings: Any) -
     }
     config.write_text(yaml.safe_dump(document))
     mounts = [node.workdir, plane.kubeconfig.parent, plane.pki.directory]
-    plane.core.create_namespaced_pod(PLUGIN_NAMESPACE, plugin_pod(node, image, config, extra_mounts=mounts))
+    body: Any = plugin_pod(node, image, config, extra_mounts=mounts)
+    plane.core.create_namespaced_pod(PLUGIN_NAMESPACE, body)
     node.wait_resource(RESOURCE, count, timeout=120)
     node.wait_resource(SHARED_RESOURCE, count * MILLI_PER_DEVICE, timeout=60)
     return count
