@@ -1092,6 +1092,10 @@ class Soak:
 
     def observe(self) -> Observation | None:
         at = time.monotonic()
+        # The kubelet's answer first: what it lists is then never newer than the pods listed after it (a pod
+        # bound and admitted in between would look unbound to the API server and held to the kubelet).
+        real = self.real
+        held = real.kubelet_held() if real is not None and real.kubelet_running() else None
         try:
             pods = self.raw.items("/api/v1/pods")
             nodes = self.raw.items("/api/v1/nodes")
@@ -1106,17 +1110,16 @@ class Soak:
             return None
         self.last_pods, self.last_nodes = pods, nodes
         self.last_obs_at = time.monotonic()
-        held, answered = None, frozenset[str]()
-        if self.real is not None:
-            self.real.note_pods(pods)
-            held = self.real.kubelet_held() if self.real.kubelet_running() else None
-            answered = frozenset({self.real.name}) if held is not None else frozenset()
+        answered = frozenset[str]()
+        if real is not None:
+            real.note_pods(pods)
+            answered = frozenset({real.name}) if held is not None else frozenset()
             if held is not None:
                 for fault in self.faults:
-                    if fault.target != self.real.name or fault.serving_s is not None or fault.ended is None:
+                    if fault.target != real.name or fault.serving_s is not None or fault.ended is None:
                         continue
                     ended_wall = time.time() - (self.now() - fault.ended)
-                    if self.real.serving(nodes, since=ended_wall):
+                    if real.serving(nodes, since=ended_wall):
                         fault.serving_s = self.now() - fault.at
         return Observation(
             at=at,

@@ -206,7 +206,8 @@ def kubelet_differences(infos: Iterable[PodInfo], held: Iterable[KubeletHeld]) -
     replica ids as its milli-devices), a pod the kubelet runs that the API server binds to another node
     (``kubelet-differs``); a device the kubelet gave whole to two pods, or whole to one and shared to
     another (``kubelet-held-twice``). A pod the API server no longer has, or has finished, is left out:
-    the kubelet lists a pod until it has stopped its containers."""
+    the kubelet lists a pod until it has stopped its containers; so is a pod the API server shows unbound
+    (the kubelet's answer was read after it was bound)."""
     by_key = {info.key: info for info in infos}
     out: list[tuple[str, str, str]] = []
     whole_by: dict[tuple[str, str], list[str]] = {}
@@ -217,7 +218,7 @@ def kubelet_differences(infos: Iterable[PodInfo], held: Iterable[KubeletHeld]) -
         for device, _replicas in kh.shared:
             shared_by.setdefault((kh.node, device), []).append(kh.pod)
         info = by_key.get(kh.pod)
-        if info is None or info.terminal:
+        if info is None or info.terminal or not info.node_name:  # gone, finished, or bound after the pods were read
             continue
         given = f"the kubelet on {kh.node} gave devices {list(kh.whole)}" + (
             f" and replicas {dict(kh.shared)}" if kh.shared else ""

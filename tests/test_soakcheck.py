@@ -325,6 +325,7 @@ def test_devices_or_replicas_the_kubelet_gave_against_the_annotations_differ() -
         pod("short", node="n0", devices="6", milli=250),
         pod("elsewhere", node="n1", devices="3", count=1),
         pod("gone-but-listed", node="n0", devices="7", count=1, phase="Succeeded"),
+        pod("bound-since", count=1),
     ]
     answer = [
         kh("moved", "0,2"),
@@ -332,6 +333,7 @@ def test_devices_or_replicas_the_kubelet_gave_against_the_annotations_differ() -
         kh("elsewhere", "3"),
         kh("gone-but-listed", "7"),
         kh("not-in-the-api", "5"),
+        kh("bound-since", "4"),  # unbound when the pods were listed, bound and admitted before the kubelet's answer
     ]
     found = checker().observe(obs(0, pods, [node("n0"), node("n1")], kubelet=answer, kubelet_nodes={"n0"}))
     assert kinds(found) == [
