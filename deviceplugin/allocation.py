@@ -104,15 +104,19 @@ def preferred_allocation(
     ``avoid``: devices the topology-aware choice leaves out while it can (shares the kubelet gave of them:
     it counts the two resources apart)."""
     check_preferred_request(topo, available, must_include, size)
-    pod = None
+    pod = admitted = None
     if node:
+        if kubelet is not None and resources:  # the pod being admitted, where the kubelet names it, alone
+            admitted = admitting_pod(pods, node, kubelet, resources, shares=False)
+        resource = resources[0] if resources else ""
         pod = find_scheduled_pod(
-            pods, node, available, size, must_include, exclude_uids, kubelet=kubelet, resources=resources
-        )
+            [admitted] if admitted is not None else pods,
+            node, available, size, must_include, exclude_uids, kubelet=kubelet, resource=resource,
+        )  # fmt: skip
     if pod is not None:
         return Choice(pod.devices, ChoiceSource.SCHEDULER, None, pod)
-    if node and kubelet is not None and resources:
-        refuse_other_devices(pods, node, kubelet, resources, size, available)
+    if admitted is not None and kubelet is not None:
+        refuse_other_devices(admitted, kubelet, resources[0], size, available)
     healthy = [d for d in dict.fromkeys(available) if d in topo.healthy_ids]
     must = list(dict.fromkeys(must_include))
     shape = parse_shape("any", count=size)
@@ -129,25 +133,19 @@ def preferred_allocation(
 
 
 def refuse_other_devices(
-    pods: Sequence[PodInfo],
-    node: str,
-    kubelet: KubeletPods,
-    resources: Sequence[str],
-    size: int,
-    available: Collection[str],
+    pod: PodInfo, kubelet: KubeletPods, resource: str, size: int, available: Collection[str]
 ) -> None:
-    """Raise :class:`PreconditionError` when the pod the kubelet is admitting carries the scheduler's choice of
-    ``size`` devices that are not all available and no pod the kubelet lists holds the missing ones: the
+    """Raise :class:`PreconditionError` when ``pod``, the one the kubelet is admitting, carries the scheduler's
+    choice of ``size`` devices that are not all available and no pod the kubelet lists holds the missing ones: the
     kubelet still counts a pod deleted while it was down (until its pod sources are synced), or the device
     went unhealthy. Both pass, so the kubelet fails the pod and its controller asks again, where other
     devices would run it where the scheduler does not know (a gang off its ring). Devices a listed pod
     holds (bound past the scheduler, which cannot see them) will not come back: the plugin's own choice
     runs the pod and the placement audit says so."""
-    pod = admitting_pod(pods, node, kubelet, resources, shares=False)
-    if pod is None or len(pod.devices) != size:
+    if len(pod.devices) != size:
         return
     missing = [d for d in pod.devices if d not in set(available)]
-    if missing and not set(missing) & kubelet.ids(resources[0]):
+    if missing and not set(missing) & kubelet.ids(resource):
         raise PreconditionError(
             f"pod {pod.key}: the scheduler chose devices {','.join(pod.devices)} (kube-icl.io/devices), but the "
             f"kubelet does not offer {','.join(missing)}, and no pod it lists holds them (it still counts a pod "

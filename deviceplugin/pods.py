@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -238,29 +238,23 @@ def find_scheduled_pod(
     exclude_uids: Collection[str] = (),
     *,
     kubelet: KubeletPods | None = None,
-    resources: Sequence[str] = (),
+    resource: str = "",
 ) -> PodInfo | None:
     """The scheduler's pod for this request, or None.
 
     A match is waiting on ``node`` (:func:`waiting_here`), is not a share, and annotates
     exactly ``size`` distinct devices, all in ``available`` and including ``must_include``;
-    the oldest wins, then by namespace/name. With the kubelet's list (``resources``: the
-    one asked for first, then kube-icl's other), a pod it gave the asked resource is no
-    match, and where it names the pod being admitted (:func:`admitting_pod`) only that
-    pod may match: another pod's devices are never the answer for it.
+    the oldest wins, then by namespace/name. With the kubelet's list, a pod it gave
+    ``resource`` already is no match. (Where the list names the pod being admitted, the
+    caller passes that pod alone: :func:`admitting_pod`.)
     """
-    candidates = list(pods)
-    if kubelet is not None and resources:
-        admitted = admitting_pod(candidates, node, kubelet, resources, shares=False)
-        if admitted is not None:
-            candidates = [admitted]
     avail = set(available)
     must = set(must_include)
     matches = []
-    for pod in candidates:
+    for pod in pods:
         if not waiting_here(pod, node) or is_share(pod) or pod.uid in exclude_uids:
             continue
-        if kubelet is not None and resources and kubelet.allocated(pod.key, resources[0]):
+        if kubelet is not None and kubelet.allocated(pod.key, resource):
             continue
         devs = pod.devices
         if len(devs) != size or len(set(devs)) != size or not set(devs) <= avail or not must <= set(devs):

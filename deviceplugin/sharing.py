@@ -90,28 +90,43 @@ def _scheduled(
     free: dict[str, list[str]],
     served: Collection[str] = (),
     kubelet: KubeletPods | None = None,
-    resources: Sequence[str] = (),
+    resource: str = "",
 ) -> PodInfo | None:
-    """The bound, not yet started share pod of this size whose device has room, or None; the oldest, or,
-    where the kubelet's list names the pod being admitted, that pod alone. ``served``: uids whose share was
-    allocated already (a pod waits for its container a while after admission, and its device may still have
-    room for another share of the same size); a pod the kubelet lists with the shared resource is served too."""
-    candidates = list(pods)
-    if kubelet is not None and resources:
-        admitted = admitting_pod(candidates, node, kubelet, resources, shares=True)
-        if admitted is not None:
-            candidates = [admitted]
+    """The bound, not yet started share pod of this size whose device has room, or None; the oldest.
+    ``served``: uids whose share was allocated already (a pod waits for its container a while after
+    admission, and its device may still have room for another share of the same size); a pod the kubelet
+    lists with ``resource`` given is served too."""
     matches = []
-    for pod in candidates:
+    for pod in pods:
         if not waiting_here(pod, node) or (pod.uid and pod.uid in served):
             continue
-        if kubelet is not None and resources and kubelet.allocated(pod.key, resources[0]):
+        if kubelet is not None and kubelet.allocated(pod.key, resource):
             continue
         if pod.annotations.get(ANN_DEVICE_MILLI, "") != str(size) or len(pod.devices) != 1:
             continue
         if len(free.get(pod.devices[0], ())) >= size:
             matches.append(pod)
     return min(matches, key=lambda p: (p.created, p.namespace, p.name), default=None)
+
+
+def _refuse_other_share(
+    pod: PodInfo, kubelet: KubeletPods, resource: str, size: int, free: dict[str, list[str]]
+) -> None:
+    """:func:`deviceplugin.allocation.refuse_other_devices` for a share: raise :class:`PreconditionError` when
+    ``pod``, the one the kubelet is admitting, is a share of ``size`` on a device that offers fewer replicas,
+    and would fit it once the replicas no listed pod holds are back."""
+    if pod.annotations.get(ANN_DEVICE_MILLI, "") != str(size) or len(pod.devices) != 1:
+        return
+    device = pod.devices[0]
+    offered = len(free.get(device, ()))
+    listed = sum(1 for r in kubelet.ids(resource) if replica_device(r) == device)
+    if offered < size <= MILLI_PER_DEVICE - listed:
+        raise PreconditionError(
+            f"pod {pod.key}: the scheduler chose {size} milli-devices of device {device} ({ANN_DEVICES}, "
+            f"{ANN_DEVICE_MILLI}), but the kubelet offers {offered} of its replicas while pods it lists hold "
+            f"{listed} (it still counts a pod deleted while it was down, or the device is unhealthy); "
+            "refusing another device the scheduler does not know of"
+        )
 
 
 def preferred_share(
@@ -139,21 +154,14 @@ def preferred_share(
         raise RequestError(f"must_include_deviceIDs: replicas of {len(must)} devices; a share is on one device")
     healthy = topo.healthy_ids
     source = "scheduler"
-    pod = _scheduled(pods, node, size, free, served, kubelet, resources) if node else None
-    if pod is None and node and kubelet is not None and resources:
-        stale = admitting_pod(pods, node, kubelet, resources, shares=True)
-        if stale is not None and stale.annotations.get(ANN_DEVICE_MILLI, "") == str(size) and len(stale.devices) == 1:
-            device = stale.devices[0]
-            offered = len(free.get(device, ()))
-            listed = sum(1 for r in kubelet.ids(resources[0]) if replica_device(r) == device)
-            # refused when the device falls short and, once what no listed pod holds is back, the choice fits
-            if offered < size <= MILLI_PER_DEVICE - listed:
-                raise PreconditionError(
-                    f"pod {stale.key}: the scheduler chose {size} milli-devices of device {device} ({ANN_DEVICES}, "
-                    f"{ANN_DEVICE_MILLI}), but the kubelet offers {offered} of its replicas while pods it lists hold "
-                    f"{listed} (it still counts a pod deleted while it was down, or the device is unhealthy); "
-                    "refusing another device the scheduler does not know of"
-                )
+    pod = admitted = None
+    if node:
+        if kubelet is not None and resources:  # the pod being admitted, where the kubelet names it, alone
+            admitted = admitting_pod(pods, node, kubelet, resources, shares=True)
+        looked_at = [admitted] if admitted is not None else pods
+        pod = _scheduled(looked_at, node, size, free, served, kubelet, resources[0] if resources else "")
+    if pod is None and admitted is not None and kubelet is not None:
+        _refuse_other_share(admitted, kubelet, resources[0], size, free)
     dev = pod.devices[0] if pod is not None else ""
     if dev and must and dev not in must:
         dev, pod = "", None

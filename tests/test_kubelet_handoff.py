@@ -100,7 +100,7 @@ def test_without_the_kubelets_list_two_members_bound_newest_first_swap_their_dev
 def test_a_pod_the_kubelet_gave_devices_is_not_chosen_again_even_when_it_has_not_started() -> None:
     pods = [bound("a", "0,1", created=0), bound("b", "2,3", created=1)]
     view = KubeletPods({"team/a": {R: frozenset({"4", "5"})}})  # a was given other devices: it is served
-    assert find_scheduled_pod(pods, "n", ["0", "1", "2", "3"], 2, kubelet=view, resources=(R, S)) == pods[1]
+    assert find_scheduled_pod(pods, "n", ["0", "1", "2", "3"], 2, kubelet=view, resource=R) == pods[1]
     assert find_scheduled_pod(pods, "n", ["0", "1", "2", "3"], 2) == pods[0]
 
 
@@ -108,7 +108,12 @@ def test_a_share_given_its_replicas_is_not_taken_for_the_whole_device_pod_being_
     share = bound("share", "3", created=0, milli=250)  # older, its replicas given, its container not started
     whole = bound("whole", "5", created=1)
     view = KubeletPods({"team/share": {S: frozenset({"3::0"})}, "team/whole": {}})
-    assert find_scheduled_pod([share, whole], "n", ["3", "5"], 1, kubelet=view, resources=(R, S)) == whole
+    assert find_scheduled_pod([share, whole], "n", ["3", "5"], 1, kubelet=view, resource=R) == whole
+    topo = build_preset("ring:8")
+    choice = preferred_allocation(
+        topo, ["3", "5"], [], 1, pods=[share, whole], node="n", kubelet=view, resources=(R, S)
+    )
+    assert choice.pod == whole
     # without the kubelet's list a share never answers a whole-device request either
     assert find_scheduled_pod([share, whole], "n", ["3", "5"], 1) == whole
 
