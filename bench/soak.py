@@ -814,12 +814,9 @@ class Soak:
             real.busy = True
 
             def running_again() -> None:
-                try:
-                    deadline = time.monotonic() + 600.0  # the kubelet's back-off grows to 5 minutes at most
-                    while real.plugin_pid() in (None, pid):
-                        if time.monotonic() > deadline:
-                            raise RuntimeError("the plugin's container did not start again in 10 minutes")
-                        time.sleep(1.0)
+                try:  # the kubelet's back-off grows to 5 minutes at most
+                    again = "the plugin's container started again"
+                    wait_for(lambda: real.plugin_pid() not in (None, pid), what=again, timeout=600, interval=1)
                 finally:
                     real.busy = False
 

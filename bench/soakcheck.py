@@ -77,6 +77,7 @@ __all__ = [
     "Violation",
     "api_view",
     "compare_views",
+    "container_ran",
     "held_twice",
     "kubelet_differences",
     "layout_problem",
@@ -198,6 +199,12 @@ def held_twice(infos: Iterable[PodInfo]) -> list[Conflict]:
         if len(w) > 1 or (w and s) or sum(m for _p, m in s) > MILLI_PER_DEVICE:
             out.append(Conflict(where[0], where[1], tuple(w), tuple(s)))
     return out
+
+
+def container_ran(pod: Mapping[str, Any]) -> bool:
+    """A container of ``pod`` has run (is running, or ran and ended), as its status says."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return any("running" in (c.get("state") or {}) or "terminated" in (c.get("state") or {}) for c in statuses)
 
 
 def kubelet_differences(infos: Iterable[PodInfo], held: Iterable[KubeletHeld]) -> list[tuple[str, str, str]]:
@@ -530,9 +537,9 @@ class Checker:
                 continue
             if self.rules.namespaces and info.namespace not in self.rules.namespaces:
                 continue
-            statuses = (pod.get("status") or {}).get("containerStatuses") or []
-            if any("running" in (c.get("state") or {}) or "terminated" in (c.get("state") or {}) for c in statuses):
+            if container_ran(pod):
                 continue
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
             seen.add(info.uid)
             since = self._bound_seen.setdefault(info.uid, at)
             if at - since > self.rules.grace_s:
@@ -722,6 +729,14 @@ def _pooled_slope(segments: Sequence[Sequence[tuple[float, float]]]) -> float:
     return sxy / sxx if sxx > 0 else 0.0
 
 
+def _by_process(samples: Iterable[Sample]) -> list[list[Sample]]:
+    """A role's samples split by process (a restart gives a new pid), each in the order taken."""
+    by_pid: dict[int, list[Sample]] = {}
+    for x in samples:
+        by_pid.setdefault(x.pid, []).append(x)
+    return list(by_pid.values())
+
+
 class ResourceSampler:
     """RSS, threads and open file descriptors per role, from ``/proc/<pid>/{status,fd}``."""
 
@@ -745,11 +760,8 @@ class ResourceSampler:
         such samples left out; roles with none too)."""
         out: dict[str, list[list[Sample]]] = {}
         for role, samples in sorted(self.samples.items()):
-            by_pid: dict[int, list[Sample]] = {}
-            for s in samples:
-                by_pid.setdefault(s.pid, []).append(s)
             kept = []
-            for seg in by_pid.values():
+            for seg in _by_process(samples):
                 start = seg[0].at + warmup_s
                 late = [s for s in seg if s.at >= start]
                 if len(late) >= 2 and late[-1].at > late[0].at:
@@ -778,10 +790,7 @@ class ResourceSampler:
         later processes peak higher than earlier ones."""
         out: dict[str, dict[str, float]] = {}
         for role, samples in sorted(self.samples.items()):
-            by_pid: dict[int, list[Sample]] = {}
-            for x in samples:
-                by_pid.setdefault(x.pid, []).append(x)
-            lived = [seg for seg in by_pid.values() if seg[-1].at - seg[0].at >= min_life_s]
+            lived = [seg for seg in _by_process(samples) if seg[-1].at - seg[0].at >= min_life_s]
             if len(lived) >= 2:
                 out[role] = {
                     m: slope_per_hour([(seg[0].at, max(x.metric(m) for x in seg)) for seg in lived]) for m in METRICS

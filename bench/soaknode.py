@@ -36,7 +36,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from bench.soakcheck import KubeletHeld
+from bench.soakcheck import KubeletHeld, container_ran
 from deviceplugin.audit import AuditMalformed, AuditUnavailable, list_pod_resources
 from deviceplugin.podresources.v1 import api_pb2 as pr
 from tests.e2e import build
@@ -45,6 +45,7 @@ from tests.e2e.realnode import (
     PLUGIN_NAMESPACE,
     RESOURCE,
     SHARED_RESOURCE,
+    NodeBinaries,
     RealNode,
     container_log,
     find_node_binaries,
@@ -63,13 +64,16 @@ __all__ = ["PRESET", "SoakNode", "held_from_answer", "real_node_refusal", "runna
 PRESET = "hcm:8"
 
 
+def _parts() -> tuple[NodeBinaries | None, Path | None, str]:
+    """The node's binaries, the project image's archive, and why the real node cannot run ("" when it can)."""
+    binaries, reason = find_node_binaries()
+    archive, why = project_image_archive()
+    return binaries, archive, reason or why or node_refusal()
+
+
 def real_node_refusal() -> str:
     """Why this machine cannot run the soak's real node ("" when it can)."""
-    binaries, reason = find_node_binaries()
-    if binaries is None:
-        return reason
-    archive, reason = project_image_archive()
-    return reason if archive is None else node_refusal()
+    return _parts()[2]
 
 
 class SoakNode:
@@ -96,9 +100,7 @@ class SoakNode:
         return self.workdir / "faults.json"
 
     def start(self) -> SoakNode:
-        binaries, reason = find_node_binaries()
-        archive, why = project_image_archive()
-        refusal = reason or why or node_refusal()
+        binaries, archive, refusal = _parts()
         if binaries is None or archive is None or refusal:
             raise RuntimeError(f"--real-node: {refusal}")
         self.fault_file.write_text("{}")
@@ -131,8 +133,7 @@ class SoakNode:
             key = f"{meta['namespace']}/{meta['name']}"
             self.bound.add(key)
             status = pod.get("status") or {}
-            if any("running" in (c.get("state") or {}) or "terminated" in (c.get("state") or {})
-                   for c in status.get("containerStatuses") or []):  # fmt: skip
+            if container_ran(pod):
                 self.started.add(key)
             if status.get("phase") == "Failed" and key not in self.started:
                 self.refused[key] = str(status.get("reason") or status.get("message") or "Failed")
