@@ -1,33 +1,32 @@
 """``kubectl icl why POD``: why a pod waits, answered by the extender's own decision code run here.
 
 No second rule set: the nodes, pods and gang reservation Leases the user may read are fed into the
-extender's own cache (:class:`scheduler.cache.ClusterCache`), and the extender's own cycle
-(:class:`scheduler.extender.Extender`, in process, with no API client: it writes nothing) answers the
-filter kube-scheduler would send for this pod over every node. Its per-node reasons are grouped into
+extender's own cache (:class:`scheduler.cache.ClusterCache`), and the extender's own cycle, built by its
+factory (:func:`scheduler.factory.build_extender`, in process, with no API client: it writes nothing), answers
+the filter kube-scheduler would send for this pod over every node. Its per-node reasons are grouped into
 node classes (one reason, the nodes that gave it); nodes the pod's ``nodeSelector`` excludes are a class of
-their own, as kube-scheduler never sends them to the extender. For a pod that fits nowhere, the smallest set of
-running pods on one node whose end would free its shape (the fewest pods, then the fewest devices)
-says what would let it run; the shape check is the topology core's (``Placer.fits``).
+their own, as kube-scheduler never sends them to the extender. For a pod that fits nowhere, the running pods on
+one node whose end would free its shape say what would let it run: on each node the set the extender's
+preemption would pick (:func:`scheduler.preempt.fewest_victims`: the fewest pods, then the lowest priorities,
+then the fewest devices), and of the nodes the one with the fewest pods, then devices, then by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.extender import Extender
+from scheduler.factory import build_extender
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
+from scheduler.preempt import fewest_victims
 from scheduler.wire import ExtenderArgs
 from topology import Placer, Shape, ShapeError, TopologyError, parse_shape
 
 __all__ = ["Freeing", "NodeClass", "Why", "explain"]
-
-MAX_VICTIMS = 4  # the largest set of running pods searched on one node
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +76,7 @@ def explain(
     if bound:  # placed already: the scheduler has nothing more to say about it
         return Why(key, bound, _asks(info), (), (), None)
     cache = ClusterCache(cfg.resource_name, shared_resource=cfg.shared_resource_name)
-    extender = Extender(dataclasses.replace(cfg, events=False), cache)
+    extender = build_extender(dataclasses.replace(cfg, events=False), cache)
     cache.replace_nodes(nodes)
     cache.replace_pods(pods)
     extender.gangs.restore(list(leases))
@@ -128,25 +127,38 @@ def _shape(info: PodInfo) -> Shape | None:
 
 
 def _freeing(cache: ClusterCache, info: PodInfo, names: Sequence[str]) -> Freeing | None:
-    """The fewest running pods on one node (then the fewest devices, then the node's name) whose end frees
-    the pod's shape there; None when the pod asks no shape of whole devices or no such set exists."""
+    """The running pods on one node whose end frees the pod's shape there: per node the set
+    :func:`scheduler.preempt.fewest_victims` picks among the pods holding devices there, and of the nodes
+    the one with the fewest pods, then the fewest devices, then by name; None when the pod asks no shape
+    of whole devices or no such set exists."""
     shape = _shape(info)
     if shape is None:
         return None
     best: tuple[int, int, str, tuple[str, ...]] | None = None
-    for node, view in cache.usable_views(names).items():
+    for node, view in sorted(cache.usable_views(names).items()):
         if shape.size > len(view.topology.devices):
             continue
         placer = Placer.for_topology(view.topology)
-        holders = [(p, held[1]) for p in cache.holding_on(node) if (held := cache.held(p.uid)) is not None]
-        for k in range(1, min(MAX_VICTIMS, len(holders)) + 1):
-            if best is not None and k > best[0]:
-                break
-            for combo in itertools.combinations(holders, k):
-                freed = set(view.free).union(*(devs for _p, devs in combo))
-                if placer.fits(shape, freed):
-                    devices = sum(len(devs) for _p, devs in combo)
-                    cand = (k, devices, node, tuple(sorted(p.key for p, _d in combo)))
-                    if best is None or cand < best:
-                        best = cand
+        pods = sorted(cache.holding_on(node), key=lambda p: p.key)
+        held = {p.uid: where[1] for p in pods if (where := cache.held(p.uid)) is not None}
+        keys = {p.uid: p.key for p in pods}
+        priority = {p.uid: p.priority for p in pods}
+
+        def fits(
+            more: frozenset[str],
+            free: frozenset[str] = view.free,
+            spare: int = view.unattributed,
+            placer: Placer = placer,
+        ) -> bool:
+            # devices held by pods that do not say which (unattributed) come out of the free ones first
+            freed = free | more
+            return len(freed) - spare >= shape.size and placer.fits(shape, freed)
+
+        chosen = fewest_victims(list(held), held, fits, priority)
+        if chosen is None:
+            continue
+        devices = sum(len(held[u]) for u in chosen)
+        cand = (len(chosen), devices, node, tuple(sorted(keys[u] for u in chosen)))
+        if best is None or cand < best:
+            best = cand
     return None if best is None else Freeing(best[2], best[3], best[1])
