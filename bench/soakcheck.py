@@ -51,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scheduler.gang import RECORD_ANNOTATION, RECORD_LABEL
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
+from scheduler.wire import RECORD_ANNOTATION, RECORD_LABEL
 from topology import Health, NodeTopology, Placer, ShapeError, TopologyError, decode_annotation, parse_shape
 from topology.contract import (
     ANN_DEVICE_MILLI,

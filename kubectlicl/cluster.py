@@ -17,8 +17,7 @@ import yaml
 
 from kubeauth import KubeSession, resolve
 from scheduler.config import ConfigError, ExtenderConfig, parse_config
-
-from .views import RESERVATION_LABEL
+from scheduler.wire import RECORD_LABEL
 
 __all__ = ["ClusterError", "ExtenderSettings", "Reader", "extender_settings"]
 
@@ -158,7 +157,7 @@ class Reader:
         def call(api: Any, token: str | None) -> Any:
             coord = client.CoordinationV1Api(api)
             kw: dict[str, Any] = {
-                "label_selector": RESERVATION_LABEL,
+                "label_selector": RECORD_LABEL,
                 "limit": 500,
                 "_continue": token,
                 "_preload_content": False,
@@ -169,7 +168,7 @@ class Reader:
             return coord.list_lease_for_all_namespaces(**kw)
 
         where = f" in {namespace}" if namespace else ""
-        return self._list(f"list leases -l {RESERVATION_LABEL}{where}", call)
+        return self._list(f"list leases -l {RECORD_LABEL}{where}", call)
 
     def extender_configmaps(self, namespace: str = "") -> list[dict[str, Any]]:
         from kubernetes import client

@@ -9,8 +9,6 @@ dominant shares.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,14 +18,13 @@ import networkx as nx
 from scheduler import fairshare
 from scheduler.config import ExtenderConfig
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
+from scheduler.wire import RECORD_LABEL, WireError, read_record
 from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, Placer, Shape, ShapeKind, TopologyError
 from topology.contract import ANN_TOPOLOGY, DEFAULT_SHARED_RESOURCE
 from topology.encoding import decode_annotation
 
 __all__ = [
     "NO_TOPOLOGY",
-    "RESERVATION_ANNOTATION",
-    "RESERVATION_LABEL",
     "ChipView",
     "GangView",
     "NodeView",
@@ -40,10 +37,6 @@ __all__ = [
     "queue_views",
     "reservations",
 ]
-
-# The extender's gang reservation records (scheduler/gang.py writes them; tests check the names agree).
-RESERVATION_LABEL = "kube-icl.io/gang-reservation"
-RESERVATION_ANNOTATION = "kube-icl.io/reservation"
 
 FREE, BUSY, RESERVED, UNHEALTHY = "free", "busy", "reserved", "unhealthy"
 NO_TOPOLOGY = f"no {ANN_TOPOLOGY} annotation"  # NodeView.error of a node no kube-icl plugin publishes
@@ -151,44 +144,34 @@ def _created(pod: PodInfo, created: Mapping[str, str]) -> tuple[str, str]:
     return (created.get(pod.uid, ""), pod.key)
 
 
-def _timestamp(text: str) -> float:
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
 def reservations(leases: Iterable[Mapping[str, Any]]) -> tuple[list[Reservation], list[str]]:
-    """The gang reservation records among ``leases``; unreadable ones become warnings."""
+    """The gang reservation records among ``leases``, read by the extender's own reader
+    (:func:`scheduler.wire.read_record`); unreadable ones become warnings."""
     out: list[Reservation] = []
     warnings: list[str] = []
     for lease in leases:
         meta = lease.get("metadata") or {}
         where = f"lease {meta.get('namespace')}/{meta.get('name')}"
-        if (meta.get("labels") or {}).get(RESERVATION_LABEL) != "true":
+        if (meta.get("labels") or {}).get(RECORD_LABEL) != "true":
             continue
         try:
-            body = json.loads((meta.get("annotations") or {}).get(RESERVATION_ANNOTATION) or "")
-            spec = lease.get("spec") or {}
-            expires = float(body.get("expiresAt") or 0.0)
-            if not expires:  # the Lease's own fields say the same: acquireTime + leaseDurationSeconds
-                expires = _timestamp(str(spec.get("acquireTime") or "")) + float(spec.get("leaseDurationSeconds") or 0)
-            slots = tuple((str(s["node"]), tuple(str(d) for d in s["devices"])) for s in body.get("slots") or ())
-            out.append(
-                Reservation(
-                    lease=f"{meta.get('namespace')}/{meta.get('name')}",
-                    gang=str(body["gang"]),
-                    size=int(body.get("size") or len(slots)),
-                    shape=str(body.get("shape") or ""),
-                    count=int(body.get("count") or 0),
-                    queue=str(body.get("queue") or ""),
-                    domain=str(body.get("domain") or ""),
-                    expires_at=expires,
-                    slots=slots,
-                )
+            record = read_record(lease)
+        except WireError as exc:
+            warnings.append(f"{where}: {exc}")
+            continue
+        out.append(
+            Reservation(
+                lease=f"{meta.get('namespace')}/{meta.get('name')}",
+                gang=record.key,
+                size=record.size,
+                shape=record.shape,
+                count=record.count,
+                queue=record.queue,
+                domain=record.domain,
+                expires_at=record.expires_at,
+                slots=tuple((node, devices) for _owner, node, devices in record.slots),
             )
-        except (ValueError, KeyError, TypeError) as exc:
-            warnings.append(f"{where}: annotation {RESERVATION_ANNOTATION} unreadable ({exc})")
+        )
     return out, warnings
 
 

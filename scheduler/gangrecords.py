@@ -1,22 +1,19 @@
 """Gang reservations as data, and their records in the API server.
 
 A gang's reservation (:class:`Reservation`: its slots, each a node and exact devices) survives a
-restart or a failover as a ``coordination.k8s.io/v1`` Lease in the extender's namespace
-(:func:`lease_record`: the reservation as JSON, the expiry as ``acquireTime + leaseDurationSeconds``).
-:class:`GangRecords` writes a record before the gang's first member binds, deletes it when the
-reservation ends (off the verbs' threads), and reads the records back when a replica takes over
-(:meth:`GangRecords.read`, :meth:`GangRecords.load`); the gang manager rebuilds its reservations
-from them (:meth:`scheduler.gang.GangManager.restore`).
+restart or a failover as a ``coordination.k8s.io/v1`` Lease in the extender's namespace, in the form
+the wire contract gives it (:func:`scheduler.wire.lease_record` writes it from
+:meth:`Reservation.record`, :func:`scheduler.wire.read_record` reads it back, for the extender and
+for ``kubectl icl``). :class:`GangRecords` writes a record before the gang's first member binds,
+deletes it when the reservation ends (off the verbs' threads), and reads the records back when a
+replica takes over (:meth:`GangRecords.read`, :meth:`GangRecords.load`); the gang manager rebuilds
+its reservations from them (:meth:`scheduler.gang.GangManager.restore`).
 """
 
 from __future__ import annotations
 
-import datetime
 import functools
-import hashlib
-import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -25,7 +22,19 @@ from typing import Any
 
 from scheduler.host import Host, QuietHost
 from scheduler.kube import KubeAPI, KubeError
+from scheduler.wire import (
+    RECORD_ANNOTATION,
+    RECORD_LABEL,
+    Record,
+    WireError,
+    lease_record,
+    read_record,
+    record_name,
+    written_at,
+)
 
+# The record names and Record are the wire contract's (scheduler.wire); named here until scheduler.gang* import
+# them from there.
 __all__ = [
     "RECORD_ANNOTATION",
     "RECORD_LABEL",
@@ -34,12 +43,9 @@ __all__ = [
     "Reservation",
     "Slot",
     "lease_record",
-    "read_record",
     "record_name",
 ]
 
-RECORD_LABEL = "kube-icl.io/gang-reservation"  # label of the Leases that record reservations
-RECORD_ANNOTATION = "kube-icl.io/reservation"  # the reservation itself, as JSON
 DELETE_RETRIES_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # waits before each further try at a failed record deletion
 
 log = logging.getLogger(__name__)
@@ -85,86 +91,18 @@ class Reservation:
             "slots": [{"node": s.node, "devices": list(s.devices), "pod": s.pod_uid or None} for s in self.slots],
         }
 
-
-def record_name(key: str) -> str:
-    """The Lease name of a gang's reservation record (a DNS label, stable for the gang key)."""
-    return "kube-icl-gang-" + hashlib.sha256(key.encode()).hexdigest()[:24]
-
-
-def _micro(at: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
-
-
-def lease_record(res: Reservation, namespace: str, holder: str, created_at: float) -> dict[str, Any]:
-    """The Lease that records ``res``; ``created_at`` is wall-clock time."""
-    body = {
-        "gang": res.key,
-        "size": res.size,
-        "shape": res.shape,
-        "count": res.count,
-        "queue": res.queue,
-        "domain": res.domain,
-        "expiresAt": round(res.expires_at, 3),
-        "slots": [{"owner": s.owner, "node": s.node, "devices": list(s.devices)} for s in res.slots],
-    }
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": record_name(res.key),
-            "namespace": namespace,
-            "labels": {RECORD_LABEL: "true", "app.kubernetes.io/name": "kube-icl"},
-            "annotations": {RECORD_ANNOTATION: json.dumps(body, sort_keys=True, separators=(",", ":"))},
-        },
-        "spec": {
-            "holderIdentity": holder,
-            "leaseDurationSeconds": max(1, int(res.expires_at - created_at + 0.999)),
-            "acquireTime": _micro(created_at),
-            "renewTime": _micro(created_at),
-        },
-    }
-
-
-def _written_at(lease: Mapping[str, Any]) -> float:
-    """When a record was written (its ``spec.acquireTime``, wall clock); +inf when it cannot be read, so an
-    unreadable one is never taken for an older record."""
-    raw = str((lease.get("spec") or {}).get("acquireTime") or "")
-    try:
-        return datetime.datetime.strptime(raw, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC).timestamp()
-    except ValueError:
-        return math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A gang's reservation as its record holds it: slots as (owner, node, devices), the expiry wall-clock."""
-
-    key: str
-    size: int
-    shape: str
-    count: int
-    queue: str
-    domain: str
-    expires_at: float
-    slots: tuple[tuple[str, str, tuple[str, ...]], ...]
-
-
-def read_record(lease: Mapping[str, Any]) -> Record:
-    """The reservation a record Lease holds; KeyError, TypeError or ValueError when it cannot be read."""
-    meta = lease.get("metadata") or {}
-    body = json.loads((meta.get("annotations") or {})[RECORD_ANNOTATION])
-    return Record(
-        key=str(body["gang"]),
-        size=int(body["size"]),
-        shape=str(body["shape"]),
-        count=int(body["count"]),
-        queue=str(body["queue"]),
-        domain=str(body.get("domain") or ""),
-        expires_at=float(body["expiresAt"]),
-        slots=tuple(
-            (str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"])) for raw in body["slots"]
-        ),
-    )
+    def record(self) -> Record:
+        """What its record in the API server holds (:func:`scheduler.wire.lease_record` writes it)."""
+        return Record(
+            key=self.key,
+            size=self.size,
+            shape=self.shape,
+            count=self.count,
+            queue=self.queue,
+            domain=self.domain,
+            expires_at=self.expires_at,
+            slots=tuple((s.owner, s.node, s.devices) for s in self.slots),
+        )
 
 
 class GangRecords:
@@ -185,7 +123,7 @@ class GangRecords:
         if self.api is None:
             return ""
         namespace = self.namespace
-        body = lease_record(res, namespace, self.host.holder(), time.time())
+        body = lease_record(res.record(), namespace, self.host.holder(), time.time())
         try:
             try:
                 self.api.create_lease(namespace, body)
@@ -220,7 +158,7 @@ class GangRecords:
         try:
             if attempt:  # a record of the same gang written after the deletion was asked is a new one: it stays
                 lease = api.get_lease(self.namespace, name)
-                if lease is None or _written_at(lease) > asked_at:
+                if lease is None or written_at(lease) > asked_at:
                     return
             api.delete_lease(self.namespace, name)
         except KubeError as exc:
@@ -252,7 +190,7 @@ class GangRecords:
             name = str((lease.get("metadata") or {}).get("name") or "")
             try:
                 record = read_record(lease)
-            except (KeyError, TypeError, ValueError) as exc:
+            except WireError as exc:
                 log.warning("gang reservation record %s is unreadable (%s); deleting it", name, exc)
                 stale.append(name)
                 continue

@@ -11,13 +11,22 @@ missing key are accepted here.
 
 Every parse function raises :class:`WireError` with a message naming the field
 and what was wrong; nothing else escapes for any JSON value.
+
+The extender's other wire contract lives here too: the gang reservation records it
+keeps in the API server (Leases: :data:`RECORD_LABEL`, :data:`RECORD_ANNOTATION`,
+names from :func:`record_name`), with their one writer (:func:`lease_record`) and
+one reader (:func:`read_record`), used by the extender and by ``kubectl icl``.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import json.encoder
+import math
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +34,9 @@ from typing import Any
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "RECORD_ANNOTATION",
+    "RECORD_LABEL",
+    "RECORD_PREFIX",
     "ExtenderArgs",
     "ExtenderBindingArgs",
     "ExtenderBindingResult",
@@ -34,18 +46,23 @@ __all__ = [
     "HostPriority",
     "MetaPod",
     "MetaVictims",
+    "Record",
     "Victims",
     "WireError",
     "decode_json",
     "encode_json",
     "encode_priorities",
     "encode_priority_list",
+    "lease_record",
     "parse_binding_args",
     "parse_extender_args",
     "parse_filter_result",
     "parse_preemption_args",
     "parse_preemption_result",
     "parse_priorities",
+    "read_record",
+    "record_name",
+    "written_at",
 ]
 
 MIN_PRIORITY = 0
@@ -509,3 +526,115 @@ def parse_preemption_result(body: Any) -> ExtenderPreemptionResult:
             for node, v in _object(raw, "ExtenderPreemptionResult.NodeNameToMetaVictims").items()
         }
     )
+
+
+# --------------------------------------------------------------------- gang reservation records
+#
+# A gang's reservation, recorded by the extender in the API server as a ``coordination.k8s.io/v1`` Lease
+# (:class:`scheduler.gangrecords.GangRecords` writes, deletes and reads them back); ``kubectl icl`` lists the
+# same Leases. One writer (:func:`lease_record`) and one reader (:func:`read_record`) for both.
+
+RECORD_LABEL = "kube-icl.io/gang-reservation"  # label ("true") of the Leases that record reservations
+RECORD_ANNOTATION = "kube-icl.io/reservation"  # the reservation itself, as JSON
+RECORD_PREFIX = "kube-icl-gang-"  # a record's Lease name: this, then a hash of the gang key (record_name)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A gang's reservation as its record holds it: slots as (owner, node, devices), the expiry wall-clock."""
+
+    key: str
+    size: int
+    shape: str
+    count: int
+    queue: str
+    domain: str
+    expires_at: float
+    slots: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+
+def record_name(key: str) -> str:
+    """The Lease name of a gang's reservation record (a DNS label, stable for the gang key).
+
+    >>> record_name("ml/train")
+    'kube-icl-gang-0e9b339c41c3db8d0bba5a3b'
+    """
+    return RECORD_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _micro(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
+
+
+def lease_record(record: Record, namespace: str, holder: str, created_at: float) -> JsonObj:
+    """The Lease that records ``record``, written at wall-clock ``created_at``: the reservation as JSON in
+    :data:`RECORD_ANNOTATION`, and its expiry again as ``acquireTime + leaseDurationSeconds``."""
+    body = {
+        "gang": record.key,
+        "size": record.size,
+        "shape": record.shape,
+        "count": record.count,
+        "queue": record.queue,
+        "domain": record.domain,
+        "expiresAt": round(record.expires_at, 3),
+        "slots": [{"owner": owner, "node": node, "devices": list(devices)} for owner, node, devices in record.slots],
+    }
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": record_name(record.key),
+            "namespace": namespace,
+            "labels": {RECORD_LABEL: "true", "app.kubernetes.io/name": "kube-icl"},
+            "annotations": {RECORD_ANNOTATION: json.dumps(body, sort_keys=True, separators=(",", ":"))},
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": max(1, int(record.expires_at - created_at + 0.999)),
+            "acquireTime": _micro(created_at),
+            "renewTime": _micro(created_at),
+        },
+    }
+
+
+def read_record(lease: Mapping[str, Any]) -> Record:
+    """The reservation a record Lease holds; :class:`WireError` naming the annotation and what is wrong
+    when it cannot be read. Every field is required: the expiry is ``expiresAt``, never the Lease's own
+    ``acquireTime + leaseDurationSeconds`` (a record without it is unreadable, and the extender deletes it).
+
+    >>> read_record({"metadata": {"annotations": {RECORD_ANNOTATION: '{"gang": "ml/train"}'}}})
+    Traceback (most recent call last):
+    ...
+    scheduler.wire.WireError: annotation kube-icl.io/reservation: no field 'size'
+    """
+    meta = lease.get("metadata") or {}
+    where = f"annotation {RECORD_ANNOTATION}"
+    try:
+        body = json.loads((meta.get("annotations") or {})[RECORD_ANNOTATION])
+        return Record(
+            key=str(body["gang"]),
+            size=int(body["size"]),
+            shape=str(body["shape"]),
+            count=int(body["count"]),
+            queue=str(body["queue"]),
+            domain=str(body.get("domain") or ""),
+            expires_at=float(body["expiresAt"]),
+            slots=tuple(
+                (str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"])) for raw in body["slots"]
+            ),
+        )
+    except KeyError as exc:
+        what = "missing" if exc.args and exc.args[0] == RECORD_ANNOTATION else f"no field {exc.args[0]!r}"
+        raise WireError(f"{where}: {what}") from None
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"{where}: {exc}") from None
+
+
+def written_at(lease: Mapping[str, Any]) -> float:
+    """When a record was written (its ``spec.acquireTime``, wall clock); +inf when it cannot be read, so an
+    unreadable one is never taken for an older record."""
+    raw = str((lease.get("spec") or {}).get("acquireTime") or "")
+    try:
+        return datetime.datetime.strptime(raw, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC).timestamp()
+    except ValueError:
+        return math.inf

@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from scheduler import gangrecords
-from scheduler.gangrecords import GangRecords, Reservation, Slot, lease_record, record_name
+from scheduler.gangrecords import GangRecords, Reservation, Slot
 from scheduler.host import QuietHost
 from scheduler.kube import RestKubeAPI
+from scheduler.wire import lease_record, record_name
 from tests.support.extender import FakeAPIServer, wait_for
 
 NS = "kube-system"
@@ -43,7 +44,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPIServer]:
 def _record(api: RestKubeAPI, written_at: float) -> None:
     slots = [Slot("gang:team/train#0", "n0", ("0", "1"))]
     res = Reservation(GANG, 1, "ring", 2, "", slots, 0.0, 60.0, expires_at=written_at + 60)
-    api.create_lease(NS, lease_record(res, NS, "me", written_at))
+    api.create_lease(NS, lease_record(res.record(), NS, "me", written_at))
 
 
 def test_a_record_whose_delete_fails_is_deleted_on_a_later_try(fake: FakeAPIServer) -> None:

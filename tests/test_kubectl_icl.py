@@ -14,7 +14,8 @@ import yaml
 
 from kubectlicl import cli, html, render, views
 from scheduler.config import ExtenderConfig, QueueConfig
-from scheduler.gang import RECORD_ANNOTATION, RECORD_LABEL, Reservation, Slot, lease_record
+from scheduler.gangrecords import Reservation, Slot
+from scheduler.wire import RECORD_ANNOTATION, lease_record
 from topology import Health, build_preset, encode_annotation
 
 R = "kube-icl.io/accelerator"
@@ -65,7 +66,7 @@ def pod(
 
 
 def record(gang: str, slots: list[tuple[str, tuple[str, ...]]], expires_at: float, size: int = 0) -> dict[str, Any]:
-    """A reservation Lease as the extender writes it (scheduler.gang.lease_record)."""
+    """A reservation Lease as the extender writes it (scheduler.wire.lease_record)."""
     res = Reservation(
         key=gang,
         size=size or len(slots),
@@ -77,7 +78,7 @@ def record(gang: str, slots: list[tuple[str, tuple[str, ...]]], expires_at: floa
         deadline=0.0,
         expires_at=expires_at,
     )
-    return lease_record(res, "kube-icl", "extender-0", expires_at - 120)
+    return lease_record(res.record(), "kube-icl", "extender-0", expires_at - 120)
 
 
 def infos(*pods: dict[str, Any]) -> list[Any]:
@@ -87,7 +88,6 @@ def infos(*pods: dict[str, Any]) -> list[Any]:
 
 
 def test_the_reservation_names_are_the_extenders_and_its_records_read_back() -> None:
-    assert (views.RESERVATION_LABEL, views.RESERVATION_ANNOTATION) == (RECORD_LABEL, RECORD_ANNOTATION)
     lease = record("ml/train", [("n1", ("4", "5")), ("n2", ("0", "1"))], NOW + 90)
     (res,), warnings = views.reservations([lease])
     assert not warnings

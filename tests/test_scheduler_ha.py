@@ -25,11 +25,10 @@ from scheduler import binding
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, KubeConfig, LeaderElectionConfig
 from scheduler.extender import Extender
-from scheduler.gang import RECORD_LABEL, record_name
 from scheduler.informer import Informer
 from scheduler.kube import RestKubeAPI
 from scheduler.podspec import parse_devices
-from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from scheduler.wire import RECORD_LABEL, ExtenderArgs, ExtenderBindingArgs, record_name
 from tests.support.extender import FakeAPIServer, node_obj, pod_obj, wait_for
 
 

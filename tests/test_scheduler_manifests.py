@@ -162,7 +162,7 @@ def test_the_gang_records_policy_names_the_extenders_account_and_the_records_nam
     """The shipped manifests' policy: only the account the extender runs under (the scheduler pods' in
     sidecar mode, bound to the leases Role) writes Leases of the records' name prefix or label, in the
     namespace where the extender keeps them."""
-    from scheduler.gang import RECORD_LABEL, record_name
+    from scheduler.wire import RECORD_LABEL, record_name
 
     policy = find("ValidatingAdmissionPolicy", "kube-icl-extender-gang-records")
     binding = find("ValidatingAdmissionPolicyBinding", "kube-icl-extender-gang-records")

@@ -31,10 +31,9 @@ from bench.soakcheck import (
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
-from scheduler.gang import RECORD_ANNOTATION, RECORD_LABEL
 from scheduler.informer import Informer
 from scheduler.podspec import pod_info
-from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from scheduler.wire import RECORD_ANNOTATION, RECORD_LABEL, ExtenderArgs, ExtenderBindingArgs
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import build_preset, encode_annotation
 from topology.contract import (

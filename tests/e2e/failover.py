@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from scheduler.wire import RECORD_LABEL
 from topology import NodeTopology
 
 from .harness import Component, ControlPlane, wait_for
@@ -43,7 +44,6 @@ from .scenario import (
 
 __all__ = ["FailoverResult", "Replica", "run_failover", "start_replica"]
 
-RECORD_LABEL = "kube-icl.io/gang-reservation"
 HOLD_GATE = "kube-icl.io/e2e-hold"
 # kube-scheduler's own defaults, spelled out: what an operator gets.
 SCHEDULER_ELECTION = {

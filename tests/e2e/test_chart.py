@@ -560,7 +560,7 @@ def test_gang_records_are_written_only_by_the_extender(control_plane: ControlPla
     on a gang record, whether it is one by name prefix or by label, on create, update and delete, with the
     policy's message naming the extender's account; the extender's own account writes, updates and deletes
     a record, and only a well-formed one; a Lease that is no record stays open to both."""
-    from scheduler.gang import RECORD_LABEL, record_name
+    from scheduler.wire import RECORD_LABEL, record_name
 
     suffix, namespace = release_namespace(control_plane, "icl-gang")
     docs = objects(template(helm, None, release=f"gr-{suffix}", namespace=namespace))

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.wire import RECORD_LABEL
 from topology import Health, decode_annotation, encode_annotation
 
 from .harness import ControlPlane, wait_for
@@ -47,7 +48,6 @@ from .scenario import (
 pytestmark = pytest.mark.e2e
 
 RACK = "example.com/rack"
-RESERVATION_LABEL = "kube-icl.io/gang-reservation"
 
 
 def _script() -> str:
@@ -164,7 +164,7 @@ def _reservation(plane: ControlPlane, namespace: str) -> dict[str, Any]:
     """The reservation Lease of the gang ``namespace/train`` and its record, read from the API server."""
     from kubernetes import client
 
-    listed = client.CoordinationV1Api(plane.api_client).list_lease_for_all_namespaces(label_selector=RESERVATION_LABEL)
+    listed = client.CoordinationV1Api(plane.api_client).list_lease_for_all_namespaces(label_selector=RECORD_LABEL)
     leases: Any = plane.api_client.sanitize_for_serialization(listed)
     for lease in leases["items"]:  # other tests' records may be any JSON: only this gang's is read
         body = json.loads(lease["metadata"]["annotations"]["kube-icl.io/reservation"])
