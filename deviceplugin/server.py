@@ -12,26 +12,29 @@
 
 :class:`DevicePluginService` answers the five RPCs from the plugin's current state;
 the decisions themselves are the pure functions of :mod:`deviceplugin.allocation`.
+GetPreferredAllocation runs one loop (:meth:`DevicePlugin.preferred`) for both endpoints: an
+endpoint gives its pure decision (:class:`Decide`), the resources the kubelet's pod list is read for
+and what it remembers of an answer (the shared endpoint, :mod:`deviceplugin.sharing`, gives its own).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
 
 from deviceplugin.allocation import (
-    ChoiceSource,
     PreconditionError,
     RequestError,
     container_env,
@@ -46,7 +49,7 @@ from deviceplugin.metrics import PluginMetrics
 from deviceplugin.pods import DEVICES_ANNOTATION, KubeletPods, NoPods, PodInfo, PodSource
 from deviceplugin.publisher import NodePublisher
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from topology import NodeTopology
+from topology import NodeTopology, Placement
 from topology.contract import ContractError, replica_device
 from topology.policy import linked_policy
 
@@ -57,8 +60,10 @@ __all__ = [
     "API_VERSION",
     "HEALTHY",
     "UNHEALTHY",
+    "Decide",
     "DevicePlugin",
     "DevicePluginService",
+    "Preferred",
     "container_response",
     "device_list",
 ]
@@ -90,6 +95,40 @@ class AllocationRecord:
     devices: tuple[str, ...]  # rank order
     shape: str
     at: float
+
+
+class Preferred(Protocol):
+    """One container request's answer, as either endpoint's decision gives it: the ids, who chose them
+    (the metric's label), the scheduler's pod whose choice they are, the placement that found them."""
+
+    @property
+    def devices(self) -> tuple[str, ...]: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def pod(self) -> PodInfo | None: ...
+    @property
+    def placement(self) -> Placement | None: ...
+
+
+class Decide(Protocol):
+    """An endpoint's pure decision for one container request of GetPreferredAllocation:
+    :func:`deviceplugin.allocation.preferred_allocation` for whole devices,
+    :func:`deviceplugin.sharing.preferred_share` for shares."""
+
+    def __call__(
+        self,
+        topo: NodeTopology,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        *,
+        pods: Sequence[PodInfo],
+        node: str,
+        kubelet: KubeletPods | None,
+        resources: Sequence[str],
+        avoid: Collection[str],
+    ) -> Preferred: ...
 
 
 class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
@@ -243,6 +282,10 @@ class DevicePlugin:
         self.backoff = backoff
         self.grace = grace
         self.policy = linked_policy(config.policy)
+        self.decide: Decide = functools.partial(preferred_allocation, policy=self.policy)
+        # The resources the kubelet's pod list is read for: this endpoint's, then kube-icl's other one.
+        shared = config.shared_resource_name
+        self.kubelet_resources: tuple[str, ...] = (config.resource_name, *([shared] if shared else []))
         self._server: grpc.aio.Server | None = None
         self._registered = False
         # devices -> (shape, rank order) of recent GetPreferredAllocation answers, for Allocate
@@ -309,55 +352,68 @@ class DevicePlugin:
             log.warning("cannot list pods of node %s (%s); using the plugin's own choice", self.config.node_name, e)
             return []
 
+    def _held_elsewhere(self, kubelet: KubeletPods) -> Collection[str]:
+        """Devices the kubelet gave through kube-icl's other resource, which it counts apart from this one:
+        here, the devices of the shares it gave."""
+        shared = self.config.shared_resource_name
+        return {replica_device(r) for r in kubelet.ids(shared)} if shared else frozenset()
+
     async def preferred(self, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
+        """GetPreferredAllocation for both endpoints: every container request decided by :attr:`decide`
+        against one read of the node (its topology, its pods, the kubelet's pod list), then, all decided,
+        each answer counted and remembered (:meth:`_remember`); a rejected request changes nothing."""
         topo = self.topology
         pods = await self._pods() if request.container_requests else []
         kubelet = await self._kubelet_pods() if pods else None
-        shared = self.config.shared_resource_name
-        # Devices the kubelet gave shares of: its whole-device count does not know them.
-        avoid = {replica_device(r) for r in kubelet.ids(shared)} if kubelet is not None and shared else set()
-        answers: list[tuple[tuple[str, ...], str, ChoiceSource]] = []
+        avoid = self._held_elsewhere(kubelet) if kubelet is not None else frozenset()
+        answers: list[Preferred] = []
         for i, creq in enumerate(request.container_requests):
             try:
-                choice = preferred_allocation(
-                    topo,
-                    list(creq.available_deviceIDs),
-                    list(creq.must_include_deviceIDs),
-                    creq.allocation_size,
-                    pods=pods,
-                    node=self.config.node_name,
-                    policy=self.policy,
-                    kubelet=kubelet,
-                    resources=(self.config.resource_name, *([shared] if shared else [])),
-                    avoid=avoid,
+                answers.append(
+                    self.decide(
+                        topo,
+                        list(creq.available_deviceIDs),
+                        list(creq.must_include_deviceIDs),
+                        creq.allocation_size,
+                        pods=pods,
+                        node=self.config.node_name,
+                        kubelet=kubelet,
+                        resources=self.kubelet_resources,
+                        avoid=avoid,
+                    )
                 )
             except RequestError as e:
                 raise RequestError(f"container_requests[{i}].{e}") from None
-            hint = choice.pod.shape if choice.pod is not None and choice.pod.shape else ""
-            if not hint and choice.placement is not None:
-                hint = str(choice.placement.shape)
-            answers.append((choice.devices, hint, choice.source))
-            layout = choice.pod.annotations.get(GANG_LAYOUT_ANNOTATION) if choice.pod is not None else None
-            self._gang_envs.pop(frozenset(choice.devices), None)
-            if layout and choice.pod is not None:
-                try:
-                    self._gang_envs[frozenset(choice.devices)] = gang_env(layout)
-                except ContractError as exc:
-                    log.warning("pod %s: no gang environment: %s", choice.pod.key, exc)
-            if choice.pod is not None:
-                log.info("preferred %s for pod %s (scheduler's choice)", ",".join(choice.devices), choice.pod.key)
-            else:
-                log.info("preferred %s (%s)", ",".join(choice.devices), choice.source)
-        for devices, hint, source in answers:  # all decided: now record
-            self.metrics.preferred.labels(str(source)).inc()
-            self._hints[frozenset(devices)] = (hint, devices)
-            self._hints.move_to_end(frozenset(devices))
-            while len(self._hints) > self.HINTS_KEPT:
-                old, _ = self._hints.popitem(last=False)
-                self._gang_envs.pop(old, None)
+        for answer in answers:
+            self.metrics.preferred.labels(str(answer.source)).inc()
+            self._remember(answer)
         return api_pb2.PreferredAllocationResponse(
-            container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=d) for d, _, _ in answers]
+            container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=a.devices) for a in answers]
         )
+
+    def _remember(self, answer: Preferred) -> None:
+        """What Allocate needs of a preferred set: the shape it forms and its rank order, and a gang
+        member's ICL_GANG_* environment; the oldest are forgotten past :attr:`HINTS_KEPT`."""
+        pod, key = answer.pod, frozenset(answer.devices)
+        hint = pod.shape if pod is not None and pod.shape else ""
+        if not hint and answer.placement is not None:
+            hint = str(answer.placement.shape)
+        layout = pod.annotations.get(GANG_LAYOUT_ANNOTATION) if pod is not None else None
+        self._gang_envs.pop(key, None)
+        if layout and pod is not None:
+            try:
+                self._gang_envs[key] = gang_env(layout)
+            except ContractError as exc:
+                log.warning("pod %s: no gang environment: %s", pod.key, exc)
+        if pod is not None:
+            log.info("preferred %s for pod %s (scheduler's choice)", ",".join(answer.devices), pod.key)
+        else:
+            log.info("preferred %s (%s)", ",".join(answer.devices), answer.source)
+        self._hints[key] = (hint, answer.devices)
+        self._hints.move_to_end(key)
+        while len(self._hints) > self.HINTS_KEPT:
+            old, _ = self._hints.popitem(last=False)
+            self._gang_envs.pop(old, None)
 
     def _check_ids(self, topo: NodeTopology, field: str, ids: list[str]) -> None:
         if not ids:

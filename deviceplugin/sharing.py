@@ -24,16 +24,17 @@ kubelet itself never lets a device's shares add up to more than one device, what
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from deviceplugin.allocation import PreconditionError, RequestError, container_env, rank_layout
 from deviceplugin.backends.base import Backend
 from deviceplugin.config import PluginConfig
 from deviceplugin.pods import KubeletPods, PodInfo, PodSource, admitting_pod, waiting_here
-from deviceplugin.server import HEALTHY, UNHEALTHY, DevicePlugin, container_response
+from deviceplugin.server import HEALTHY, UNHEALTHY, DevicePlugin, Preferred, container_response
 from deviceplugin.v1beta1 import api_pb2
 from topology import NodeTopology
 from topology.contract import (
@@ -52,7 +53,15 @@ from topology.contract import (
 from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
 from topology.policies import make_policy
 
-__all__ = ["SHARED_SOCKET", "SharedDevicePlugin", "preferred_share", "replica_list", "share_device", "share_env"]
+__all__ = [
+    "SHARED_SOCKET",
+    "ShareChoice",
+    "SharedDevicePlugin",
+    "preferred_share",
+    "replica_list",
+    "share_device",
+    "share_env",
+]
 
 SHARED_SOCKET = "kube-icl-shared.sock"
 
@@ -129,6 +138,19 @@ def _refuse_other_share(
         )
 
 
+class ShareChoice(NamedTuple):
+    """:func:`preferred_share`'s answer for one container request."""
+
+    devices: tuple[str, ...]  # replicas of one device, must_include first
+    source: str  # "scheduler" (the pod's annotations) or "policy"
+    pod: PodInfo | None  # the scheduler's pod whose share this is
+
+    @property
+    def placement(self) -> None:
+        """A share is on one device: no shape is placed."""
+        return None
+
+
 def preferred_share(
     topo: NodeTopology,
     available: Sequence[str],
@@ -141,7 +163,7 @@ def preferred_share(
     kubelet: KubeletPods | None = None,
     resources: Sequence[str] = (),
     avoid: Collection[str] = (),
-) -> tuple[tuple[str, ...], str, PodInfo | None]:
+) -> ShareChoice:
     """(replica ids of one device, "scheduler" | "policy", the scheduler's pod) for one container request.
     ``kubelet`` (its pod list) and ``resources`` (the shared one, then the whole one) tell which bound pod is
     being admitted; ``avoid``: devices
@@ -190,7 +212,7 @@ def preferred_share(
         raise RequestError(f"allocation_size: {size} exceeds the {len(free.get(dev, ()))} replicas of device {dev!r}")
     first = list(must.get(dev, []))
     rest = sorted((r for r in free[dev] if r not in first), key=lambda r: parse_replica(r)[1])
-    return tuple(first + rest[: size - len(first)]), source, pod
+    return ShareChoice(tuple(first + rest[: size - len(first)]), source, pod)
 
 
 def share_device(topo: NodeTopology, ids: Sequence[str], field: str = "devices_ids") -> tuple[str, int]:
@@ -239,41 +261,22 @@ class SharedDevicePlugin(DevicePlugin):
         self._answered: OrderedDict[frozenset[str], str] = OrderedDict()  # replicas preferred -> the pod's uid
         self._served: OrderedDict[str, None] = OrderedDict()  # uids whose share was allocated (bounded)
         self.whole_resource = config.resource_name  # the whole devices' resource, which the kubelet counts apart
+        self.decide = functools.partial(preferred_share, served=self._served)
+        self.kubelet_resources = (self.config.resource_name, self.whole_resource)
 
     def device_list(self, topo: NodeTopology) -> api_pb2.ListAndWatchResponse:
         return replica_list(topo)
 
-    async def preferred(self, request: api_pb2.PreferredAllocationRequest) -> api_pb2.PreferredAllocationResponse:
-        topo = self.topology
-        pods = await self._pods() if request.container_requests else []
-        kubelet = await self._kubelet_pods() if pods else None
-        whole = kubelet.ids(self.whole_resource) if kubelet is not None else frozenset()
-        answers = []
-        for i, creq in enumerate(request.container_requests):
-            try:
-                ids, source, pod = preferred_share(
-                    topo,
-                    list(creq.available_deviceIDs),
-                    list(creq.must_include_deviceIDs),
-                    creq.allocation_size,
-                    pods=pods,
-                    node=self.config.node_name,
-                    served=self._served,
-                    kubelet=kubelet,
-                    resources=(self.config.resource_name, self.whole_resource),
-                    avoid=whole,
-                )
-            except RequestError as e:
-                raise RequestError(f"container_requests[{i}].{e}") from None
-            answers.append(ids)
-            self.metrics.preferred.labels(source).inc()
-            if pod is not None and pod.uid:
-                self._answered[frozenset(ids)] = pod.uid
-                while len(self._answered) > self.HINTS_KEPT:
-                    self._answered.popitem(last=False)
-        return api_pb2.PreferredAllocationResponse(
-            container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=d) for d in answers]
-        )
+    def _held_elsewhere(self, kubelet: KubeletPods) -> Collection[str]:
+        """The devices the kubelet gave whole: a share keeps off them while another device can take it."""
+        return kubelet.ids(self.whole_resource)
+
+    def _remember(self, answer: Preferred) -> None:
+        """The pod whose share these replicas are, so that Allocate marks it served."""
+        if answer.pod is not None and answer.pod.uid:
+            self._answered[frozenset(answer.devices)] = answer.pod.uid
+            while len(self._answered) > self.HINTS_KEPT:
+                self._answered.popitem(last=False)
 
     def allocate(self, request: api_pb2.AllocateRequest) -> api_pb2.AllocateResponse:
         topo = self.topology
