@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support import cachereads
+
 ROOT = Path(os.environ.get("KUBE_ICL_BENCH_ROOT") or Path(__file__).resolve().parents[1])
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -70,7 +72,7 @@ def build(pods: int) -> tuple[ClusterCache, GangManager, Any]:
 def measure(pods: int, repeat: int) -> dict[str, float]:
     cache, gangs, info = build(pods)
     devices = tuple(str(d) for d in range(8))
-    assert len(cache.allocations()) == pods + GANG - 1, len(cache.allocations())
+    assert len(cachereads.allocations(cache)) == pods + GANG - 1, len(cachereads.allocations(cache))
 
     def timed(fn: Any) -> float:
         fn()

@@ -6,8 +6,10 @@ start: every pod with ``spec.nodeName`` and a ``kube-icl.io/devices``
 annotation holds exactly those devices, so a restarted extender knows every
 allocation.
 
-:class:`ClusterCache` is the facade of five parts, each a class of its own module, all under its
-one lock:
+:class:`ClusterCache` is the writer: it reads each watch event in order into five parts, each a class of
+its own module, all under its one lock (stale events skipped by resourceVersion and by the floors of
+consistent reads), holds and forgets the devices of binds in flight, reserves devices for gangs, and
+tells its listeners what changed:
 
 - :class:`scheduler.nodes.Nodes`: node records and their views, link labels, tier paths, capacity;
 - :class:`scheduler.ledger.PodLedger`: the pods tracked, what each holds, binds assumed, stale events;
@@ -15,13 +17,15 @@ one lock:
 - :class:`scheduler.usage.QueueUsage`: devices held per queue and pool, pods waiting per queue;
 - :class:`scheduler.workload.Workload`: CPU and memory per node, task types, device pods' asks.
 
-It reads each watch event into them in order and answers every query; it implements the snapshot
-protocol (:class:`scheduler.snapshot.Snapshot`).
+Readers read through two listers the parts implement (:mod:`scheduler.listers`): :attr:`ClusterCache.nodes`
+(the nodes, a :class:`scheduler.listers.NodeLister`) and :attr:`ClusterCache.pods` (the pod ledger, a
+:class:`scheduler.listers.PodLister`), as kube-scheduler's listers stand beside its cache. The cache with
+them is the live state the cycle reads (:class:`scheduler.livestate.LiveState`).
 
 Concurrency: one lock (:class:`scheduler.cachelock.CacheLock`) guards every mutation; it is held
-only for in-memory work, never across an API call, and no listener runs under it. Readers on the
-hot filter path read a node's view without the lock (attribute reads are atomic), and every
-decision is re-checked under the lock at bind time.
+only for in-memory work, never across an API call, and no listener runs under it. The listers take it
+for the reads that walk or copy; readers on the hot filter path read a node's view without it
+(attribute reads are atomic), and every decision is re-checked under the lock at bind time.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 
 from scheduler.cachelock import CacheLock
 from scheduler.ledger import GONE, PodChange, PodLedger, resource_version
+from scheduler.listers import NodeLister, PodLister
 from scheduler.nodes import NodeHolders, NodeRecord, Nodes, NodeView, ViewKey, share_free
 from scheduler.podspec import PodInfo, PodSpecError, pod_info, requested_count, requested_milli
 from scheduler.reservations import Reservations
@@ -51,8 +56,8 @@ JsonObj = dict[str, Any]
 
 
 class ClusterCache:
-    """Nodes, pods and device holdings; thread-safe. The facade of the nodes, the pod ledger, the
-    reservations, the queue usage and the workload, under one lock."""
+    """Nodes, pods and device holdings; thread-safe. Writes the nodes, the pod ledger, the reservations,
+    the queue usage and the workload under one lock; readers read :attr:`nodes` and :attr:`pods`."""
 
     def __init__(
         self,
@@ -72,14 +77,22 @@ class ClusterCache:
         self.track_requests = requests
         self.clock = clock
         self.lock = CacheLock()  # listeners run after its outermost release, never under it
-        self.usage = QueueUsage()
-        self.nodes = Nodes(resource, self.usage.dirty, requests=requests)
-        self.reserved = Reservations(self.nodes)
-        # the clock as set now
-        self.ledger = PodLedger(self.nodes, self.usage.dirty, lambda: self.clock(), self.reserved.yield_to)
-        self.workload = Workload(self.nodes, requests=requests, cpu_pods_of=cpu_pods_of)
-        # The filter's hot path reads the ready views without the lock (see :meth:`view_lookup`).
-        self._views = self.nodes.views
+        dirty: set[str] = set()  # uids whose queue charge may have changed: the nodes and the ledger add, usage settles
+        self._nodes = Nodes(resource, dirty, self.lock, requests=requests)
+        self._reserved = Reservations(self._nodes)
+        self._workload = Workload(self._nodes, requests=requests, cpu_pods_of=cpu_pods_of)
+        self._ledger = PodLedger(
+            self._nodes,
+            QueueUsage(self._nodes, dirty),
+            self._workload,
+            self.lock,
+            lambda: self.clock(),  # the clock as set now
+            self._reserved.yield_to,
+        )
+        self.nodes: NodeLister = self._nodes
+        """The nodes, read-only: views, problems, labels, tiers, holders, capacity."""
+        self.pods: PodLister = self._ledger
+        """The pods, read-only: what each holds, finding one, gang members, the pods waiting, usage."""
         self.nodes_synced = False
         self.pods_synced = False
         self.generation = 0  # bumps on every change; cheap staleness check for callers
@@ -102,7 +115,7 @@ class ClusterCache:
 
     def _tell_taken(self) -> None:
         """Queue the calls for the reservations pods took (lock held)."""
-        taken = self.ledger.taken
+        taken = self._ledger.taken
         while taken:
             owner, node, uid = taken.pop(0)
             for fn in self._taken_listeners:
@@ -122,14 +135,10 @@ class ClusterCache:
     def synced(self) -> bool:
         return self.nodes_synced and self.pods_synced
 
-    @property
-    def tier_keys(self) -> tuple[str, ...]:
-        """The network tier label keys, lowest first (config ``tiers``)."""
-        return self.nodes.tier_keys
-
-    @tier_keys.setter
-    def tier_keys(self, keys: tuple[str, ...]) -> None:
-        self.nodes.tier_keys = keys
+    def set_tier_keys(self, keys: tuple[str, ...]) -> None:
+        """The network tier label keys gangs are placed by, lowest first (config ``tiers``)."""
+        with self.lock:
+            self._nodes.tier_keys = keys
 
     # ------------------------------------------------------------------ nodes
 
@@ -138,28 +147,18 @@ class ClusterCache:
         if not name:
             return
         with self.lock:
-            applied = self.nodes.apply(obj, self.workload.requests_on(name) if name not in self.nodes.records else ())
+            nodes = self._nodes
+            applied = nodes.apply(obj, self._workload.requests_on(name) if name not in nodes.records else ())
             if applied is None:
                 return
             rec, rejected = applied
-            self.ledger.rejected(rejected)
+            self._ledger.rejected(rejected)
             self.generation += 1
             self._tell_node(name, rec)
 
-    @property
-    def views_version(self) -> int:
-        """Position in the log of view changes (see :meth:`views_changed_since`)."""
-        return self.nodes.views_version
-
-    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
-        """(current version, names whose view may have changed since ``version``); ``None`` instead of
-        the names when ``version`` is older than the kept log (the caller starts over from :meth:`ready_views`)."""
-        with self.lock:
-            return self.nodes.changed_since(version)
-
     def delete_node(self, name: str) -> None:
         with self.lock:
-            rec = self.nodes.delete(name)
+            rec = self._nodes.delete(name)
             self.generation += 1
             if rec is not None:
                 self._tell_node(name, None)
@@ -170,7 +169,7 @@ class ClusterCache:
         for obj in items:
             self.upsert_node(obj)
             seen.add(str((obj.get("metadata") or {}).get("name") or ""))
-        for name in [n for n in self.nodes.records if n not in seen]:
+        for name in [n for n in self._nodes.records if n not in seen]:
             self.delete_node(name)
         self.nodes_synced = True
 
@@ -181,7 +180,7 @@ class ClusterCache:
         uid = str(meta.get("uid") or "")
         if not uid:
             return
-        ledger = self.ledger
+        ledger = self._ledger
         if ledger.stale(uid, meta):
             return  # an event older than what a consistent read already showed (the watch lags)
         ledger.note_rv(uid, meta)
@@ -193,13 +192,12 @@ class ClusterCache:
         with self.lock:
             if ledger.stale(uid, meta):
                 return  # a read (confirm_pod) applied while this event was being parsed
-            if self.workload.charge(uid, info):
+            if self._workload.charge(uid, info):
                 self.generation += 1  # the share policy's workload changed
             was_bad = ledger.bad_pods.pop(uid, None) is not None
             if info.count == 0 and info.milli == 0 and info.gang is None and not was_bad and not ledger.tracked(uid):
                 return  # asks for no device, names no gang, never held any: nothing to do (most pods)
             change = ledger.apply(info)
-            self.usage.dirty.add(uid)
             self.generation += 1
             self._tell_taken()
             if change is not None:
@@ -216,11 +214,11 @@ class ClusterCache:
         except PodSpecError:
             count = 0
         with self.lock:
-            if self.ledger.stale(uid, meta):
+            if self._ledger.stale(uid, meta):
                 return  # a read (confirm_pod) applied while this event was being parsed
-            if phase in ("Succeeded", "Failed") and self.workload.charge(uid, None):
+            if phase in ("Succeeded", "Failed") and self._workload.charge(uid, None):
                 self.generation += 1
-            self.ledger.unreadable(uid, reason, node, count, phase)
+            self._ledger.unreadable(uid, reason, node, count, phase)
             self.generation += 1
             self._tell_taken()
 
@@ -229,32 +227,21 @@ class ClusterCache:
         :meth:`task_types` too (the extender decides them: ``decideCpuPods``). Only before the cache is
         fed any pod (it keeps no record of the pods asking no device): a ``RuntimeError`` after."""
         with self.lock:
-            if scheduler_name == self.workload.cpu_pods_of:
+            if scheduler_name == self._workload.cpu_pods_of:
                 return
-            if self.ledger.pod_rv or self.workload.requests or self.ledger.pods or self.pods_synced:
+            if self._ledger.pod_rv or self._workload.requests or self._ledger.pods or self.pods_synced:
                 raise RuntimeError(
                     "count_cpu_pods_of: the cache was already fed pods; build it with cpu_pods_of= instead"
                 )
-            self.workload.cpu_pods_of = scheduler_name
-
-    def task_types(self) -> dict[tuple[int, int, int, int], int]:
-        """(CPU milli, memory MiB, devices, milli per device) -> how many non-terminal pods ask it (device
-        and share pods, and with :meth:`count_cpu_pods_of` the scheduler's pods asking no device, as
-        ``(cpu, memory, 0, 0)``): the workload the share policy measures fragmentation against."""
-        with self.lock:
-            return self.workload.task_types()
-
-    def balance(self) -> Balance:
-        """CPU and memory the device pods (pending and bound) ask per device: the stranding term's ratios."""
-        return self.workload.balance()
+            self._workload.cpu_pods_of = scheduler_name
 
     def delete_pod(self, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
-        ledger = self.ledger
+        ledger = self._ledger
         with self.lock:
             ledger.note_rv(uid, meta)
-            if self.workload.charge(uid, None):
+            if self._workload.charge(uid, None):
                 self.generation += 1
             if not ledger.tracked(uid):
                 try:
@@ -280,15 +267,15 @@ class ClusterCache:
         meta = (obj or {}).get("metadata") or {}
         if obj is None or str(meta.get("uid") or "") != uid:
             with self.lock:
-                info = self.ledger.pods.get(uid)
-                self.ledger.raise_floor(uid, GONE)
+                info = self._ledger.pods.get(uid)
+                self._ledger.raise_floor(uid, GONE)
             name = {"uid": uid, "name": info.name, "namespace": info.namespace} if info else {"uid": uid}
             self.delete_pod({"metadata": name})
             return
         rv = resource_version(meta)
         if rv is not None:
             with self.lock:
-                if not self.ledger.raise_floor(uid, rv):
+                if not self._ledger.raise_floor(uid, rv):
                     return
         self.upsert_pod(obj)
 
@@ -297,7 +284,7 @@ class ClusterCache:
         for obj in items:
             self.upsert_pod(obj)
             seen.add(str((obj.get("metadata") or {}).get("uid") or ""))
-        ledger, workload = self.ledger, self.workload
+        ledger, workload = self._ledger, self._workload
         with self.lock:
             known = [*ledger.pods, *ledger.allocated, *ledger.shared, *workload.requests, *workload.task_type]
             gone = [uid for uid in known if uid not in seen]
@@ -321,7 +308,7 @@ class ClusterCache:
             uid = str(meta.get("uid") or "")
             rv = resource_version(meta)
             with self.lock:
-                have = self.ledger.pod_rv.get(uid)
+                have = self._ledger.pod_rv.get(uid)
             if not uid or (rv is not None and have is not None and have >= rv):
                 continue
             self.upsert_pod(obj)
@@ -333,20 +320,20 @@ class ClusterCache:
     def assume(self, uid: str, node: str, devices: tuple[str, ...], info: PodInfo | None = None) -> None:
         """Hold ``devices`` for a pod whose bind is in flight; raises AllocationError if any is taken."""
         with self.lock:
-            self.ledger.assume(uid, node, devices, info)
+            self._ledger.assume(uid, node, devices, info)
             self.generation += 1
 
     def assume_share(self, uid: str, node: str, dev: str, milli: int, info: PodInfo | None = None) -> None:
         """Hold ``milli`` of ``dev`` for a pod whose bind is in flight; AllocationError (and no change) when
         the device is held whole, reserved, unhealthy, or has less than ``milli`` left."""
         with self.lock:
-            self.ledger.assume_share(uid, node, dev, milli, info)
+            self._ledger.assume_share(uid, node, dev, milli, info)
             self.generation += 1
 
     def forget(self, uid: str) -> None:
         """Undo :meth:`assume`; safe to call twice."""
         with self.lock:
-            if self.ledger.forget(uid):
+            if self._ledger.forget(uid):
                 self.generation += 1
                 self._tell_taken()  # a pod counted by size for a conflict with this bind may take its devices
 
@@ -354,190 +341,156 @@ class ClusterCache:
 
     def reserve(self, owner: str, node: str, devices: tuple[str, ...]) -> None:
         with self.lock:
-            self.reserved.reserve(owner, node, devices)
+            self._reserved.reserve(owner, node, devices)
             self.generation += 1
 
     def unreserve(self, owner: str, node: str) -> None:
         """Safe to call twice, and for a node that is gone."""
         with self.lock:
-            if self.reserved.unreserve(owner, node):
+            if self._reserved.unreserve(owner, node):
                 self.generation += 1
 
-    # ------------------------------------------------------------------ queries
-    #
-    # The extender's steps, the tests and the benches ask these; the parts' state is theirs. A caller that
-    # needs several answers from one state holds :attr:`lock` (re-entrant) around them.
+    # ---------------------------------------------------- TRANSITIONAL: removed once every caller reads the listers
+
+    @property
+    def tier_keys(self) -> tuple[str, ...]:
+        return self._nodes.tier_keys
+
+    @tier_keys.setter
+    def tier_keys(self, keys: tuple[str, ...]) -> None:
+        self.set_tier_keys(keys)
+
+    @property
+    def views_version(self) -> int:
+        return self._nodes.views_version
+
+    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
+        return self._nodes.views_changed_since(version)
+
+    def task_types(self) -> dict[tuple[int, int, int, int], int]:
+        return self._ledger.task_types()
+
+    def balance(self) -> Balance:
+        return self._ledger.balance()
 
     def view(self, name: str) -> NodeView | None:
-        """The node's view while it is ready and has a usable topology, else ``None``."""
-        return self._views.get(name)
+        return self._nodes.view_lookup()(name)
 
     def view_lookup(self) -> Callable[[str], NodeView | None]:
-        """:meth:`view` as one bound lookup, for a loop over thousands of names (the filter's)."""
-        return self._views.get
+        return self._nodes.view_lookup()
 
     def ready_views(self) -> dict[str, NodeView]:
-        """Every ready node's view with a usable topology, by name (a copy)."""
-        with self.lock:
-            return dict(self._views)
+        return self._nodes.ready_views()
 
     def every_view(self) -> dict[str, NodeView]:
-        """Every node's view with a usable topology, ready or not, by name (a copy)."""
-        with self.lock:
-            return self.nodes.every_view()
+        return self._nodes.every_view()
 
     def schedulable_views(self) -> list[NodeView]:
-        """The views of the ready nodes new pods may go to (not cordoned)."""
-        with self.lock:
-            return self.nodes.schedulable_views()
+        return self._nodes.schedulable_views()
 
     def node_view(self, name: str) -> tuple[NodeView | None, str]:
-        """The node's view, ready or not (a bind decided on it), or ``None`` and why."""
-        return self.nodes.node_view(name)
+        return self._nodes.node_view(name)
 
     def node_problem(self, name: str) -> tuple[str, bool]:
-        """Why a node without a view (:meth:`view`) takes no pod of ours, and whether that is
-        unresolvable (no eviction helps: no usable topology)."""
-        return self.nodes.node_problem(name)
+        return self._nodes.node_problem(name)
 
     def deviceless(self, name: str) -> bool:
-        """Whether kube-icl has no devices on this node, as far as its Node object says: no topology
-        annotation and no allocatable of the resource (a CPU-only node). A node not seen yet, or one
-        whose devices are there but not published (plugin not running, a broken annotation), is not."""
-        return self.nodes.deviceless(name)
+        return self._nodes.deviceless(name)
 
     def node_config(self, name: str) -> tuple[int, int]:
-        """The node's allocatable CPU (milli) and memory (MiB); -1 when not reported or unknown."""
-        return self.nodes.node_config(name)
+        return self._nodes.node_config(name)
 
     def held(self, uid: str) -> tuple[str, tuple[str, ...]] | None:
-        """(node, devices) the pod holds whole, assumed binds included."""
-        with self.lock:
-            return self.ledger.allocated.get(uid)
+        return self._ledger.held(uid)
 
     def held_share(self, uid: str) -> tuple[str, str, int] | None:
-        """(node, device, milli-devices) of the pod's share, assumed binds included."""
-        with self.lock:
-            return self.ledger.shared.get(uid)
+        return self._ledger.held_share(uid)
 
     def is_assumed(self, uid: str) -> bool:
-        """Whether the pod's devices are assumed by a bind the watch has not confirmed yet."""
-        return uid in self.ledger.assumed
+        return self._ledger.is_assumed(uid)
 
     def pod(self, uid: str) -> PodInfo | None:
-        return self.ledger.pods.get(uid)
+        return self._ledger.pod(uid)
 
     def knows_pod(self, uid: str) -> bool:
-        return uid in self.ledger.pods
+        return self._ledger.knows_pod(uid)
 
     def has_node(self, name: str) -> bool:
-        return name in self.nodes.records
+        return self._nodes.has_node(name)
 
     def topology_of(self, name: str) -> NodeTopology | None:
-        return self.nodes.topology_of(name)
+        return self._nodes.topology_of(name)
 
     def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
-        """The views of those of ``names`` that are ready, not cordoned and have a usable topology."""
-        with self.lock:
-            return self.nodes.usable_views(names)
+        return self._nodes.usable_views(names)
 
     def link_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
-        """The cross-node link labels (domain, coordinates, domain kind) of the nodes in a link
-        domain, by name: of every node, or of ``names`` only."""
-        with self.lock:
-            return self.nodes.link_labels(names)
+        return self._nodes.link_labels(names)
 
     def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
-        """Each node's value of every network tier label (:attr:`tier_keys`; "" where it has none), by name:
-        of every node (kept until a node's labels change; callers must not mutate it), or of ``names``
-        only; empty when no tiers are configured. A node without a tier's label is a domain of its own at
-        that tier, which is logged once per node."""
-        if not self.nodes.tier_keys:
-            return {}
-        with self.lock:
-            return self.nodes.tier_paths(names)
+        return self._nodes.tier_paths(names)
 
     def gang_members(self, key: str) -> list[tuple[str, PodInfo]]:
-        """(uid, pod) of the pods naming gang ``key`` (O(members): the pod table's index)."""
-        with self.lock:
-            return self.ledger.gang_members(key)
+        return self._ledger.gang_members(key)
 
     def holding_on(self, node: str) -> list[PodInfo]:
-        """The pods that hold devices whole on ``node``."""
-        with self.lock:
-            return self.ledger.holding_on(node)
+        return self._ledger.holding_on(node)
 
     def node_names(self) -> list[str]:
-        """Every node the cache knows, ready or not, with a usable topology or not."""
-        with self.lock:
-            return list(self.nodes.records)
+        return self._nodes.node_names()
 
     def free_devices(self, name: str) -> frozenset[str]:
-        """The node's free healthy devices (whole), ready or not; empty for a node without a usable topology."""
-        return self.nodes.free_devices(name)
-
-    def pods(self) -> dict[str, PodInfo]:
-        """Every pod the cache keeps (asks for our devices, holds a share, or names a gang), by uid (a copy)."""
-        with self.lock:
-            return dict(self.ledger.pods)
+        view = self._nodes.node_view(name)[0]
+        return view.free if view is not None else frozenset()
 
     def allocations(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        """uid -> (node, devices) of every pod holding devices whole, assumed binds included (a copy)."""
         with self.lock:
-            return dict(self.ledger.allocated)
+            return dict(self._ledger.allocated)
 
     def shares(self) -> dict[str, tuple[str, str, int]]:
-        """uid -> (node, device, milli-devices) of every share held, assumed binds included (a copy)."""
         with self.lock:
-            return dict(self.ledger.shared)
+            return dict(self._ledger.shared)
 
     def assumed_uids(self) -> frozenset[str]:
-        """The pods whose devices are assumed by a bind the watch has not confirmed yet."""
         with self.lock:
-            return frozenset(self.ledger.assumed)
+            return frozenset(self._ledger.assumed)
 
     def is_reserved(self, owner: str, node: str) -> bool:
-        """Whether ``owner`` holds a reservation on ``node`` (a pod bound to its devices takes it)."""
-        with self.lock:
-            rec = self.nodes.records.get(node)
-            return rec is not None and owner in rec.reserved
+        return self._nodes.is_reserved(owner, node)
 
     def reservations(self) -> dict[str, dict[str, tuple[str, ...]]]:
-        """node -> reservation owner -> devices, for the nodes holding any reservation (a copy)."""
         with self.lock:
-            return self.reserved.by_node()
+            return {name: dict(rec.reserved) for name, rec in self._nodes.records.items() if rec.reserved}
 
     def holders(self, name: str) -> NodeHolders | None:
-        """Who holds what on the node (a copy), for preemption; ``None`` without a usable topology."""
-        with self.lock:
-            return self.nodes.holders(name)
+        return self._nodes.holders(name)
 
     def capacity(self) -> dict[str, int]:
-        """Healthy devices per pool (topology fingerprint)."""
-        with self.lock:
-            return self.nodes.capacity()
+        return self._nodes.capacity()
 
     def used_by_queue(self) -> dict[str, dict[str, int]]:
-        """Devices held per queue and pool, assumed binds included."""
-        with self.lock:
-            return self.usage.used_by_queue(self.ledger)
+        return self._ledger.used_by_queue()
 
     def pending(self, other_than: str | None = None) -> list[PodInfo]:
-        """Pods that ask for devices and have no node yet; with ``other_than``, only those of other queues."""
-        with self.lock:
-            return self.usage.pending(self.ledger, other_than)
+        return self._ledger.pending(other_than)
 
     def find_pod(self, namespace: str, name: str, uid: str = "") -> PodInfo | None:
+        return self._ledger.find_pod(namespace, name, uid)
+
+    def check_invariants(self) -> None:
         with self.lock:
-            return self.ledger.find_pod(namespace, name, uid)
+            self._ledger.check()
+            self._nodes.check()
+
+    # ------------------------------------------------------------------ debugging
 
     def snapshot(self) -> JsonObj:
         """Allocations per node, for ``/debug/state``."""
         with self.lock:
-            key = self.ledger.key_of
+            key = self._ledger.key_of
             nodes = {}
-            for name in sorted(self.nodes.records):
-                rec = self.nodes.records[name]
+            for name in sorted(self._nodes.records):
+                rec = self._nodes.records[name]
                 nodes[name] = {
                     "topology": rec.topology.fingerprint if rec.topology is not None else None,
                     "error": rec.error or None,
@@ -556,14 +509,6 @@ class ClusterCache:
             return {
                 "synced": self.synced,
                 "nodes": nodes,
-                "assumed": sorted(self.ledger.assumed),
-                "badPods": dict(sorted(self.ledger.bad_pods.items())),
+                "assumed": sorted(self._ledger.assumed),
+                "badPods": dict(sorted(self._ledger.bad_pods.items())),
             }
-
-    def check_invariants(self) -> None:
-        """No device held twice, across allocations, reservations and shares; queue usage, pending
-        counts and capacity as recomputed from scratch (tests call this)."""
-        with self.lock:
-            self.ledger.check()
-            self.nodes.check()
-            self.usage.check(self.ledger)

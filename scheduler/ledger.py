@@ -8,7 +8,15 @@ and which watch events are stale (resourceVersions applied, floors of consistent
 from the API server bound to devices reserved for a gang's slot takes them: what the API server says
 a bound pod holds is fact, a reservation only an intention; the reservations dropped are queued in
 :attr:`PodLedger.taken` for the gang manager. It writes holdings into the node records of
-:class:`scheduler.nodes.Nodes` and asks them to refresh. Every method runs under the cache's lock.
+:class:`scheduler.nodes.Nodes` and asks them to refresh, and tells the queue usage
+(:class:`scheduler.usage.QueueUsage`) which pods' charge may have changed. Its writes run under the
+cache's lock, which the cache takes.
+
+It is also the pods' lister (:class:`scheduler.listers.PodLister`, handed out as
+``ClusterCache.pods``): what a pod holds, finding one, gang members, and, settled on read from its
+tables, the pods waiting and the devices held per queue; the workload's task types and balance are the
+workload's (:class:`scheduler.workload.Workload`). Those reads take the lock themselves where they walk
+or copy.
 """
 
 from __future__ import annotations
@@ -19,11 +27,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.cachelock import CacheLock
 from scheduler.nodes import NodeRecord, Nodes, share_free
 from scheduler.podspec import PodInfo
 from scheduler.podtable import PodTable
+from scheduler.usage import QueueUsage
+from scheduler.workload import TaskType, Workload
 from topology import AllocationError, HoldKind, TopologyError
 from topology.contract import MILLI_PER_DEVICE
+from topology.policy import Balance
 
 __all__ = ["GONE", "PodChange", "PodLedger", "resource_version"]
 
@@ -56,19 +68,26 @@ class PodLedger:
     def __init__(
         self,
         nodes: Nodes,
-        dirty: set[str],
+        usage: QueueUsage,
+        workload: Workload,
+        lock: CacheLock,
         clock: Callable[[], float] = time.monotonic,
         yield_reserved: Callable[[NodeRecord, tuple[str, ...]], list[str]] | None = None,
     ) -> None:
-        """``dirty``: the uids whose queue charge may have changed (the queue usage's); ``yield_reserved``:
-        drops the reservations on a node's devices that a pod bound to them takes, and names their owners
-        (:meth:`scheduler.reservations.Reservations.yield_to`; none: a pod never takes reserved devices)."""
+        """``usage``: the queue usage, told the uids whose charge may have changed and settled on read;
+        ``workload``: what the pods ask (read for :meth:`task_types`, :meth:`balance`); ``lock``: the cache's,
+        taken by the reads; ``yield_reserved``: drops the reservations on a node's devices that a pod bound to
+        them takes, and names their owners (:meth:`scheduler.reservations.Reservations.yield_to`; none: a pod
+        never takes reserved devices)."""
         self.nodes = nodes
+        self.lock = lock
+        self._usage = usage
+        self._workload = workload
         self.yield_reserved = yield_reserved
         # (reservation owner, node, pod uid): reservations a pod read from the API server took, until the
         # cache tells its listeners
         self.taken: list[tuple[str, str, str]] = []
-        self._dirty = dirty
+        self._dirty = usage.dirty
         self.clock = clock
         # uid -> pods that ask for our resource (or are gang members); pods.by_gang: gang key -> member uids
         self.pods = PodTable()
@@ -123,6 +142,7 @@ class PodLedger:
     def apply(self, info: PodInfo) -> PodChange | None:
         """Apply a pod read from the API server; what it meant for a gang, if anything."""
         uid = info.uid
+        self._dirty.add(uid)
         if info.count == 0 and info.milli == 0 and info.gang is None:
             self.pods.pop(uid, None)
             self.release(uid)
@@ -340,22 +360,62 @@ class PodLedger:
         self.release(uid)
         return True
 
-    # ------------------------------------------------------------------ queries
+    # ------------------------------------------------------------------ reads (the pod lister)
+    #
+    # :class:`scheduler.listers.PodLister`: the cache hands this ledger out as ``ClusterCache.pods``.
 
-    def gang_members(self, key: str) -> list[tuple[str, PodInfo]]:
-        pods = self.pods
-        return [(uid, pods[uid]) for uid in pods.by_gang.get(key, ())]
+    def pod(self, uid: str) -> PodInfo | None:
+        return self.pods.get(uid)
 
-    def holding_on(self, node: str) -> list[PodInfo]:
-        return [p for uid, (n, _d) in self.allocated.items() if n == node and (p := self.pods.get(uid)) is not None]
+    def knows_pod(self, uid: str) -> bool:
+        return uid in self.pods
 
     def find_pod(self, namespace: str, name: str, uid: str = "") -> PodInfo | None:
-        if uid and uid in self.pods:
-            return self.pods[uid]
-        for p in self.pods.values():
-            if p.namespace == namespace and p.name == name and (not uid or p.uid == uid):
-                return p
-        return None
+        with self.lock:
+            if uid and uid in self.pods:
+                return self.pods[uid]
+            for p in self.pods.values():
+                if p.namespace == namespace and p.name == name and (not uid or p.uid == uid):
+                    return p
+            return None
+
+    def held(self, uid: str) -> tuple[str, tuple[str, ...]] | None:
+        with self.lock:
+            return self.allocated.get(uid)
+
+    def held_share(self, uid: str) -> tuple[str, str, int] | None:
+        with self.lock:
+            return self.shared.get(uid)
+
+    def is_assumed(self, uid: str) -> bool:
+        return uid in self.assumed
+
+    def gang_members(self, key: str) -> list[tuple[str, PodInfo]]:
+        with self.lock:
+            pods = self.pods
+            return [(uid, pods[uid]) for uid in pods.by_gang.get(key, ())]
+
+    def holding_on(self, node: str) -> list[PodInfo]:
+        with self.lock:
+            pods = self.pods
+            return [p for uid, (n, _d) in self.allocated.items() if n == node and (p := pods.get(uid)) is not None]
+
+    def pending(self, other_than: str | None = None) -> list[PodInfo]:
+        with self.lock:
+            self._usage.settle(self.pods, self.allocated)
+            return self._usage.pending(other_than)
+
+    def used_by_queue(self) -> dict[str, dict[str, int]]:
+        with self.lock:
+            self._usage.settle(self.pods, self.allocated)
+            return self._usage.used_by_queue()
+
+    def task_types(self) -> dict[TaskType, int]:
+        with self.lock:
+            return self._workload.task_types()
+
+    def balance(self) -> Balance:
+        return self._workload.balance()
 
     def key_of(self, uid: str) -> str:
         """The pod's namespace/name when tracked, else its uid (for /debug/state)."""
@@ -363,19 +423,11 @@ class PodLedger:
         return info.key if info is not None else uid
 
     def check(self) -> None:
-        """Every share recorded on its node; the pod table's gang index as recomputed."""
+        """Every share recorded on its node; the pod table's gang index, queue usage and pending counts as
+        recomputed (tests call this)."""
         records = self.nodes.records
         for uid, (node, dev, milli) in self.shared.items():
             if records[node].shares.get(dev, {}).get(uid) != milli:
                 raise AssertionError(f"node {node}: share of pod {uid} on {dev} is not recorded")
         self.pods.check_index()
-
-    def node_of(self, uid: str, info: PodInfo) -> tuple[NodeRecord | None, int]:
-        """The node the pod holds devices on and how many (whole or by size); (None, 0) when none."""
-        held = self.allocated.get(uid)
-        if held is not None:
-            return self.nodes.records.get(held[0]), len(held[1])
-        if info.node_name:
-            rec = self.nodes.records.get(info.node_name)
-            return rec, (rec.unattributed.get(uid, 0) if rec is not None else 0)
-        return None, 0
+        self._usage.check(self.pods, self.allocated)

@@ -3,19 +3,23 @@ labels (link domain, network tiers), and the healthy devices per pool.
 
 :class:`Nodes` reads Node objects (:meth:`Nodes.apply`) and keeps each node's :class:`NodeView`
 up to date (:meth:`Nodes.refresh`) as the pod ledger, the reservations and the workload change
-what the node's record holds. It answers the node queries of :class:`scheduler.cache.ClusterCache`
-(views, why a node takes no pod, link labels, tier paths, capacity). Every mutation runs under the
-cache's lock; the filter's hot path reads the ready views (:attr:`Nodes.views`) without it.
+what the node's record holds. Every mutation runs under the cache's lock, which the cache takes.
+
+It is also the nodes' lister (:class:`scheduler.listers.NodeLister`, handed out as
+``ClusterCache.nodes``): views, why a node takes no pod, link labels, tier paths, holders, capacity.
+Those reads take the lock themselves where they walk or copy; the filter's hot path reads the ready
+views (:meth:`Nodes.view_lookup`) without it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.cachelock import CacheLock
 from scheduler.podspec import ANN_TOPOLOGY, LABEL_LINK_COORDS, LABEL_LINK_DOMAIN, PodSpecError, parse_quantity
 from topology import DOMAIN_KIND_LABEL, AllocationError, NodeAllocator, NodeTopology, TopologyError, decode_annotation
 from topology.contract import MILLI_PER_DEVICE, ContractError, cpu_milli, memory_mib
@@ -109,7 +113,7 @@ class NodeRecord:
 
 @dataclass(frozen=True, slots=True)
 class NodeHolders:
-    """A copy of who holds what on one node (:meth:`scheduler.cache.ClusterCache.holders`)."""
+    """A copy of who holds what on one node (:meth:`Nodes.holders`)."""
 
     view: NodeView
     owners: dict[str, tuple[str, ...]]  # pod uid -> devices held whole
@@ -140,10 +144,12 @@ class Nodes:
     """Node records and their views, link labels and tier paths, healthy devices per pool (lock held
     by the caller for every change)."""
 
-    def __init__(self, resource: str, dirty: set[str], *, requests: bool = True) -> None:
+    def __init__(self, resource: str, dirty: set[str], lock: CacheLock, *, requests: bool = True) -> None:
         """``dirty``: the uids whose queue charge may have changed (the queue usage's); every pod on a
-        node whose view changes is added. ``requests``: views report free CPU and memory."""
+        node whose view changes is added. ``lock``: the cache's, taken by the reads. ``requests``: views
+        report free CPU and memory."""
         self.resource = resource
+        self.lock = lock
         self.track_requests = requests
         self._dirty = dirty
         self.records: dict[str, NodeRecord] = {}
@@ -154,7 +160,7 @@ class Nodes:
         self._untiered: set[str] = set()  # nodes already said to lack a tier label
         self._labels_version = 0  # bumps when a node's labels change or a node goes
         self._paths: tuple[tuple[int, int, tuple[str, ...]], dict[str, tuple[str, ...]]] | None = None
-        # Names whose entry in ``views`` may have changed, in order; ``changed_since`` reads it.
+        # Names whose entry in ``views`` may have changed, in order; ``views_changed_since`` reads it.
         self._view_log: list[str] = []
         self._view_log_base = 0  # entries before this position were dropped
         self._node_cap: dict[str, tuple[str, int]] = {}  # node -> (pool, healthy devices)
@@ -352,26 +358,45 @@ class Nodes:
         self._set_cap(name, None)
         return rec
 
-    # ------------------------------------------------------------------ queries
+    # ------------------------------------------------------------------ reads (the node lister)
+    #
+    # :class:`scheduler.listers.NodeLister`: the cache hands these nodes out as ``ClusterCache.nodes``.
 
     @property
     def views_version(self) -> int:
-        """Position in the log of view changes (see :meth:`changed_since`)."""
+        """Position in the log of view changes (see :meth:`views_changed_since`)."""
         return self._view_log_base + len(self._view_log)
 
-    def changed_since(self, version: int) -> tuple[int, set[str] | None]:
-        """(current version, names whose view may have changed since ``version``); ``None`` instead of
-        the names when ``version`` is older than the kept log."""
-        now = self.views_version
-        if version < self._view_log_base or version > now:
-            return now, None
-        return now, set(self._view_log[version - self._view_log_base :])
+    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
+        with self.lock:
+            now = self.views_version
+            if version < self._view_log_base or version > now:
+                return now, None
+            return now, set(self._view_log[version - self._view_log_base :])
+
+    def view_lookup(self) -> Callable[[str], NodeView | None]:
+        return self.views.get  # a view is immutable and a dict read atomic: the filter's hot path takes no lock
+
+    def ready_views(self) -> dict[str, NodeView]:
+        with self.lock:
+            return dict(self.views)
 
     def every_view(self) -> dict[str, NodeView]:
-        return {name: rec.view for name, rec in self.records.items() if rec.view is not None}
+        with self.lock:
+            return {name: rec.view for name, rec in self.records.items() if rec.view is not None}
 
     def schedulable_views(self) -> list[NodeView]:
-        return [r.view for r in self.records.values() if r.view is not None and r.ready and not r.unschedulable]
+        with self.lock:
+            return [r.view for r in self.records.values() if r.view is not None and r.ready and not r.unschedulable]
+
+    def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
+        out = {}
+        with self.lock:
+            for name in names:
+                rec = self.records.get(name)
+                if rec is not None and rec.view is not None and rec.ready and not rec.unschedulable:
+                    out[name] = rec.view
+        return out
 
     def node_view(self, name: str) -> tuple[NodeView | None, str]:
         rec = self.records.get(name)
@@ -395,59 +420,65 @@ class Nodes:
         rec = self.records.get(name)
         return (rec.cpu_alloc, rec.mem_alloc) if rec is not None else (-1, -1)
 
+    def has_node(self, name: str) -> bool:
+        return name in self.records
+
+    def node_names(self) -> list[str]:
+        with self.lock:
+            return list(self.records)
+
     def topology_of(self, name: str) -> NodeTopology | None:
         rec = self.records.get(name)
         return rec.topology if rec is not None else None
 
-    def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
-        out = {}
-        for name in names:
-            rec = self.records.get(name)
-            if rec is not None and rec.view is not None and rec.ready and not rec.unschedulable:
-                out[name] = rec.view
-        return out
-
     def link_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
-        recs = self.records.values() if names is None else [r for n in names if (r := self.records.get(n)) is not None]
-        out: dict[str, dict[str, str]] = {}
-        for rec in recs:
-            if rec.domain:
-                labels = {LABEL_LINK_DOMAIN: rec.domain, LABEL_LINK_COORDS: rec.coords}
-                if rec.domain_kind:
-                    labels[DOMAIN_KIND_LABEL] = rec.domain_kind
-                out[rec.name] = labels
-        return out
+        with self.lock:
+            records = self.records
+            recs = records.values() if names is None else [r for n in names if (r := records.get(n)) is not None]
+            out: dict[str, dict[str, str]] = {}
+            for rec in recs:
+                if rec.domain:
+                    labels = {LABEL_LINK_DOMAIN: rec.domain, LABEL_LINK_COORDS: rec.coords}
+                    if rec.domain_kind:
+                        labels[DOMAIN_KIND_LABEL] = rec.domain_kind
+                    out[rec.name] = labels
+            return out
 
     def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
         keys = self.tier_keys
         if not keys:
             return {}
-        version = (self._labels_version, len(self.records), keys)
-        if names is None and self._paths is not None and self._paths[0] == version:
-            return self._paths[1]  # the gang planner's hot path: every node, unchanged labels
-        recs = self.records.values() if names is None else [r for n in names if (r := self.records.get(n)) is not None]
-        out = {r.name: tuple(str(r.labels.get(k) or "") for k in keys) for r in recs}
-        if names is None:
-            self._paths = (version, out)
-        for name, path in out.items():
-            if "" in path and name not in self._untiered:
-                self._untiered.add(name)
-                missing = ", ".join(k for k, v in zip(keys, path, strict=True) if not v)
-                log.info("node %s has no %s label: a domain of its own at that tier", name, missing)
-        return out
-
-    def free_devices(self, name: str) -> frozenset[str]:
-        rec = self.records.get(name)
-        return rec.free if rec is not None else frozenset()
-
-    def capacity(self) -> dict[str, int]:
-        return dict(self._capacity)
+        with self.lock:
+            version = (self._labels_version, len(self.records), keys)
+            if names is None and self._paths is not None and self._paths[0] == version:
+                return self._paths[1]  # the gang planner's hot path: every node, unchanged labels
+            records = self.records
+            recs = records.values() if names is None else [r for n in names if (r := records.get(n)) is not None]
+            out = {r.name: tuple(str(r.labels.get(k) or "") for k in keys) for r in recs}
+            if names is None:
+                self._paths = (version, out)
+            for name, path in out.items():
+                if "" in path and name not in self._untiered:
+                    self._untiered.add(name)
+                    missing = ", ".join(k for k, v in zip(keys, path, strict=True) if not v)
+                    log.info("node %s has no %s label: a domain of its own at that tier", name, missing)
+            return out
 
     def holders(self, name: str) -> NodeHolders | None:
-        rec = self.records.get(name)
-        if rec is None or rec.view is None:
-            return None
-        return NodeHolders(rec.view, dict(rec.owners), dict(rec.unattributed), frozenset(rec.shares))
+        with self.lock:
+            rec = self.records.get(name)
+            if rec is None or rec.view is None:
+                return None
+            return NodeHolders(rec.view, dict(rec.owners), dict(rec.unattributed), frozenset(rec.shares))
+
+    def is_reserved(self, owner: str, node: str) -> bool:
+        with self.lock:
+            rec = self.records.get(node)
+            return rec is not None and owner in rec.reserved
+
+    def capacity(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self._capacity)
 
     def check(self) -> None:
         """No device held twice (whole, reserved or shared) on any node, and capacity as recomputed."""

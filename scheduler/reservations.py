@@ -66,7 +66,3 @@ class Reservations:
         if owners:
             self.nodes.refresh(rec)
         return owners
-
-    def by_node(self) -> dict[str, dict[str, tuple[str, ...]]]:
-        """node -> owner -> devices, for the nodes holding any reservation (a copy)."""
-        return {name: dict(rec.reserved) for name, rec in self.nodes.records.items() if rec.reserved}

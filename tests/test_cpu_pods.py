@@ -106,7 +106,7 @@ def test_decided_a_pod_asking_no_device_goes_where_it_strands_no_device() -> Non
     bound = api.pods[("default", "cpu-job")]
     assert bound["spec"]["nodeName"] == "cpu"
     assert ANN_DEVICES not in bound["metadata"].get("annotations", {})
-    assert cache.held(uid) is None
+    assert cache.pods.held(uid) is None
 
 
 def test_decided_a_small_pod_may_go_to_any_node_it_strands_nothing_on() -> None:
@@ -228,19 +228,19 @@ def test_the_cache_counts_the_deciding_schedulers_cpu_pods_in_the_share_workload
     other = _cpu(pod_obj("daemon", 0, scheduler_name="default-scheduler"), 100)
     gen = cache.generation
     cache.replace_pods([mine, other])
-    assert cache.task_types() == {(4000, 0, 0, 0): 1}
+    assert cache.pods.task_types() == {(4000, 0, 0, 0): 1}
     assert cache.generation > gen, "a change of the workload is a change the share policy's memo must see"
     done = _cpu(pod_obj("etl", 0, uid=mine["metadata"]["uid"], node="n", phase="Succeeded"), 4000)
     cache.upsert_pod(done)
-    assert cache.task_types() == {}
+    assert cache.pods.task_types() == {}
     cache.upsert_pod(mine)
     cache.replace_pods([other])  # a relist without it: gone while the watch was down
-    assert cache.task_types() == {}
+    assert cache.pods.task_types() == {}
     with pytest.raises(RuntimeError, match="already fed pods"):
         cache.count_cpu_pods_of("other-profile")
     plain = ClusterCache(DEFAULT_RESOURCE)
     plain.replace_pods([mine])
-    assert plain.task_types() == {}, "without decideCpuPods they are kube-scheduler's, not in the workload"
+    assert plain.pods.task_types() == {}, "without decideCpuPods they are kube-scheduler's, not in the workload"
 
 
 def test_decided_a_device_node_whose_devices_are_not_published_is_not_taken_for_a_cpu_only_node() -> None:
@@ -255,4 +255,6 @@ def test_decided_a_device_node_whose_devices_are_not_published_is_not_taken_for_
     result = ext.filter(ExtenderArgs(pod=pod, node_names=["gpu-new", "cpu"]))
     assert result.node_names == ["cpu"]
     assert "annotation" in result.failed_nodes["gpu-new"]
-    assert cache.deviceless("cpu") and not cache.deviceless("gpu-new") and not cache.deviceless("unseen")
+    assert (
+        cache.nodes.deviceless("cpu") and not cache.nodes.deviceless("gpu-new") and not cache.nodes.deviceless("unseen")
+    )

@@ -50,7 +50,7 @@ def mtls(certs: dict[str, tuple[Path, Path]]) -> Iterator[ExtenderHarness]:
     cfg = ExtenderConfig(tls_cert=str(cert), tls_key=str(key), tls_client_ca=str(certs["ca"][0]), debug_state=True)
     with ExtenderHarness(cfg) as h:
         h.fake.put_node(node_obj("a", "ring:8"))
-        wait_for(lambda: h.cache.has_node("a"))
+        wait_for(lambda: h.cache.nodes.has_node("a"))
         yield h
 
 

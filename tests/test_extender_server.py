@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from tls_pair import self_signed_pair
 
 from scheduler.config import ExtenderConfig
+from tests.support import cachereads
 from tests.support.extender import ExtenderHarness, node_obj, pod_obj, wait_for
 
 
@@ -32,7 +33,7 @@ def h() -> Iterator[ExtenderHarness]:
         harness.fake.put_node(node_obj("a", "ring:8"))
         harness.fake.put_node(node_obj("b", "mesh:4x4"))
         harness.fake.put_node(node_obj("bad", None, annotations={"kube-icl.io/topology": "{not json"}))
-        harness.seen(lambda: len(harness.cache.node_names()) == 3)
+        harness.seen(lambda: len(harness.cache.nodes.node_names()) == 3)
         yield harness
 
 
@@ -291,7 +292,7 @@ def test_fuzzed_pod_annotations_are_per_node_failures(
     decided = set(answer["NodeNames"]) | set(answer["FailedNodes"]) | set(answer["FailedAndUnresolvableNodes"])
     assert decided == {"a", "b"} or answer["NodeNames"] == ["a", "b"]
     h.extender.gangs.sweep(float("inf"))  # drop any reservation a fuzzed gang made
-    h.cache.check_invariants()
+    cachereads.check_invariants(h.cache)
 
 
 # ---------------------------------------------------------------------- TLS
@@ -303,7 +304,7 @@ def test_https_with_a_given_certificate(tmp_path: Path) -> None:
     cfg = ExtenderConfig(tls_cert=str(cert), tls_key=str(key))
     with ExtenderHarness(cfg) as h:
         h.fake.put_node(node_obj("a", "ring:8"))
-        wait_for(lambda: h.cache.has_node("a"))
+        wait_for(lambda: h.cache.nodes.has_node("a"))
         assert h.server.url.startswith("https://")
         ctx = ssl.create_default_context(cafile=str(cert))
         ctx.check_hostname = False

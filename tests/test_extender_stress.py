@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from scheduler.podspec import parse_devices
+from tests.support import cachereads
 from tests.support.extender import ExtenderHarness, node_obj, pod_obj
 
 
@@ -19,7 +20,7 @@ def test_concurrent_schedulers_never_double_assign() -> None:
         for name in ("a", "b"):
             h.fake.put_node(node_obj(name, "torus:4x4"))
         pods = [h.fake.put_pod(pod_obj(f"p{i}", 2, "ring")) for i in range(24)]
-        h.seen(lambda: len(h.cache.node_names()) == 2 and len(h.cache.pods()) == 24)
+        h.seen(lambda: len(h.cache.nodes.node_names()) == 2 and len(cachereads.pods(h.cache)) == 24)
         h.fake.inject("POST", "/binding", 409, 500, 500)  # some binds fail after the annotation is written
         placed: list[str] = []
         threads = 6
@@ -41,7 +42,7 @@ def test_concurrent_schedulers_never_double_assign() -> None:
             w.join()
         assert len(placed) == 16, "2 nodes x 16 devices hold exactly 16 rings of 2"
         assert h.fake.fail[("POST", "/binding")] == [], "the injected Binding failures happened"
-        h.seen(lambda: not h.cache.assumed_uids(), "every bind confirmed by the watch")
+        h.seen(lambda: not cachereads.assumed_uids(h.cache), "every bind confirmed by the watch")
         held: Counter[tuple[str, str]] = Counter()
         bound = 0
         for pod in h.fake.pods.values():
@@ -52,4 +53,4 @@ def test_concurrent_schedulers_never_double_assign() -> None:
                     held[(node, d)] += 1
         assert bound == 16
         assert max(held.values()) == 1 and len(held) == 32
-        h.cache.check_invariants()
+        cachereads.check_invariants(h.cache)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from scheduler import wire
 from scheduler.config import ExtenderConfig
+from tests.support import cachereads
 from tests.support.extender import ExtenderHarness, node_obj, pod_obj
 
 LONE = "\ud800"
@@ -30,7 +31,7 @@ def h() -> Iterator[ExtenderHarness]:
         harness.fake.put_node(node_obj("b", "mesh:4x4"))
         harness.fake.put_pod(pod_obj("held", 2, "ring", node="a", annotations={"kube-icl.io/devices": "0,1"}))
         harness.fake.put_pod(pod_obj("waiting", 2, "ring"))
-        harness.seen(lambda: len(harness.cache.node_names()) == 2 and len(harness.cache.pods()) == 2)
+        harness.seen(lambda: len(harness.cache.nodes.node_names()) == 2 and len(cachereads.pods(harness.cache)) == 2)
         yield harness
 
 
@@ -164,4 +165,4 @@ def test_arbitrary_text_in_names_and_annotations_never_gets_a_500(
         assert _snapshot(h) == before
     else:
         assert code == 200, answer
-    h.cache.check_invariants()
+    cachereads.check_invariants(h.cache)

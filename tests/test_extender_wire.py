@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from scheduler import wire
+from tests.support import cachereads
 from tests.support.extender import ExtenderHarness, node_obj
 
 GOLDEN = Path(__file__).parent / "golden" / "extender"
@@ -63,7 +64,7 @@ def cluster() -> Iterator[ExtenderHarness]:
         h.fake.put_node(node_obj("node-c", None))
         h.fake.put_pod(fixture("pod-bound.json"))
         h.fake.put_pod(fixture("pod-pending.json"))
-        h.seen(lambda: h.cache.has_node("node-c") and len(h.cache.pods()) == 2)
+        h.seen(lambda: h.cache.nodes.has_node("node-c") and len(cachereads.pods(h.cache)) == 2)
         yield h
 
 

@@ -40,7 +40,7 @@ def test_a_gang_whose_pods_are_all_gone_is_forgotten_and_a_living_one_is_kept() 
     for members in pods.values():
         for pod in members:
             cache.upsert_pod(pod)
-        first = cache.find_pod("default", members[0]["metadata"]["name"])
+        first = cache.pods.find_pod("default", members[0]["metadata"]["name"])
         assert first is not None
         nodes, why = gangs.plan(first, parse_shape("ring", 2), ["n0"])
         assert nodes and not why, why

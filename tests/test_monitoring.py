@@ -145,7 +145,7 @@ def test_the_extenders_metrics_count_pending_pods_per_queue() -> None:
         h.fake.put_pod(pod_obj("p1", 4, "ring", annotations={"kube-icl.io/queue": "research"}))
         h.fake.put_pod(pod_obj("p2", 2, "ring", annotations={"kube-icl.io/queue": "research"}))
         h.fake.put_pod(pod_obj("held", 2, "ring", node="a", annotations={"kube-icl.io/devices": "0,1"}))
-        h.seen(lambda: len(h.cache.pending()) == 2)
+        h.seen(lambda: len(h.cache.pods.pending()) == 2)
         code, body = h.get("/metrics")
         text = body.decode()
         assert code == 200

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from scheduler.cache import ClusterCache
 from scheduler.podspec import PodInfo, pod_info
 from scheduler.podtable import PodTable, gang_index
+from tests.support import cachereads
 from tests.support.extender import node_obj, pod_obj
 
 RESOURCE = "kube-icl.io/accelerator"
@@ -67,10 +68,10 @@ def test_the_index_check_of_the_cache_invariants_catches_a_drift() -> None:
     cache.replace_nodes([node_obj("a", "ring:8")])
     ann = {"kube-icl.io/gang": "job", "kube-icl.io/gang-size": "2", "kube-icl.io/devices": "0,1"}
     cache.upsert_pod(pod_obj("w0", 2, "ring", uid="w0", node="a", phase="Running", annotations=ann))
-    cache.check_invariants()
-    assert [uid for uid, _info in cache.gang_members("default/job")] == ["w0"]
+    cachereads.check_invariants(cache)
+    assert [uid for uid, _info in cache.pods.gang_members("default/job")] == ["w0"]
     table = PodTable()
-    for uid, info in cache.pods().items():
+    for uid, info in cachereads.pods(cache).items():
         table[uid] = info
     table.check_index()
     table.by_gang["default/job"]["ghost"] = None

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from scheduler import selection
 from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, parse_config
+from tests.support import cachereads
 from tests.support.extender import node_obj
 
 RESOURCE = "kube-icl.io/accelerator"
@@ -74,13 +75,13 @@ def pods(draw: st.DrawFn, uid: str) -> dict[str, Any]:
 def _state(cache: ClusterCache) -> Any:
     with cache.lock:
         return (
-            cache.pods(),
-            cache.allocations(),
+            cachereads.pods(cache),
+            cachereads.allocations(cache),
             cache.snapshot()["nodes"],  # per node: holdings, unattributed, free, shares, reservations
-            {name: view.key for name, view in cache.every_view().items()},
-            cache.used_by_queue(),
-            sorted(p.uid for p in cache.pending()),
-            cache.capacity(),
+            {name: view.key for name, view in cache.nodes.every_view().items()},
+            cache.pods.used_by_queue(),
+            sorted(p.uid for p in cache.pods.pending()),
+            cache.nodes.capacity(),
         )
 
 
@@ -123,7 +124,7 @@ def test_needs_label_is_a_superset_of_what_the_cache_keeps() -> None:
     cache = _cache()
     plain = {"metadata": {"uid": "x", "name": "x"}, "spec": {"containers": [{"name": "c"}], "nodeName": "n0"}}
     cache.upsert_pod(plain)
-    assert not selection.needs_label(plain, RESOURCE) and cache.pod("x") is None
+    assert not selection.needs_label(plain, RESOURCE) and cache.pods.pod("x") is None
 
 
 def _shipped() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -191,6 +192,6 @@ def test_a_pod_that_asks_for_nothing_costs_no_walk_over_the_nodes() -> None:
     held["metadata"] |= {"uid": "dev", "annotations": {"kube-icl.io/devices": "0,1"}}
     held["spec"]["containers"][0]["resources"]["limits"] = {RESOURCE: "2"}
     cache.upsert_pod(held)
-    assert cache.held("dev") == ("n0", ("0", "1"))
+    assert cache.pods.held("dev") == ("n0", ("0", "1"))
     cache.delete_pod(held)
-    assert cache.held("dev") is None and "0" in cache.free_devices("n0")
+    assert cache.pods.held("dev") is None and "0" in cachereads.free_devices(cache, "n0")

@@ -18,6 +18,7 @@ import pytest
 from scheduler.cache import ClusterCache
 from scheduler.informer import Informer
 from scheduler.kube import KubeError, RestKubeAPI, binding_body
+from tests.support import cachereads
 from tests.support.extender import (
     BindingRejected,
     ExtenderHarness,
@@ -144,14 +145,14 @@ def test_informer_relists_after_410_gone(fake: FakeAPIServer, api: RestKubeAPI) 
     informer = Informer(api, cache, watch_timeout_s=5)
     informer.start()
     try:
-        wait_for(lambda: cache.synced and cache.has_node("n1"), what="first list")
+        wait_for(lambda: cache.synced and cache.nodes.has_node("n1"), what="first list")
         lists = informer.relists["nodes"]
         fake.put_node(node_obj("n2"))
-        wait_for(lambda: cache.has_node("n2"), what="n2 by watch")
+        wait_for(lambda: cache.nodes.has_node("n2"), what="n2 by watch")
         with fake.lock:  # n3 is written and compacted away before any watch can stream it
             fake.put_node(node_obj("n3"))
             fake.compact()  # ends the watch; resuming from the informer's version now gets 410 Gone
-        wait_for(lambda: cache.has_node("n3"), what="n3 after the relist")
+        wait_for(lambda: cache.nodes.has_node("n3"), what="n3 after the relist")
         assert informer.relists["nodes"] == lists + 1
         gone = [r for r in fake.requests if r.path == "/api/v1/nodes" and r.query.get("watch")]
         assert len(gone) >= 2
@@ -168,19 +169,19 @@ def test_a_restarted_extender_knows_every_allocation() -> None:
         for name in ("n1", "n2"):
             fake.put_node(node_obj(name, "torus:4x4"))
         pods = [fake.put_pod(pod_obj(f"a{i}", 4, "mesh:2x2")) for i in range(6)]
-        first.seen(lambda: len(first.cache.node_names()) == 2 and len(first.cache.pods()) == 6)
+        first.seen(lambda: len(first.cache.nodes.node_names()) == 2 and len(cachereads.pods(first.cache)) == 6)
         for pod in pods:
             node, _ = first.schedule(pod, ["n1", "n2"])
             assert node is not None
-        first.seen(lambda: not first.cache.assumed_uids(), "binds confirmed by the watch")
-        before = first.cache.allocations()
+        first.seen(lambda: not cachereads.assumed_uids(first.cache), "binds confirmed by the watch")
+        before = cachereads.allocations(first.cache)
         # A second extender, started from scratch against the same API server.
         second_cache = ClusterCache("kube-icl.io/accelerator")
         Informer(first.api, second_cache).sync_once()
-        assert second_cache.allocations() == before
-        second_cache.check_invariants()
-        for name in second_cache.node_names():
-            free = second_cache.free_devices(name)
+        assert cachereads.allocations(second_cache) == before
+        cachereads.check_invariants(second_cache)
+        for name in second_cache.nodes.node_names():
+            free = cachereads.free_devices(second_cache, name)
             mine = {d for node, devs in before.values() if node == name for d in devs}
             assert not (free & mine), f"{name}: a held device is offered as free after restart"
             assert len(free) + len(mine) == 16
@@ -190,16 +191,16 @@ def test_cache_rebuilt_from_recorded_objects() -> None:
     cache = ClusterCache("kube-icl.io/accelerator")
     cache.replace_nodes([fixture("node.json")])
     cache.replace_pods([fixture("pod-bound.json"), fixture("pod-pending.json")])
-    labels = cache.link_labels(["node-a"])["node-a"]
+    labels = cache.nodes.link_labels(["node-a"])["node-a"]
     assert labels["kube-icl.io/link-domain"] == "rack-1" and labels["kube-icl.io/link-coords"] == "0"
-    holders = cache.holders("node-a")
-    assert holders is not None and cache.view("node-a") is holders.view, "ready, with a usable topology"
+    holders = cache.nodes.holders("node-a")
+    assert holders is not None and cachereads.view(cache, "node-a") is holders.view, "ready, with a usable topology"
     assert holders.owners == {"0b7e3d4c-1a2b-4c3d-9e8f-7a6b5c4d3e21": ("2", "3", "4", "5")}
-    assert cache.free_devices("node-a") == frozenset({"0", "1", "6", "7"})
-    assert [p.name for p in cache.pending()] == ["train-0"]
-    topology = cache.topology_of("node-a")
+    assert cachereads.free_devices(cache, "node-a") == frozenset({"0", "1", "6", "7"})
+    assert [p.name for p in cache.pods.pending()] == ["train-0"]
+    topology = cache.nodes.topology_of("node-a")
     assert topology is not None
-    assert cache.used_by_queue() == {"research": {topology.fingerprint: 4}}
+    assert cache.pods.used_by_queue() == {"research": {topology.fingerprint: 4}}
 
 
 def test_a_watch_event_for_a_pod_being_bound_keeps_the_assumed_devices() -> None:
@@ -212,13 +213,13 @@ def test_a_watch_event_for_a_pod_being_bound_keeps_the_assumed_devices() -> None
     cache.assume(uid, "n1", ("0", "1"))
     pod["metadata"]["annotations"]["kube-icl.io/devices"] = "0,1"
     cache.upsert_pod(pod)  # patched, not yet bound
-    assert cache.held(uid) == ("n1", ("0", "1")) and cache.is_assumed(uid)
+    assert cache.pods.held(uid) == ("n1", ("0", "1")) and cache.pods.is_assumed(uid)
     pod["spec"]["nodeName"] = "n1"
     cache.upsert_pod(pod)  # bound: confirmed
-    assert not cache.is_assumed(uid) and cache.held(uid) == ("n1", ("0", "1"))
+    assert not cache.pods.is_assumed(uid) and cache.pods.held(uid) == ("n1", ("0", "1"))
     pod["status"]["phase"] = "Succeeded"
     cache.upsert_pod(pod)
-    assert cache.held(uid) is None and cache.free_devices("n1") == frozenset(str(i) for i in range(8))
+    assert cache.pods.held(uid) is None and cachereads.free_devices(cache, "n1") == frozenset(str(i) for i in range(8))
 
 
 def test_concurrent_watch_and_list_do_not_corrupt_the_cache() -> None:
@@ -240,8 +241,8 @@ def test_concurrent_watch_and_list_do_not_corrupt_the_cache() -> None:
     cache.replace_pods(pods)
     for t in threads:
         t.join()
-    cache.check_invariants()
-    assert all(not cache.free_devices(n) for n in cache.node_names())
+    cachereads.check_invariants(cache)
+    assert all(not cachereads.free_devices(cache, n) for n in cache.nodes.node_names())
 
 
 def test_a_silently_closed_keep_alive_connection_is_retried(fake: FakeAPIServer, api: RestKubeAPI) -> None:
@@ -318,7 +319,7 @@ def test_a_retried_bind_that_already_landed_is_success() -> None:
     with ExtenderHarness() as h:
         h.fake.put_node(node_obj("n1", "ring:8"))
         pod = h.fake.put_pod(pod_obj("p", 2, "ring"))
-        h.seen(lambda: h.cache.has_node("n1") and h.cache.pods())
+        h.seen(lambda: h.cache.nodes.has_node("n1") and cachereads.pods(h.cache))
         meta = pod["metadata"]
         args = {"PodName": "p", "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n1"}
         assert h.post("bind", args) == (200, {"Error": ""})
@@ -339,14 +340,14 @@ def test_a_conflict_on_a_pod_bound_without_our_devices_fails_and_forgets() -> No
     with ExtenderHarness() as h:
         h.fake.put_node(node_obj("n1", "ring:8"))
         pod = h.fake.put_pod(pod_obj("p", 2, "ring"))
-        h.seen(lambda: h.cache.has_node("n1") and h.cache.pods())
+        h.seen(lambda: h.cache.nodes.has_node("n1") and cachereads.pods(h.cache))
         meta = pod["metadata"]
 
         h.fake.put_pod({**pod, "spec": {**pod["spec"], "nodeName": "n1"}})  # bound by another scheduler
         args = {"PodName": "p", "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n1"}
         code, out = h.post("bind", args)
         assert code == 200 and "already assigned" in out["Error"]
-        assert not h.cache.is_assumed(meta["uid"])
+        assert not h.cache.pods.is_assumed(meta["uid"])
         stored = h.fake.pod("default", "p")
         assert stored is not None and "kube-icl.io/devices" not in stored["metadata"]["annotations"]
 
@@ -365,14 +366,14 @@ def test_recorded_objects_rebuild_the_cache() -> None:
     cache = ClusterCache("kube-icl.io/accelerator")
     cache.replace_nodes(recorded("node-list.json")["items"])
     cache.replace_pods(recorded("pod-list.json")["items"])
-    view = cache.view("node-a")
+    view = cachereads.view(cache, "node-a")
     assert view is not None, "kwok reported the node Ready"
     assert view.admits == 8 - 4, "allocatable 8, less the 4 devices the bound pod holds"
-    labels = cache.link_labels(["node-a"])["node-a"]
+    labels = cache.nodes.link_labels(["node-a"])["node-a"]
     assert labels["kube-icl.io/link-domain"] == "rack-1" and labels["kube-icl.io/link-coords"] == "0"
     uid = recorded("pod-bound.json")["metadata"]["uid"]
-    assert cache.allocations() == {uid: ("node-a", ("2", "3", "4", "5"))}
-    assert cache.free_devices("node-a") == frozenset({"0", "1", "6", "7"})
+    assert cachereads.allocations(cache) == {uid: ("node-a", ("2", "3", "4", "5"))}
+    assert cachereads.free_devices(cache, "node-a") == frozenset({"0", "1", "6", "7"})
 
 
 def test_recorded_watch_stream_applies_in_order() -> None:
@@ -384,7 +385,7 @@ def test_recorded_watch_stream_applies_in_order() -> None:
     states = []
     for event in events:
         cache.upsert_pod(event["object"])
-        states.append(cache.allocations())
+        states.append(cachereads.allocations(cache))
     uid = events[0]["object"]["metadata"]["uid"]
     assert states == [{}, {uid: ("node-a", ("2", "3", "4", "5"))}]
     pending, bound = events[0]["object"], events[1]["object"]

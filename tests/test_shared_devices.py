@@ -21,6 +21,7 @@ from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.podspec import PodSpecError, parse_devices, pod_info
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from tests.support import cachereads
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import build_preset
 from topology.contract import (
@@ -167,7 +168,7 @@ def test_shares_pack_onto_one_device_and_whole_pods_avoid_it() -> None:
     late = submit(api, cache, share_pod("late", 1))
     node, err = schedule(ext, api, late, ["a"])
     assert node == "" and "the most any device has left is 0" in err
-    cache.check_invariants()
+    cachereads.check_invariants(cache)
 
 
 def test_a_shared_device_frees_when_its_last_share_ends() -> None:
@@ -181,7 +182,7 @@ def test_a_shared_device_frees_when_its_last_share_ends() -> None:
     assert schedule(ext, api, whole, ["a"])[0] == ""
     cache.delete_pod(api.pods.pop(("default", "s0")))
     assert schedule(ext, api, whole, ["a"]) == ("a", "")
-    cache.check_invariants()
+    cachereads.check_invariants(cache)
 
 
 def test_bind_refuses_a_node_where_the_share_no_longer_fits() -> None:
@@ -193,19 +194,19 @@ def test_bind_refuses_a_node_where_the_share_no_longer_fits() -> None:
     out = ext.bind(ExtenderBindingArgs(meta["name"], meta["namespace"], meta["uid"], "a"))
     assert "no longer fits" in out.error
     assert not api.pods[("default", "s")]["spec"].get("nodeName")
-    assert cache.held_share(meta["uid"]) is None
+    assert cache.pods.held_share(meta["uid"]) is None
 
 
 def test_restart_rebuilds_shares_from_the_api_server() -> None:
     api, cache, ext = world({"a": "ring:2", "b": "ring:2"})
     for i, milli in enumerate((700, 300, 400)):
         assert schedule(ext, api, submit(api, cache, share_pod(f"s{i}", milli)), ["a", "b"])[1] == ""
-    before = cache.shares()
+    before = cachereads.shares(cache)
     fresh = ClusterCache(DEFAULT_RESOURCE)
     Informer(api, fresh).sync_once()
-    assert fresh.shares() == before
-    fresh.check_invariants()
-    assert {v.key for v in fresh.ready_views().values()} == {v.key for v in cache.ready_views().values()}
+    assert cachereads.shares(fresh) == before
+    cachereads.check_invariants(fresh)
+    assert {v.key for v in fresh.nodes.ready_views().values()} == {v.key for v in cache.nodes.ready_views().values()}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -241,7 +242,7 @@ def test_filter_passes_exactly_the_fill_policys_best_nodes(
     kept = [
         TaskRequest(0, 0, 1, int(p["spec"]["containers"][0]["resources"]["requests"][MILLI]))
         for p in api.pods.values()
-        if p["metadata"]["name"] != "new" and cache.held_share(p["metadata"]["uid"]) is not None
+        if p["metadata"]["name"] != "new" and cache.pods.held_share(p["metadata"]["uid"]) is not None
     ]
     workload = TargetWorkload.from_tasks([*kept, TaskRequest(cpu, 0, 1, ask)])
     specs = [GpuNodeSpec(n, 32000, 256 * 1024, 4) for n in nodes]
@@ -329,7 +330,7 @@ class ShareMachine(RuleBasedStateMachine):
 
     @invariant()
     def no_device_beyond_one_or_whole_and_shared(self) -> None:
-        self.cache.check_invariants()
+        cachereads.check_invariants(self.cache)
         share: Counter[tuple[str, str]] = Counter()
         for _uid, node, dev, milli in bound_shares(self.api):
             share[(node, dev)] += milli
@@ -346,7 +347,7 @@ class ShareMachine(RuleBasedStateMachine):
     @invariant()
     def cache_agrees_with_the_api_server(self) -> None:
         live = {uid: (node, dev, milli) for uid, node, dev, milli in bound_shares(self.api)}
-        mine = {uid: v for uid, v in self.cache.shares().items() if not self.cache.is_assumed(uid)}
+        mine = {uid: v for uid, v in cachereads.shares(self.cache).items() if not self.cache.pods.is_assumed(uid)}
         assert mine == live
 
 
@@ -391,4 +392,4 @@ def test_a_share_preempts_only_where_the_victims_make_room_on_one_device() -> No
     assert _preempt(ext, big, proposals) == {"a": [held["wa"]]}
     # a victim that frees nothing on b (a pod of node a): b is left out, nobody is evicted for nothing
     assert _preempt(ext, half, {"b": [held["wa"]]}) == {}
-    cache.check_invariants()
+    cachereads.check_invariants(cache)

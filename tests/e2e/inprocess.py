@@ -27,6 +27,7 @@ from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.kube import RestKubeAPI
 from scheduler.server import ExtenderServer
+from tests.support import cachereads
 from tests.support.extender import wait_for
 from topology import build_preset, encode_annotation
 
@@ -72,14 +73,14 @@ class InProcessExtender:
         created = self.control_plane.core.create_namespaced_pod(namespace, cast(Any, body))
         uid = str(created.metadata.uid)
         name = body["metadata"]["name"]
-        wait_for(lambda: (self.cache.held(uid) or ("", ()))[0] == node, timeout_s=30, what=f"{name} in the cache")
+        wait_for(lambda: (self.cache.pods.held(uid) or ("", ()))[0] == node, timeout_s=30, what=f"{name} in the cache")
         return uid
 
     def wait_cached(self, names: Iterable[str]) -> None:
         """Until the extender's cache knows every node in ``names``."""
         wanted = list(names)
         wait_for(
-            lambda: all(self.cache.view(n) is not None for n in wanted),
+            lambda: all(cachereads.view(self.cache, n) is not None for n in wanted),
             timeout_s=30,
             what="nodes in the extender cache",
         )

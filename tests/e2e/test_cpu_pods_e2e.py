@@ -20,6 +20,7 @@ from typing import Any, cast
 import pytest
 
 from scheduler.config import ExtenderConfig, LeaderElectionConfig
+from tests.support import cachereads
 from tests.support.extender import wait_for
 from topology.contract import ANN_DEVICES, DEFAULT_RESOURCE
 
@@ -47,7 +48,9 @@ def extender(control_plane: ControlPlane) -> Iterator[Running]:
         plain = f"{running.label}-cpu"
         control_plane.create_node(plain, labels=labels, allocatable={"cpu": "21"})
         running.nodes[plain] = ""  # deleted at the end with the others
-        wait_for(lambda: running.cache.node_problem(plain)[1], timeout_s=30, what="the CPU-only node in the cache")
+        wait_for(
+            lambda: running.cache.nodes.node_problem(plain)[1], timeout_s=30, what="the CPU-only node in the cache"
+        )
         yield running
 
 
@@ -77,4 +80,4 @@ def test_real_scheduler_places_a_cpu_pod_where_the_share_policy_says(
     assert pod.spec is not None and pod.metadata is not None
     assert pod.spec.node_name == plain, "the pod would strand the device node's free devices"
     assert ANN_DEVICES not in (pod.metadata.annotations or {})
-    extender.cache.check_invariants()
+    cachereads.check_invariants(extender.cache)

@@ -21,6 +21,7 @@ from tls_pair import self_signed_pair
 from scheduler.config import ExtenderConfig, LeaderElectionConfig
 from scheduler.kube import KubeError, RestKubeAPI
 from scheduler.podspec import parse_devices
+from tests.support import cachereads
 from tests.support.extender import wait_for
 from topology import Placer, build_preset, parse_shape
 
@@ -212,7 +213,7 @@ def test_preemption_frees_a_whole_shape(control_plane: ControlPlane, extender: R
         _create(control_plane, namespace, pinned(f"low{i}", 2, "ring", "icl-e2e-low"))
     for i in range(8):
         _devices(control_plane, namespace, f"low{i}")
-    assert extender.cache.free_devices(torus) == frozenset()
+    assert cachereads.free_devices(extender.cache, torus) == frozenset()
     _create(control_plane, namespace, pinned("high", 4, "mesh:2x2", "icl-e2e-high"))
     node, devices = _devices(control_plane, namespace, "high")
     assert node == torus

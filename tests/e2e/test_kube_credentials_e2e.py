@@ -32,6 +32,7 @@ from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.kube import KubeError, RestKubeAPI
 from scheduler.server import ExtenderServer
+from tests.support import cachereads
 from tests.support.extender import wait_for
 from topology import build_preset
 
@@ -121,7 +122,9 @@ def test_extender_publisher_and_topo_show_through_an_exec_plugin(
         assert asyncio.run(publisher.publish(topo)), publisher.last_error
         # ... and the extender's watch, authenticated the same way, sees it.
         wait_for(
-            lambda: cache.view(node) is not None, timeout_s=30, what="published topology seen by the extender's watch"
+            lambda: cachereads.view(cache, node) is not None,
+            timeout_s=30,
+            what="published topology seen by the extender's watch",
         )
 
         pod_body: Any = {
@@ -142,7 +145,7 @@ def test_extender_publisher_and_topo_show_through_an_exec_plugin(
         }
         created = control_plane.core.create_namespaced_pod(namespace, pod_body)
         pod = control_plane.api_client.sanitize_for_serialization(created)
-        wait_for(lambda: any(p.name == "ring4" for p in cache.pending()), timeout_s=30, what="pod in the cache")
+        wait_for(lambda: any(p.name == "ring4" for p in cache.pods.pending()), timeout_s=30, what="pod in the cache")
         result = _post(server, "filter", {"Pod": pod, "Nodes": None, "NodeNames": [node]})
         assert result["NodeNames"] == [node], result
         bound = _post(

@@ -183,7 +183,7 @@ def test_the_new_leader_finishes_the_old_leaders_preemption_on_the_freed_devices
         with standby(plane, lease) as b:
             b.informer.held = {uids[v] for v in victims}
             wait_for(
-                lambda: all((p := b.cache.pod(uids[v])) is not None and p.deleting for v in victims),
+                lambda: all((p := b.cache.pods.pod(uids[v])) is not None and p.deleting for v in victims),
                 what="B's cache showing v1 and v2 terminating",
                 timeout=30,
             )
@@ -218,7 +218,9 @@ def test_the_new_leader_finishes_the_old_leaders_preemption_on_the_freed_devices
             # Nothing else holds a device of N: the victims are gone, the others are on M.
             on_n = [p.metadata.name for p in left.values() if p.spec.node_name == n]
             assert on_n == ["high"], on_n
-            assert b.cache.pod(uids["v1"]) is None, "B read the victims again (their DELETED events are still held)"
+            assert b.cache.pods.pod(uids["v1"]) is None, (
+                "B read the victims again (their DELETED events are still held)"
+            )
             b.informer.release()
     finally:
         _release_finalizers(plane, namespace, victims)

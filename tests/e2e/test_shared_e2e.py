@@ -23,6 +23,7 @@ from deviceplugin.pods import KubernetesPodSource
 from deviceplugin.sharing import SharedDevicePlugin
 from scheduler.config import ExtenderConfig, LeaderElectionConfig
 from scheduler.podspec import parse_devices
+from tests.support import cachereads
 from tests.support.extender import wait_for
 from tests.support.plugin import async_test, fast_plugin, plugin_config, short_tmpdir
 from topology import build_preset, encode_annotation
@@ -140,7 +141,7 @@ def test_real_scheduler_places_whole_and_shared_pods(
     wait_for(reason, timeout_s=60, what="a FailedPlacement event for the share that fits no device")
     pod = control_plane.core.read_namespaced_pod("late", namespace)
     assert pod.spec is not None and not pod.spec.node_name
-    extender.cache.check_invariants()
+    cachereads.check_invariants(extender.cache)
 
 
 @pytest.mark.timeout(1500)  # the first run builds icl-devicemanager (minutes on a cold Go build cache)
@@ -172,7 +173,10 @@ async def test_kubelet_device_manager_gets_the_extenders_share_device(
         control_plane.core.patch_node_status(node, {"status": {"allocatable": resources, "capacity": resources}})
     try:
         await asyncio.to_thread(
-            wait_for, lambda: extender.cache.view(node) is not None, timeout_s=30, what="the node in the extender cache"
+            wait_for,
+            lambda: cachereads.view(extender.cache, node) is not None,
+            timeout_s=30,
+            what="the node in the extender cache",
         )
         # 700 + 700 need two devices; the 250s then pack by the policy; p3 and p1 may share a device
         asks = [("p0", 700), ("p1", 700), ("p2", 250), ("p3", 250)]
