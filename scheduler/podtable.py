@@ -1,7 +1,7 @@
 """The cache's pods by uid, with an index of gang members by gang key.
 
-:class:`PodTable` is the cache's private dict of pods (uid -> :class:`PodInfo`; callers ask
-:meth:`scheduler.cache.ClusterCache.pods`) that keeps :attr:`PodTable.by_gang` (gang key -> uids of
+:class:`PodTable` is the pod ledger's private dict of pods (uid -> :class:`PodInfo`; callers read
+them through :class:`scheduler.listers.PodLister`) that keeps :attr:`PodTable.by_gang` (gang key -> uids of
 the pods naming that gang, in the order they came) up to date on every write, so the gang code looks
 at a gang's own members instead of every pod in the cache (the layout at each member's bind,
 survivors, failing a gang). A restart rebuilds it with the pods. :func:`gang_index` computes it

@@ -293,7 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
 def _pending_per_queue(extender: Extender) -> dict[str, int]:
     """Pods asking devices with no node yet, counted per queue (``kube_icl_queue_pending_pods``)."""
     counts: dict[str, int] = {}
-    for pod in extender.cache.pending():
+    for pod in extender.cache.pods.pending():
         counts[pod.queue] = counts.get(pod.queue, 0) + 1
     return counts
 
