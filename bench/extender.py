@@ -170,8 +170,9 @@ def run_case(
             return server.handle("filter", request), server.handle("prioritize", request)
         fresh = body(member())  # a new gang: its first member's filter plans and reserves it
         out = server.handle("filter", fresh), server.handle("prioritize", fresh)
-        for key in list(server.extender.gangs.reservations):
-            server.extender.gangs.release(key)
+        book = server.extender.gangs.book
+        for key in list(book.reservations):
+            book.release(key)
         return out
 
     t0 = time.perf_counter()

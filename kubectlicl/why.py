@@ -79,7 +79,7 @@ def explain(
     extender = build_extender(dataclasses.replace(cfg, events=False), cache)
     cache.replace_nodes(nodes)
     cache.replace_pods(pods)
-    extender.gangs.restore(list(leases))
+    extender.gangs.book.restore(list(leases))
     names = [str((n.get("metadata") or {}).get("name") or "") for n in nodes]
     # kube-scheduler sends the extender only the nodes its own filters pass; the pod's nodeSelector is the one
     # of them read here (affinity, taints and resources stay kube-scheduler's: `kubectl describe pod`)

@@ -23,9 +23,11 @@ from scheduler.cache import ClusterCache, NodeView
 from scheduler.config import ExtenderConfig
 from scheduler.decision import unlinked_devices
 from scheduler.framework import OK, POD_ERROR, Code, CycleState, Outcome, StateKey, Status
-from scheduler.gang import GangManager, Slot
+from scheduler.gangbook import GangBook
+from scheduler.gangrecords import Slot
 from scheduler.host import Host
 from scheduler.kube import KubeAPI, KubeError
+from scheduler.layout import MemberLayouts
 from scheduler.nodefit import LinkedRanker
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, format_devices
 from scheduler.sharing import SnapshotShareRanker
@@ -110,8 +112,8 @@ class GangRecord:
     name = "GangRecord"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.ERROR: _FAILED}
 
-    def __init__(self, gangs: GangManager) -> None:
-        self.gangs = gangs
+    def __init__(self, book: GangBook) -> None:
+        self.book = book
         # Striped writers: the API calls of one gang's record run under its stripe's lock, so one slow
         # write holds up only the gangs that share the stripe, not every gang.
         self._locks = tuple(threading.Lock() for _ in range(_RECORD_STRIPES))
@@ -126,17 +128,17 @@ class GangRecord:
 
     def record(self, key: str) -> str:
         """ "" when the record is written (or was), else why not."""
-        records = self.gangs.records
-        if not records.kept or self.gangs.unrecorded(key) is None:
+        records = self.book.records
+        if not records.kept or self.book.unrecorded(key) is None:
             return ""
         with self._locks[zlib.crc32(key.encode("utf-8", "surrogatepass")) % _RECORD_STRIPES]:
-            res = self.gangs.unrecorded(key)
+            res = self.book.unrecorded(key)
             if res is None:
                 return ""
             why = records.write(res)
             if why:
                 return why
-            if not self.gangs.recorded(res):
+            if not self.book.recorded(res):
                 records.delete(key)  # it ended while being written
         return ""
 
@@ -236,18 +238,18 @@ class GangDevices(LinkedDevices):
         cache: ClusterCache,
         unsure: Mapping[str, Unsure],
         ranker: LinkedRanker,
-        gangs: GangManager,
+        book: GangBook,
         *,
         elastic: bool,
     ) -> None:
         super().__init__(cache, unsure, ranker)
-        self.gangs = gangs
+        self.book = book
         self.elastic = elastic
 
     def unreserve(self, state: CycleState) -> None:
         held = state.read(DEVICES)
         if held is not None and held.slot is not None:
-            self.gangs.unclaim(state.info, held.slot)
+            self.book.unclaim(state.info, held.slot)
         else:
             super().unreserve(state)
 
@@ -255,8 +257,8 @@ class GangDevices(LinkedDevices):
         info, node = state.info, state.node
         assert info.gang is not None
         with self.cache.lock:
-            if self.cache.held(state.uid) is None and self.gangs.has_reservation(info.gang.key):
-                slot = self.gangs.claim(info, node)
+            if self.cache.held(state.uid) is None and self.book.has_reservation(info.gang.key):
+                slot = self.book.claim(info, node)
                 if slot is not None:
                     state.write(DEVICES, Held(slot.devices, slot, assumed=True))
                     return ""
@@ -299,13 +301,13 @@ class Binding:
         self,
         api: KubeAPI,
         cache: ClusterCache,
-        gangs: GangManager,
+        layouts: MemberLayouts,
         unsure: dict[str, Unsure],
         recheck_s: float,
     ) -> None:
         self.api = api
         self.cache = cache
-        self.gangs = gangs
+        self.layouts = layouts
         self.unsure = unsure
         self.recheck_s = recheck_s
 
@@ -317,7 +319,7 @@ class Binding:
         if devices and info.milli:
             annotations[ANN_DEVICE_MILLI] = str(info.milli)
         if devices and info.gang is not None:
-            annotations[ANN_GANG_LAYOUT] = self.gangs.member_layouts.for_member(info, node, devices)
+            annotations[ANN_GANG_LAYOUT] = self.layouts.for_member(info, node, devices)
         try:
             # One write: the API server copies the Binding's annotations onto the pod together with
             # spec.nodeName, so no unbound pod ever carries a devices annotation, and no bound one lacks it.

@@ -56,7 +56,8 @@ from scheduler.cycle import Cycle, Profiles
 from scheduler.decision import Classify, build_decision
 from scheduler.events import EventRecorder
 from scheduler.framework import CycleState, NodeAnswer, PodKind, Status
-from scheduler.gang import GangManager, GangRecords
+from scheduler.gang import GangManager
+from scheduler.gangrecords import GangRecords
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
@@ -151,8 +152,9 @@ class Extender:
         self._fair = FairShare(cache, cfg, self.gangs, self.ranker, fits)
         # The gang size step (public: its group_sizes are the gang sizes read from PodGroup objects).
         self.gang_size = GangSize(api)
-        self._record = GangRecord(self.gangs)
-        self._binding = Binding(api, cache, self.gangs, self._unsure, cfg.kube.request_timeout_s) if api else None
+        self._record = GangRecord(self.gangs.book)
+        layouts = self.gangs.member_layouts
+        self._binding = Binding(api, cache, layouts, self._unsure, cfg.kube.request_timeout_s) if api else None
         self.cycle = Profiles(self._cycles(cfg, cache, whole_shares, fits))
         self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
         self.preemption = Preemption(cache, cfg, self.gangs, self, self.named_victims)
@@ -223,7 +225,7 @@ class Extender:
                 filter=fit,
                 score=(gang, fit),
                 pre_bind=(lease,),
-                reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs, elastic=False)),
+                reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs.book, elastic=False)),
                 bind=binding,
                 post_bind=(announce,),
                 on_failure=fail,
@@ -233,7 +235,7 @@ class Extender:
                 filter=fit,
                 score=(gang, fit),
                 pre_bind=(lease,),
-                reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs, elastic=True)),
+                reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs.book, elastic=True)),
                 bind=binding,
                 post_bind=(Announce(cfg, self, layouts=True),),
                 on_failure=fail,
@@ -310,12 +312,13 @@ class Extender:
             self.cache.replace_nodes(self.api.list("nodes")[0])
         items, _rv = self.api.list("pods")
         merged = self.cache.merge_pods(items)
-        stale = self.gangs.restore(self.gangs.records.read())
-        self.gangs.records.delete_named(stale)
+        book = self.gangs.book
+        stale = book.restore(book.records.read())
+        book.records.delete_named(stale)
         log.info(
             "reconciled: %d pods newer than the watch, %d gang reservations restored, %d stale records",
             merged,
-            len(self.gangs.reservations),
+            len(book.reservations),
             len(stale),
         )
 
@@ -480,7 +483,7 @@ class Extender:
                         "binding %s to %s did not happen (%s): its devices are free again", u.info.key, u.node, seen
                     )
                     if u.slot is not None:
-                        self.gangs.unclaim(u.info, u.slot)
+                        self.gangs.book.unclaim(u.info, u.slot)
                     else:
                         self.cache.forget(uid)
 
@@ -524,7 +527,7 @@ class Extender:
 
     def sweep(self) -> None:
         self.gangs.sweep(self.cache.clock())
-        self.metrics.gang_reservations.set(len(self.gangs.reservations))
+        self.metrics.gang_reservations.set(len(self.gangs.book.reservations))
         if self._unsure:
             self._settle_unsure()
         self.metrics.unsure_binds.set(len(self._unsure))
@@ -532,7 +535,7 @@ class Extender:
 
     def gang_event(self, outcome: str, key: str) -> None:
         self.metrics.gang_events.labels(outcome).inc()
-        self.metrics.gang_reservations.set(len(self.gangs.reservations))
+        self.metrics.gang_reservations.set(len(self.gangs.book.reservations))
 
     def evict_member(self, info: PodInfo, why: str) -> None:
         self.event(info, "GangFailed", why)
@@ -611,7 +614,7 @@ class Extender:
         }
         return {
             **self.cache.snapshot(),
-            "reservations": self.gangs.snapshot(),
+            "reservations": self.gangs.book.snapshot(),
             "queues": queues,
             "capacity": capacity,
         }

@@ -1,34 +1,27 @@
-"""Gang reservations: all members placed at once, or none.
+"""Gangs: all members placed at once, or none; the gang core, over its planner and its reservation book.
 
-When the first member of a gang reaches filter, every remaining member gets a
-slot (a node and its exact devices) from :func:`topology.place_gang` (the lowest network
-tier that holds the gang, within the tier it names, if any), and the
-slots are reserved in the cache under owners ``gang:<ns>/<name>#<i>``. Later
-members are filtered to the nodes of unclaimed slots; bind claims a slot on the
-chosen node (unreserve + assume, under the cache lock). Unclaimed slots are
-released when the reservation times out. A member that fails, or whose node
-goes away, fails the gang: the remaining members are evicted so the job's
-controller requeues the gang whole.
+When the first member of a gang reaches filter, every remaining member gets a slot (a node and its
+exact devices) from the planner (:class:`scheduler.gangplan.GangPlanner`), and the book
+(:class:`scheduler.gangbook.GangBook`) reserves the slots in the cache. Later members are filtered
+to the nodes of unclaimed slots; bind claims a slot on the chosen node. Unclaimed slots are released
+when the reservation times out. A member that fails, or whose node goes away, fails the gang: the
+remaining members are evicted so the job's controller requeues the gang whole.
 
-Elastic gangs (``kube-icl.io/gang-min`` .. ``gang-max``): the reservation covers the
-minimum only, all or nothing, as above. Once the minimum runs, each further member
-up to the maximum is placed on its own, as near the running members as it can
-(:func:`topology.extend_gang`: a node holding a member, else one linked to one, else the
-lowest tier shared with one, up to the tier the gang names).
-Losing members (failure, deletion, node gone) shrinks the gang while at least its
-minimum survives; below it the gang fails whole. A gang that is still starting (its
-reservation open) fails whole on any loss, as a rigid one does.
+Elastic gangs (``kube-icl.io/gang-min`` .. ``gang-max``): the reservation covers the minimum only,
+all or nothing, as above. Once the minimum runs, each further member up to the maximum is placed on
+its own, as near the running members as it can (:meth:`scheduler.gangplan.GangPlanner.adjacent`).
+Losing members (failure, deletion, node gone) shrinks the gang while at least its minimum survives;
+below it the gang fails whole. A gang that is still starting (its reservation open) fails whole on
+any loss, as a rigid one does.
 
-Reservations survive a restart or a failover: before the first member binds,
-the reservation is recorded in the API server (:class:`scheduler.gangrecords.GangRecords`,
-which the manager is given), one write per gang; the record is deleted when the gang
-completes or the reservation ends. A claimed slot needs no write: the member's Binding
-carries its devices. A replica that takes over rebuilds the reservations from these
-records (:meth:`GangManager.restore`).
+:class:`GangManager` is the core: which pods are a gang's members and which of them survive, its
+minimum and maximum, planning a member's filter (the planner's answer reserved through the book),
+and failure and shrinking when members or nodes are lost. Reservations survive a restart or a
+failover through the book's records in the API server (:meth:`scheduler.gangbook.GangBook.restore`).
 
-What the manager tells the extender (a member to evict, a gang event, a layout to rewrite, a
-record to delete) goes through its :class:`scheduler.host.Host`, queued under the cache lock and
-delivered once the lock is released (:meth:`scheduler.cachelock.CacheLock.defer`).
+What the core tells the extender (a member to evict, a gang event, a layout to rewrite) goes through
+its :class:`scheduler.host.Host`, queued under the cache lock and delivered once the lock is released
+(:meth:`scheduler.cachelock.CacheLock.defer`).
 """
 
 from __future__ import annotations
@@ -36,47 +29,18 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
-from scheduler.cache import ClusterCache, NodeRecord, NodeView, PodChange
-from scheduler.gangrecords import (
-    RECORD_ANNOTATION,
-    RECORD_LABEL,
-    GangRecords,
-    Record,
-    Reservation,
-    Slot,
-    lease_record,
-    record_name,
-)
+from scheduler.cache import ClusterCache, NodeRecord, PodChange
+from scheduler.gangbook import GangBook
+from scheduler.gangplan import GangPlanner
+from scheduler.gangrecords import GangRecords
 from scheduler.host import Host, QuietHost
-from scheduler.layout import Member, Where, layout_value, order_members
+from scheduler.layout import MemberLayouts
 from scheduler.podspec import GangRef, PodInfo
-from topology import (
-    COORDS_LABEL,
-    DOMAIN_LABEL,
-    AllocationError,
-    ClusterView,
-    DeviceRank,
-    NodeTopology,
-    Shape,
-    TopologyError,
-    extend_gang,
-    place_gang,
-)
+from topology import DeviceRank, Shape
 
-__all__ = [
-    "RECORD_ANNOTATION",
-    "RECORD_LABEL",
-    "GangManager",
-    "GangRecords",
-    "MemberLayouts",
-    "Reservation",
-    "Slot",
-    "lease_record",
-    "record_name",
-]
+__all__ = ["PRUNE_EVERY_S", "GangManager"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +48,8 @@ PRUNE_EVERY_S = 60.0  # how often sweep forgets what it kept of gangs that are g
 
 
 class GangManager:
-    """Reservations per gang, kept consistent with the cache's holdings."""
+    """Gang membership, planning and failure, composing a planner (``planner``), a reservation book
+    (``book``) kept consistent with the cache's holdings, and the members' layouts (``member_layouts``)."""
 
     def __init__(
         self,
@@ -99,31 +64,31 @@ class GangManager:
         """``policy``: how gangs' members are ranked on a node; ``host``: told of evictions, gang events
         and resizes (none: nobody); ``records``: where reservations are recorded (none: nowhere)."""
         self.cache = cache
-        self.timeout_s = timeout_s
-        self.policy = policy
         self.host: Host = host if host is not None else QuietHost()
-        self.records = records if records is not None else GangRecords(None, "", self.host)
-        self.wall = wall
-        self.reservations: dict[str, Reservation] = {}
+        self.planner = GangPlanner(cache, policy)
+        self.book = GangBook(
+            cache,
+            timeout_s,
+            self.host,
+            records if records is not None else GangRecords(None, "", self.host),
+            wall=wall,
+        )
         self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         self._pruned_at = 0.0  # when limits and _ran last let go of gangs with no pod and no reservation left
-        self._view: tuple[object, ClusterView] | None = None  # (the labels it was built from, the view)
-        self._broken: set[str] = set()  # link domains whose inconsistent labels were reported ("" for all of them)
-        self.member_layouts = MemberLayouts(self)
+        self.member_layouts = MemberLayouts(self, self.book, cache)
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
-        cache.on_reservation_taken(self._slot_taken)
 
     def _tell(self, call: Callable[[], None]) -> None:
-        """Tell the host (or the records) once the cache lock is released; now when it is not held."""
+        """Tell the host once the cache lock is released; now when it is not held."""
         self.cache.lock.defer(call)
 
     def _event(self, outcome: str, key: str) -> None:
         self._tell(functools.partial(self.host.gang_event, outcome, key))
 
-    # ------------------------------------------------------------------ filter
+    # ------------------------------------------------------------------ membership
 
     def members_bound(self, gang: GangRef) -> list[PodInfo]:
         with self.cache.lock:
@@ -170,7 +135,7 @@ class GangManager:
         with self.cache.lock:
             alive = self.survivors(key)
             least, most = self.limits_of(alive[0].gang) if alive and alive[0].gang is not None else (0, 0)
-            if not most > least > 0 or self._starting(key):
+            if not most > least > 0 or self.book.starting(key):
                 return 0
             return max(0, len(alive) - least)
 
@@ -182,24 +147,10 @@ class GangManager:
         if gang is None:
             return False
         with self.cache.lock:
-            res = self.reservations.get(gang.key)
+            res = self.book.reservations.get(gang.key)
             return res is not None and (not self.is_elastic(gang) or bool(res.open_nodes(info.uid)))
 
-    def open_nodes_for(self, info: PodInfo) -> set[str] | None:
-        """The nodes of the slots still open to this member; ``None`` when its gang holds no reservation."""
-        if info.gang is None:
-            return None
-        with self.cache.lock:
-            res = self.reservations.get(info.gang.key)
-            return res.open_nodes(info.uid) if res is not None else None
-
-    def has_reservation(self, key: str) -> bool:
-        return key in self.reservations
-
-    def _starting(self, key: str) -> bool:
-        """The gang's reservation still has a slot nobody claimed (lock held): its minimum is not running yet."""
-        res = self.reservations.get(key)
-        return res is not None and any(not s.pod_uid for s in res.slots)
+    # ------------------------------------------------------------------ filter
 
     def plan(self, info: PodInfo, shape: Shape, candidates: Iterable[str]) -> tuple[set[str] | None, str]:
         """Nodes where this member may go, or (None, reason) when the gang cannot be placed.
@@ -215,7 +166,7 @@ class GangManager:
             self.sweep(now)
             if gang.size > 0:
                 self.limits[gang.key] = (gang.size, gang.maximum)
-            res = self.reservations.get(gang.key)
+            res = self.book.reservations.get(gang.key)
             if res is not None:
                 if res.shape != str(shape) or res.count != info.count:
                     return None, (
@@ -247,48 +198,12 @@ class GangManager:
             remaining = gang.size - len(bound)
             if remaining <= 0:
                 return None, ""
-            views = self.cache.usable_views(candidates)
-            cluster, topologies, free_by_node = self._inputs(views, shape)
-            try:
-                within = cluster.level_of(gang.tier) if gang.tier else None
-            except TopologyError as exc:
-                return None, f"gang {gang.name!r}: {exc}"
-            found = place_gang(cluster, topologies, free_by_node, shape, remaining, self.policy, within)
+            found, why = self.planner.place(gang, shape, remaining, candidates)
             if found is None:
-                where = f"within one {gang.tier}" if gang.tier else "on the cluster's free devices"
-                return None, (
-                    f"gang {gang.name!r} needs {remaining} x {shape.describe()} at once {where}; "
-                    f"the free devices do not hold them"
-                )
-            domain = found.domain
-            chosen = [(node, p.devices) for node, p in found.members]
-            slots = [Slot(f"gang:{gang.key}#{i}", node, devs) for i, (node, devs) in enumerate(chosen)]
-            done: list[Slot] = []
-            try:
-                for slot in slots:
-                    self.cache.reserve(slot.owner, slot.node, slot.devices)
-                    done.append(slot)
-            except (AllocationError, TopologyError) as exc:
-                for slot in done:
-                    self.cache.unreserve(slot.owner, slot.node)
-                return None, f"gang {gang.name!r}: reservation failed: {exc}"
-            res = Reservation(
-                key=gang.key,
-                size=remaining,
-                shape=str(shape),
-                count=info.count,
-                queue=info.queue,
-                slots=slots,
-                created=now,
-                deadline=now + self.timeout_s,
-                domain=domain,
-                expires_at=self.wall() + self.timeout_s,
-            )
-            self.reservations[gang.key] = res
-            log.info(
-                "gang %s: reserved %d slots on %s", gang.key, remaining, ",".join(dict.fromkeys(s.node for s in slots))
-            )
-            self._event("reserved", gang.key)
+                return None, why
+            res, why = self.book.reserve(info, shape, found, now)
+            if res is None:
+                return None, why
             return res.open_nodes(info.uid), ""
 
     def _grow(
@@ -300,290 +215,16 @@ class GangManager:
         most = gang.maximum
         if len(alive) >= most:
             return None, f"gang {gang.name!r} runs its maximum of {most} members (annotation kube-icl.io/gang-max)"
-        cluster, topologies, free_by_node = self._inputs(self.cache.usable_views(candidates), shape)
         held = [h[0] for p in alive if (h := self.cache.held(p.uid)) is not None]
-        try:
-            within = cluster.level_of(gang.tier) if gang.tier else None
-        except TopologyError as exc:
-            return None, f"gang {gang.name!r}: {exc}"
-        ranked = extend_gang(cluster, topologies, free_by_node, shape, held, self.policy, within)
-        if not ranked:
-            where = ",".join(sorted(set(held))) or "no node"
-            bound = f"in the {gang.tier} of a node holding a member" if gang.tier else "in the cluster"
-            return None, (
-                f"gang {gang.name!r} (elastic, {len(alive)} running, {gang.size}..{most}): no node {bound} "
-                f"({where}) has {shape.describe()} free; this member waits"
-            )
-        tier = ranked[0][1]
-        return {n for n, t in ranked if t == tier}, ""
-
-    def _inputs(
-        self, views: Mapping[str, NodeView], shape: Shape
-    ) -> tuple[ClusterView, dict[str, NodeTopology], dict[str, frozenset[str]]]:
-        """The cluster (:meth:`view`), and the topologies and free devices of the nodes of ``views`` where
-        ``shape`` may fit (lock held)."""
-        topologies = {}
-        free_by_node = {}
-        for name, view in views.items():
-            if len(view.free) - view.unattributed < shape.size:
-                continue
-            topologies[name] = view.topology
-            free_by_node[name] = view.free
-        return self.view(), topologies, free_by_node
-
-    def view(self) -> ClusterView:
-        """Every node's link domain and network tiers, as gangs are placed by them.
-
-        The domains are built from every node in the cache, full, left out of the candidates or not
-        ready alike: which nodes are adjacent (wrap-around links included) follows from the whole
-        domain's coordinates. A domain with inconsistent labels is left out (its nodes take gangs as
-        nodes outside any domain; a warning says so once, and again only after it was fixed and broke
-        again); the others stand."""
-        by_domain: dict[str, dict[str, dict[str, str]]] = {}
-        with self.cache.lock:
-            link = self.cache.link_labels()
-            # built again only when a node's link labels or tier path changed (a plan per gang member's filter)
-            paths = self.cache.tier_paths() if self.cache.tier_keys else {}
-            key = (
-                tuple(sorted((n, tuple(sorted(lb.items()))) for n, lb in link.items())),
-                self.cache.tier_keys,
-                tuple(sorted(paths.items())),
-            )
-            if self._view is not None and self._view[0] == key:
-                return self._view[1]
-            for name, node_labels in link.items():
-                by_domain.setdefault(node_labels[DOMAIN_LABEL], {})[name] = node_labels
-            labels: dict[str, dict[str, str]] = {}
-            broken: set[str] = set()
-            for domain, members in by_domain.items():
-                try:  # one domain with bad labels must not take the others down with it
-                    ClusterView.from_labels(members)
-                except TopologyError as exc:
-                    broken.add(domain)
-                    if domain not in self._broken:  # said once until its labels are fixed and break again
-                        log.warning(
-                            "link domain %r: inconsistent labels, its nodes take gangs one node at a time: %s",
-                            domain,
-                            exc,
-                        )
-                    continue
-                labels.update(members)
-            try:
-                cluster = ClusterView.from_labels(labels)
-            except TopologyError as exc:
-                broken.add("")
-                if "" not in self._broken:
-                    log.warning("link-domain labels are inconsistent, placing gangs without link domains: %s", exc)
-                cluster = ClusterView()
-            for domain in sorted(self._broken - broken):
-                log.info("link domain %r: labels consistent again", domain or "(all)")
-            self._broken = broken
-            view = _tiered(self.cache, cluster)
-            self._view = (key, view)
-            return view
-
-    # ------------------------------------------------------------------ bind
-
-    def claim(self, info: PodInfo, node: str) -> Slot | None:
-        """Take this member's slot on ``node`` and hold its devices for the pod; None if it has none."""
-        gang = info.gang
-        assert gang is not None
-        with self.cache.lock:
-            res = self.reservations.get(gang.key)
-            if res is None:
-                return None
-            slot = next((s for s in res.slots if s.pod_uid == info.uid and s.node == node), None)
-            if slot is None:
-                # an unclaimed slot still reserved in the cache: a pod read from the API server may have
-                # taken one's devices, and its news may not have reached :meth:`_slot_taken` yet
-                slot = next(
-                    (
-                        s
-                        for s in res.slots
-                        if not s.pod_uid and s.node == node and self.cache.is_reserved(s.owner, node)
-                    ),
-                    None,
-                )
-            if slot is None:
-                return None
-            self.cache.unreserve(slot.owner, node)
-            try:
-                self.cache.assume(info.uid, node, slot.devices, info)
-            except AllocationError:
-                self.cache.reserve(slot.owner, node, slot.devices)
-                raise
-            slot.pod_uid = info.uid
-            res.members[info.uid] = slot.owner
-            return slot
-
-    def unclaim(self, info: PodInfo, slot: Slot) -> None:
-        """Undo :meth:`claim` after a failed bind: the devices go back to the reservation."""
-        with self.cache.lock:
-            self.cache.forget(info.uid)
-            gang = info.gang
-            res = self.reservations.get(gang.key) if gang is not None else None
-            if res is None or slot not in res.slots:
-                return
-            slot.pod_uid = ""
-            res.members.pop(info.uid, None)
-            try:
-                self.cache.reserve(slot.owner, slot.node, slot.devices)
-            except AllocationError as exc:
-                log.warning("gang %s: slot %s could not be re-reserved: %s", res.key, slot.owner, exc)
-                res.slots.remove(slot)
+        return self.planner.adjacent(gang, shape, candidates, held, len(alive))
 
     # ------------------------------------------------------------------ lifecycle
 
-    def release(self, key: str) -> bool:
-        """Drop gang ``key``'s reservation: its unclaimed slots' devices are free again; False if it has none."""
-        with self.cache.lock:
-            res = self.reservations.get(key)
-            if res is None:
-                return False
-            self._drop(res)
-            return True
-
-    def _drop(self, res: Reservation) -> None:
-        for slot in res.slots:
-            if not slot.pod_uid:
-                self.cache.unreserve(slot.owner, slot.node)
-        self._forget(res)
-
-    def _forget(self, res: Reservation) -> None:
-        if self.reservations.get(res.key) is res:
-            del self.reservations[res.key]
-        if res.persisted:
-            res.persisted = False
-            self._tell(functools.partial(self.records.delete, res.key))
-
-    def _slot_taken(self, owner: str, node: str, uid: str) -> None:
-        """A pod the API server shows bound took the devices of slot ``owner`` on ``node`` (the cache
-        dropped the reservation). Its gang's own member on exactly the slot's devices claims the slot.
-        Otherwise the slot is gone: a gang none of whose members holds a slot drops its reservation and
-        plans afresh at its next member's filter; one with members bound keeps its other slots, and the
-        member left over is planned once they are claimed (the reservation then completes)."""
-        with self.cache.lock:
-            for res in list(self.reservations.values()):
-                slot = next((s for s in res.slots if s.owner == owner and s.node == node and not s.pod_uid), None)
-                if slot is None:
-                    continue
-                pod = self.cache.pod(uid)
-                if (
-                    pod is not None
-                    and pod.gang is not None
-                    and pod.gang.key == res.key
-                    and uid not in res.members
-                    and self.cache.held(uid) == (node, slot.devices)
-                ):
-                    slot.pod_uid = uid
-                    res.members[uid] = owner
-                    log.info("gang %s: member %s bound elsewhere holds slot %s", res.key, pod.key, owner)
-                    return
-                res.slots.remove(slot)
-                if any(s.pod_uid for s in res.slots):
-                    log.warning(
-                        "gang %s: slot %s on %s taken by a bound pod; its member is planned again", res.key, owner, node
-                    )
-                else:
-                    log.warning(
-                        "gang %s: slot %s on %s taken by a bound pod; the gang plans again", res.key, owner, node
-                    )
-                    self._drop(res)
-                return
-
-    # ------------------------------------------------------------------ records in the API server
-
-    def unrecorded(self, key: str) -> Reservation | None:
-        """The gang's reservation if its record still has to be written (before its first member binds)."""
-        with self.cache.lock:
-            res = self.reservations.get(key)
-            return res if res is not None and not res.persisted else None
-
-    def recorded(self, res: Reservation) -> bool:
-        """Mark ``res`` as written; False if it ended meanwhile (the caller deletes the record again)."""
-        with self.cache.lock:
-            if self.reservations.get(res.key) is not res:
-                return False
-            res.persisted = True
-            return True
-
-    def restore(self, records: Iterable[Mapping[str, Any]]) -> list[str]:
-        """Replace the reservations in memory with those recorded in the API server (record Leases, as
-        :meth:`scheduler.gangrecords.GangRecords.read` returns them).
-
-        Call with the cache synced (bound pods known). A slot held by a member of the gang with exactly
-        its devices is claimed by that member; any other slot is reserved again. A slot whose devices
-        are held by something else is dropped (logged): its gang completes on the slots left or is
-        re-planned when the reservation expires, never split across two plans. Returns the names of
-        records that are expired or unreadable (the caller deletes them).
-        """
-        now, wall = self.cache.clock(), self.wall()
-        kept, stale = self.records.load(records, wall)
-        with self.cache.lock:
-            for res in list(self.reservations.values()):
-                for slot in res.slots:
-                    if not slot.pod_uid:
-                        self.cache.unreserve(slot.owner, slot.node)
-            self.reservations.clear()
-            for record in kept:
-                res = self._adopt(record, now, wall)
-                self.reservations[res.key] = res
-                log.info(
-                    "gang %s: reservation restored, %d of %d slots claimed, expires in %.1fs",
-                    res.key,
-                    sum(1 for s in res.slots if s.pod_uid),
-                    len(res.slots),
-                    res.deadline - now,
-                )
-        return stale
-
-    def _adopt(self, record: Record, now: float, wall: float) -> Reservation:
-        """A reservation rebuilt from its record (lock held): slots its members hold are theirs, the
-        others reserved again."""
-        key = record.key
-        members = {held: uid for uid, _p in self._members(key) if (held := self.cache.held(uid)) is not None}
-        slots: list[Slot] = []
-        for owner, node, devices in record.slots:
-            slot = Slot(owner, node, devices)
-            uid = members.get((slot.node, slot.devices))
-            if uid is not None:
-                slot.pod_uid = uid
-            else:
-                try:
-                    self.cache.reserve(slot.owner, slot.node, slot.devices)
-                except (AllocationError, TopologyError) as exc:
-                    log.warning("gang %s: slot %s on %s cannot be reserved again: %s", key, slot.owner, slot.node, exc)
-                    continue
-            slots.append(slot)
-        return Reservation(
-            key=key,
-            size=record.size,
-            shape=record.shape,
-            count=record.count,
-            queue=record.queue,
-            slots=slots,
-            created=now,
-            deadline=now + (record.expires_at - wall),
-            domain=record.domain,
-            members={s.pod_uid: s.owner for s in slots if s.pod_uid},
-            expires_at=record.expires_at,
-            persisted=True,
-        )
-
     def sweep(self, now: float) -> list[str]:
-        """Release reservations that are complete or past their deadline; returns the expired keys."""
-        expired = []
+        """Release reservations that are complete or past their deadline (the book's), and now and then
+        forget what was kept of gangs that are gone; returns the expired keys."""
         with self.cache.lock:
-            for res in list(self.reservations.values()):
-                claimed = [s for s in res.slots if s.pod_uid]
-                if len(claimed) == len(res.slots) and not any(self.cache.is_assumed(s.pod_uid) for s in claimed):
-                    self._forget(res)
-                    self._event("completed", res.key)
-                elif now >= res.deadline:
-                    log.info("gang %s: reservation expired, %d of %d slots claimed", res.key, len(claimed), res.size)
-                    self._drop(res)
-                    expired.append(res.key)
-                    self._event("expired", res.key)
+            expired = self.book.sweep(now)
             if now - self._pruned_at >= PRUNE_EVERY_S:
                 self._prune(now)
         return expired
@@ -592,16 +233,15 @@ class GangManager:
         """Forget the limits and the has-run mark of gangs with no pod in the cache and no reservation (lock held):
         without it both grow by one entry per gang ever seen, for as long as the extender runs."""
         self._pruned_at = now
-        for key in [k for k in self.limits.keys() | self._ran if k not in self.reservations and not self._members(k)]:
+        reserved = self.book.reservations
+        for key in [k for k in self.limits.keys() | self._ran if k not in reserved and not self._members(k)]:
             self.limits.pop(key, None)
             self._ran.discard(key)
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:
         """Fail a gang: drop its reservation and evict every remaining member."""
         with self.cache.lock:
-            res = self.reservations.get(key)
-            if res is not None:
-                self._drop(res)
+            released = self.book.release(key)
             victims = [
                 p
                 for _uid, p in self._members(key)
@@ -611,7 +251,7 @@ class GangManager:
             if len(self._evicted) > 100_000:
                 self._evicted.clear()
             self._ran.discard(key)
-        if victims or res is not None:
+        if victims or released:
             log.warning("gang %s failed (%s): evicting %d members", key, why, len(victims))
             self._event("failed", key)
         for p in victims:
@@ -635,7 +275,7 @@ class GangManager:
         if not most > least > 0:
             return False
         with self.cache.lock:
-            if self._starting(gang.key):
+            if self.book.starting(gang.key):
                 return False  # still starting: all or nothing, as a rigid gang
             left = len(self.survivors(gang.key, lost))
         if left < least:
@@ -660,14 +300,7 @@ class GangManager:
             keys: set[str] = set()
             if rec is None:
                 keys = {p.gang.key for p in self.cache.holding_on(name) if p.gang is not None}
-            for res in list(self.reservations.values()):
-                if res.key in keys or not any(s.node == name for s in res.slots):
-                    continue
-                if rec is None and any(s.pod_uid for s in res.slots):
-                    keys.add(res.key)
-                elif not any(s.pod_uid for s in res.slots):
-                    log.info("gang %s: reservation dropped, %s", res.key, why)
-                    self._drop(res)
+            keys |= self.book.node_lost(name, why, gone=rec is None, failing=keys)
         for key in sorted(keys):
             gang = self._gang_ref(key)
             if gang is not None and self._shrink(gang, why):
@@ -679,108 +312,3 @@ class GangManager:
             for _uid, p in self._members(key):
                 return p.gang
         return None
-
-    def snapshot(self) -> dict[str, Any]:
-        now = self.cache.clock()
-        with self.cache.lock:
-            return {k: r.as_dict(now) for k, r in sorted(self.reservations.items())}
-
-
-class MemberLayouts:
-    """The ``kube-icl.io/gang-layout`` value of each member of a gang: its members in rank order along
-    the links, where each sits (link domain, coordinates, network tiers) and a growing generation."""
-
-    def __init__(self, gangs: GangManager) -> None:
-        self.gangs = gangs
-        self.cache = gangs.cache
-        self._generations: dict[str, int] = {}
-
-    def _generation(self, key: str) -> int:
-        """A number that grows with every layout written for the gang (wall-clock ms, bumped past the last)."""
-        gen = max(int(self.gangs.wall() * 1000), self._generations.get(key, 0) + 1)
-        self._generations[key] = gen
-        if len(self._generations) > 100_000:
-            self._generations.clear()
-        return gen
-
-    def _members(self, key: str, extra: Member | None) -> list[Member]:
-        """Live members, unclaimed reserved slots and ``extra`` (a member being bound), in rank order (lock held)."""
-        members: dict[str, Member] = {}
-        for p in self.gangs.survivors(key):
-            held = self.cache.held(p.uid)
-            assert held is not None  # a survivor holds devices
-            node, devs = held
-            members[p.uid] = Member(p.name, node, devs, p.uid)
-        if extra is not None:
-            members[extra.uid] = extra
-        items = list(members.values())
-        res = self.gangs.reservations.get(key)
-        if res is not None:
-            items += [Member("", s.node, s.devices) for s in res.slots if not s.pod_uid]
-        nodes = dict.fromkeys(m.node for m in items)
-        labels = self.cache.link_labels(nodes)
-        try:
-            cluster = _tiered(self.cache, ClusterView.from_labels(labels), nodes)
-        except TopologyError:
-            cluster = _tiered(self.cache, ClusterView(), nodes)
-
-        def index(node: str, device: str) -> int:
-            topo = self.cache.topology_of(node)
-            try:
-                return topo.index_of(device) if topo is not None else 0
-            except (KeyError, ValueError, TopologyError):
-                return 0
-
-        return order_members(cluster, items, index)
-
-    def _where(self, members: list[Member]) -> dict[str, Where]:
-        """Each member node's link domain, coordinates and network tier values (lock held)."""
-        nodes = dict.fromkeys(m.node for m in members)
-        labels = self.cache.link_labels(nodes)
-        paths = self.cache.tier_paths(nodes)
-        blank = ("",) * len(self.cache.tier_keys)
-        return {
-            node: Where(
-                labels.get(node, {}).get(DOMAIN_LABEL, ""),
-                labels.get(node, {}).get(COORDS_LABEL, ""),
-                paths.get(node, blank),
-            )
-            for node in nodes
-        }
-
-    def for_member(self, info: PodInfo, node: str, devices: tuple[str, ...]) -> str:
-        """The ``kube-icl.io/gang-layout`` value for a member being bound to ``node`` with ``devices``."""
-        gang = info.gang
-        assert gang is not None
-        with self.cache.lock:
-            least, most = self.gangs.limits_of(gang)
-            ordered = self._members(gang.key, Member(info.name, node, devices, info.uid or info.key))
-            rank = next(i for i, m in enumerate(ordered) if m.uid == (info.uid or info.key))
-            where = self._where(ordered)
-            gen = self._generation(gang.key)
-            return layout_value(gang.key, least, most, gen, ordered, rank, where, self.cache.tier_keys)
-
-    def of_gang(self, key: str) -> list[tuple[PodInfo, str]]:
-        """A fresh layout value for every live member of the gang (after it grew or shrank)."""
-        with self.cache.lock:
-            alive = {p.uid: p for p in self.gangs.survivors(key)}
-            if not alive:
-                return []
-            gang = next(iter(alive.values())).gang
-            assert gang is not None
-            least, most = self.gangs.limits_of(gang)
-            ordered = self._members(key, None)
-            gen = self._generation(key)
-            where = self._where(ordered)
-            return [
-                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where, self.cache.tier_keys))
-                for rank, m in enumerate(ordered)
-                if m.uid in alive
-            ]
-
-
-def _tiered(cache: ClusterCache, cluster: ClusterView, names: Iterable[str] | None = None) -> ClusterView:
-    """``cluster`` with the network tiers of the cache's nodes (of ``names`` only when given)."""
-    if not cache.tier_keys:
-        return cluster
-    return ClusterView(cluster.domains, cache.tier_keys, cache.tier_paths(names))

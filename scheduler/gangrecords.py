@@ -7,7 +7,7 @@ the wire contract gives it (:func:`scheduler.wire.lease_record` writes it from
 for ``kubectl icl``). :class:`GangRecords` writes a record before the gang's first member binds,
 deletes it when the reservation ends (off the verbs' threads), and reads the records back when a
 replica takes over (:meth:`GangRecords.read`, :meth:`GangRecords.load`); the gang manager rebuilds
-its reservations from them (:meth:`scheduler.gang.GangManager.restore`).
+its reservations from them (:meth:`scheduler.gangbook.GangBook.restore`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
 """A gang's layout as its members see it: ranks in network-tier and link-domain order (``kube-icl.io/gang-layout``).
 
-Pure functions, no I/O. The extender writes the layout on each member at bind (in the
-Binding, with its devices) and rewrites it on every live member when an elastic gang
-grows or shrinks; the device plugin turns it into environment variables at Allocate
-(:mod:`deviceplugin.gangenv`). The value's format and its one parser are the contract's
-(:class:`topology.contract.GangLayout`, :func:`~topology.contract.format_gang_layout`,
-:func:`~topology.contract.parse_gang_layout`); this module decides the order.
+The extender writes the layout on each member at bind (in the Binding, with its devices) and
+rewrites it on every live member when an elastic gang grows or shrinks; the device plugin turns it
+into environment variables at Allocate (:mod:`deviceplugin.gangenv`). The value's format and its one
+parser are the contract's (:class:`topology.contract.GangLayout`,
+:func:`~topology.contract.format_gang_layout`, :func:`~topology.contract.parse_gang_layout`); this
+module decides the order, with pure functions (:func:`order_members`, :func:`layout_value`), and
+:class:`MemberLayouts` gives each member its value, reading the gang's live members and limits
+(:class:`GangMembers`: the gang core), its open slots (the reservation book) and where their nodes
+sit (the cache).
 
 ``members`` is in rank order: the nodes in the order a ring across them follows the
 network tiers and their link domain (:func:`topology.ring_order`: one block's racks, one
@@ -18,11 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from topology import ClusterView, ring_order
+from scheduler.cache import ClusterCache
+from scheduler.gangbook import GangBook
+from scheduler.gangplan import tiered
+from scheduler.podspec import GangRef, PodInfo
+from topology import COORDS_LABEL, DOMAIN_LABEL, ClusterView, TopologyError, ring_order
 from topology.contract import GangLayout, LayoutMember, format_gang_layout
 
-__all__ = ["Member", "Where", "layout_value", "order_members"]
+__all__ = ["GangMembers", "Member", "MemberLayouts", "Where", "layout_value", "order_members"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +83,109 @@ def layout_value(
         for w in (where.get(m.node, blank),)
     )
     return format_gang_layout(GangLayout(gang, generation, rank, least, most, members, tiers))
+
+
+class GangMembers(Protocol):
+    """What the layouts read of a gang's membership (:class:`scheduler.gang.GangManager` implements it)."""
+
+    def survivors(self, key: str, lost: Iterable[str] = ()) -> list[PodInfo]:
+        """Members that hold devices on a node that exists and have not ended (cache lock held)."""
+        ...
+
+    def limits_of(self, gang: GangRef) -> tuple[int, int]:
+        """(minimum, maximum) of the gang."""
+        ...
+
+
+class MemberLayouts:
+    """The ``kube-icl.io/gang-layout`` value of each member of a gang: its members in rank order along
+    the links, where each sits (link domain, coordinates, network tiers) and a growing generation."""
+
+    def __init__(self, gangs: GangMembers, book: GangBook, cache: ClusterCache) -> None:
+        self.gangs = gangs
+        self.book = book
+        self.cache = cache
+        self._generations: dict[str, int] = {}
+
+    def _generation(self, key: str) -> int:
+        """A number that grows with every layout written for the gang (wall-clock ms, bumped past the last)."""
+        gen = max(int(self.book.wall() * 1000), self._generations.get(key, 0) + 1)
+        self._generations[key] = gen
+        if len(self._generations) > 100_000:
+            self._generations.clear()
+        return gen
+
+    def _members(self, key: str, extra: Member | None) -> list[Member]:
+        """Live members, unclaimed reserved slots and ``extra`` (a member being bound), in rank order (lock held)."""
+        members: dict[str, Member] = {}
+        for p in self.gangs.survivors(key):
+            held = self.cache.held(p.uid)
+            assert held is not None  # a survivor holds devices
+            node, devs = held
+            members[p.uid] = Member(p.name, node, devs, p.uid)
+        if extra is not None:
+            members[extra.uid] = extra
+        items = list(members.values())
+        res = self.book.reservations.get(key)
+        if res is not None:
+            items += [Member("", s.node, s.devices) for s in res.slots if not s.pod_uid]
+        nodes = dict.fromkeys(m.node for m in items)
+        labels = self.cache.link_labels(nodes)
+        try:
+            cluster = tiered(self.cache, ClusterView.from_labels(labels), nodes)
+        except TopologyError:
+            cluster = tiered(self.cache, ClusterView(), nodes)
+
+        def index(node: str, device: str) -> int:
+            topo = self.cache.topology_of(node)
+            try:
+                return topo.index_of(device) if topo is not None else 0
+            except (KeyError, ValueError, TopologyError):
+                return 0
+
+        return order_members(cluster, items, index)
+
+    def _where(self, members: list[Member]) -> dict[str, Where]:
+        """Each member node's link domain, coordinates and network tier values (lock held)."""
+        nodes = dict.fromkeys(m.node for m in members)
+        labels = self.cache.link_labels(nodes)
+        paths = self.cache.tier_paths(nodes)
+        blank = ("",) * len(self.cache.tier_keys)
+        return {
+            node: Where(
+                labels.get(node, {}).get(DOMAIN_LABEL, ""),
+                labels.get(node, {}).get(COORDS_LABEL, ""),
+                paths.get(node, blank),
+            )
+            for node in nodes
+        }
+
+    def for_member(self, info: PodInfo, node: str, devices: tuple[str, ...]) -> str:
+        """The ``kube-icl.io/gang-layout`` value for a member being bound to ``node`` with ``devices``."""
+        gang = info.gang
+        assert gang is not None
+        with self.cache.lock:
+            least, most = self.gangs.limits_of(gang)
+            ordered = self._members(gang.key, Member(info.name, node, devices, info.uid or info.key))
+            rank = next(i for i, m in enumerate(ordered) if m.uid == (info.uid or info.key))
+            where = self._where(ordered)
+            gen = self._generation(gang.key)
+            return layout_value(gang.key, least, most, gen, ordered, rank, where, self.cache.tier_keys)
+
+    def of_gang(self, key: str) -> list[tuple[PodInfo, str]]:
+        """A fresh layout value for every live member of the gang (after it grew or shrank)."""
+        with self.cache.lock:
+            alive = {p.uid: p for p in self.gangs.survivors(key)}
+            if not alive:
+                return []
+            gang = next(iter(alive.values())).gang
+            assert gang is not None
+            least, most = self.gangs.limits_of(gang)
+            ordered = self._members(key, None)
+            gen = self._generation(key)
+            where = self._where(ordered)
+            return [
+                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where, self.cache.tier_keys))
+                for rank, m in enumerate(ordered)
+                if m.uid in alive
+            ]

@@ -342,7 +342,7 @@ class Preemption:
         missing = gang.size - len(self.gangs.members_bound(gang))
         if missing <= 1:
             return out
-        view = self.gangs.view()
+        view = self.gangs.planner.view()
         with self.cache.lock:
             views = self.cache.usable_views(self.cache.node_names())
         fits_now = {n for n, v in views.items() if n not in out and Placer.for_topology(v.topology).fits(shape, v.free)}

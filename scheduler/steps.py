@@ -441,7 +441,7 @@ class Gang:
         return OK
 
     def score(self, state: CycleState, names: list[str]) -> list[int] | None:
-        open_nodes = self.gangs.open_nodes_for(state.info)
+        open_nodes = self.gangs.book.open_nodes_for(state.info)
         if open_nodes is None:
             return None
         return [MAX_PRIORITY if n in open_nodes else 0 for n in names]

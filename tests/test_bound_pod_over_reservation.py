@@ -53,15 +53,15 @@ def test_a_bound_pod_on_reserved_devices_takes_them_and_the_gang_replans_around_
     assert first is not None
     nodes, why = gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
     assert nodes and not why
-    lost = gangs.reservations[GANG].slots[-1]
+    lost = gangs.book.reservations[GANG].slots[-1]
     cache.upsert_pod(_bound("job-04061", lost.node, lost.devices, phase="Running"))
     cache.check_invariants()
     assert cache.held("uid-job-04061") == (lost.node, lost.devices), "the API server's binding is fact"
     assert lost.owner not in cache.reservations().get(lost.node, {}), "the reservation in memory yields"
-    assert GANG not in gangs.reservations, "a gang none of whose members bound plans again"
+    assert GANG not in gangs.book.reservations, "a gang none of whose members bound plans again"
     nodes, why = gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
     assert nodes and not why
-    replanned = gangs.reservations[GANG].slots
+    replanned = gangs.book.reservations[GANG].slots
     assert all(not (s.node == lost.node and set(s.devices) & set(lost.devices)) for s in replanned)
     cache.check_invariants()
     gangs.fail(GANG, "a member failed")
@@ -80,11 +80,11 @@ def test_a_member_bound_on_its_own_slot_by_the_other_replica_claims_that_slot() 
     first = cache.find_pod("soak-a", "m0")
     assert first is not None
     gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
-    slot = gangs.reservations[GANG].slots[1]
+    slot = gangs.book.reservations[GANG].slots[1]
     pod = _member("m1", node=slot.node, phase="Running")
     pod["metadata"]["annotations"]["kube-icl.io/devices"] = ",".join(slot.devices)
     cache.upsert_pod(pod)
-    res = gangs.reservations[GANG]
+    res = gangs.book.reservations[GANG]
     assert [s.pod_uid for s in res.slots] == ["", "uid-m1", "", ""]
     assert res.members == {"uid-m1": slot.owner}
     assert cache.held("uid-m1") == (slot.node, slot.devices)
@@ -99,11 +99,11 @@ def test_a_claim_never_takes_a_slot_a_bound_pod_took() -> None:
     first = cache.find_pod("soak-a", "m0")
     assert first is not None
     gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
-    lost = gangs.reservations[GANG].slots[-1]
+    lost = gangs.book.reservations[GANG].slots[-1]
     with cache.lock:  # the gang manager hears only once the lock is released
         cache.upsert_pod(_bound("job-04061", lost.node, lost.devices, phase="Running"))
-        assert GANG in gangs.reservations
-        slot = gangs.claim(first, lost.node)
+        assert GANG in gangs.book.reservations
+        slot = gangs.book.claim(first, lost.node)
         assert slot is None or not set(slot.devices) & set(lost.devices)
         assert slot is None or slot.owner != lost.owner
     assert cache.held("uid-job-04061") == (lost.node, lost.devices)
@@ -174,8 +174,8 @@ def test_taking_over_keeps_only_the_recorded_reservations() -> None:
     assert first is not None
     gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
     assert cache.reservations()
-    assert gangs.restore([]) == []
-    assert gangs.reservations == {}
+    assert gangs.book.restore([]) == []
+    assert gangs.book.reservations == {}
     assert cache.reservations() == {}
     cache.check_invariants()
 
@@ -217,7 +217,7 @@ def test_gang_reservations_and_bound_pods_never_share_a_device(
                 continue
             nodes, _why = gangs.plan(member, parse_shape("ring", 2), ["n0", "n1"])
             if op == "claim" and nodes:
-                slot = gangs.claim(member, sorted(nodes)[0])
+                slot = gangs.book.claim(member, sorted(nodes)[0])
                 if slot is not None:
                     claimed[member.uid] = (slot.node, slot.devices)
         elif op == "fail":
@@ -239,7 +239,7 @@ def test_gang_reservations_and_bound_pods_never_share_a_device(
         for name, held in truth.items():
             assert cache.held(f"uid-{name}") == (where, held)
             assert not set(held) & {d for devices in reserved.get(where, {}).values() for d in devices}
-        for res in gangs.reservations.values():
+        for res in gangs.book.reservations.values():
             for slot in res.slots:
                 if not slot.pod_uid:
                     assert reserved.get(slot.node, {}).get(slot.owner) == slot.devices

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from scheduler.cache import ClusterCache, NodeRecord, PodChange
 from scheduler.cachelock import CacheLock
-from scheduler.gang import GangManager, GangRecords
+from scheduler.gang import GangManager
+from scheduler.gangrecords import GangRecords
 from scheduler.host import QuietHost
 from scheduler.podspec import PodInfo
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
@@ -182,11 +183,11 @@ def test_the_gang_manager_tells_its_host_only_after_the_cache_lock_is_released()
         assert nodes and not why
         assert host.calls == []
     assert host.calls == [("reserved default/job", True)]
-    res = gangs.unrecorded("default/job")
-    assert res is not None and gangs.records.write(res) == "" and gangs.recorded(res)
-    assert len(gangs.records.read()) == 1
+    res = gangs.book.unrecorded("default/job")
+    assert res is not None and gangs.book.records.write(res) == "" and gangs.book.recorded(res)
+    assert len(gangs.book.records.read()) == 1
     node = sorted(nodes)[0]
-    slot = gangs.claim(m0, node)
+    slot = gangs.book.claim(m0, node)
     assert slot is not None
     devices = ",".join(slot.devices)
     host.calls.clear()

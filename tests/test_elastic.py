@@ -91,7 +91,7 @@ def test_native_group_min_with_gang_max_is_elastic() -> None:
         c.add(pod_obj(f"w{i}", 8, "ring", labels=labels, annotations={"kube-icl.io/gang-max": "3"})) for i in range(3)
     ]
     assert c.schedule(pods[0]) is not None
-    assert len(c.ext.gangs.reservations["default/podgroup:pg"].slots) == 2, "the minimum is reserved, not the max"
+    assert len(c.ext.gangs.book.reservations["default/podgroup:pg"].slots) == 2, "the minimum is reserved, not the max"
     assert c.schedule(pods[1]) is not None
     c.ext.sweep()
     assert c.schedule(pods[2]) is not None, "the third joins above the minimum"
@@ -118,9 +118,9 @@ def test_elastic_gang_starts_at_its_minimum_and_grows_next_to_itself() -> None:
     members = [c.add(elastic_pod(f"w{i}", "job", 2, 4, annotations=tier)) for i in range(4)]
     placed = [c.schedule(m) for m in members[:2]]
     assert sorted(placed) == ["n0", "n1"], "the minimum fits at once on n0, n1"
-    assert len(c.ext.gangs.reservations["default/job"].slots) == 2
+    assert len(c.ext.gangs.book.reservations["default/job"].slots) == 2
     c.ext.sweep()
-    assert "default/job" not in c.ext.gangs.reservations
+    assert "default/job" not in c.ext.gangs.book.reservations
     # n4 is free but not next to the gang: the third member waits rather than go there.
     result = c.filter(members[2])
     assert result.node_names == []
@@ -308,7 +308,7 @@ def test_a_complete_reservation_not_yet_swept_does_not_hide_the_surplus() -> Non
     c = line_cluster(3)
     members = [c.add(elastic_pod(f"w{i}", "job", 1, 2)) for i in range(2)]
     assert c.schedule(members[0]) == "n0"
-    assert "default/job" in c.ext.gangs.reservations, "not swept"
+    assert "default/job" in c.ext.gangs.book.reservations, "not swept"
     assert c.schedule(members[1]) == "n1"
     hi = c.add(pod_obj("hi", 8, "ring", priority=100))
     w1 = members[1]["metadata"]["uid"]
@@ -390,7 +390,7 @@ def test_a_surplus_member_is_held_back_even_before_the_sweep_drops_the_reservati
     q = {"kube-icl.io/queue": "a"}
     members = [c.add(elastic_pod(f"w{i}", "job", 1, 2, annotations=q)) for i in range(2)]
     assert c.schedule(members[0]) is not None
-    assert "default/job" in c.ext.gangs.reservations, "not swept yet"
+    assert "default/job" in c.ext.gangs.book.reservations, "not swept yet"
     c.add(pod_obj("b1", 8, "ring", annotations={"kube-icl.io/queue": "b"}))
     result = c.filter(members[1])
     assert result.node_names == []

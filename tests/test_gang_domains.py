@@ -107,7 +107,7 @@ def test_rigid_gang_lands_on_truly_adjacent_nodes_whenever_brute_force_can(
     possible = any(
         connected(list(run), coords, dims, wrap) for run in itertools.combinations(usable, members)
     )  # each node holds one member (two devices)
-    res = c.ext.gangs.reservations.get("default/job")
+    res = c.ext.gangs.book.reservations.get("default/job")
     if not possible:
         assert res is None and not got.node_names
         return
@@ -125,7 +125,7 @@ def test_a_full_node_does_not_close_a_ring_around_it() -> None:
         fill(c, n)
     pods = [c.add(gang_pod(f"w{i}", "job", 3, 2, "ring")) for i in range(3)]
     got = c.ext.filter(ExtenderArgs(pod=pods[0], node_names=sorted(coords)))
-    assert not got.node_names and "default/job" not in c.ext.gangs.reservations
+    assert not got.node_names and "default/job" not in c.ext.gangs.book.reservations
     c2 = domain_cluster("ring", coords)
     for n in ("n2", "n3"):
         fill(c2, n)
@@ -147,7 +147,7 @@ def test_an_elastic_gang_starts_on_truly_adjacent_nodes() -> None:
         fill(c, n)
     pods = [c.add(elastic(f"e{i}", 2, 3)) for i in range(3)]
     got = c.ext.filter(ExtenderArgs(pod=pods[0], node_names=sorted(coords)))
-    assert not got.node_names and "default/el" not in c.ext.gangs.reservations
+    assert not got.node_names and "default/el" not in c.ext.gangs.book.reservations
 
 
 def test_a_domain_with_bad_labels_does_not_stop_gangs_in_the_others() -> None:
@@ -166,7 +166,7 @@ def test_a_domain_with_bad_labels_does_not_stop_gangs_in_the_others() -> None:
     c = Cluster({**{n: "ring:2" for n in coords}, "odd": "ring:2"}, ExtenderConfig(fair_share=False), labels=labels)
     pods = [c.add(gang_pod(f"w{i}", "job", 3, 2, "ring")) for i in range(3)]
     c.ext.filter(ExtenderArgs(pod=pods[0], node_names=sorted(coords)))
-    res = c.ext.gangs.reservations.get("default/job")
+    res = c.ext.gangs.book.reservations.get("default/job")
     assert res is not None, "the gang spans three adjacent nodes of rack"
     nodes = sorted(s.node for s in res.slots)
     assert nodes in (["n0", "n1", "n2"], ["n1", "n2", "n3"])

@@ -78,7 +78,7 @@ def test_a_pod_group_topology_key_keeps_the_gang_within_one_rack() -> None:
     result = c.filter(members[0])
     assert result.node_names == []
     assert any(f"at once within one {RACK}" in r for r in _reasons(result)), _reasons(result)
-    assert not c.ext.gangs.reservations
+    assert not c.ext.gangs.book.reservations
 
 
 def test_a_pod_group_without_a_topology_key_spreads_across_racks() -> None:

@@ -1,6 +1,6 @@
 """The gangs' cluster view (link domains and tiers) is built once per labelling, not once per gang plan.
 
-Every gang member's filter plans over :meth:`scheduler.gang.GangManager.view`; at 512 nodes building it
+Every gang member's filter plans over :meth:`scheduler.gangplan.GangPlanner.view`; at 512 nodes building it
 (every domain's labels checked, its graph built) cost most of a plan. It is kept while no node's link
 labels or tier path change, and built again when one does.
 """
@@ -30,17 +30,17 @@ def test_the_view_is_kept_until_a_nodes_labels_change() -> None:
     for i in range(4):
         cache.upsert_node(_node(f"n{i}", i, "r0"))
     ext = Extender(ExtenderConfig(tiers=(RACK,)), cache)
-    first = ext.gangs.view()
+    first = ext.gangs.planner.view()
     assert set(first.domains["d0"].nodes) == {"n0", "n1", "n2", "n3"}
-    assert ext.gangs.view() is first, "nothing changed: the same view"
+    assert ext.gangs.planner.view() is first, "nothing changed: the same view"
     cache.upsert_node(_node("n3", 3, "r1"))  # another rack
-    second = ext.gangs.view()
+    second = ext.gangs.planner.view()
     assert second is not first and second.paths["n3"] == ("r1",)
     cache.upsert_node(_node("n4", 4, "r1"))  # a node joins the domain
-    third = ext.gangs.view()
+    third = ext.gangs.planner.view()
     assert third.domains["d0"].nodes["n4"] == (4,)
     cache.delete_node("n0")
-    assert "n0" not in ext.gangs.view().domains["d0"].nodes
+    assert "n0" not in ext.gangs.planner.view().domains["d0"].nodes
 
 
 def _broken_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -54,17 +54,17 @@ def test_a_broken_domain_is_reported_once_until_fixed_and_again_when_it_breaks_a
     for i in range(3):
         cache.upsert_node(_node(f"n{i}", i, "r0"))
     ext = Extender(ExtenderConfig(tiers=(RACK,)), cache)
-    caplog.set_level(logging.INFO, logger="scheduler.gang")
+    caplog.set_level(logging.INFO, logger="scheduler.gangplan")
     cache.upsert_node(_node("n2", 1, "r0"))  # two nodes at coordinate 1: d0's labels are inconsistent
-    assert "d0" not in ext.gangs.view().domains
+    assert "d0" not in ext.gangs.planner.view().domains
     for rack in ("r1", "r2", "r3"):  # other labels change: the view is built again, d0 still broken
         cache.upsert_node(_node("n0", 0, rack))
-        assert "d0" not in ext.gangs.view().domains
+        assert "d0" not in ext.gangs.planner.view().domains
     assert len(_broken_warnings(caplog)) == 1
     cache.upsert_node(_node("n2", 2, "r0"))  # fixed
-    assert set(ext.gangs.view().domains["d0"].nodes) == {"n0", "n1", "n2"}
+    assert set(ext.gangs.planner.view().domains["d0"].nodes) == {"n0", "n1", "n2"}
     assert any("consistent again" in r.getMessage() for r in caplog.records)
     cache.upsert_node(_node("n2", 0, "r0"))  # broken again
-    assert "d0" not in ext.gangs.view().domains
+    assert "d0" not in ext.gangs.planner.view().domains
     warnings = _broken_warnings(caplog)
     assert len(warnings) == 2 and all("'d0'" in w for w in warnings)

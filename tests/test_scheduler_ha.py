@@ -325,7 +325,7 @@ def test_a_gang_reservation_is_recorded_before_the_first_member_binds_and_restor
     old = replica(fake, _config(), watch=False, identity="old", clock=clock)
     first_node = old.filter(members[0], ["a", "b"])
     assert first_node, "the gang fits"
-    res = old.ext.gangs.reservations["default/job"]
+    res = old.ext.gangs.book.reservations["default/job"]
     slots = {(s.node, s.devices) for s in res.slots}
     assert old.bind(members[0], first_node[0]) == ""
     with fake.lock:
@@ -346,7 +346,7 @@ def test_a_gang_reservation_is_recorded_before_the_first_member_binds_and_restor
         assert new.filter(members[1], ["a", "b"]) == [], "the old holder's lease has not lapsed yet"
         clock2.now += 3.5
         allowed = new.filter(members[1], ["a", "b"])
-        restored = new.ext.gangs.reservations["default/job"]
+        restored = new.ext.gangs.book.reservations["default/job"]
         assert {(s.node, s.devices) for s in restored.slots} == slots, "restored, not re-planned"
         claimed = [s for s in restored.slots if s.pod_uid]
         assert [s.pod_uid for s in claimed] == [members[0]["metadata"]["uid"]]
@@ -386,7 +386,7 @@ def test_an_expired_record_restores_nothing_and_is_deleted(fake: FakeAPIServer) 
         assert new.filter(members[1], ["a"]) == ["a"]  # re-planned for the 2 members left
         new.ext.flush()
         assert fake.leases.list("kube-system", f"{RECORD_LABEL}=true") == [], "the expired record is deleted"
-        assert new.ext.gangs.reservations["default/job"].size == 2
+        assert new.ext.gangs.book.reservations["default/job"].size == 2
         assert new.bind(members[1], "a") == ""
         records = fake.leases.list("kube-system", f"{RECORD_LABEL}=true")
         assert [json.loads(r["metadata"]["annotations"]["kube-icl.io/reservation"])["size"] for r in records] == [2]

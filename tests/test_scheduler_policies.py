@@ -90,7 +90,7 @@ def test_gang_on_one_node_reserves_all_members_at_first_sight() -> None:
     members = [c.add(gang_pod(f"w{i}", "job", 2, 8, "ring")) for i in range(2)]
     first = c.filter(members[0])
     assert first.node_names == ["b"], "two rings of 8 fit only the 16-device torus"
-    res = c.ext.gangs.reservations["default/job"]
+    res = c.ext.gangs.book.reservations["default/job"]
     assert [s.node for s in res.slots] == ["b", "b"]
     assert c.cache.free_devices("b") == frozenset(), "both slots are reserved"
     assert c.filter(members[1]).node_names == ["b"]
@@ -102,7 +102,7 @@ def test_gang_on_one_node_reserves_all_members_at_first_sight() -> None:
     placer = Placer.for_topology(topo)
     assert all(placer.is_valid(parse_shape("ring", 8), d) for d in devs)
     c.ext.sweep()
-    assert "default/job" not in c.ext.gangs.reservations, "a complete gang releases its reservation record"
+    assert "default/job" not in c.ext.gangs.book.reservations, "a complete gang releases its reservation record"
 
 
 def test_multi_node_gang_uses_adjacent_nodes_of_one_link_domain() -> None:
@@ -115,7 +115,7 @@ def test_multi_node_gang_uses_adjacent_nodes_of_one_link_domain() -> None:
     c.add(pod_obj("busy", 2, "ring", node="n1", annotations={"kube-icl.io/devices": "0,1"}))
     members = [c.add(gang_pod(f"w{i}", "big", 3, 8, "ring")) for i in range(3)]
     assert set(c.filter(members[0]).node_names or []) <= {"n2", "n3", "n4"}
-    res = c.ext.gangs.reservations["default/big"]
+    res = c.ext.gangs.book.reservations["default/big"]
     chosen = sorted(s.node for s in res.slots)
     assert chosen == ["n2", "n3", "n4"] and res.domain == "rack"
     placed = {c.schedule(m) for m in members}
@@ -128,7 +128,7 @@ def test_gang_that_does_not_fit_reserves_nothing() -> None:
     result = c.filter(members[0])
     assert result.node_names == []
     assert "needs 3 x ring of 8" in result.failed_nodes["a"]
-    assert not c.ext.gangs.reservations
+    assert not c.ext.gangs.book.reservations
     assert all(len(c.cache.free_devices(n)) == 8 for n in c.cache.node_names())
 
 
@@ -140,14 +140,14 @@ def test_unused_reservation_expires() -> None:
     assert len(c.cache.free_devices("a")) == 8
     c.clock.now += 29
     c.ext.sweep()
-    assert "default/slow" in c.ext.gangs.reservations
+    assert "default/slow" in c.ext.gangs.book.reservations
     c.clock.now += 2
     c.ext.sweep()
-    assert "default/slow" not in c.ext.gangs.reservations
+    assert "default/slow" not in c.ext.gangs.book.reservations
     assert len(c.cache.free_devices("a")) == 12, "the unclaimed slot is released; the bound member keeps its devices"
     # The late member re-plans a reservation for the one member still missing.
     assert c.filter(members[1]).node_names == ["a"]
-    assert len(c.ext.gangs.reservations["default/slow"].slots) == 1
+    assert len(c.ext.gangs.book.reservations["default/slow"].slots) == 1
 
 
 def test_failed_member_evicts_the_rest_of_the_gang() -> None:
@@ -164,7 +164,7 @@ def test_failed_member_evicts_the_rest_of_the_gang() -> None:
     c.ext.flush()
     evicted = sorted(name for call, _ns, name in c.api.calls if call == "evict")
     assert evicted == ["w1", "w2"], "the other members, bound or pending, are evicted"
-    assert "default/job" not in c.ext.gangs.reservations
+    assert "default/job" not in c.ext.gangs.book.reservations
     c.ext.stop()
 
 
@@ -191,7 +191,7 @@ def test_native_pod_group_label_names_the_gang_and_gang_size_overrides() -> None
         for i in range(2)
     ]
     c.filter(members[0])
-    assert len(c.ext.gangs.reservations["default/podgroup:pg"].slots) == 2
+    assert len(c.ext.gangs.book.reservations["default/podgroup:pg"].slots) == 2
     assert not [call for call in c.api.calls if call[0] == "group"]
 
 
@@ -544,16 +544,16 @@ def test_not_ready_node_drops_an_unclaimed_reservation_without_evicting() -> Non
     c = Cluster({"a": "torus:4x4"})
     members = [c.add(gang_pod(f"w{i}", "job", 2, 8, "ring")) for i in range(2)]
     c.filter(members[0])
-    assert "default/job" in c.ext.gangs.reservations
+    assert "default/job" in c.ext.gangs.book.reservations
     node = c.api.nodes["a"]
     node["status"]["conditions"][0]["status"] = "False"
     c.cache.upsert_node(node)
-    assert "default/job" not in c.ext.gangs.reservations
+    assert "default/job" not in c.ext.gangs.book.reservations
     assert len(c.cache.free_devices("a")) == 16
     assert not [call for call in c.api.calls if call[0] == "evict"]
     again = c.filter(members[0])
     assert again.node_names == [] and "gang 'job' needs 2 x ring of 8" in again.failed_nodes["a"]
-    assert "default/job" not in c.ext.gangs.reservations
+    assert "default/job" not in c.ext.gangs.book.reservations
 
 
 @given(
@@ -685,7 +685,7 @@ def test_gang_named_by_a_scheduler_plugins_pod_group_takes_its_size_from_the_pod
     labels = {"scheduling.x-k8s.io/pod-group": "pg"}
     members = [c.add(pod_obj(f"w{i}", 4, "ring", labels=labels)) for i in range(3)]
     assert c.filter(members[0]).node_names == ["a"]
-    res = c.ext.gangs.reservations["default/podgroup:pg"]
+    res = c.ext.gangs.book.reservations["default/podgroup:pg"]
     assert len(res.slots) == 3
     for m in members:
         assert c.schedule(m) == "a"
@@ -702,7 +702,7 @@ def test_gang_named_by_a_workload_reference() -> None:
         pod["spec"]["workloadRef"] = {"name": "train", "podGroup": "workers"}
         pods.append(c.add(pod))
     assert c.filter(pods[0]).node_names == ["a"]
-    assert len(c.ext.gangs.reservations["default/workload:train/workers"].slots) == 2
+    assert len(c.ext.gangs.book.reservations["default/workload:train/workers"].slots) == 2
 
 
 def test_gang_whose_group_object_is_missing_fails_every_node_with_the_reason() -> None:
@@ -712,7 +712,7 @@ def test_gang_whose_group_object_is_missing_fails_every_node_with_the_reason() -
     assert result.node_names == []
     reason = result.failed_and_unresolvable_nodes["a"]
     assert "scheduler-plugins default/nope is missing" in reason and "kube-icl.io/gang-size" in reason
-    assert not c.ext.gangs.reservations
+    assert not c.ext.gangs.book.reservations
 
 
 def test_lightweight_coscheduling_labels_carry_the_size() -> None:
@@ -720,7 +720,7 @@ def test_lightweight_coscheduling_labels_carry_the_size() -> None:
     labels = {"pod-group.scheduling.sigs.k8s.io/name": "lw", "pod-group.scheduling.sigs.k8s.io/min-available": "2"}
     pod = c.add(pod_obj("w", 8, "ring", labels=labels))
     assert c.filter(pod).node_names == ["a"]
-    assert len(c.ext.gangs.reservations["default/podgroup:lw"].slots) == 2
+    assert len(c.ext.gangs.book.reservations["default/podgroup:lw"].slots) == 2
 
 
 def test_the_kubelets_allocatable_caps_what_a_node_admits() -> None:

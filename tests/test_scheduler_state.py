@@ -178,7 +178,7 @@ class BindMachine(RuleBasedStateMachine):
     def reservations_match_the_cache(self) -> None:
         live = set()
         reservations = self.cache.reservations()
-        for res in self.ext.gangs.reservations.values():
+        for res in self.ext.gangs.book.reservations.values():
             for slot in res.slots:
                 if slot.pod_uid:
                     held = self.cache.held(slot.pod_uid)

@@ -1,0 +1,192 @@
+"""The gang planner: where a gang's members go, read from the cluster, never written to it.
+
+:class:`GangPlanner` answers two questions over a read-only :class:`PlanReader` (the extender's
+:class:`scheduler.cache.ClusterCache` is one) and the network tiers its nodes are labelled with:
+
+- :meth:`GangPlanner.place`: a slot (a node and its exact devices) for each of ``n`` members at once,
+  from :func:`topology.place_gang` (the lowest network tier that holds them, within the tier the
+  gang names, if any);
+- :meth:`GangPlanner.adjacent`: the nodes for one more member of a running elastic gang, as near the
+  running members as it can (:func:`topology.extend_gang`: a node holding a member, else one linked
+  to one, else the lowest tier shared with one, up to the tier the gang names).
+
+Reserving what it found is the reservation book's (:mod:`scheduler.gangbook`); which members a gang
+has and how many it needs is the gang core's (:mod:`scheduler.gang`). The planner keeps only the
+cluster view it built (:meth:`GangPlanner.view`), rebuilt when a node's link labels or tier path change.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from scheduler.nodes import NodeView
+from scheduler.podspec import GangRef
+from topology import (
+    DOMAIN_LABEL,
+    ClusterView,
+    DeviceRank,
+    GangPlacement,
+    NodeTopology,
+    Shape,
+    TopologyError,
+    extend_gang,
+    place_gang,
+)
+
+__all__ = ["GangPlanner", "PlanReader", "tiered"]
+
+log = logging.getLogger(__name__)
+
+
+class PlanReader(Protocol):
+    """What the planner reads of the cluster: the usable nodes' views, the link labels and the network tiers."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]:
+        """Held around several reads that must see one state (re-entrant)."""
+        ...
+
+    @property
+    def tier_keys(self) -> tuple[str, ...]:
+        """The network tier label keys, lowest first; empty when no tiers are configured."""
+        ...
+
+    def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
+        """The views of those of ``names`` that are ready, not cordoned and have a usable topology."""
+        ...
+
+    def link_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        """The cross-node link labels of the nodes in a link domain, by name (of ``names`` only when given)."""
+        ...
+
+    def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
+        """Each node's value of every tier label (of ``names`` only when given); empty without tiers."""
+        ...
+
+
+def tiered(reader: PlanReader, cluster: ClusterView, names: Iterable[str] | None = None) -> ClusterView:
+    """``cluster`` with the network tiers of the reader's nodes (of ``names`` only when given)."""
+    if not reader.tier_keys:
+        return cluster
+    return ClusterView(cluster.domains, reader.tier_keys, reader.tier_paths(names))
+
+
+class GangPlanner:
+    """Gang placements over a :class:`PlanReader`: all members at once, or one more beside the running ones."""
+
+    def __init__(self, reader: PlanReader, policy: DeviceRank) -> None:
+        """``policy``: how gangs' members are ranked on a node."""
+        self.reader = reader
+        self.policy = policy
+        self._view: tuple[object, ClusterView] | None = None  # (the labels it was built from, the view)
+        self._broken: set[str] = set()  # link domains whose inconsistent labels were reported ("" for all of them)
+
+    def place(
+        self, gang: GangRef, shape: Shape, members: int, candidates: Iterable[str]
+    ) -> tuple[GangPlacement | None, str]:
+        """A placement of ``members`` x ``shape`` all at once on the usable nodes of ``candidates``, or
+        (None, why not)."""
+        cluster, topologies, free_by_node = self._inputs(candidates, shape)
+        try:
+            within = cluster.level_of(gang.tier) if gang.tier else None
+        except TopologyError as exc:
+            return None, f"gang {gang.name!r}: {exc}"
+        found = place_gang(cluster, topologies, free_by_node, shape, members, self.policy, within)
+        if found is None:
+            where = f"within one {gang.tier}" if gang.tier else "on the cluster's free devices"
+            return None, (
+                f"gang {gang.name!r} needs {members} x {shape.describe()} at once {where}; "
+                f"the free devices do not hold them"
+            )
+        return found, ""
+
+    def adjacent(
+        self, gang: GangRef, shape: Shape, candidates: Iterable[str], member_nodes: list[str], running: int
+    ) -> tuple[set[str] | None, str]:
+        """The nodes of ``candidates`` at the best tier next to ``member_nodes`` (one entry per running member)
+        where one more member of ``shape`` fits, or (None, why not); ``running``: the members running now."""
+        cluster, topologies, free_by_node = self._inputs(candidates, shape)
+        try:
+            within = cluster.level_of(gang.tier) if gang.tier else None
+        except TopologyError as exc:
+            return None, f"gang {gang.name!r}: {exc}"
+        ranked = extend_gang(cluster, topologies, free_by_node, shape, member_nodes, self.policy, within)
+        if not ranked:
+            where = ",".join(sorted(set(member_nodes))) or "no node"
+            bound = f"in the {gang.tier} of a node holding a member" if gang.tier else "in the cluster"
+            return None, (
+                f"gang {gang.name!r} (elastic, {running} running, {gang.size}..{gang.maximum}): no node {bound} "
+                f"({where}) has {shape.describe()} free; this member waits"
+            )
+        tier = ranked[0][1]
+        return {n for n, t in ranked if t == tier}, ""
+
+    def _inputs(
+        self, candidates: Iterable[str], shape: Shape
+    ) -> tuple[ClusterView, dict[str, NodeTopology], dict[str, frozenset[str]]]:
+        """The cluster (:meth:`view`), and the topologies and free devices of the usable nodes of
+        ``candidates`` where ``shape`` may fit."""
+        topologies: dict[str, NodeTopology] = {}
+        free_by_node: dict[str, frozenset[str]] = {}
+        views: Mapping[str, NodeView] = self.reader.usable_views(candidates)
+        for name, view in views.items():
+            if len(view.free) - view.unattributed < shape.size:
+                continue
+            topologies[name] = view.topology
+            free_by_node[name] = view.free
+        return self.view(), topologies, free_by_node
+
+    def view(self) -> ClusterView:
+        """Every node's link domain and network tiers, as gangs are placed by them.
+
+        The domains are built from every node the reader knows, full, left out of the candidates or not
+        ready alike: which nodes are adjacent (wrap-around links included) follows from the whole
+        domain's coordinates. A domain with inconsistent labels is left out (its nodes take gangs as
+        nodes outside any domain; a warning says so once, and again only after it was fixed and broke
+        again); the others stand."""
+        by_domain: dict[str, dict[str, dict[str, str]]] = {}
+        reader = self.reader
+        with reader.lock:
+            link = reader.link_labels()
+            # built again only when a node's link labels or tier path changed (a plan per gang member's filter)
+            paths = reader.tier_paths() if reader.tier_keys else {}
+            key = (
+                tuple(sorted((n, tuple(sorted(lb.items()))) for n, lb in link.items())),
+                reader.tier_keys,
+                tuple(sorted(paths.items())),
+            )
+            if self._view is not None and self._view[0] == key:
+                return self._view[1]
+            for name, node_labels in link.items():
+                by_domain.setdefault(node_labels[DOMAIN_LABEL], {})[name] = node_labels
+            labels: dict[str, dict[str, str]] = {}
+            broken: set[str] = set()
+            for domain, members in by_domain.items():
+                try:  # one domain with bad labels must not take the others down with it
+                    ClusterView.from_labels(members)
+                except TopologyError as exc:
+                    broken.add(domain)
+                    if domain not in self._broken:  # said once until its labels are fixed and break again
+                        log.warning(
+                            "link domain %r: inconsistent labels, its nodes take gangs one node at a time: %s",
+                            domain,
+                            exc,
+                        )
+                    continue
+                labels.update(members)
+            try:
+                cluster = ClusterView.from_labels(labels)
+            except TopologyError as exc:
+                broken.add("")
+                if "" not in self._broken:
+                    log.warning("link-domain labels are inconsistent, placing gangs without link domains: %s", exc)
+                cluster = ClusterView()
+            for domain in sorted(self._broken - broken):
+                log.info("link domain %r: labels consistent again", domain or "(all)")
+            self._broken = broken
+            view = tiered(reader, cluster)
+            self._view = (key, view)
+            return view
