@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from scheduler.cache import ClusterCache
-from scheduler.gangrecords import GangRecords, Record, Reservation, Slot
+from scheduler.gangrecords import GangRecords, Reservation, Slot
 from scheduler.host import Host
 from scheduler.podspec import PodInfo
+from scheduler.wire import Record
 from topology import AllocationError, GangPlacement, Shape, TopologyError
 
 __all__ = ["GangBook"]

@@ -23,7 +23,6 @@ from typing import Any
 from scheduler.host import Host, QuietHost
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.wire import (
-    RECORD_ANNOTATION,
     RECORD_LABEL,
     Record,
     WireError,
@@ -33,18 +32,7 @@ from scheduler.wire import (
     written_at,
 )
 
-# The record names and Record are the wire contract's (scheduler.wire); named here until scheduler.gang* import
-# them from there.
-__all__ = [
-    "RECORD_ANNOTATION",
-    "RECORD_LABEL",
-    "GangRecords",
-    "Record",
-    "Reservation",
-    "Slot",
-    "lease_record",
-    "record_name",
-]
+__all__ = ["GangRecords", "Reservation", "Slot"]
 
 DELETE_RETRIES_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)  # waits before each further try at a failed record deletion
 
