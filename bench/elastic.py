@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulator.clusterspec import builtin_cluster
 from simulator.jobs import DEFAULT_MIX, Job, make_elastic, synthetic_jobs
-from simulator.timesim import FailureRates, TimeResult, percentile, run_time, summarise
+from simulator.report import percentile, summarise
+from simulator.timebase import FailureRates
+from simulator.timesim import TimeResult, run_time
 
 GANG_HEAVY = (
     ("ring", 4, 1, 0.20),

@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simulator.clusterspec import ClusterSpec, cluster_from_mapping
 from simulator.jobs import Job, synthetic_jobs
 from simulator.network import NetworkModel, default_costs
-from simulator.timesim import TimeResult, percentile, run_time, summarise
+from simulator.report import percentile, summarise
+from simulator.timesim import TimeResult, run_time
 
 RACK = "example.com/rack"
 BLOCK = "example.com/block"

@@ -1,4 +1,5 @@
-"""Outputs of ``icl sim``: terminal tables, CSV/JSON of every metric, PNG plots, one HTML report.
+"""Outputs of ``icl sim``: the summaries of fill and time runs, terminal tables, CSV/JSON of every metric, PNG
+plots, one HTML report.
 
 Everything here is at the edge: it takes finished results and writes files.
 matplotlib is imported lazily (Agg backend) so that the rest of the simulator
@@ -23,9 +24,21 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from simulator.fill import FillResult
-from simulator.timesim import TimeResult, TimeSummary
+from simulator.timesim import TimeResult
+from topology import LEVEL_LINK
 
-__all__ = ["FillSummary", "Progress", "Report", "format_table", "summarise_fill", "time_average"]
+__all__ = [
+    "FillSummary",
+    "Progress",
+    "Report",
+    "TimeSummary",
+    "format_table",
+    "jain_index",
+    "percentile",
+    "summarise",
+    "summarise_fill",
+    "time_average",
+]
 
 
 class Progress:
@@ -142,6 +155,118 @@ def summarise_fill(results: Sequence[FillResult]) -> FillSummary:
         decisions_per_s=decisions / secs if secs > 0 else math.inf,
         seconds=secs,
     )
+
+
+@dataclass(frozen=True)
+class TimeSummary:
+    policy: str
+    jobs: int
+    completed: int
+    placed: int
+    valid_pct: float
+    wait_mean: float
+    wait_p50: float
+    wait_p95: float
+    jct_mean: float
+    jct_p50: float
+    jct_p95: float
+    utilisation_pct: float
+    jain: float
+    share_error: float
+    gang_failures: int
+    requeues: int
+    rejected: int
+    gangs_linked_pct: float = math.nan
+    """Gangs (of more than one member) placed on one node or adjacent nodes of one link domain."""
+    gangs_tier1_pct: float = math.nan
+    """Gangs placed within one domain of the lowest network tier (NaN: the cluster names no tiers)."""
+    comm_pct: float = math.nan
+    """The network model's communication share of gangs' runtime, mean (NaN: no model)."""
+    gang_jct_mean: float = math.nan
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index of ``values`` (1 = perfectly even).
+
+    >>> jain_index([1.0, 1.0, 1.0])
+    1.0
+    >>> round(jain_index([1.0, 0.0]), 3)
+    0.5
+    """
+    if not values:
+        return math.nan
+    s = sum(values)
+    sq = sum(v * v for v in values)
+    return (s * s) / (len(values) * sq) if sq > 0 else 1.0
+
+
+def summarise(result: TimeResult) -> TimeSummary:
+    """The metrics of a time run."""
+    recs = [r for r in result.records if not r.rejected]
+    started = [r for r in recs if r.starts]
+    waits = [w for r in started if (w := r.wait) is not None]
+    jcts = [x for r in recs if (x := r.jct) is not None]
+    judged = [r for r in started if r.valid is not None]
+    valid = sum(1 for r in judged if r.valid)
+    gangs = [r for r in started if r.job.gang > 1 and r.crossing is not None]
+    crossing = [r.crossing for r in gangs if r.crossing is not None]
+    comms = [r.comm for r in gangs if r.comm is not None]
+    gang_jcts = [x for r in gangs if (x := r.jct) is not None]
+    # utilisation: time-weighted busy devices over the run
+    area = 0.0
+    for (t0, u0, _, _), (t1, _, _, _) in itertools.pairwise(result.samples):
+        area += u0 * (t1 - t0)
+    span = result.samples[-1][0] - result.samples[0][0] if len(result.samples) > 1 else 0.0
+    util = 100.0 * area / span if span > 0 else 0.0
+    # fairness: device-seconds per unit weight, over queues that had work
+    qs = sorted(result.busy_device_seconds)
+    norm = [result.busy_device_seconds[q] / result.weights.get(q, 1.0) for q in qs]
+    total = sum(result.busy_device_seconds.values())
+    wsum = sum(result.weights.get(q, 1.0) for q in qs)
+    err = (
+        max(abs(result.busy_device_seconds[q] / total - result.weights.get(q, 1.0) / wsum) for q in qs)
+        if total > 0 and qs
+        else 0.0
+    )
+    return TimeSummary(
+        policy=result.policy,
+        jobs=len(result.records),
+        completed=len(jcts),
+        placed=len(started),
+        valid_pct=100.0 * valid / len(judged) if judged else math.nan,
+        wait_mean=sum(waits) / len(waits) if waits else math.nan,
+        wait_p50=percentile(waits, 0.5),
+        wait_p95=percentile(waits, 0.95),
+        jct_mean=sum(jcts) / len(jcts) if jcts else math.nan,
+        jct_p50=percentile(jcts, 0.5),
+        jct_p95=percentile(jcts, 0.95),
+        utilisation_pct=util,
+        jain=jain_index(norm),
+        share_error=100.0 * err,
+        gang_failures=result.gang_failures,
+        requeues=sum(r.requeues for r in recs),
+        rejected=len(result.records) - len(recs),
+        gangs_linked_pct=100.0 * sum(1 for x in crossing if x <= LEVEL_LINK) / len(crossing) if crossing else math.nan,
+        gangs_tier1_pct=100.0 * sum(1 for x in crossing if x <= 2) / len(crossing)
+        if crossing and result.tiers
+        else math.nan,
+        comm_pct=100.0 * sum(comms) / len(comms) if comms else math.nan,
+        gang_jct_mean=sum(gang_jcts) / len(gang_jcts) if gang_jcts else math.nan,
+    )
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by linear interpolation between order statistics; NaN for none."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def _fmt(v: object) -> str:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from simulator.jobs import Job
     from simulator.report import Report
-    from simulator.timesim import FailureRates
+    from simulator.timebase import FailureRates
     from topology.gpushare import GpuNodeSpec, TaskRequest
 
 __all__ = ["register", "run"]
@@ -266,7 +266,7 @@ def _weights(text: str) -> dict[str, float]:
 
 
 def _failures(text: str | None, repair: float, builtin: bool) -> FailureRates:
-    from simulator.timesim import FailureRates
+    from simulator.timebase import FailureRates
 
     if text is None:
         if builtin:
@@ -498,8 +498,9 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
 def _run_time(args: argparse.Namespace, report: Report) -> None:
     from simulator.clusterspec import ClusterSpec, builtin_cluster, load_cluster
     from simulator.jobs import read_jobs, synthetic_jobs, unknown_name
-    from simulator.report import Progress
-    from simulator.timesim import SHARE_POLICIES, TIME_POLICIES, TOPOLOGY_POLICIES, run_time, summarise
+    from simulator.report import Progress, summarise
+    from simulator.timebase import SHARE_POLICIES, TIME_POLICIES, TOPOLOGY_POLICIES
+    from simulator.timesim import run_time
     from topology import TopologyError
 
     cluster: ClusterSpec | list[GpuNodeSpec]

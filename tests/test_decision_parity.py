@@ -28,9 +28,9 @@ from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
-from simulator import timesim
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.jobs import Job
+from simulator.model_extender import ExtenderModel
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import build_preset, load_topology, parse_shape
@@ -98,7 +98,7 @@ def _simulator(scene: dict[str, Any]) -> tuple[str, tuple[str, ...]] | None:
     spec = ClusterSpec(
         tuple(NodeSpec(nd["name"], build_preset(nd["preset"]), nd["cpu"], nd["mem"], "X", "p") for nd in scene["nodes"])
     )
-    c = timesim._ExtenderCluster(spec, PolicyName.ICL, None, None)
+    c = ExtenderModel(spec, PolicyName.ICL, None, None)
     for nd in scene["nodes"]:  # the pods running there, as the simulator's cluster holds them
         for j, (devs, cpu) in enumerate(zip(nd["holders"], nd["used_cpu"], strict=True)):
             p = pod_obj(f"{nd['name']}-h{j}", len(devs), "any", namespace="sim", node=nd["name"], phase="Running")

@@ -20,6 +20,7 @@ from scheduler.factory import build_extender
 from simulator import timesim
 from simulator.clusterspec import builtin_cluster
 from simulator.jobs import Job
+from simulator.model_extender import ExtenderModel
 from topology.policy import PolicyName
 
 SPEC = builtin_cluster()
@@ -33,7 +34,7 @@ def test_time_mode_builds_its_extender_with_the_factory(policy: str) -> None:
         built.append((cfg.policy, cache, api))
         return build_extender(cfg, cache, api, **kw)
 
-    with mock.patch("simulator.timesim.build_extender", recording):
+    with mock.patch("simulator.model_extender.build_extender", recording):
         res = timesim.run_time(SPEC, [Job("j", 0.0, 10.0, 4, "ring")], policy)
     assert res.records[0].end == 10.0
     ((name, cache, api),) = built
@@ -43,7 +44,7 @@ def test_time_mode_builds_its_extender_with_the_factory(policy: str) -> None:
 
 
 def test_every_placement_is_the_extenders_bind_in_its_cache() -> None:
-    c = timesim._ExtenderCluster(SPEC, PolicyName.ICL, None, None, record=True)
+    c = ExtenderModel(SPEC, PolicyName.ICL, None, None, record=True)
     jobs = [
         Job(f"j{i}", 0.0, 10.0, count, shape)
         for i, (count, shape) in enumerate([(4, "ring"), (2, "any"), (8, "ring"), (4, "mesh:2x2")])
@@ -53,7 +54,7 @@ def test_every_placement_is_the_extenders_bind_in_its_cache() -> None:
         c.queued(job)
         placed = c.place(job)
         assert placed is not None
-        c.take(placed[0], job)
+        c.start(job, placed[0])
         # each member is a pod the extender bound: its cache holds the devices time mode records
         for member, where in enumerate(placed[0].members):
             uid = c.uid_of[(job.id, member)]

@@ -9,11 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator import timesim
 from simulator.clusterspec import builtin_cluster, cluster_from_mapping
 from simulator.extcluster import NAMESPACE, member_pod
 from simulator.jobs import Job, JobFormatError, make_elastic, synthetic_jobs
-from simulator.timesim import FailureRates, run_time, summarise
+from simulator.model_extender import ExtenderModel
+from simulator.report import summarise
+from simulator.timebase import FailureRates
+from simulator.timesim import run_time
 from topology.policy import PolicyName
 
 LINE = cluster_from_mapping(
@@ -34,7 +36,7 @@ def test_an_elastic_gang_grows_at_once_when_there_is_room_and_finishes_sooner() 
     assert rigid.records[0].end == pytest.approx(1000.0)
 
 
-def _holding(c: timesim._ExtenderCluster, nodes: list[str]) -> None:
+def _holding(c: ExtenderModel, nodes: list[str]) -> None:
     """Pods already running that hold every device of ``nodes``."""
     for node in nodes:
         pod = member_pod(Job(f"hold-{node}", 0.0, 1.0, 8), 0, f"hold-{node}", c.resource)
@@ -43,13 +45,13 @@ def _holding(c: timesim._ExtenderCluster, nodes: list[str]) -> None:
         c.api.create_pod(pod)
 
 
-def _release(c: timesim._ExtenderCluster, node: str) -> None:
+def _release(c: ExtenderModel, node: str) -> None:
     c.api.end_pod(NAMESPACE, f"hold-{node}-0", succeeded=True)
 
 
 def test_an_elastic_gang_within_its_link_domain_grows_only_next_to_itself() -> None:
     # n0, n2 and n3 are taken; the elastic gang starts on n1 (min 1); then n3 is free but not linked to n1
-    c = timesim._ExtenderCluster(LINE, PolicyName.ICL, "link-domain", None)
+    c = ExtenderModel(LINE, PolicyName.ICL, "link-domain", None)
     order = c.order
     _holding(c, [order[0], order[2], order[3]])
     job = Job("e", 0.0, 100.0, 8, "ring", gang=3, gang_min=1)
@@ -68,7 +70,7 @@ def test_an_elastic_gang_within_its_link_domain_grows_only_next_to_itself() -> N
     )
     assert all(r.end is not None for r in res.records)
     # without a gang tier the same gang may also grow onto n3 (the cluster is the top tier)
-    c = timesim._ExtenderCluster(LINE, PolicyName.ICL, None, None)
+    c = ExtenderModel(LINE, PolicyName.ICL, None, None)
     _holding(c, [order[0], order[2], order[3]])
     c.queued(job)
     placed = c.place(dataclasses.replace(job, gang=1))

@@ -26,7 +26,8 @@ from scheduler.podspec import parse_devices
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 from simulator.clusterspec import builtin_cluster
 from simulator.jobs import make_elastic, synthetic_jobs
-from simulator.timesim import FailureRates, run_time
+from simulator.timebase import FailureRates
+from simulator.timesim import run_time
 from tests.support.extender import MemoryKubeAPI
 
 WEIGHTS = {"research": 3.0, "prod": 1.0}

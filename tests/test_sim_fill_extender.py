@@ -33,8 +33,8 @@ from simulator.fill import (
     run_fill,
 )
 from simulator.fracgen import scaled_cluster, synthetic_tasks
-from simulator.fractime import FracBackend
 from simulator.jobs import Job
+from simulator.model_share import ShareModel
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import build_preset
 from topology.contract import ANN_DEVICES, DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE, MILLI_PER_DEVICE
@@ -358,9 +358,9 @@ def test_time_modes_share_icl_decides_every_member_through_the_share_policy() ->
                 gpu_milli=task.gpu_milli if task.num_gpu else MILLI_PER_DEVICE,
             )
         )
-    backend = FracBackend(NODES, "icl", jobs, random.Random(1))
+    backend = ShareModel(NODES, "icl", jobs, random.Random(1))
     assert isinstance(backend.scorer, ShareScorer)
-    assert isinstance(FracBackend(NODES, "fgd", jobs, random.Random(1)).scorer, Scorer)
+    assert isinstance(ShareModel(NODES, "fgd", jobs, random.Random(1)).scorer, Scorer)
     rec = Recording(backend.scorer.shares.nodes, "icl")
     backend.scorer.shares = rec
     placed = 0
@@ -378,6 +378,6 @@ def test_time_modes_share_icl_decides_every_member_through_the_share_policy() ->
             assert index in tied, f"{job.id}: {name} is not one of the share policy's best nodes"
             state = backend.cluster.states[index]
             assert job.gang > 1 or tuple(int(d) for d in devices) == tuple(state.pick(tied[index][1]))
-        backend.take(alloc, job)
+        backend.start(job, alloc)
         placed += 1
     assert placed > 10

@@ -16,7 +16,8 @@ from icl.cli import main
 from simulator.clusterspec import SpecError, load_cluster
 from simulator.jobs import Job, JobFormatError, read_jobs, write_jobs_csv
 from simulator.openb import TraceError, read_nodes, read_pods
-from simulator.timesim import SHARE_POLICIES, TIME_POLICIES, run_time
+from simulator.timebase import SHARE_POLICIES, TIME_POLICIES
+from simulator.timesim import run_time
 from topology.policy import PolicyName
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "openb-gpu-2023"
@@ -328,13 +329,14 @@ def test_topology_policies_honour_gpu_spec() -> None:
         res = run_time(spec, jobs, policy)
         assert all(r.end is not None for r in res.records)
     # where each ran: only T4 nodes (t-00, t-01); checked through the free devices of a one-job run
-    from simulator import timesim
+    from simulator.model_extender import ExtenderModel
+    from simulator.model_kubelet import KubeletModel
 
-    c = timesim._ExtenderCluster(spec, PolicyName.ICL, None, None)
+    c = ExtenderModel(spec, PolicyName.ICL, None, None)
     c.queued(jobs[0])
     placed = c.place(jobs[0])
     assert placed is not None and {n for n, _ in placed[0].members} <= {"t-00", "t-01"}
-    c = timesim._TopoCluster(spec, PolicyName.KUBELET)
+    c = KubeletModel(spec)
     placed = c.place(jobs[0])
     assert placed is not None and {n for n, _ in placed[0].members} <= {"t-00", "t-01"}
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from simulator.clusterspec import SpecError, cluster_from_mapping
 from simulator.jobs import Job
 from simulator.network import Algorithm, LevelCost, NetworkModel, allreduce_seconds, default_costs, parse_network
-from simulator.timesim import run_time, summarise
+from simulator.report import summarise
+from simulator.timesim import run_time
 
 RACK = "example.com/rack"
 BLOCK = "example.com/block"

@@ -12,8 +12,8 @@ from simulator.clusterspec import cluster_from_mapping
 from simulator.fill import run_fill
 from simulator.fracgen import builtin_frac_cluster, synthetic_tasks
 from simulator.jobs import Job
-from simulator.report import Report
-from simulator.timesim import run_time, summarise
+from simulator.report import Report, summarise
+from simulator.timesim import run_time
 from topology.gpushare import TargetWorkload
 from topology.policies import make_policy
 

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from simulator.clusterspec import SpecError, builtin_cluster, cluster_from_mapping
 from simulator.extcluster import member_pod
 from simulator.jobs import Job, JobFormatError, read_jobs, synthetic_jobs, write_jobs_csv
-from simulator.timesim import FailureRates, jain_index, run_time, summarise
+from simulator.report import jain_index, summarise
+from simulator.timebase import FailureRates
+from simulator.timesim import run_time
 from topology import Placer, parse_shape
 from topology.gpushare import GpuNodeSpec
 from topology.policy import PolicyName
@@ -47,18 +49,19 @@ def test_kubelet_is_not_always_valid_and_icl_is() -> None:
 
 def test_valid_flag_matches_the_topology_check() -> None:
     """A single-node job marked valid really forms its shape on its node (checked by Placer.is_valid)."""
-    from simulator import timesim
+    from simulator import model_kubelet
+    from simulator.model_extender import ExtenderModel
 
-    c = timesim._TopoCluster(SPEC)
+    c = model_kubelet.KubeletModel(SPEC)
     job = Job("j", 0.0, 10.0, 4, "ring")
     shape = parse_shape("ring", count=4)
     c.free["ring-00"] -= {"0", "2", "5"}  # leave a fragmented node first in line
-    placed = timesim._place_kubelet(c, job, shape)
+    placed = model_kubelet._place_kubelet(c, job, shape)
     assert placed is not None
     alloc, valid = placed
     ((_node, devices),) = alloc.members
     assert valid == Placer.for_topology(SPEC.nodes[0].topology).is_valid(shape, devices)
-    ext = timesim._ExtenderCluster(SPEC, PolicyName.ICL, None, None)
+    ext = ExtenderModel(SPEC, PolicyName.ICL, None, None)
     held = member_pod(Job("h", 0.0, 1.0, 3), 0, "h", ext.resource)  # the same devices held there
     held["spec"]["nodeName"] = "ring-00"
     held["metadata"]["annotations"]["kube-icl.io/devices"] = "0,2,5"
@@ -75,9 +78,9 @@ def test_gang_members_sit_on_adjacent_nodes_of_one_domain() -> None:
     jobs = [Job(f"g{i}", float(i), 1000.0, 8, "ring", gang=3) for i in range(4)]
     res = run_time(SPEC, jobs, "icl")
     assert all(r.valid for r in res.records)
-    from simulator import timesim
+    from simulator.model_extender import ExtenderModel
 
-    c = timesim._ExtenderCluster(SPEC, PolicyName.ICL, None, None)
+    c = ExtenderModel(SPEC, PolicyName.ICL, None, None)
     job = jobs[0]
     c.queued(job)
     placed = c.place(job)
@@ -204,20 +207,20 @@ def test_share_policies_finish_every_job_and_fail_whole_gangs(seed: int, policy:
 
 
 def test_share_backend_never_overcommits_while_running() -> None:
-    from simulator.fractime import FracBackend
+    from simulator.model_share import ShareModel
 
     jobs = _frac_jobs(60, 1)
-    backend = FracBackend(FRAC_NODES, "fgd", jobs, __import__("random").Random(1))
+    backend = ShareModel(FRAC_NODES, "fgd", jobs, __import__("random").Random(1))
     running = []
     for job in jobs:
         placed = backend.place(job)
         if placed is None:
             continue
-        backend.take(placed[0], job)
+        backend.start(job, placed[0])
         running.append((placed[0], job))
         assert all(0 <= f <= 1000 for s in backend.cluster.states for f in s.gpu_free)
     for alloc, job in running:
-        backend.give(alloc, job)
+        backend.stop(job, alloc, failed=False)
     assert backend.cluster.allocated_milli == 0
 
 

@@ -1,11 +1,11 @@
-"""The fractional-device cluster as a time-mode backend (``share:`` policies of ``run_time``).
+"""Time mode's ``share:`` policies: the fractional-device cluster model (``simulator.timesim.run_time``).
 
 Jobs ask CPU, memory and devices or device shares; placement is what fill mode runs for the
 policy name (``simulator.fill.fill_policy``): ``share:icl`` is the extender's own share decision
 (``scheduler.sharing.ShareRanker`` over this cluster, ``simulator.fill.ShareScorer``), the
 baselines are ``topology.policies`` policies (``simulator.fill.Scorer``). Nodes and devices fail (there are no links in
 this model): a failed device is held by a placeholder until repaired, a
-failed node leaves scoring.
+failed node leaves scoring. Jobs wait in the simulator's own queue; elastic gangs run rigid.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 from simulator.fill import FracCluster, fill_policy, never_fits, node_order, scorer_for
 from simulator.jobs import Job
-from simulator.timebase import Alloc, FailureRates
+from simulator.timebase import Alloc, FailureItem, FailureRates, Member, Placed, Victim
 from topology.gpushare import MILLI, GpuNodeSpec, TargetWorkload, TaskRequest
 from topology.policies import TieBreak
 
-__all__ = ["FracBackend", "task_of"]
+__all__ = ["ShareModel", "task_of"]
 
 _BROKEN = TaskRequest(0, 0, 1, MILLI)
 
@@ -29,7 +29,13 @@ def task_of(job: Job) -> TaskRequest:
     return TaskRequest(job.cpu_milli, job.memory_mib, job.count, job.gpu_milli if job.count else 0, job.gpu_spec)
 
 
-class FracBackend:
+class ShareModel:
+    """Fractional devices on nodes without topology: placement by count and share, the policy's own."""
+
+    view = None
+    kube_queue = False
+    grows = False
+
     def __init__(self, nodes: Sequence[GpuNodeSpec], policy: str, jobs: Sequence[Job], rng: random.Random) -> None:
         self.specs = list(nodes)
         self.index = {n.name: i for i, n in enumerate(self.specs)}
@@ -62,7 +68,15 @@ class FracBackend:
             why = self._never[task.key] = never_fits(task, self._distinct)
         return why + (" (per gang member)" if why and job.gang > 1 else "")
 
-    def place(self, job: Job) -> tuple[Alloc, bool | None] | None:
+    def tick(self, t: float) -> None:
+        """The model keeps no clock."""
+
+    def queued(self, job: Job) -> None:
+        """A waiting job is the simulator's queue's alone."""
+
+    def place(self, job: Job, *, preempt: bool = False) -> Placed | None:
+        """Where the policy puts ``job``'s members, one by one; ``preempt`` is not used (the simulator's own
+        queue runs no priorities)."""
         task = task_of(job)
         taken: list[tuple[int, tuple[int, ...]]] = []
         ok = True
@@ -86,15 +100,26 @@ class FracBackend:
             return None
         return Alloc([(self.specs[n].name, tuple(str(d) for d in devs)) for n, devs in taken]), None
 
-    def take(self, alloc: Alloc, job: Job) -> None:
+    def take_victims(self) -> list[Victim]:
+        """No preemption: none is ever chosen."""
+        return []
+
+    def start(self, job: Job, alloc: Alloc) -> None:
         task = task_of(job)
         for name, devs in alloc.members:
             self.cluster.allocate_devices(self.index[name], task, [int(d) for d in devs])
 
-    def give(self, alloc: Alloc, job: Job) -> None:
+    def stop(self, job: Job, alloc: Alloc, *, failed: bool) -> None:
         task = task_of(job)
         for name, devs in alloc.members:
             self.cluster.release(self.index[name], task, [int(d) for d in devs])
+
+    def grow_one(self, job: Job, alloc: Alloc) -> Member | None:
+        """Elastic gangs run rigid here (``grows`` is False): no member is ever added."""
+        return None
+
+    def drop_member(self, job: Job, member: Member) -> None:
+        self.cluster.release(self.index[member[0]], task_of(job), [int(d) for d in member[1]])
 
     def failure_items(self, rates: FailureRates) -> list[tuple[str, str, str, float]]:
         items: list[tuple[str, str, str, float]] = []
@@ -105,11 +130,11 @@ class FracBackend:
                 items.extend(("device", n.name, str(d), rates.device_per_hour) for d in range(n.gpus))
         return items
 
-    def hits(self, item: tuple[str, str, str], alloc: Alloc) -> bool:
+    def hits(self, item: FailureItem, alloc: Alloc) -> bool:
         kind, node, what = item
         return any(n == node and (kind == "node" or what in devs) for n, devs in alloc.members)
 
-    def fail(self, item: tuple[str, str, str]) -> None:
+    def fail(self, item: FailureItem) -> None:
         kind, node, what = item
         i = self.index[node]
         if kind == "node":
@@ -119,7 +144,7 @@ class FracBackend:
             self.broken.add((i, int(what)))
             self.cluster.allocate_devices(i, _BROKEN, [int(what)])
 
-    def repair(self, item: tuple[str, str, str]) -> None:
+    def repair(self, item: FailureItem) -> None:
         kind, node, what = item
         i = self.index[node]
         if kind == "node":
