@@ -102,7 +102,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "--log-level",
         default=argparse.SUPPRESS,
         choices=LOG_LEVELS,
-        help=f"log verbosity (default: {DEFAULT_LOG_LEVEL}; before or after the subcommand)",
+        help=f"log verbosity (default: {DEFAULT_LOG_LEVEL}, icl demo: warning; before or after the subcommand)",
     )
     common.add_argument(
         "--json-logs",
@@ -134,7 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_command_in(words))
     args = parser.parse_args(words)
-    _configure_logging(getattr(args, "log_level", DEFAULT_LOG_LEVEL), getattr(args, "json_logs", False))
+    # --log-level, else the subcommand's own default (``icl demo`` keeps the extender it runs quiet), else info
+    level = getattr(args, "log_level", getattr(args, "default_log_level", DEFAULT_LOG_LEVEL))
+    _configure_logging(level, getattr(args, "json_logs", False))
     try:
         code: int = args.func(args)
         sys.stdout.flush()
