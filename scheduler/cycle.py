@@ -2,8 +2,9 @@
 
 :class:`Profiles` holds one :class:`Cycle` per :class:`scheduler.framework.PodKind` (kube-scheduler
 builds one framework per profile) and runs the one of the kind the pod was classified as when it
-was read. Filter: the pre-filter steps, then the per-node filter step; the first step that fails
-(or skips, or decides the nodes itself) ends the phase. Prioritize: the first score step
+was read. Filter: the pre-filter steps every kind runs (:attr:`Profiles.pre_filter`), then the
+kind's own, then the per-node filter step; the first step that fails (or skips, or decides the
+nodes itself) ends the phase. Prioritize: the first score step
 with a say for the pod scores every node. Bind: pre-bind steps, then reserve steps; when a
 reserve step or the bind step fails, the reserve steps that succeeded are undone, last first,
 unless the bind's outcome is unknown (``PENDING``), which keeps them. Every failure whose
@@ -70,10 +71,11 @@ class Cycle:
             self.on_failure(state, status)
         return status
 
-    def filter(self, state: CycleState) -> Status:
-        """Run the filter phase; ``state.answer`` holds the nodes that pass and why the others fail."""
+    def filter(self, state: CycleState, first: Sequence[PreFilterStep] = ()) -> Status:
+        """Run the filter phase, ``first`` before this cycle's pre-filter steps; ``state.answer`` holds
+        the nodes that pass and why the others fail."""
         names = state.names
-        for step in self.pre_filter:
+        for step in (*first, *self.pre_filter):
             status = outcome_of(step, step.pre_filter(state))
             if status.code is Code.SKIP:
                 state.answer = NodeAnswer(list(names))
@@ -134,17 +136,26 @@ class Cycle:
 
 class Profiles:
     """One :class:`Cycle` per pod kind; each verb runs the cycle of the kind the pod was read as
-    (:attr:`CycleState.kind`). A kind without a cycle of its own runs ``default``."""
+    (:attr:`CycleState.kind`). A kind without a cycle of its own runs ``default``. ``pre_filter``: the
+    pre-filter steps every kind runs first, the pod already read (what they look at is the request,
+    not the pod's kind)."""
 
-    def __init__(self, cycles: Mapping[PodKind, Cycle], default: Cycle | None = None) -> None:
+    def __init__(
+        self,
+        cycles: Mapping[PodKind, Cycle],
+        default: Cycle | None = None,
+        *,
+        pre_filter: Sequence[PreFilterStep] = (),
+    ) -> None:
         self.cycles = dict(cycles)
         self.default = default or Cycle()
+        self.pre_filter = tuple(pre_filter)
 
     def of(self, kind: PodKind) -> Cycle:
         return self.cycles.get(kind, self.default)
 
     def filter(self, state: CycleState) -> Status:
-        return self.of(state.kind).filter(state)
+        return self.of(state.kind).filter(state, self.pre_filter)
 
     def score(self, state: CycleState) -> list[int]:
         return self.of(state.kind).score(state)

@@ -18,14 +18,15 @@ gives them the top score), linked nodes only when no node without links fits. A 
 needs no links, and leaving the linked nodes to the pods that need their links is what the
 fragmentation terms of both policies aim at.
 
-:meth:`Decision.place` runs these steps in the extender's order over any snapshot: filter, score,
-the first of the best-scored nodes (kube-scheduler picks one of them at random), then the devices
-bind would choose. The simulator's time mode replays a trace through it (``simulator.timesim``).
+:class:`Decision` holds these steps over one snapshot; the extender builds its own with
+:func:`build_decision` and runs them inside its cycles (:func:`scheduler.profiles.build_profiles`).
+The simulator's time mode replays a trace through that extender's own verbs (``simulator.timesim``,
+``simulator.extcluster``), so it runs these steps in the same cycles.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import ClassVar
 
 from scheduler.cache import NodeView
@@ -189,7 +190,8 @@ class UnlinkedFit:
 
 
 class Decision:
-    """The whole-device kinds' filter and score steps over ``nodes``, and the devices their bind takes.
+    """The whole-device kinds' filter and score steps over ``nodes``, and the ranker their bind takes
+    the devices with.
 
     ``shares``: the share policy over the same nodes (the extender's, with the ``icl`` policy); ``None``:
     every whole-device pod is ``SHAPED`` (the topology-aware ranker everywhere)."""
@@ -209,55 +211,15 @@ class Decision:
         self.ranker = LinkedRanker(nodes, policy, resource)
         self.fit = NodeFit(self.ranker, self.fits, keep_best)
         self.unlinked = UnlinkedFit(nodes, self.ranker, shares, self.fits, keep_best) if shares is not None else None
-        self.classify = Classify(None, cpu_pods=False, unshaped=shares is not None)
-        # Each whole-device kind's one per-node step, its filter and its score (these kinds' cycles in
-        # the extender add pre-filter and bind steps around it: Extender._cycles).
-        self.steps: dict[PodKind, NodeFit | UnlinkedFit] = {PodKind.SHAPED: self.fit}
-        if self.unlinked is not None:
-            self.steps[PodKind.UNSHAPED] = self.unlinked
-
-    def devices(self, view: NodeView, shape: Shape) -> tuple[str, ...] | None:
-        """The devices the topology-aware ranker takes for ``shape`` on this node view; ``None`` when it
-        does not fit."""
-        return self.ranker.devices(view, shape)
-
-    def devices_on(
-        self, kind: PodKind, info: PodInfo, shape: Shape, node: str, view: NodeView
-    ) -> tuple[tuple[str, ...], str]:
-        """The devices bind takes for a pod of ``kind`` on ``node``, or ((), why not)."""
-        if kind is PodKind.UNSHAPED and self.shares is not None:
-            return unlinked_devices(self.ranker, self.shares, info, shape, node, view)
-        return self.ranker.pick(shape, node, view)
-
-    def place(self, info: PodInfo, shape: Shape, names: Sequence[str]) -> tuple[str, tuple[str, ...]] | None:
-        """Filter ``names`` (the nodes kube-scheduler's own filters passed), score those that pass, take
-        the first best-scored one and the devices bind would choose there; ``None`` when none fits."""
-        kind = self.classify.kind(info, shape, "")
-        step = self.steps[kind]
-        state = CycleState({}, info, shape, kind, names=list(names))
-        status = step.filter(state, state.names)
-        answer = state.answer or NodeAnswer.every(state.names, status)
-        if not status.ok or not answer.passed:
-            return None
-        state.names = answer.passed
-        scores = step.score(state, state.names) or [0] * len(state.names)
-        node = state.names[scores.index(max(scores))]
-        view = self.nodes.view_lookup()(node)
-        if view is None:
-            return None
-        devices, _ = self.devices_on(kind, info, shape, node, view)
-        return (node, devices) if devices else None
 
 
-def build_decision(cfg: ExtenderConfig, snapshot: Snapshot, shares: SnapshotShareRanker | None = None) -> Decision:
+def build_decision(cfg: ExtenderConfig, snapshot: Snapshot, shares: SnapshotShareRanker) -> Decision:
     """The decision of ``cfg`` (policy, weights, resource, ``keepBestNodes``) over ``snapshot``.
 
     With the ``icl`` policy, unshaped pods on nodes without links are ranked by ``shares`` (the caller's
-    share ranker over the same snapshot, so one ranker serves shares and unshaped pods) or, when none
-    is given, a share ranker of its own; with any other policy, by the topology-aware ranker."""
+    share ranker over the same snapshot, so one ranker serves shares and unshaped pods); with any other
+    policy, by the topology-aware ranker."""
     weights = Weights(cfg.fragmentation_weight, cfg.binpack_weight, cfg.stranding_weight)
     policy = linked_policy(cfg.policy, weights)
-    unshaped = None
-    if policy.name is PolicyName.ICL:
-        unshaped = shares if shares is not None else SnapshotShareRanker(snapshot, PolicyName.ICL.value)
+    unshaped = shares if policy.name is PolicyName.ICL else None
     return Decision(snapshot, policy, cfg.resource_name, cfg.keep_best_nodes, unshaped)

@@ -1,24 +1,16 @@
 """The extender's verbs: filter, prioritize, bind, preempt, over one scheduling cycle.
 
-Each verb reads the pod once into a :class:`scheduler.framework.CycleState` and hands it to
-the cycle driver (:class:`scheduler.cycle.Cycle`), which runs small steps that do not call
-each other, each answering with a :class:`scheduler.framework.Status`:
+Each verb reads the pod once into a :class:`scheduler.framework.CycleState` (:class:`scheduler.steps.ReadPod`
+classifies it: its :class:`scheduler.framework.PodKind`) and hands it to the profiles
+(:func:`scheduler.profiles.build_profiles`: one :class:`scheduler.cycle.Cycle` per kind, built when the
+extender is), whose driver runs the kind's small steps: pre-filter (victims of earlier preemptions
+read again, devices it already holds, shares, CPU-only pods, not ours, gang admission, fair share,
+gang), filter and score per node, then bind's lease, reserve, Binding and post-bind; a failed
+Binding undoes the reservations. Preempt lives in :mod:`scheduler.preempt`.
 
-0. the pod is read and classified once (:class:`scheduler.steps.ReadPod`,
-   :class:`scheduler.framework.PodKind`); the cycle of its kind runs (:meth:`Extender._cycles` lists
-   each kind's steps);
-1. pre-filter (:mod:`scheduler.steps`): devices it already holds, shares, CPU-only pods, not ours,
-   gang admission, fair share (:mod:`scheduler.fairshare`), gang (:mod:`scheduler.gang`);
-2. filter and score per node (:class:`scheduler.nodefit.NodeFit`, :class:`scheduler.decision.UnlinkedFit`):
-   does the shape fit the node's free healthy devices (:class:`topology.Placer`), and how well
-   (:mod:`topology.policy`); a shape-less whole-device pod on nodes without links is ranked by
-   the share policy (:mod:`scheduler.sharing`), as fill mode ranks it;
-3. bind (:mod:`scheduler.binding`): the lease, reserve (the gang's record, the devices of the
-   pod's kind, under the cache lock with the ranker the filter used), the Binding, post-bind;
-   a failed Binding undoes the reservations.
-
-Preempt lives in :mod:`scheduler.preempt`. This module keeps what outlives one request:
-leadership, reconcile, the evictions worker, binds whose outcome is unknown, metrics.
+This module keeps what outlives one request, as the parts it builds ask it through
+:class:`scheduler.host.Host`: leadership, reconcile, the evictions worker, binds whose outcome is
+unknown, Events; and the state behind ``/debug`` and ``/metrics``.
 
 Bind and a gang's first filter decide only while this replica holds the
 extender's Lease (:mod:`scheduler.ha`); taking it over lists pods again and
@@ -33,51 +25,26 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from scheduler import fairshare
-from scheduler.binding import (
-    Announce,
-    Binding,
-    GangDevices,
-    GangRecord,
-    Lease,
-    LinkedDevices,
-    Request,
-    ShareDevices,
-    UnlinkedDevices,
-    Unsure,
-)
+from scheduler.binding import Binding, Unsure
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.cycle import Cycle, Profiles
 from scheduler.decision import Classify, build_decision
 from scheduler.events import EventRecorder
-from scheduler.framework import CycleState, NodeAnswer, PodKind, Status
+from scheduler.framework import CycleState, NodeAnswer
 from scheduler.gang import GangManager
 from scheduler.gangrecords import GangRecords
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
-from scheduler.nodefit import FitMemory
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import NamedVictims, Preemption
+from scheduler.profiles import build_profiles
 from scheduler.sharing import SnapshotShareRanker
-from scheduler.steps import (
-    CpuPods,
-    FairShare,
-    Gang,
-    GangAdmission,
-    GangLease,
-    GangSize,
-    HeldDevices,
-    NotOurs,
-    ReadPod,
-    SeenPods,
-    Shares,
-)
+from scheduler.steps import FairShare, GangSize, ReadPod, SeenPods
 from scheduler.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -111,12 +78,12 @@ class Extender:
         # whole-device decision over the cache, built as time mode builds it over its cluster
         self.shares = SnapshotShareRanker(cache, cfg.policy if cfg.policy == "icl" else "icl")
         self.decision = build_decision(cfg, cache, self.shares)
-        self.policy = self.decision.policy
+        self.ranker = self.decision.ranker
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
         cache.tier_keys = cfg.tiers  # the network tiers gangs are placed by
         records = GangRecords(api, cfg.leader_election.namespace, self)
-        self.gangs = GangManager(cache, cfg.gang_timeout_s, self.policy.rank, self, records)
+        self.gangs = GangManager(cache, cfg.gang_timeout_s, self.decision.policy.rank, self, records)
         self.leader: LeaseElector | None = None
         if api is not None and cfg.leader_election.enabled:
             self.leader = LeaseElector(
@@ -139,121 +106,35 @@ class Extender:
         self._evictions: queue.Queue[Callable[[], None] | None] = queue.Queue()  # evictions, record deletions
         self._evict_thread: threading.Thread | None = None
 
-        # The steps of the cycle (scheduler.framework): one cycle per pod kind, chosen when the pod is read.
+        # The steps the verbs use themselves; every pod kind's cycle is built around them (scheduler.profiles).
         self._seen = SeenPods()
-        whole_shares = self.decision.shares  # with icl: the share ranker decides unshaped pods on nodes without links
-        self.ranker = self.decision.ranker
-        self.fit = self.decision.fit
-        fits = self.decision.fits
-        classify = Classify(self.gangs, cpu_pods=cfg.decide_cpu_pods, unshaped=whole_shares is not None)
+        classify = Classify(self.gangs, cpu_pods=cfg.decide_cpu_pods, unshaped=self.decision.shares is not None)
         self._read = ReadPod(cfg, self._seen, classify)
         if cfg.decide_cpu_pods:  # the pods it decides are part of the workload its share policy protects
             cache.count_cpu_pods_of(cfg.scheduler_name)  # a no-op when the cache was built counting them
-        self._fair = FairShare(cache, cfg, self.gangs, self.ranker, fits)
+        self._fair = FairShare(cache, cfg, self.gangs, self.ranker, self.decision.fits)
         # The gang size step (public: its group_sizes are the gang sizes read from PodGroup objects).
         self.gang_size = GangSize(api)
-        self._record = GangRecord(self.gangs.book)
         layouts = self.gangs.member_layouts
         self._binding = Binding(api, cache, layouts, self._unsure, cfg.kube.request_timeout_s) if api else None
-        self.cycle = Profiles(self._cycles(cfg, cache, whole_shares, fits))
-        self.named_victims = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
-        self.preemption = Preemption(cache, cfg, self.gangs, self, self.named_victims)
-        self.metrics.attach_state(self._share_metrics, self.ranker.free_shapes)
-
-    def _cycles(
-        self, cfg: ExtenderConfig, cache: ClusterCache, whole_shares: SnapshotShareRanker | None, fits: FitMemory
-    ) -> dict[PodKind, Cycle]:
-        """Each pod kind's steps, in order (docs/scheduler.md, "One request, one cycle of small steps")."""
-        held = HeldDevices(cache)
-        lease = Lease(self, self._lease_wait_s)
-        announce = Announce(cfg, self)
-        fail = self._failure_event
-        ranker, fit, unsure, binding = self.ranker, self.fit, self._unsure, self._binding
-        shares = Shares(self.shares, fits)
-        cpu_pods = CpuPods(self.shares, fits, cfg.keep_best_nodes)
-        not_ours = NotOurs()
-        gang = Gang(self.gangs)
-        gang_pre = (
-            held,
-            GangAdmission(self.gangs),
-            self._fair,
-            self.gang_size,
-            GangLease(self, self._lease_wait_s),
-            gang,
+        named = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
+        self.preemption = Preemption(cache, cfg, self.gangs, self, named)
+        self.cycle = build_profiles(
+            cfg,
+            cache,
+            self,
+            decision=self.decision,
+            shares=self.shares,
+            gangs=self.gangs,
+            read=self._read,
+            fair=self._fair,
+            gang_size=self.gang_size,
+            victims=named,
+            binding=self._binding,
+            unsure=self._unsure,
+            lease_wait_s=self._lease_wait_s,
         )
-        cycles = {
-            PodKind.INVALID: Cycle(
-                pre_filter=(self._read,), score=(not_ours,), pre_bind=(lease, Request()), on_failure=fail
-            ),
-            PodKind.NOT_OURS: Cycle(
-                pre_filter=(held, not_ours),
-                score=(not_ours,),
-                pre_bind=(lease,),
-                bind=binding,
-                post_bind=(announce,),
-                on_failure=fail,
-            ),
-            PodKind.CPU_ONLY: Cycle(
-                pre_filter=(held, cpu_pods),
-                score=(cpu_pods,),
-                pre_bind=(lease,),
-                bind=binding,
-                post_bind=(announce,),
-                on_failure=fail,
-            ),
-            PodKind.SHARE: Cycle(
-                pre_filter=(held, shares),
-                score=(shares,),
-                pre_bind=(lease,),
-                reserve=(ShareDevices(cache, self.shares),),
-                bind=binding,
-                post_bind=(announce,),
-                on_failure=fail,
-            ),
-            PodKind.SHAPED: Cycle(
-                pre_filter=(held, self._fair),
-                filter=fit,
-                score=(fit,),
-                pre_bind=(lease,),
-                reserve=(LinkedDevices(cache, unsure, ranker),),
-                bind=binding,
-                post_bind=(announce,),
-                on_failure=fail,
-            ),
-            PodKind.GANG: Cycle(
-                pre_filter=gang_pre,
-                filter=fit,
-                score=(gang, fit),
-                pre_bind=(lease,),
-                reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs.book, elastic=False)),
-                bind=binding,
-                post_bind=(announce,),
-                on_failure=fail,
-            ),
-            PodKind.ELASTIC_GANG: Cycle(
-                pre_filter=gang_pre,
-                filter=fit,
-                score=(gang, fit),
-                pre_bind=(lease,),
-                reserve=(self._record, GangDevices(cache, unsure, ranker, self.gangs.book, elastic=True)),
-                bind=binding,
-                post_bind=(Announce(cfg, self, layouts=True),),
-                on_failure=fail,
-            ),
-        }
-        unlinked = self.decision.unlinked
-        if whole_shares is not None and unlinked is not None:
-            cycles[PodKind.UNSHAPED] = Cycle(
-                pre_filter=(held, self._fair),
-                filter=unlinked,
-                score=(unlinked,),
-                pre_bind=(lease,),
-                reserve=(UnlinkedDevices(cache, unsure, ranker, whole_shares),),
-                bind=binding,
-                post_bind=(announce,),
-                on_failure=fail,
-            )
-        return cycles
+        self.metrics.attach_state(self._share_metrics, self.ranker.free_shapes)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -338,29 +219,13 @@ class Extender:
     # ------------------------------------------------------------------ filter
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
-        t0 = time.perf_counter()
-        try:
-            result, outcome = self._filter(args)
-        finally:
-            self.metrics.latency.labels("filter").observe(time.perf_counter() - t0)
-        self.metrics.decisions.labels("filter", outcome).inc()
-        return result
-
-    def _filter(self, args: ExtenderArgs) -> tuple[ExtenderFilterResult, str]:
-        leader = self.leader
-        if leader is not None and not leader.leading:
-            leader.want()  # our kube-scheduler leads: take the lease as soon as it is free
-        names = list(dict.fromkeys(args.names))
-        # Victims of the pod's earlier preemption terminating on its nominated node, whichever replica named them.
-        self.named_victims.nominated(args.pod, names)
-        if len(self.named_victims):
-            # A node kube-scheduler sends may be free because a victim named here is gone, which its
-            # informer saw before ours: read those victims again rather than refuse the node.
-            self.confirm(self.named_victims.due(set(names)))
-        state = self._read.state(args.pod, names)
-        status = self.cycle.filter(state)
-        answer = state.answer or NodeAnswer()
-        return self._result(args, answer), status.label or "fit"
+        with self.metrics.answer("filter") as answer:
+            leader = self.leader
+            if leader is not None and not leader.leading:
+                leader.want()  # our kube-scheduler leads: take the lease as soon as it is free
+            state = self._read.state(args.pod, list(dict.fromkeys(args.names)))
+            answer.result = self.cycle.filter(state).label or "fit"
+        return self._result(args, state.answer or NodeAnswer())
 
     @staticmethod
     def _result(args: ExtenderArgs, answer: NodeAnswer) -> ExtenderFilterResult:
@@ -381,45 +246,29 @@ class Extender:
     # ------------------------------------------------------------------ prioritize
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
-        t0 = time.perf_counter()
-        try:
-            out = self._prioritize(args)
-        finally:
-            self.metrics.latency.labels("prioritize").observe(time.perf_counter() - t0)
-        self.metrics.decisions.labels("prioritize", "scored").inc()
-        return out
+        names, scores = self.prioritize_scores(args)
+        return [HostPriority(n, s) for n, s in zip(names, scores, strict=True)]
 
     def prioritize_scores(self, args: ExtenderArgs) -> tuple[list[str], list[int]]:
         """Names and their 0..10 scores, in request order (the server encodes them directly)."""
-        t0 = time.perf_counter()
-        try:
-            names, scores = args.names, self._scores(args)
-        finally:
-            self.metrics.latency.labels("prioritize").observe(time.perf_counter() - t0)
-        self.metrics.decisions.labels("prioritize", "scored").inc()
-        return names, scores
-
-    def _prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
-        return [HostPriority(n, s) for n, s in zip(args.names, self._scores(args), strict=True)]
-
-    def _scores(self, args: ExtenderArgs) -> list[int]:
-        return self.cycle.score(self._read.state(args.pod, args.names))
+        with self.metrics.answer("prioritize", "scored"):
+            scores = self.cycle.score(self._read.state(args.pod, args.names))
+        return args.names, scores
 
     # ------------------------------------------------------------------ bind
 
     def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
-        t0 = time.perf_counter()
         with self._inflight_cv:
             self._inflight += 1
         try:
-            result = self._bind(args)
+            with self.metrics.answer("bind") as answer:
+                result = self._bind(args)
+                answer.result = "error" if result.error else "bound"
+            return result
         finally:
             with self._inflight_cv:
                 self._inflight -= 1
                 self._inflight_cv.notify_all()
-            self.metrics.latency.labels("bind").observe(time.perf_counter() - t0)
-        self.metrics.decisions.labels("bind", "error" if result.error else "bound").inc()
-        return result
 
     def _pod_for_bind(self, args: ExtenderBindingArgs) -> tuple[PodInfo | None, str]:
         info = self.cache.find_pod(args.pod_namespace, args.pod_name, args.pod_uid)
@@ -515,12 +364,9 @@ class Extender:
         return leaving
 
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
-        t0 = time.perf_counter()
-        try:
+        with self.metrics.answer("preempt") as answer:
             result = self.preemption.victims(self._read.state(args.pod, []), args)
-        finally:
-            self.metrics.latency.labels("preempt").observe(time.perf_counter() - t0)
-        self.metrics.decisions.labels("preempt", "victims" if result.node_name_to_meta_victims else "none").inc()
+            answer.result = "victims" if result.node_name_to_meta_victims else "none"
         return result
 
     # ------------------------------------------------------------------ gangs, events
@@ -578,9 +424,6 @@ class Extender:
                 log.exception("background worker")
             finally:
                 self._evictions.task_done()
-
-    def _failure_event(self, state: CycleState, status: Status) -> None:
-        self.event(state.info, status.event, status.reason)
 
     def event(self, info: PodInfo, reason: str, message: str, event_type: str = "Warning") -> None:
         if info.name:

@@ -1,14 +1,12 @@
 """The factory of the extender's cycle: built from a configuration and a cluster state (a
 :class:`scheduler.cache.ClusterCache`, and an API client where one exists), by the extender's command
-(:mod:`scheduler.cli`, over its cache fed by watches) and by the simulator's time mode
-(``simulator.timesim``, over a cache it feeds in process), so both run the same steps with the same
-policies, weights, gangs, fair share and options.
+(:mod:`scheduler.cli`, over its cache fed by watches), by the simulator's time mode
+(``simulator.timesim``, over a cache it feeds in process) and by ``kubectl icl why`` (over a cache of
+what it read), so all run the same steps with the same policies, weights, gangs, fair share and
+options.
 
-- :func:`build_decision` (from :mod:`scheduler.decision`, named here for the simulator): the
-  whole-device decision over a snapshot (the topology-aware policy and ranker, the share ranker for
-  unshaped pods with the ``icl`` policy, the per-node filter and score steps, the devices bind
-  takes); the extender builds its own with it.
-- :func:`build_extender`: the whole extender (every pod kind's cycle: gang reservations through
+- :func:`build_extender`: the whole extender (every pod kind's cycle, built by
+  :func:`scheduler.profiles.build_profiles`: gang reservations through
   :class:`scheduler.gang.GangManager`, weighted DRF with quotas through :mod:`scheduler.fairshare`,
   preemption through :mod:`scheduler.preempt`) over a cache, answering the verbs in process.
 
@@ -22,7 +20,6 @@ from __future__ import annotations
 from scheduler import fairshare
 from scheduler.cache import ClusterCache, NodeView
 from scheduler.config import ExtenderConfig, QueueConfig
-from scheduler.decision import Decision, build_decision
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.kube import KubeAPI, KubeError
@@ -32,7 +29,6 @@ from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemption
 
 __all__ = [
     "ClusterCache",
-    "Decision",
     "ExtenderArgs",
     "ExtenderBindingArgs",
     "ExtenderConfig",
@@ -48,7 +44,6 @@ __all__ = [
     "ShareRanker",
     "Target",
     "Victims",
-    "build_decision",
     "build_extender",
     "fairshare",
     "parse_devices",

@@ -1,7 +1,8 @@
 """Prometheus metrics of the extender, on a registry of its own.
 
 - ``kube_icl_extender_decisions_total{verb,result}``: every verb's outcome.
-- ``kube_icl_extender_request_duration_seconds{verb}``: latency per verb.
+- ``kube_icl_extender_request_duration_seconds{verb}``: latency per verb (both written by
+  :meth:`Metrics.answer`, around each verb).
 - ``kube_icl_gang_reservations``: gang reservations held now;
   ``kube_icl_gang_reservation_events_total{outcome}``: reserved / completed / expired / failed /
   shrunk (an elastic gang lost members and runs on).
@@ -17,13 +18,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-__all__ = ["Metrics"]
+__all__ = ["Answer", "Metrics"]
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -80,6 +84,13 @@ class _ServerCollector:
         yield pending
 
 
+@dataclass(slots=True)
+class Answer:
+    """One verb's answer being timed: its ``result`` label, set by the verb before it returns."""
+
+    result: str
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -126,6 +137,18 @@ class Metrics:
         )
         self._server = _ServerCollector()
         self.registry.register(self._server)
+
+    @contextlib.contextmanager
+    def answer(self, verb: str, result: str = "") -> Iterator[Answer]:
+        """Time one answer of ``verb``; once it returns, count it under the result label it set (``result``
+        unless it sets another). An answer that raises is timed, not counted."""
+        answer = Answer(result)
+        t0 = time.perf_counter()
+        try:
+            yield answer
+        finally:
+            self.latency.labels(verb).observe(time.perf_counter() - t0)
+        self.decisions.labels(verb, answer.result).inc()
 
     def attach_server(self, ready: Callable[[], bool], pending: Callable[[], dict[str, int]]) -> None:
         """The serving side's readiness and pending pods per queue; a later call replaces an earlier one."""

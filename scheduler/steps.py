@@ -1,7 +1,9 @@
 """The filter and prioritize steps of the extender's cycle (:mod:`scheduler.framework`).
 
 :class:`ReadPod` reads the pod once and classifies it (:class:`scheduler.decision.Classify`: its
-:class:`scheduler.framework.PodKind`); each kind then runs its own steps (the extender lists them):
+:class:`scheduler.framework.PodKind`); every kind's filter first runs :class:`ReadVictims` (victims of
+an earlier preemption on the nodes asked are read again), then its own steps
+(:func:`scheduler.profiles.build_profiles` lists them):
 :class:`HeldDevices` (a pod whose last bind is not settled goes back where its devices are),
 :class:`Shares` (a fraction of a device: the share policy decides the nodes), :class:`CpuPods` (no
 device asked, with ``decideCpuPods``: the share policy decides the nodes), :class:`NotOurs` (no
@@ -17,8 +19,8 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Collection, Mapping
+from typing import Any, ClassVar, Protocol
 
 from scheduler import fairshare
 from scheduler.cache import ClusterCache
@@ -48,8 +50,10 @@ __all__ = [
     "HeldDevices",
     "NotOurs",
     "ReadPod",
+    "ReadVictims",
     "SeenPods",
     "Shares",
+    "VictimMemory",
 ]
 
 ADMITTED: StateKey[bool] = StateKey("GangAdmission.admitted")
@@ -137,6 +141,39 @@ class ReadPod:
     def pre_filter(self, state: CycleState) -> Status:
         error = state.read(POD_ERROR)
         return Status(Code.UNRESOLVABLE, error) if error else OK
+
+
+class VictimMemory(Protocol):
+    """What :class:`ReadVictims` asks of what this replica remembers of the victims it named
+    (:class:`scheduler.preempt.NamedVictims`, a layer above the steps)."""
+
+    def __len__(self) -> int: ...
+
+    def nominated(self, pod: Mapping[str, Any], nodes: Collection[str] | None = None) -> None: ...
+
+    def due(
+        self, nodes: Collection[str] | None = None, *, force: bool = False, preemptor: str | None = None
+    ) -> list[str]: ...
+
+
+class ReadVictims:
+    """Victims of the pod's earlier preemption terminating on its nominated node, whichever replica named
+    them, and the victims named on the nodes asked: read again from the API server before any node is
+    judged. A node kube-scheduler sends may be free because a victim is gone, which its informer saw
+    before ours: the cache learns it now rather than refuse the node."""
+
+    name = "ReadVictims"
+    outcomes: ClassVar[Mapping[Code, Outcome]] = {}
+
+    def __init__(self, victims: VictimMemory, host: Host) -> None:
+        self.victims = victims
+        self.host = host
+
+    def pre_filter(self, state: CycleState) -> Status:
+        self.victims.nominated(state.pod, state.names)
+        if len(self.victims):
+            self.host.confirm(self.victims.due(set(state.names)))
+        return OK
 
 
 class HeldDevices:

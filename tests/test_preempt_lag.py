@@ -26,6 +26,7 @@ import scheduler.cache
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.preempt import NamedVictims, lower_holders, nomination
+from scheduler.steps import ReadVictims
 from scheduler.wire import MetaPod, MetaVictims
 
 JsonObj = dict[str, Any]
@@ -241,9 +242,9 @@ def test_a_preemption_reads_its_own_named_victims_and_those_on_proposed_nodes_on
 
 def _new_leader(h: ExtenderHarness) -> None:
     """The replica that answers from now on never named e0: its memory of named victims is empty."""
-    fresh = NamedVictims(h.cache, ttl_s=h.extender.named_victims.ttl_s)
-    h.extender.named_victims = fresh
-    h.extender.preemption.named = fresh
+    fresh = NamedVictims(h.cache, ttl_s=h.extender.preemption.named.ttl_s)
+    (read_victims,) = (step for step in h.extender.cycle.pre_filter if isinstance(step, ReadVictims))
+    h.extender.preemption.named = read_victims.victims = fresh
 
 
 def _round_on_the_old_leader(h: ExtenderHarness, informer: Lagging, uid: dict[str, str], *, seen: bool) -> None:

@@ -94,7 +94,7 @@ def test_linked_nodes_take_the_pod_with_nodefits_ranking_when_no_node_without_li
         assert got[node] == ext.ranker.evaluate(view, shape).score  # the topology-aware ranker's score, untouched
     view = cache.view("l1")
     assert view is not None
-    want = ext.decision.devices(view, shape)  # the topology-aware policy's devices
+    want = ext.ranker.devices(view, shape)  # the topology-aware policy's devices
     assert want is not None
     assert _bind(ext, api, pod, "l1") == sorted(want)
 
