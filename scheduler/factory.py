@@ -17,15 +17,14 @@ here.
 
 from __future__ import annotations
 
-from scheduler import fairshare
-from scheduler.cache import ClusterCache, NodeView
+from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.kube import KubeAPI, KubeError
-from scheduler.podspec import GroupSpec, PodInfo, parse_devices
+from scheduler.podspec import GroupSpec, parse_devices
 from scheduler.sharing import ShareRanker, Target
-from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims, Victims
+from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 
 __all__ = [
     "ClusterCache",
@@ -38,14 +37,10 @@ __all__ = [
     "KubeError",
     "MetaPod",
     "MetaVictims",
-    "NodeView",
-    "PodInfo",
     "QueueConfig",
     "ShareRanker",
     "Target",
-    "Victims",
     "build_extender",
-    "fairshare",
     "parse_devices",
 ]
 
