@@ -9,8 +9,8 @@ gang), filter and score per node, then bind's lease, reserve, Binding and post-b
 Binding undoes the reservations. Preempt lives in :mod:`scheduler.preempt`.
 
 This module keeps what outlives one request, as the parts it builds ask it through
-:class:`scheduler.host.Host`: leadership, reconcile, the evictions worker, binds whose outcome is
-unknown, Events; and the state behind ``/debug`` and ``/metrics``.
+:class:`scheduler.host.Host`: leadership, reconcile, background API writes (:mod:`scheduler.background`),
+binds whose outcome is unknown, Events; and the state behind ``/debug`` and ``/metrics``.
 
 Bind and a gang's first filter decide only while this replica holds the
 extender's Lease (:mod:`scheduler.ha`); taking it over lists pods again and
@@ -23,12 +23,12 @@ a later GET) shows the pod, as kube-scheduler's assume cache does.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from scheduler import fairshare
+from scheduler.background import Background, evict, write_layouts
 from scheduler.binding import Binding, Unsure
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
@@ -40,7 +40,7 @@ from scheduler.gangrecords import GangRecords
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
-from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, PodSpecError, format_devices, pod_info
+from scheduler.podspec import ANN_DEVICES, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import NamedVictims, Preemption
 from scheduler.profiles import build_profiles
 from scheduler.sharing import SnapshotShareRanker
@@ -103,8 +103,7 @@ class Extender:
         # How long a bind (or a gang's first filter) waits for the lease in a failover; kube-scheduler's
         # binding cycle runs in its own goroutine, and the extender httpTimeout is longer.
         self._lease_wait_s = min(5.0, cfg.leader_election.lease_duration_s)
-        self._evictions: queue.Queue[Callable[[], None] | None] = queue.Queue()  # evictions, record deletions
-        self._evict_thread: threading.Thread | None = None
+        self._background = Background()  # evictions, layouts, record deletions (started with an API server)
 
         # The steps the verbs use themselves; every pod kind's cycle is built around them (scheduler.profiles).
         self._seen = SeenPods()
@@ -140,9 +139,8 @@ class Extender:
 
     def start(self) -> None:
         self.events.start()
-        if self.api is not None and self._evict_thread is None:
-            self._evict_thread = threading.Thread(target=self._evict_loop, name="evictions", daemon=True)
-            self._evict_thread.start()
+        if self.api is not None:
+            self._background.start()
         if self.leader is not None:
             self.leader.start()
 
@@ -152,10 +150,7 @@ class Extender:
             self._inflight_cv.wait_for(lambda: self._inflight == 0, timeout=self.cfg.kube.request_timeout_s)
         if self.leader is not None:
             self.leader.stop(release=release)
-        if self._evict_thread is not None:
-            self._evictions.put(None)
-            self._evict_thread.join(timeout=5)
-            self._evict_thread = None
+        self._background.stop()
         self.events.stop()
 
     # ------------------------------------------------------------------ leadership, reconcile, records
@@ -207,13 +202,12 @@ class Extender:
         return self.leader.identity if self.leader is not None else self.cfg.event_component
 
     def background(self, call: Callable[[], None]) -> None:
-        """Run ``call`` on the evictions worker, after the calls queued before it."""
-        self._evictions.put(call)
+        """Run ``call`` on the background worker, after the calls queued before it."""
+        self._background.put(call)
 
     def flush(self) -> None:
         """Wait for queued evictions and events (tests)."""
-        if self._evict_thread is not None:
-            self._evictions.join()
+        self._background.join()
         self.events.flush()
 
     # ------------------------------------------------------------------ filter
@@ -385,45 +379,15 @@ class Extender:
 
     def evict_member(self, info: PodInfo, why: str) -> None:
         self.event(info, "GangFailed", why)
-        if self.api is not None:
-            self._evictions.put(lambda: self._evict(info))
+        api = self.api
+        if api is not None:
+            self._background.put(lambda: evict(api, info))
 
     def gang_resized(self, key: str) -> None:
         """Rewrite the layout annotation of every live member of an elastic gang (off the verbs' threads)."""
-        if self.api is not None:
-            self._evictions.put(lambda: self._write_layouts(key))
-
-    def _write_layouts(self, key: str) -> None:
-        assert self.api is not None
-        for info, value in self.gangs.member_layouts.of_gang(key):
-            try:
-                self.api.annotate_pod(info.namespace, info.name, info.uid, {ANN_GANG_LAYOUT: value})
-            except KubeError as exc:
-                if exc.status not in (404, 409, 422):  # gone, or a new pod of the same name
-                    log.warning("gang %s: layout of %s not written: %s", key, info.key, exc)
-
-    def _evict(self, info: PodInfo) -> None:
-        assert self.api is not None
-        try:
-            self.api.evict_pod(info.namespace, info.name, info.uid)
-        except KubeError as exc:
-            if exc.status != 404:
-                log.warning("evicting %s: %s", info.key, exc)
-
-    def _evict_loop(self) -> None:
-        """Evictions and gang record deletions, one at a time, off the verbs' threads."""
-        while True:
-            item = self._evictions.get()
-            try:
-                if item is None:
-                    return
-                item()
-            except KubeError as exc:
-                log.warning("background API call: %s", exc)
-            except Exception:
-                log.exception("background worker")
-            finally:
-                self._evictions.task_done()
+        api, layouts = self.api, self.gangs.member_layouts
+        if api is not None:
+            self._background.put(lambda: write_layouts(api, key, layouts.of_gang(key)))
 
     def event(self, info: PodInfo, reason: str, message: str, event_type: str = "Warning") -> None:
         if info.name:
