@@ -1,4 +1,4 @@
-"""The soak's checker: invariants read from the API server's objects alone, resource trends, the timeline.
+"""The soak's checker: invariants read from the API server's objects alone.
 
 ``bench/soak.py`` lists pods, nodes, Events and gang-record Leases every few seconds and hands them
 to :meth:`Checker.observe` as an :class:`Observation`; what a pod holds is read from the annotations
@@ -38,8 +38,7 @@ Invariants (the ``invariant`` name of a :class:`Violation`):
 Continuous invariants are reported once per episode: a violation returned by ``observe`` is not
 returned again while it lasts, and is again if it clears and comes back.
 
-:class:`ResourceSampler` reads RSS, threads and open descriptors from ``/proc`` and fits the slope
-per hour by least squares; :func:`timeline_png` draws the run.
+Resource trends are in :mod:`bench.soakresources`; the run's figure and tables in :mod:`bench.soakreport`.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
@@ -71,9 +69,7 @@ __all__ = [
     "Conflict",
     "KubeletHeld",
     "Observation",
-    "ResourceSampler",
     "Rules",
-    "Sample",
     "Violation",
     "api_view",
     "compare_views",
@@ -81,8 +77,6 @@ __all__ = [
     "held_twice",
     "kubelet_differences",
     "layout_problem",
-    "slope_per_hour",
-    "timeline_png",
 ]
 
 INVARIANTS = (
@@ -676,202 +670,3 @@ class Checker:
             out += [Violation(at, "views-differ", who, what) for who, what in compare_views(view, extender_view)]
         self.violations.extend(out)
         return out
-
-
-# --------------------------------------------------------------------------- resources
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    at: float
-    pid: int
-    rss_bytes: int
-    threads: int
-    fds: int
-
-    def metric(self, name: str) -> float:
-        return float(getattr(self, name))
-
-
-METRICS = ("rss_bytes", "threads", "fds")
-
-
-def read_proc(pid: int, proc: Path = Path("/proc")) -> tuple[int, int, int]:
-    """(RSS bytes, threads, open descriptors) of ``pid``; OSError when it is gone."""
-    rss = threads = -1
-    for line in (proc / str(pid) / "status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * 1024  # the kernel writes kB
-        elif line.startswith("Threads:"):
-            threads = int(line.split()[1])
-    if rss < 0 or threads < 0:
-        raise OSError(f"{proc / str(pid) / 'status'}: no VmRSS or Threads (a zombie?)")
-    fds = sum(1 for _ in (proc / str(pid) / "fd").iterdir())
-    return rss, threads, fds
-
-
-def slope_per_hour(points: Sequence[tuple[float, float]]) -> float:
-    """Least-squares slope of ``(seconds, value)`` points, per hour; 0 when they span no time."""
-    return _pooled_slope([points]) * 3600.0
-
-
-def _pooled_slope(segments: Sequence[Sequence[tuple[float, float]]]) -> float:
-    """The least-squares slope shared by ``segments``, each with its own intercept (one process
-    each: a restart starts from a new level, the trend is within each)."""
-    sxy = sxx = 0.0
-    for seg in segments:
-        if len(seg) < 2:
-            continue
-        mt = sum(t for t, _v in seg) / len(seg)
-        mv = sum(v for _t, v in seg) / len(seg)
-        sxy += sum((t - mt) * (v - mv) for t, v in seg)
-        sxx += sum((t - mt) ** 2 for t, _v in seg)
-    return sxy / sxx if sxx > 0 else 0.0
-
-
-def _by_process(samples: Iterable[Sample]) -> list[list[Sample]]:
-    """A role's samples split by process (a restart gives a new pid), each in the order taken."""
-    by_pid: dict[int, list[Sample]] = {}
-    for x in samples:
-        by_pid.setdefault(x.pid, []).append(x)
-    return list(by_pid.values())
-
-
-class ResourceSampler:
-    """RSS, threads and open file descriptors per role, from ``/proc/<pid>/{status,fd}``."""
-
-    def __init__(self, proc: Path = Path("/proc")) -> None:
-        self.proc = proc
-        self.samples: dict[str, list[Sample]] = {}
-        self.missed: dict[str, int] = {}  # role -> reads that failed (the process was gone)
-
-    def sample(self, at: float, procs: dict[str, int]) -> None:
-        """Read each role's process (role name -> pid); a process that is gone is counted as missed."""
-        for role, pid in procs.items():
-            try:
-                rss, threads, fds = read_proc(pid, self.proc)
-            except (OSError, ValueError):
-                self.missed[role] = self.missed.get(role, 0) + 1
-                continue
-            self.samples.setdefault(role, []).append(Sample(at, pid, rss, threads, fds))
-
-    def _fitted(self, warmup_s: float) -> dict[str, list[list[Sample]]]:
-        """role -> its processes' samples past each process's warm-up (processes with fewer than two
-        such samples left out; roles with none too)."""
-        out: dict[str, list[list[Sample]]] = {}
-        for role, samples in sorted(self.samples.items()):
-            kept = []
-            for seg in _by_process(samples):
-                start = seg[0].at + warmup_s
-                late = [s for s in seg if s.at >= start]
-                if len(late) >= 2 and late[-1].at > late[0].at:
-                    kept.append(late)
-            if kept:
-                out[role] = kept
-        return out
-
-    def slopes_per_hour(self, warmup_s: float = 60.0) -> dict[str, dict[str, float]]:
-        """role -> metric (``rss_bytes``, ``threads``, ``fds``) -> least-squares slope per hour.
-
-        Each process of a role (a restart gives a new pid) is fitted from ``warmup_s`` after its
-        first sample, with its own intercept and one slope for the role; a role without two samples
-        past its warm-up in one process is left out (:meth:`basis` says how much each slope rests on)."""
-        return {
-            role: {m: _pooled_slope([[(s.at, s.metric(m)) for s in seg] for seg in kept]) * 3600.0 for m in METRICS}
-            for role, kept in self._fitted(warmup_s).items()
-        }
-
-    def peak_drift_per_hour(self, min_life_s: float = 100.0) -> dict[str, dict[str, float]]:
-        """role -> metric -> slope per hour of each process's peak against when it started, over the processes
-        that lived ``min_life_s`` or more (roles with fewer than two such processes left out).
-
-        Where faults restart a role every few minutes, :meth:`slopes_per_hour` fits mostly each process's
-        warm-up (its caches and informers filling); whether the role grows over the hour shows in whether
-        later processes peak higher than earlier ones."""
-        out: dict[str, dict[str, float]] = {}
-        for role, samples in sorted(self.samples.items()):
-            lived = [seg for seg in _by_process(samples) if seg[-1].at - seg[0].at >= min_life_s]
-            if len(lived) >= 2:
-                out[role] = {
-                    m: slope_per_hour([(seg[0].at, max(x.metric(m) for x in seg)) for seg in lived]) for m in METRICS
-                }
-        return out
-
-    def basis(self, warmup_s: float = 60.0) -> dict[str, dict[str, float]]:
-        """role -> what its slopes rest on: ``samples``, ``seconds`` (summed over its processes) and
-        ``processes``; a slope over a few seconds of one process says little."""
-        return {
-            role: {
-                "samples": float(sum(len(seg) for seg in kept)),
-                "seconds": sum(seg[-1].at - seg[0].at for seg in kept),
-                "processes": float(len(kept)),
-            }
-            for role, kept in self._fitted(warmup_s).items()
-        }
-
-
-# --------------------------------------------------------------------------- the figure
-
-
-def timeline_png(
-    path: Path,
-    faults: list[tuple[float, str]],
-    binds_per_s: list[tuple[float, float]],
-    pending: list[tuple[float, int]],
-    violations: list[Violation],
-    *,
-    start: float | None = None,
-    title: str = "soak: throughput and pending pods (top), faults by kind and invariant violations (bottom)",
-) -> None:
-    """The run as one PNG (1200x700): binds per second and pending pods as lines over minutes since
-    ``start`` (default: the earliest point given); below, on the same time axis, one row per fault
-    kind with a mark at each fault (the row labelled with the kind and its count) and a row of red
-    crosses, one per invariant violation."""
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-
-    times = [t for t, _k in faults] + [t for t, _v in binds_per_s] + [t for t, _n in pending]
-    times += [v.at for v in violations]
-    t0 = start if start is not None else min(times, default=0.0)
-
-    def minutes(t: float) -> float:
-        return (t - t0) / 60.0
-
-    fig = Figure(figsize=(12, 7), dpi=100)
-    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    top.plot([minutes(t) for t, _v in binds_per_s], [v for _t, v in binds_per_s], color="tab:blue", lw=1.2)
-    top.set_ylabel("binds per second", color="tab:blue")
-    top.set_ylim(bottom=0)
-    right = top.twinx()
-    right.plot([minutes(t) for t, _n in pending], [n for _t, n in pending], color="tab:gray", lw=1.0)
-    right.set_ylabel("pending pods", color="tab:gray")
-    right.set_ylim(bottom=0)
-    top.legend(
-        handles=[
-            Line2D([], [], color="tab:blue", label="binds/s"),
-            Line2D([], [], color="tab:gray", label="pending pods"),
-        ],
-        loc="upper left",
-        fontsize=8,
-    )
-    top.set_title(title)
-    kinds = sorted({k for _t, k in faults})
-    rows = [*kinds, "violations"]
-    for row, kind in enumerate(kinds):
-        xs = [minutes(t) for t, k in faults if k == kind]
-        bottom.plot(xs, [row] * len(xs), "|", color=f"C{row % 10}", ms=12, mew=2)
-        for x in xs if len(faults) <= 60 else ():  # a faint line through the throughput, while they stay apart
-            top.axvline(x, color=f"C{row % 10}", alpha=0.3, lw=0.7)
-    xs = [minutes(v.at) for v in violations]
-    bottom.plot(xs, [len(kinds)] * len(xs), "x", color="red", ms=9, mew=2)
-    counts = {k: sum(1 for _t, x in faults if x == k) for k in kinds}
-    bottom.set_yticks(
-        range(len(rows)), [f"{k} ({counts[k]})" for k in kinds] + [f"violations ({len(violations)})"], fontsize=8
-    )
-    bottom.get_yticklabels()[-1].set_color("red")
-    bottom.set_ylim(-0.7, len(rows) - 0.3)
-    bottom.grid(axis="y", alpha=0.3)
-    bottom.set_xlabel("minutes since start")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")

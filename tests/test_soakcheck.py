@@ -1,6 +1,6 @@
 """The soak's checker (bench/soakcheck.py) on crafted API-server states: each invariant fires on a
 state that breaks it and stays quiet on valid ones; the double-hold check agrees with a brute-force
-pairwise check; the resource slopes and the timeline figure."""
+pairwise check; the resource slopes (bench/soakresources.py) and the timeline figure (bench/soakreport.py)."""
 
 from __future__ import annotations
 
@@ -17,17 +17,15 @@ from bench.soakcheck import (
     Checker,
     KubeletHeld,
     Observation,
-    ResourceSampler,
     Rules,
-    Sample,
     Violation,
     api_view,
     compare_views,
     held_twice,
     kubelet_differences,
-    slope_per_hour,
-    timeline_png,
 )
+from bench.soakreport import timeline_png
+from bench.soakresources import ResourceSampler, Sample, slope_per_hour
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
