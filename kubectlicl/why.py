@@ -135,12 +135,12 @@ def _freeing(cache: ClusterCache, info: PodInfo, names: Sequence[str]) -> Freein
     if shape is None:
         return None
     best: tuple[int, int, str, tuple[str, ...]] | None = None
-    for node, view in sorted(cache.usable_views(names).items()):
+    for node, view in sorted(cache.nodes.usable_views(names).items()):
         if shape.size > len(view.topology.devices):
             continue
         placer = Placer.for_topology(view.topology)
-        pods = sorted(cache.holding_on(node), key=lambda p: p.key)
-        held = {p.uid: where[1] for p in pods if (where := cache.held(p.uid)) is not None}
+        pods = sorted(cache.pods.holding_on(node), key=lambda p: p.key)
+        held = {p.uid: where[1] for p in pods if (where := cache.pods.held(p.uid)) is not None}
         keys = {p.uid: p.key for p in pods}
         priority = {p.uid: p.priority for p in pods}
 

@@ -105,7 +105,7 @@ class ExtenderModel(TopoNodes):
 
     def busy(self) -> float:
         """The devices the extender's cache counts held, every queue's and pool's."""
-        return float(sum(n for pools in self.cache.used_by_queue().values() for n in pools.values()))
+        return float(sum(n for pools in self.cache.pods.used_by_queue().values() for n in pools.values()))
 
     def tick(self, t: float) -> None:
         self.now = t
@@ -140,7 +140,7 @@ class ExtenderModel(TopoNodes):
     def _names(self, job: Job) -> list[str]:
         """The nodes kube-scheduler's own filters pass: ready, room for the CPU and memory requests, a
         device model the job allows (node affinity)."""
-        lookup = self.cache.view_lookup()
+        lookup = self.cache.nodes.view_lookup()
         out = []
         for n in self.order:
             v = lookup(n)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from scheduler.cache import ClusterCache
 from scheduler.gang import GangManager
+from tests.support import cachereads
 from tests.support.extender import node_obj, pod_obj
 from topology import AllocationError, DeviceRank, parse_shape
 
@@ -49,35 +50,35 @@ def test_a_bound_pod_on_reserved_devices_takes_them_and_the_gang_replans_around_
     replica bound on one slot's devices, the gang fails and its reservation is released, and another pod
     asks: those devices stay the bound pod's throughout, and are never offered again."""
     cache, gangs = _cluster()
-    first = cache.find_pod("soak-a", "m0")
+    first = cache.pods.find_pod("soak-a", "m0")
     assert first is not None
     nodes, why = gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
     assert nodes and not why
     lost = gangs.book.reservations[GANG].slots[-1]
     cache.upsert_pod(_bound("job-04061", lost.node, lost.devices, phase="Running"))
-    cache.check_invariants()
-    assert cache.held("uid-job-04061") == (lost.node, lost.devices), "the API server's binding is fact"
-    assert lost.owner not in cache.reservations().get(lost.node, {}), "the reservation in memory yields"
+    cachereads.check_invariants(cache)
+    assert cache.pods.held("uid-job-04061") == (lost.node, lost.devices), "the API server's binding is fact"
+    assert lost.owner not in cachereads.reservations(cache).get(lost.node, {}), "the reservation in memory yields"
     assert GANG not in gangs.book.reservations, "a gang none of whose members bound plans again"
     nodes, why = gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
     assert nodes and not why
     replanned = gangs.book.reservations[GANG].slots
     assert all(not (s.node == lost.node and set(s.devices) & set(lost.devices)) for s in replanned)
-    cache.check_invariants()
+    cachereads.check_invariants(cache)
     gangs.fail(GANG, "a member failed")
-    assert cache.reservations() == {}
-    assert cache.held("uid-job-04061") == (lost.node, lost.devices), "releasing the gang frees none of its devices"
-    assert not cache.free_devices(lost.node) & set(lost.devices)
+    assert cachereads.reservations(cache) == {}
+    assert cache.pods.held("uid-job-04061") == (lost.node, lost.devices), "releasing the gang frees none of its devices"
+    assert not cachereads.free_devices(cache, lost.node) & set(lost.devices)
     with pytest.raises(AllocationError):
         cache.assume("uid-job-04102", lost.node, lost.devices)
-    cache.check_invariants()
+    cachereads.check_invariants(cache)
 
 
 def test_a_member_bound_on_its_own_slot_by_the_other_replica_claims_that_slot() -> None:
     """The pod on the reserved devices is the gang's own member, with exactly its slot's devices (the
     other replica restored the same plan): the slot is that member's, and the rest of the plan stands."""
     cache, gangs = _cluster()
-    first = cache.find_pod("soak-a", "m0")
+    first = cache.pods.find_pod("soak-a", "m0")
     assert first is not None
     gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
     slot = gangs.book.reservations[GANG].slots[1]
@@ -87,16 +88,16 @@ def test_a_member_bound_on_its_own_slot_by_the_other_replica_claims_that_slot() 
     res = gangs.book.reservations[GANG]
     assert [s.pod_uid for s in res.slots] == ["", "uid-m1", "", ""]
     assert res.members == {"uid-m1": slot.owner}
-    assert cache.held("uid-m1") == (slot.node, slot.devices)
-    assert sum(len(o) for o in cache.reservations().values()) == 3
-    cache.check_invariants()
+    assert cache.pods.held("uid-m1") == (slot.node, slot.devices)
+    assert sum(len(o) for o in cachereads.reservations(cache).values()) == 3
+    cachereads.check_invariants(cache)
 
 
 def test_a_claim_never_takes_a_slot_a_bound_pod_took() -> None:
     """Between the cache dropping the slot and the gang manager hearing of it, a member's bind on that
     slot's node takes another slot there, or none: never the bound pod's devices."""
     cache, gangs = _cluster()
-    first = cache.find_pod("soak-a", "m0")
+    first = cache.pods.find_pod("soak-a", "m0")
     assert first is not None
     gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
     lost = gangs.book.reservations[GANG].slots[-1]
@@ -106,8 +107,8 @@ def test_a_claim_never_takes_a_slot_a_bound_pod_took() -> None:
         slot = gangs.book.claim(first, lost.node)
         assert slot is None or not set(slot.devices) & set(lost.devices)
         assert slot is None or slot.owner != lost.owner
-    assert cache.held("uid-job-04061") == (lost.node, lost.devices)
-    cache.check_invariants()
+    assert cache.pods.held("uid-job-04061") == (lost.node, lost.devices)
+    cachereads.check_invariants(cache)
 
 
 OPS = st.lists(
@@ -143,12 +144,12 @@ def test_no_device_is_both_a_pods_and_reserved_nor_two_pods(ops: list[tuple[str,
         elif op == "delete" and f"p{i}" in truth:
             del truth[f"p{i}"]
             cache.delete_pod(_bound(f"p{i}", "n0", ()))
-        cache.check_invariants()
-        reserved = {d for devices in cache.reservations().get("n0", {}).values() for d in devices}
+        cachereads.check_invariants(cache)
+        reserved = {d for devices in cachereads.reservations(cache).get("n0", {}).values() for d in devices}
         for name, held in truth.items():
-            assert cache.held(f"uid-{name}") == ("n0", held)
+            assert cache.pods.held(f"uid-{name}") == ("n0", held)
             assert not set(held) & reserved
-            assert not set(held) & cache.free_devices("n0")
+            assert not set(held) & cachereads.free_devices(cache, "n0")
 
 
 def test_a_pod_counted_by_size_for_another_pods_device_takes_its_devices_once_that_pod_goes() -> None:
@@ -158,11 +159,11 @@ def test_a_pod_counted_by_size_for_another_pods_device_takes_its_devices_once_th
     cache.upsert_node(node_obj("n0", "ring:8"))
     cache.upsert_pod(_bound("a", "n0", ("4", "5"), phase="Running"))
     cache.upsert_pod(_bound("b", "n0", ("0", "1", "5", "4"), phase="Running"))
-    assert cache.held("uid-b") is None, "device 4 is pod a's: b is counted by size"
+    assert cache.pods.held("uid-b") is None, "device 4 is pod a's: b is counted by size"
     cache.delete_pod(_bound("a", "n0", ("4", "5")))
-    assert cache.held("uid-b") == ("n0", ("0", "1", "5", "4"))
-    assert not cache.free_devices("n0") & {"0", "1", "4", "5"}
-    cache.check_invariants()
+    assert cache.pods.held("uid-b") == ("n0", ("0", "1", "5", "4"))
+    assert not cachereads.free_devices(cache, "n0") & {"0", "1", "4", "5"}
+    cachereads.check_invariants(cache)
 
 
 def test_taking_over_keeps_only_the_recorded_reservations() -> None:
@@ -170,14 +171,14 @@ def test_taking_over_keeps_only_the_recorded_reservations() -> None:
     nothing else: a plan it made in memory before losing the Lease (no member bound, so no record)
     neither survives nor holds devices."""
     cache, gangs = _cluster()
-    first = cache.find_pod("soak-a", "m0")
+    first = cache.pods.find_pod("soak-a", "m0")
     assert first is not None
     gangs.plan(first, parse_shape("ring", 2), ["n0", "n1"])
-    assert cache.reservations()
+    assert cachereads.reservations(cache)
     assert gangs.book.restore([]) == []
     assert gangs.book.reservations == {}
-    assert cache.reservations() == {}
-    cache.check_invariants()
+    assert cachereads.reservations(cache) == {}
+    cachereads.check_invariants(cache)
 
 
 GANG_OPS = st.lists(
@@ -212,7 +213,7 @@ def test_gang_reservations_and_bound_pods_never_share_a_device(
     claimed: dict[str, tuple[str, tuple[str, ...]]] = {}  # member uid -> slot claimed (node, devices)
     for op, i, devs in ops:
         if op in ("plan", "claim"):
-            member = cache.find_pod("default", f"g{i}m{len([u for u in claimed if u.startswith(f'uid-g{i}')])}")
+            member = cache.pods.find_pod("default", f"g{i}m{len([u for u in claimed if u.startswith(f'uid-g{i}')])}")
             if member is None or member.uid in claimed:
                 continue
             nodes, _why = gangs.plan(member, parse_shape("ring", 2), ["n0", "n1"])
@@ -234,10 +235,10 @@ def test_gang_reservations_and_bound_pods_never_share_a_device(
         elif op == "delete" and f"p{i}" in truth:
             del truth[f"p{i}"]
             cache.delete_pod(_bound(f"p{i}", where, ()))
-        cache.check_invariants()
-        reserved = cache.reservations()
+        cachereads.check_invariants(cache)
+        reserved = cachereads.reservations(cache)
         for name, held in truth.items():
-            assert cache.held(f"uid-{name}") == (where, held)
+            assert cache.pods.held(f"uid-{name}") == (where, held)
             assert not set(held) & {d for devices in reserved.get(where, {}).values() for d in devices}
         for res in gangs.book.reservations.values():
             for slot in res.slots:
@@ -256,9 +257,9 @@ def test_a_pod_counted_by_size_behind_a_bind_in_flight_takes_its_devices_when_th
     cache.assume("uid-ours", "n0", ("0", "1"))
     cache.reserve("gang:g/x#0", "n0", ("2", "3"))
     cache.upsert_pod(_bound("theirs", "n0", ("0", "1", "2", "3"), phase="Running"))
-    assert cache.held("uid-theirs") is None and heard == []
+    assert cache.pods.held("uid-theirs") is None and heard == []
     cache.forget("uid-ours")
-    assert cache.held("uid-theirs") == ("n0", ("0", "1", "2", "3"))
+    assert cache.pods.held("uid-theirs") == ("n0", ("0", "1", "2", "3"))
     assert heard == [("gang:g/x#0", "n0", "uid-theirs")]
-    assert cache.reservations() == {}
-    cache.check_invariants()
+    assert cachereads.reservations(cache) == {}
+    cachereads.check_invariants(cache)

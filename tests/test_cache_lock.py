@@ -176,7 +176,7 @@ def test_the_gang_manager_tells_its_host_only_after_the_cache_lock_is_released()
     gangs = GangManager(cache, 60.0, DeviceRank.FRAGMENTATION, host, GangRecords(api, "kube-icl", host))
     for name in ("m0", "m1"):
         cache.upsert_pod(_gang_pod(name))
-    m0 = cache.find_pod("default", "m0")
+    m0 = cache.pods.find_pod("default", "m0")
     assert m0 is not None
     with cache.lock:
         nodes, why = gangs.plan(m0, parse_shape("ring", 8), ["n0", "n1"])

@@ -31,6 +31,7 @@ from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.jobs import Job
 from simulator.model_extender import ExtenderModel
+from tests.support import cachereads
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from tests.support.plugin import async_test, running_plugin, short_tmpdir
 from topology import build_preset, load_topology, parse_shape
@@ -124,7 +125,9 @@ def test_simulator_and_extender_choose_the_same_node_and_devices(scene: dict[str
     names = [
         nd["name"]
         for nd in scene["nodes"]
-        if (v := cache.view(nd["name"])) is not None and v.cpu_free >= scene["cpu"] and v.mem_free >= scene["mem"]
+        if (v := cachereads.view(cache, nd["name"])) is not None
+        and v.cpu_free >= scene["cpu"]
+        and v.mem_free >= scene["mem"]
     ]
     passed = ext.filter(ExtenderArgs(pod=pod, node_names=names)).node_names or []
     sim = _simulator(scene)
@@ -149,29 +152,29 @@ def test_cache_keeps_cpu_and_memory_of_every_pod() -> None:
     api.nodes["a"] = node_obj("a", "ring:8")  # 32 CPUs, 256 GiB
     cache = ClusterCache(R)
     Informer(api, cache).sync_once()
-    assert (cache.view("a").cpu_free, cache.view("a").mem_free) == (32000, 262144)
+    assert (cachereads.view(cache, "a").cpu_free, cachereads.view(cache, "a").mem_free) == (32000, 262144)
     plain = _with_requests(pod_obj("web", 0, node="a", phase="Running"), 1500, 2048)
     dev = _with_requests(pod_obj("train", 2, "ring", node="a", phase="Running"), 4000, 8192)
     dev["metadata"]["annotations"]["kube-icl.io/devices"] = "0,1"
     cache.upsert_pod(plain)
     cache.upsert_pod(dev)
-    assert (cache.view("a").cpu_free, cache.view("a").mem_free) == (26500, 262144 - 10240)
-    assert cache.balance() == Balance(2000.0, 4100.0)  # 4 CPUs, 8 GiB over 2 devices (3 digits)
+    assert (cachereads.view(cache, "a").cpu_free, cachereads.view(cache, "a").mem_free) == (26500, 262144 - 10240)
+    assert cache.pods.balance() == Balance(2000.0, 4100.0)  # 4 CPUs, 8 GiB over 2 devices (3 digits)
     done = dict(plain, status={"phase": "Succeeded"})
     cache.upsert_pod(done)
-    assert cache.view("a").cpu_free == 28000
+    assert cachereads.view(cache, "a").cpu_free == 28000
     cache.delete_pod(dev)
-    assert (cache.view("a").cpu_free, cache.view("a").mem_free) == (32000, 262144)
-    assert cache.balance() == Balance()
+    assert (cachereads.view(cache, "a").cpu_free, cachereads.view(cache, "a").mem_free) == (32000, 262144)
+    assert cache.pods.balance() == Balance()
     cache.upsert_pod(plain)
     cache.delete_node("a")  # the node object deleted and created again: its pods' requests stay counted
     cache.upsert_node(api.nodes["a"])
-    assert cache.view("a").cpu_free == 30500
+    assert cachereads.view(cache, "a").cpu_free == 30500
     cache.delete_pod(plain)
-    assert cache.view("a").cpu_free == 32000
+    assert cachereads.view(cache, "a").cpu_free == 32000
     unseen = ClusterCache(R, requests=False)  # podSelection labelled: plain pods are not seen
     Informer(api, unseen).sync_once()
-    assert unseen.view("a").cpu_free == -1
+    assert cachereads.view(unseen, "a").cpu_free == -1
 
 
 def test_prioritize_prefers_the_node_where_devices_are_not_stranded() -> None:

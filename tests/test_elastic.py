@@ -17,6 +17,7 @@ from test_scheduler_policies import Cluster, _preempt
 
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.podspec import PodSpecError, pod_info
+from tests.support import cachereads
 from tests.support.extender import pod_obj
 from topology import (
     COORDS_LABEL,
@@ -235,7 +236,7 @@ def test_preemption_adds_a_surplus_holder_before_another_holder() -> None:
     assert c.schedule(members[0]) == "a"
     c.ext.sweep()
     assert c.schedule(members[1]) == "a"
-    free = sorted(c.cache.free_devices("a"))
+    free = sorted(cachereads.free_devices(c.cache, "a"))
     assert free == []
     hi = c.add(pod_obj("hi", 4, "any", priority=100))
     out = _preempt(c, hi, {"a": ["not-a-holder"]})
@@ -357,7 +358,7 @@ def test_preemption_victims_against_brute_force(data: st.DataObject) -> None:
     hi = c.add(pod_obj("hi", count, shape_text, priority=100))
     out = _preempt(c, hi, {"a": ["not-a-holder"]})
 
-    topo = c.cache.topology_of("a")
+    topo = c.cache.nodes.topology_of("a")
     assert topo is not None
     placer = Placer.for_topology(topo)
     shape = parse_shape(shape_text, count)

@@ -28,6 +28,7 @@ from scheduler.config import ExtenderConfig
 from scheduler.preempt import NamedVictims, lower_holders, nomination
 from scheduler.steps import ReadVictims
 from scheduler.wire import MetaPod, MetaVictims
+from tests.support import cachereads
 
 JsonObj = dict[str, Any]
 ALL = "0,1,2,3,4,5,6,7"
@@ -127,10 +128,10 @@ def test_a_second_preemption_under_lag_names_nobody_while_the_first_rounds_victi
     assert second == {}, "n0 is already free for the pod: no new victims anywhere (kube-scheduler's rule)"
     # What the extender read is applied ahead of the watch: e0 is gone from its cache, the gang shrank
     # to e1 (not failed), and the watch's late events of e0 (the condition, the deletion) change nothing.
-    assert h.cache.pod(uid["e0"]) is None
+    assert h.cache.pods.pod(uid["e0"]) is None
     assert h.extender.gangs.spare("default/elastic") == 0
     informer.catch_up()
-    assert h.cache.pod(uid["e0"]) is None and h.cache.pod(uid["e1"]) is not None
+    assert h.cache.pods.pod(uid["e0"]) is None and h.cache.pods.pod(uid["e1"]) is not None
     assert _filter(h, ["n0"]) == ["n0"]
 
 
@@ -144,11 +145,11 @@ def test_the_filter_under_lag_passes_the_node_a_named_victim_left(
     # The watch catches up with the condition's update and then the deletion: e0 never comes back.
     (cond_rv,) = [rv for rv, res, kind, obj in h.fake.log if obj["metadata"]["name"] == "e0" and kind == "MODIFIED"]
     informer.catch_up(cond_rv)
-    assert h.cache.pod(uid["e0"]) is None, "a watch event older than the read is stale"
+    assert h.cache.pods.pod(uid["e0"]) is None, "a watch event older than the read is stale"
     informer.catch_up()
     assert _filter(h, ["n0"]) == ["n0"]
     # The gang shrank to e1 rather than failing: nothing was evicted.
-    assert h.cache.pod(uid["e1"]) is not None and h.fake.pod("default", "e1") is not None
+    assert h.cache.pods.pod(uid["e1"]) is not None and h.fake.pod("default", "e1") is not None
     assert not h.fake.evictions
 
 
@@ -180,7 +181,7 @@ def test_a_member_deleted_by_someone_else_under_lag_is_no_survivor(
     second = _preempt(h, {"n1": [uid["e1"]], "n2": [uid["rigid"]]})
     assert uid["e1"] not in [u for v in second.values() for u in v], "e1 is the gang's last member"
     assert second == {}, "n0, where e0 was, is free for the pod: no victims"
-    assert h.cache.pod(uid["e0"]) is None and h.extender.gangs.spare("default/elastic") == 0
+    assert h.cache.pods.pod(uid["e0"]) is None and h.extender.gangs.spare("default/elastic") == 0
     assert not h.fake.evictions, "the gang shrank to e1, it did not fail"
 
 
@@ -192,7 +193,7 @@ def test_a_watch_event_parsed_while_a_read_shows_its_pod_gone_is_skipped(monkeyp
     pod = pod_obj("v", 8, "ring", uid="u-v", node="n0", phase="Running", annotations={"kube-icl.io/devices": ALL})
     pod["metadata"]["resourceVersion"] = "5"
     cache.upsert_pod(pod)
-    assert cache.held("u-v") is not None
+    assert cache.pods.held("u-v") is not None
     late = copy.deepcopy(pod)
     late["metadata"]["resourceVersion"] = "6"  # a MODIFIED event the lagging watch delivers now
     parsing, go = threading.Event(), threading.Event()
@@ -213,8 +214,8 @@ def test_a_watch_event_parsed_while_a_read_shows_its_pod_gone_is_skipped(monkeyp
     finally:
         go.set()
         watch.join(10)
-    assert cache.pod("u-v") is None and cache.held("u-v") is None
-    assert sorted(cache.free_devices("n0")) == sorted(ALL.split(","))
+    assert cache.pods.pod("u-v") is None and cache.pods.held("u-v") is None
+    assert sorted(cachereads.free_devices(cache, "n0")) == sorted(ALL.split(","))
 
 
 def test_a_preemption_reads_its_own_named_victims_and_those_on_proposed_nodes_only() -> None:
@@ -272,10 +273,10 @@ def test_a_new_leader_passes_the_nominated_node_its_predecessors_victim_left(
 ) -> None:
     h, informer, uid = cluster
     _round_on_the_old_leader(h, informer, uid, seen=True)
-    assert h.cache.pod(uid["e0"]) is not None and h.cache.pod(uid["e0"]).deleting  # type: ignore[union-attr]
+    assert h.cache.pods.pod(uid["e0"]) is not None and h.cache.pods.pod(uid["e0"]).deleting  # type: ignore[union-attr]
     # kube-scheduler (new leader) saw e0 gone and sends n0 for the nominated pod: e0 is read again, not held.
     assert _filter(h, ["n0"]) == ["n0"]
-    assert h.cache.pod(uid["e0"]) is None
+    assert h.cache.pods.pod(uid["e0"]) is None
 
 
 def test_a_new_leader_names_no_new_victims_while_its_predecessors_are_leaving(
@@ -303,7 +304,7 @@ def test_a_new_leader_whose_cache_never_saw_the_victims_deletion_names_nobody_ei
     h.fake.put_pod(high)
     h.fake.delete_pod("default", "rigid")  # nothing of it reaches the new leader's cache in the test
     _new_leader(h)
-    assert h.cache.pod(uid["rigid"]) is not None and not h.cache.pod(uid["rigid"]).deleting  # type: ignore[union-attr]
+    assert h.cache.pods.pod(uid["rigid"]) is not None and not h.cache.pods.pod(uid["rigid"]).deleting  # type: ignore[union-attr]
     assert _preempt(h, {"n0": [uid["e0"]], "n1": [uid["e1"]]}) == {}
     assert h.fake.pod("default", "e0") is not None and h.fake.pod("default", "e1") is not None
     assert _filter(h, ["n2"]) == ["n2"], "what the preemption read is in the cache: the rigid pod is gone"

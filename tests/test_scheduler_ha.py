@@ -29,6 +29,7 @@ from scheduler.informer import Informer
 from scheduler.kube import RestKubeAPI
 from scheduler.podspec import parse_devices
 from scheduler.wire import RECORD_LABEL, ExtenderArgs, ExtenderBindingArgs, record_name
+from tests.support import cachereads
 from tests.support.extender import FakeAPIServer, node_obj, pod_obj, wait_for
 
 
@@ -128,7 +129,7 @@ def test_a_binding_applied_but_answered_with_an_error_keeps_its_devices(fake: Fa
         r.bind(second, "a")
         assert held_twice(fake) == [], "the devices of a Binding that landed were given to the next pod"
         assert error == "", f"the GET shows the pod bound with its devices, so the bind succeeded: {error}"
-        r.cache.check_invariants()
+        cachereads.check_invariants(r.cache)
     finally:
         r.stop()
 
@@ -165,13 +166,13 @@ def test_an_unknown_outcome_holds_the_devices_until_the_api_server_says(fake: Fa
         error = r.bind(first, "a")
         assert "outcome is unknown" in error and "stay held" in error
         uid = first["metadata"]["uid"]
-        assert (r.cache.held(uid) or ("",))[0] == "a" and r.cache.is_assumed(uid)
+        assert (r.cache.pods.held(uid) or ("",))[0] == "a" and r.cache.pods.is_assumed(uid)
         assert r.bind(second, "a") == ""
         assert "no longer fits" in r.bind(third, "a")
         assert held_twice(fake) == []
         clock.now += 1.5  # past kube.requestTimeoutSeconds: sweep asks the API server again
         r.ext.sweep()
-        assert not r.cache.is_assumed(uid) and (r.cache.held(uid) or ("",))[0] == "a"
+        assert not r.cache.pods.is_assumed(uid) and (r.cache.pods.held(uid) or ("",))[0] == "a"
         assert not r.ext.unsure_binds()
     finally:
         r.stop()
@@ -187,12 +188,12 @@ def test_an_unknown_outcome_that_did_not_land_frees_the_devices_after_the_rechec
         error = r.bind(first, "a")
         assert "outcome is unknown" in error
         uid = first["metadata"]["uid"]
-        assert r.cache.held(uid) is not None, "held until the request surely ended"
+        assert r.cache.pods.held(uid) is not None, "held until the request surely ended"
         r.ext.sweep()
-        assert r.cache.held(uid) is not None, "not before the recheck time"
+        assert r.cache.pods.held(uid) is not None, "not before the recheck time"
         clock.now += 1.5
         r.ext.sweep()
-        assert r.cache.held(uid) is None and not r.ext.unsure_binds()
+        assert r.cache.pods.held(uid) is None and not r.ext.unsure_binds()
         assert r.bind(first, "a") == ""  # kube-scheduler's retry
     finally:
         r.stop()
@@ -205,7 +206,7 @@ def test_a_definite_refusal_frees_the_devices_at_once(fake: FakeAPIServer) -> No
     try:
         fake.inject("POST", "/binding", 422)
         assert "injected 422" in r.bind(first, "a")
-        assert r.cache.held(first["metadata"]["uid"]) is None
+        assert r.cache.pods.held(first["metadata"]["uid"]) is None
     finally:
         r.stop()
 
@@ -352,7 +353,7 @@ def test_a_gang_reservation_is_recorded_before_the_first_member_binds_and_restor
         assert [s.pod_uid for s in claimed] == [members[0]["metadata"]["uid"]]
         for s in restored.slots:
             if not s.pod_uid:
-                assert new.cache.reservations()[s.node][s.owner] == s.devices
+                assert cachereads.reservations(new.cache)[s.node][s.owner] == s.devices
         for member in members[1:]:
             allowed = new.filter(member, ["a", "b"])
             assert allowed and new.bind(member, allowed[0]) == ""
@@ -410,9 +411,9 @@ def test_a_fresh_list_merged_after_takeover_never_rolls_the_watch_back() -> None
     new = pod_obj("new", 2, "ring", node="a", annotations={"kube-icl.io/devices": "2,3"})
     new["metadata"]["resourceVersion"] = "11"  # bound, but its watch event has not arrived
     assert cache.merge_pods([old, new]) == 1
-    assert cache.held(old["metadata"]["uid"]) is None, "a deleted pod is not brought back by an older list"
-    assert cache.held(new["metadata"]["uid"]) == ("a", ("2", "3"))
-    cache.check_invariants()
+    assert cache.pods.held(old["metadata"]["uid"]) is None, "a deleted pod is not brought back by an older list"
+    assert cache.pods.held(new["metadata"]["uid"]) == ("a", ("2", "3"))
+    cachereads.check_invariants(cache)
 
 
 def test_one_gangs_slow_record_does_not_hold_up_another_gangs_bind(fake: FakeAPIServer) -> None:

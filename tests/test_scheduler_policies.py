@@ -20,6 +20,7 @@ from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.nodefit import FitMemory, FitTiers
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
+from tests.support import cachereads
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import Placer, parse_shape
 
@@ -72,7 +73,7 @@ class Cluster:
             self.cache.upsert_pod(pod)
 
     def devices(self, pod: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
-        held = self.cache.held(pod["metadata"]["uid"])
+        held = self.cache.pods.held(pod["metadata"]["uid"])
         assert held is not None
         return held
 
@@ -92,12 +93,12 @@ def test_gang_on_one_node_reserves_all_members_at_first_sight() -> None:
     assert first.node_names == ["b"], "two rings of 8 fit only the 16-device torus"
     res = c.ext.gangs.book.reservations["default/job"]
     assert [s.node for s in res.slots] == ["b", "b"]
-    assert c.cache.free_devices("b") == frozenset(), "both slots are reserved"
+    assert cachereads.free_devices(c.cache, "b") == frozenset(), "both slots are reserved"
     assert c.filter(members[1]).node_names == ["b"]
     assert c.bind(members[0], "b") == "" and c.bind(members[1], "b") == ""
     devs = [c.devices(m)[1] for m in members]
     assert not set(devs[0]) & set(devs[1])
-    topo = c.cache.topology_of("b")
+    topo = c.cache.nodes.topology_of("b")
     assert topo is not None
     placer = Placer.for_topology(topo)
     assert all(placer.is_valid(parse_shape("ring", 8), d) for d in devs)
@@ -129,7 +130,7 @@ def test_gang_that_does_not_fit_reserves_nothing() -> None:
     assert result.node_names == []
     assert "needs 3 x ring of 8" in result.failed_nodes["a"]
     assert not c.ext.gangs.book.reservations
-    assert all(len(c.cache.free_devices(n)) == 8 for n in c.cache.node_names())
+    assert all(len(cachereads.free_devices(c.cache, n)) == 8 for n in c.cache.nodes.node_names())
 
 
 def test_unused_reservation_expires() -> None:
@@ -137,14 +138,16 @@ def test_unused_reservation_expires() -> None:
     members = [c.add(gang_pod(f"w{i}", "slow", 2, 4, "mesh:2x2")) for i in range(2)]
     c.filter(members[0])
     assert c.bind(members[0], "a") == ""
-    assert len(c.cache.free_devices("a")) == 8
+    assert len(cachereads.free_devices(c.cache, "a")) == 8
     c.clock.now += 29
     c.ext.sweep()
     assert "default/slow" in c.ext.gangs.book.reservations
     c.clock.now += 2
     c.ext.sweep()
     assert "default/slow" not in c.ext.gangs.book.reservations
-    assert len(c.cache.free_devices("a")) == 12, "the unclaimed slot is released; the bound member keeps its devices"
+    assert len(cachereads.free_devices(c.cache, "a")) == 12, (
+        "the unclaimed slot is released; the bound member keeps its devices"
+    )
     # The late member re-plans a reservation for the one member still missing.
     assert c.filter(members[1]).node_names == ["a"]
     assert len(c.ext.gangs.book.reservations["default/slow"].slots) == 1
@@ -396,10 +399,10 @@ def test_preemption_result_always_makes_the_shape_fit(shape: str) -> None:
     out = _preempt(c, pod, {"a": victims[-1:]})
     chosen = out["a"]
     assert chosen[0] == victims[-1] and 1 <= len(chosen) <= 3
-    freed = {d for u in chosen for d in c.cache.allocations()[u][1]}
-    topo = c.cache.topology_of("a")
+    freed = {d for u in chosen for d in cachereads.allocations(c.cache)[u][1]}
+    topo = c.cache.nodes.topology_of("a")
     assert topo is not None
-    assert Placer.for_topology(topo).fits(parse_shape(shape, count=4), c.cache.free_devices("a") | freed)
+    assert Placer.for_topology(topo).fits(parse_shape(shape, count=4), cachereads.free_devices(c.cache, "a") | freed)
 
 
 def test_a_pod_kube_scheduler_marked_unschedulable_holds_nobody_back() -> None:
@@ -549,7 +552,7 @@ def test_not_ready_node_drops_an_unclaimed_reservation_without_evicting() -> Non
     node["status"]["conditions"][0]["status"] = "False"
     c.cache.upsert_node(node)
     assert "default/job" not in c.ext.gangs.book.reservations
-    assert len(c.cache.free_devices("a")) == 16
+    assert len(cachereads.free_devices(c.cache, "a")) == 16
     assert not [call for call in c.api.calls if call[0] == "evict"]
     again = c.filter(members[0])
     assert again.node_names == [] and "gang 'job' needs 2 x ring of 8" in again.failed_nodes["a"]

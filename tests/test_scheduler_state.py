@@ -24,6 +24,7 @@ from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.podspec import parse_devices
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
+from tests.support import cachereads
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import Placer, parse_shape
 
@@ -134,7 +135,7 @@ class BindMachine(RuleBasedStateMachine):
         if out.error:
             # A 5xx may come after the write: the devices stay held until the API server says (sweep asks).
             unsure = meta["uid"] in self.ext.unsure_binds()
-            assert self.cache.held(meta["uid"]) is None or unsure, "a failed bind must forget its devices"
+            assert self.cache.pods.held(meta["uid"]) is None or unsure, "a failed bind must forget its devices"
             assert "kube-icl.io/devices" not in stored["metadata"].get("annotations", {}), "one write: all or nothing"
             return
         assert stored["spec"]["nodeName"] == node
@@ -177,11 +178,11 @@ class BindMachine(RuleBasedStateMachine):
     @invariant()
     def reservations_match_the_cache(self) -> None:
         live = set()
-        reservations = self.cache.reservations()
+        reservations = cachereads.reservations(self.cache)
         for res in self.ext.gangs.book.reservations.values():
             for slot in res.slots:
                 if slot.pod_uid:
-                    held = self.cache.held(slot.pod_uid)
+                    held = self.cache.pods.held(slot.pod_uid)
                     assert held is None or held == (slot.node, slot.devices)
                 else:
                     live.add(slot.owner)
@@ -193,21 +194,21 @@ class BindMachine(RuleBasedStateMachine):
     def gang_index_matches_a_fresh_computation(self) -> None:
         """The cache's index of gang members (kept on every pod event, rebuilt at restart) equals a scan of all pods."""
         scan: dict[str, set[str]] = {}
-        pods = self.cache.pods()
+        pods = cachereads.pods(self.cache)
         for uid, info in pods.items():
             if info.gang is not None:
                 scan.setdefault(info.gang.key, set()).add(uid)
         for key, uids in scan.items():
-            assert {uid for uid, _info in self.cache.gang_members(key)} == uids, key
+            assert {uid for uid, _info in self.cache.pods.gang_members(key)} == uids, key
         for uids in scan.values():
             gang = pods[next(iter(uids))].gang
             assert gang is not None
-            bound = sorted(u for u in uids if self.cache.held(u) is not None)
+            bound = sorted(u for u in uids if self.cache.pods.held(u) is not None)
             assert sorted(p.uid for p in self.ext.gangs.members_bound(gang)) == bound
 
     @invariant()
     def no_device_held_twice(self) -> None:
-        self.cache.check_invariants()
+        cachereads.check_invariants(self.cache)
         per_node: Counter[tuple[str, str]] = Counter()
         for _uid, node, devs in _bound_devices(self.api):
             for d in devs:
@@ -222,7 +223,7 @@ class BindMachine(RuleBasedStateMachine):
             fresh = {}
             need = self.ext.ranker.need(shape)
             for name in NODES:
-                view = self.cache.view(name)
+                view = cachereads.view(self.cache, name)
                 if view is not None and (ev := self.ext.ranker.verdict(view, need[0], need[1])).ok:
                     fresh[name] = ev.score
             for keep in (1, len(NODES)):
@@ -234,9 +235,9 @@ class BindMachine(RuleBasedStateMachine):
 
     @invariant()
     def pending_of_other_queues_is_a_filter_of_pending(self) -> None:
-        everyone = self.cache.pending()
+        everyone = self.cache.pods.pending()
         for queue in ("", "research", "batch", "elsewhere"):
-            assert self.cache.pending(other_than=queue) == [p for p in everyone if p.queue != queue]
+            assert self.cache.pods.pending(other_than=queue) == [p for p in everyone if p.queue != queue]
 
     @invariant()
     def devices_annotation_only_on_bound_pods(self) -> None:
@@ -247,9 +248,9 @@ class BindMachine(RuleBasedStateMachine):
 
     @invariant()
     def holdings_have_their_shape(self) -> None:
-        for uid, (node, devs) in self.cache.allocations().items():
-            info = self.cache.pod(uid)
-            topology = self.cache.topology_of(node)
+        for uid, (node, devs) in cachereads.allocations(self.cache).items():
+            info = self.cache.pods.pod(uid)
+            topology = self.cache.nodes.topology_of(node)
             assert info is not None and topology is not None
             shape = parse_shape(info.shape, count=info.count)
             assert Placer.for_topology(topology).is_valid(shape, devs), (info.shape, devs)
@@ -257,7 +258,7 @@ class BindMachine(RuleBasedStateMachine):
     @invariant()
     def api_and_cache_agree_on_bound_pods(self) -> None:
         for uid, node, devs in _bound_devices(self.api):
-            assert self.cache.held(uid) == (node, devs)
+            assert self.cache.pods.held(uid) == (node, devs)
 
 
 TestBindMachine = BindMachine.TestCase
@@ -297,7 +298,7 @@ def test_concurrent_binds_never_hold_a_device_twice(threads: int) -> None:
         w.start()
     for w in workers:
         w.join()
-    cache.check_invariants()
+    cachereads.check_invariants(cache)
     bound = _bound_devices(api)
     assert len(bound) == 16, "2 nodes x 16 devices / ring of 2: exactly 16 pods fit"
     seen: set[tuple[str, str]] = set()

@@ -40,7 +40,7 @@ def test_time_mode_builds_its_extender_with_the_factory(policy: str) -> None:
     ((name, cache, api),) = built
     assert name == policy and isinstance(cache, ClusterCache) and api is not None
     # every node of the spec reached its cache, as node objects
-    assert sorted(cache.ready_views()) == sorted(n.name for n in SPEC.nodes)
+    assert sorted(cache.nodes.ready_views()) == sorted(n.name for n in SPEC.nodes)
 
 
 def test_every_placement_is_the_extenders_bind_in_its_cache() -> None:
@@ -58,7 +58,7 @@ def test_every_placement_is_the_extenders_bind_in_its_cache() -> None:
         # each member is a pod the extender bound: its cache holds the devices time mode records
         for member, where in enumerate(placed[0].members):
             uid = c.uid_of[(job.id, member)]
-            assert c.cache.held(uid) == where
+            assert c.cache.pods.held(uid) == where
     tries = [e for e in c.log if e[0] == "try"]
     assert [e[1] for e in tries] == ["j0-0", "j1-0", "j2-0", "j3-0", "g-0", "g-1"]
     # the gang's members went where the extender's gang manager reserved them: adjacent nodes of one domain

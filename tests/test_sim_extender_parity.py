@@ -104,7 +104,7 @@ class _Replay:
         answer = {n: tuple(p.uid for p in mv.pods) for n, mv in result.node_name_to_meta_victims.items()}
 
         def prio(u: str) -> int:
-            info = self.cache.pod(u)
+            info = self.cache.pods.pod(u)
             return info.priority if info is not None else 0
 
         ranked = sorted(

@@ -22,6 +22,7 @@ from scheduler.framework import PodKind
 from scheduler.informer import Informer
 from scheduler.sharing import links_free
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
+from tests.support import cachereads
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 from topology import Health, build_preset, parse_shape
 from topology.contract import ANN_DEVICES, DEFAULT_RESOURCE
@@ -89,10 +90,10 @@ def test_linked_nodes_take_the_pod_with_nodefits_ranking_when_no_node_without_li
     got = {h.host: h.score for h in ext.prioritize(ExtenderArgs(pod=pod, node_names=["l1", "l2"]))}
     shape = parse_shape("any", count=2)
     for node in ("l1", "l2"):
-        view = cache.view(node)
+        view = cachereads.view(cache, node)
         assert view is not None
         assert got[node] == ext.ranker.evaluate(view, shape).score  # the topology-aware ranker's score, untouched
-    view = cache.view("l1")
+    view = cachereads.view(cache, "l1")
     assert view is not None
     want = ext.ranker.devices(view, shape)  # the topology-aware policy's devices
     assert want is not None
@@ -162,7 +163,7 @@ def test_the_share_path_passes_a_node_only_where_nodefit_says_the_pod_fits(
     need = ext.ranker.need(state.shape, state.info)
     fits = set()
     for name in names:
-        view = cache.view(name)
+        view = cachereads.view(cache, name)
         if view is not None and ext.ranker.evaluate(view, state.shape, need=need).ok:
             fits.add(name)
     assert set(passed) <= fits
