@@ -179,14 +179,14 @@ class _Devices(_Reserve):
     def take(self, state: CycleState) -> str:
         info, uid, node = state.info, state.uid, state.node
         with self.cache.lock:
-            held = self.cache.held(uid)
+            held = self.cache.pods.held(uid)
             if held is not None:
                 if held[0] != node:
                     unsure = " (by a Binding whose outcome is not known yet)" if uid in self.unsure else ""
                     return f"pod {info.key} already holds devices on {held[0]}{unsure}"
                 state.write(DEVICES, Held(held[1]))  # a retried bind: same devices again
                 return ""
-            view, why = self.cache.node_view(node)
+            view, why = self.cache.nodes.node_view(node)
             if view is None:
                 return f"cannot bind to {node}: {why}"
             devices, why = self.pick(state, view)
@@ -257,7 +257,7 @@ class GangDevices(LinkedDevices):
         info, node = state.info, state.node
         assert info.gang is not None
         with self.cache.lock:
-            if self.cache.held(state.uid) is None and self.book.has_reservation(info.gang.key):
+            if self.cache.pods.held(state.uid) is None and self.book.has_reservation(info.gang.key):
                 slot = self.book.claim(info, node)
                 if slot is not None:
                     state.write(DEVICES, Held(slot.devices, slot, assumed=True))
@@ -277,7 +277,7 @@ class ShareDevices(_Reserve):
     def take(self, state: CycleState) -> str:
         info, uid, node = state.info, state.uid, state.node
         with self.cache.lock:
-            held = self.cache.held_share(uid)
+            held = self.cache.pods.held_share(uid)
             if held is not None:
                 if held[0] != node:
                     return f"pod {info.key} already holds a share on {held[0]}"

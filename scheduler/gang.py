@@ -65,7 +65,7 @@ class GangManager:
         and resizes (none: nobody); ``records``: where reservations are recorded (none: nowhere)."""
         self.cache = cache
         self.host: Host = host if host is not None else QuietHost()
-        self.planner = GangPlanner(cache, policy)
+        self.planner = GangPlanner(cache.nodes, policy)
         self.book = GangBook(
             cache,
             timeout_s,
@@ -92,11 +92,11 @@ class GangManager:
 
     def members_bound(self, gang: GangRef) -> list[PodInfo]:
         with self.cache.lock:
-            return [p for uid, p in self._members(gang.key) if self.cache.held(uid) is not None]
+            return [p for uid, p in self._members(gang.key) if self.cache.pods.held(uid) is not None]
 
     def _members(self, key: str) -> list[tuple[str, PodInfo]]:
         """(uid, pod) of the pods in the cache naming gang ``key`` (lock held; O(members): the cache's index)."""
-        return self.cache.gang_members(key)
+        return self.cache.pods.gang_members(key)
 
     def limits_of(self, gang: GangRef) -> tuple[int, int]:
         """(minimum, maximum) of the gang; (0, 0) when its size is known only from a group object not read yet."""
@@ -113,10 +113,10 @@ class GangManager:
         gone = set(lost)
         out = []
         for uid, p in self._members(key):
-            held = self.cache.held(uid)
+            held = self.cache.pods.held(uid)
             if held is None or uid in gone:
                 continue
-            if p.terminal or p.deleting or not self.cache.has_node(held[0]):
+            if p.terminal or p.deleting or not self.cache.nodes.has_node(held[0]):
                 continue
             out.append(p)
         return out
@@ -178,7 +178,7 @@ class GangManager:
                 if not elastic:
                     return None, f"gang {gang.name!r}: all {res.size} reserved slots are claimed"
             bound = self.members_bound(gang)
-            mine = self.cache.held(info.uid) if info.uid in {p.uid for p in bound} else None
+            mine = self.cache.pods.held(info.uid) if info.uid in {p.uid for p in bound} else None
             if mine is not None:
                 return {mine[0]}, ""
             if elastic:
@@ -215,7 +215,7 @@ class GangManager:
         most = gang.maximum
         if len(alive) >= most:
             return None, f"gang {gang.name!r} runs its maximum of {most} members (annotation kube-icl.io/gang-max)"
-        held = [h[0] for p in alive if (h := self.cache.held(p.uid)) is not None]
+        held = [h[0] for p in alive if (h := self.cache.pods.held(p.uid)) is not None]
         return self.planner.adjacent(gang, shape, candidates, held, len(alive))
 
     # ------------------------------------------------------------------ lifecycle
@@ -299,7 +299,7 @@ class GangManager:
         with self.cache.lock:
             keys: set[str] = set()
             if rec is None:
-                keys = {p.gang.key for p in self.cache.holding_on(name) if p.gang is not None}
+                keys = {p.gang.key for p in self.cache.pods.holding_on(name) if p.gang is not None}
             keys |= self.book.node_lost(name, why, gone=rec is None, failing=keys)
         for key in sorted(keys):
             gang = self._gang_ref(key)

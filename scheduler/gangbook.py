@@ -139,7 +139,7 @@ class GangBook:
                     (
                         s
                         for s in res.slots
-                        if not s.pod_uid and s.node == node and self.cache.is_reserved(s.owner, node)
+                        if not s.pod_uid and s.node == node and self.cache.nodes.is_reserved(s.owner, node)
                     ),
                     None,
                 )
@@ -222,13 +222,13 @@ class GangBook:
                 slot = next((s for s in res.slots if s.owner == owner and s.node == node and not s.pod_uid), None)
                 if slot is None:
                     continue
-                pod = self.cache.pod(uid)
+                pod = self.cache.pods.pod(uid)
                 if (
                     pod is not None
                     and pod.gang is not None
                     and pod.gang.key == res.key
                     and uid not in res.members
-                    and self.cache.held(uid) == (node, slot.devices)
+                    and self.cache.pods.held(uid) == (node, slot.devices)
                 ):
                     slot.pod_uid = uid
                     res.members[uid] = owner
@@ -252,7 +252,7 @@ class GangBook:
         with self.cache.lock:
             for res in list(self.reservations.values()):
                 claimed = [s for s in res.slots if s.pod_uid]
-                if len(claimed) == len(res.slots) and not any(self.cache.is_assumed(s.pod_uid) for s in claimed):
+                if len(claimed) == len(res.slots) and not any(self.cache.pods.is_assumed(s.pod_uid) for s in claimed):
                     self._forget(res)
                     self._event("completed", res.key)
                 elif now >= res.deadline:
@@ -312,7 +312,11 @@ class GangBook:
         """A reservation rebuilt from its record (lock held): slots its members hold are theirs, the
         others reserved again."""
         key = record.key
-        members = {held: uid for uid, _p in self.cache.gang_members(key) if (held := self.cache.held(uid)) is not None}
+        members = {
+            held: uid
+            for uid, _p in self.cache.pods.gang_members(key)
+            if (held := self.cache.pods.held(uid)) is not None
+        }
         slots: list[Slot] = []
         for owner, node, devices in record.slots:
             slot = Slot(owner, node, devices)

@@ -1,7 +1,7 @@
 """The gang planner: where a gang's members go, read from the cluster, never written to it.
 
 :class:`GangPlanner` answers two questions over a read-only :class:`PlanReader` (the extender's
-:class:`scheduler.cache.ClusterCache` is one) and the network tiers its nodes are labelled with:
+cache's node lister, :class:`scheduler.listers.NodeLister`, is one) and the network tiers its nodes are labelled with:
 
 - :meth:`GangPlanner.place`: a slot (a node and its exact devices) for each of ``n`` members at once,
   from :func:`topology.place_gang` (the lowest network tier that holds them, within the tier the

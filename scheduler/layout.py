@@ -119,7 +119,7 @@ class MemberLayouts:
         """Live members, unclaimed reserved slots and ``extra`` (a member being bound), in rank order (lock held)."""
         members: dict[str, Member] = {}
         for p in self.gangs.survivors(key):
-            held = self.cache.held(p.uid)
+            held = self.cache.pods.held(p.uid)
             assert held is not None  # a survivor holds devices
             node, devs = held
             members[p.uid] = Member(p.name, node, devs, p.uid)
@@ -130,14 +130,14 @@ class MemberLayouts:
         if res is not None:
             items += [Member("", s.node, s.devices) for s in res.slots if not s.pod_uid]
         nodes = dict.fromkeys(m.node for m in items)
-        labels = self.cache.link_labels(nodes)
+        labels = self.cache.nodes.link_labels(nodes)
         try:
-            cluster = tiered(self.cache, ClusterView.from_labels(labels), nodes)
+            cluster = tiered(self.cache.nodes, ClusterView.from_labels(labels), nodes)
         except TopologyError:
-            cluster = tiered(self.cache, ClusterView(), nodes)
+            cluster = tiered(self.cache.nodes, ClusterView(), nodes)
 
         def index(node: str, device: str) -> int:
-            topo = self.cache.topology_of(node)
+            topo = self.cache.nodes.topology_of(node)
             try:
                 return topo.index_of(device) if topo is not None else 0
             except (KeyError, ValueError, TopologyError):
@@ -148,9 +148,9 @@ class MemberLayouts:
     def _where(self, members: list[Member]) -> dict[str, Where]:
         """Each member node's link domain, coordinates and network tier values (lock held)."""
         nodes = dict.fromkeys(m.node for m in members)
-        labels = self.cache.link_labels(nodes)
-        paths = self.cache.tier_paths(nodes)
-        blank = ("",) * len(self.cache.tier_keys)
+        labels = self.cache.nodes.link_labels(nodes)
+        paths = self.cache.nodes.tier_paths(nodes)
+        blank = ("",) * len(self.cache.nodes.tier_keys)
         return {
             node: Where(
                 labels.get(node, {}).get(DOMAIN_LABEL, ""),
@@ -170,7 +170,7 @@ class MemberLayouts:
             rank = next(i for i, m in enumerate(ordered) if m.uid == (info.uid or info.key))
             where = self._where(ordered)
             gen = self._generation(gang.key)
-            return layout_value(gang.key, least, most, gen, ordered, rank, where, self.cache.tier_keys)
+            return layout_value(gang.key, least, most, gen, ordered, rank, where, self.cache.nodes.tier_keys)
 
     def of_gang(self, key: str) -> list[tuple[PodInfo, str]]:
         """A fresh layout value for every live member of the gang (after it grew or shrank)."""
@@ -185,7 +185,7 @@ class MemberLayouts:
             gen = self._generation(key)
             where = self._where(ordered)
             return [
-                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where, self.cache.tier_keys))
+                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where, self.cache.nodes.tier_keys))
                 for rank, m in enumerate(ordered)
                 if m.uid in alive
             ]

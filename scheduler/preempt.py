@@ -97,7 +97,7 @@ class NamedVictims:
         out = []
         with self.cache.lock:
             for uid, n in list(self._named.items()):
-                if now >= n.until or self.cache.pod(uid) is None:
+                if now >= n.until or self.cache.pods.pod(uid) is None:
                     del self._named[uid]
                 elif (nodes is None or n.node in nodes or n.preemptor == preemptor) and (
                     force or now >= n.checked + self.every_s
@@ -117,7 +117,7 @@ class NamedVictims:
         now = self.cache.clock()
         with self.cache.lock:
             for victim in lower_holders(self.cache, node, priority):
-                info = self.cache.pod(victim)
+                info = self.cache.pods.pod(victim)
                 if victim not in self._named and info is not None and info.deleting:
                     self._named[victim] = _Named(uid, node, now + self.ttl_s, float("-inf"))
 
@@ -144,11 +144,13 @@ def lower_holders(cache: ClusterCache, node: str, priority: int) -> list[str]:
     """The pods the cache shows holding devices on ``node`` (whole, or which ones unknown) at a priority
     below ``priority``, in uid order."""
     with cache.lock:
-        here = cache.holders(node)
+        here = cache.nodes.holders(node)
         if here is None:
             return []
         return sorted(
-            u for u in {*here.owners, *here.unattributed} if (p := cache.pod(u)) is not None and p.priority < priority
+            u
+            for u in {*here.owners, *here.unattributed}
+            if (p := cache.pods.pod(u)) is not None and p.priority < priority
         )
 
 
@@ -225,10 +227,12 @@ class Preemption:
                 # saw it go, nor its deletion start) frees that node, whoever named it.
                 check += [u for u in lower_holders(self.cache, nominated, priority) if u not in check]
         with self.cache.lock:
-            where = {u: held[0] for u in check if (held := self.cache.held(u)) is not None}
+            where = {u: held[0] for u in check if (held := self.cache.pods.held(u)) is not None}
         leaving = self.host.confirm(dict.fromkeys(check)) if check else set()
         with self.cache.lock:
-            earlier = [u for u in self.named.of(preemptor) if u in leaving or ((p := self.cache.pod(u)) and p.deleting)]
+            earlier = [
+                u for u in self.named.of(preemptor) if u in leaving or ((p := self.cache.pods.pod(u)) and p.deleting)
+            ]
         if preemptor and earlier:
             # kube-scheduler's rule (PodEligibleToPreemptOthers): no new victims while those of an
             # earlier round on the chosen node are leaving; their devices are the pod's once they are gone.
@@ -251,20 +255,20 @@ class Preemption:
         info, shape = state.info, state.shape
         if self.host.held_back(state):
             return {}  # a held-back pod never preempts
-        used = self.cache.used_by_queue()
-        capacity = self.cache.capacity()
+        used = self.cache.pods.used_by_queue()
+        capacity = self.cache.nodes.capacity()
         out: dict[str, MetaVictims] = {}
         for node, (uids, pdb) in sorted(proposed.items()):
             with self.cache.lock:
-                here = self.cache.holders(node)
+                here = self.cache.nodes.holders(node)
                 if here is None:
                     continue
                 view = here.view
                 # The proposed victims' devices on this node are freed whatever the extender says.
-                taken = {u: where[1] for u in uids if (where := self.cache.held(u)) and where[0] == node}
+                taken = {u: where[1] for u in uids if (where := self.cache.pods.held(u)) and where[0] == node}
                 freed = {d for devs in taken.values() for d in devs}
                 extra: dict[str, tuple[str, ...]] = {}
-                pods = {u: p for u in (*here.owners, *taken) if (p := self.cache.pod(u)) is not None}
+                pods = {u: p for u in (*here.owners, *taken) if (p := self.cache.pods.pod(u)) is not None}
                 for u, devs in here.owners.items():
                     p = pods.get(u)
                     if p is None or u in taken:
@@ -337,14 +341,14 @@ class Preemption:
         domains the one that needs the fewest victim nodes, then by name. Unchanged when no tier is
         configured, the pod is no gang member, or no domain of any tier can hold them."""
         gang, shape = state.info.gang, state.shape
-        if gang is None or shape is None or len(out) <= 1 or not self.cache.tier_keys:
+        if gang is None or shape is None or len(out) <= 1 or not self.cache.nodes.tier_keys:
             return out
         missing = gang.size - len(self.gangs.members_bound(gang))
         if missing <= 1:
             return out
         view = self.gangs.planner.view()
         with self.cache.lock:
-            views = self.cache.usable_views(self.cache.node_names())
+            views = self.cache.nodes.usable_views(self.cache.nodes.node_names())
         fits_now = {n for n, v in views.items() if n not in out and Placer.for_topology(v.topology).fits(shape, v.free)}
         for level in range(2, view.top):
             domains: dict[tuple[str, ...], tuple[int, int]] = {}
@@ -368,9 +372,9 @@ class Preemption:
         keys: set[str] = set()
         with self.cache.lock:
             for node, (uids, _pdb) in proposed.items():
-                here = self.cache.holders(node)
+                here = self.cache.nodes.holders(node)
                 for u in (*uids, *(here.owners if here is not None else ())):
-                    p = self.cache.pod(u)
+                    p = self.cache.pods.pod(u)
                     gang = p.gang if p is not None and p.priority < state.info.priority else None
                     if gang is not None and self.gangs.is_elastic(gang):
                         keys.add(gang.key)
@@ -379,13 +383,13 @@ class Preemption:
     def _fits_leaving(self, node: str, shape: Shape) -> bool:
         """The shape fits on ``node`` with its free devices and those of the pods terminating there."""
         with self.cache.lock:
-            here = self.cache.holders(node)
+            here = self.cache.nodes.holders(node)
             if here is None:
                 return False
             view = here.view
             free = set(view.free)
             for u, devs in here.owners.items():
-                if (p := self.cache.pod(u)) is not None and p.deleting:
+                if (p := self.cache.pods.pod(u)) is not None and p.deleting:
                     free.update(devs)
         placer = Placer.for_topology(view.topology)
         return len(free) - view.unattributed >= shape.size and placer.fits(shape, frozenset(free))
@@ -397,15 +401,15 @@ class Preemption:
         out: dict[str, MetaVictims] = {}
         with self.cache.lock:
             for node, (uids, pdb) in sorted(proposed.items()):
-                here = self.cache.holders(node)
+                here = self.cache.nodes.holders(node)
                 if here is None:
                     continue
                 room = dict(share_free(here.view))
                 for uid in uids:
-                    share = self.cache.held_share(uid)
+                    share = self.cache.pods.held_share(uid)
                     if share is not None and share[0] == node and share[1] in room:
                         room[share[1]] += share[2]
-                    held = self.cache.held(uid)
+                    held = self.cache.pods.held(uid)
                     if held is not None and held[0] == node:
                         for dev in held[1]:
                             if dev in room and dev not in here.shared_devices:
@@ -420,7 +424,7 @@ class Preemption:
         per_gang: dict[str, int] = {}
         only_surplus = bool(uids)
         for u in dict.fromkeys(uids):
-            p = self.cache.pod(u)
+            p = self.cache.pods.pod(u)
             if p is None or p.gang is None or not self.gangs.is_elastic(p.gang):
                 only_surplus = False
                 continue
