@@ -30,7 +30,7 @@ from scheduler.kube import KubeAPI, KubeError
 from scheduler.layout import MemberLayouts
 from scheduler.nodefit import LinkedRanker
 from scheduler.podspec import ANN_DEVICES, ANN_GANG_LAYOUT, PodInfo, format_devices
-from scheduler.sharing import SnapshotShareRanker
+from scheduler.sharing import LiveShareRanker
 from topology import AllocationError, ShapeError, TopologyError
 from topology.contract import ANN_DEVICE_MILLI
 
@@ -218,7 +218,7 @@ class UnlinkedDevices(LinkedDevices):
     ranker's elsewhere (:func:`scheduler.decision.unlinked_devices`)."""
 
     def __init__(
-        self, cache: ClusterCache, unsure: Mapping[str, Unsure], ranker: LinkedRanker, shares: SnapshotShareRanker
+        self, cache: ClusterCache, unsure: Mapping[str, Unsure], ranker: LinkedRanker, shares: LiveShareRanker
     ) -> None:
         super().__init__(cache, unsure, ranker)
         self.shares = shares
@@ -270,7 +270,7 @@ class GangDevices(LinkedDevices):
 class ShareDevices(_Reserve):
     """A share's device: the share policy's choice on the node, assumed as a share."""
 
-    def __init__(self, cache: ClusterCache, shares: SnapshotShareRanker) -> None:
+    def __init__(self, cache: ClusterCache, shares: LiveShareRanker) -> None:
         self.cache = cache
         self.shares = shares
 

@@ -44,9 +44,7 @@ from scheduler.podspec import PodInfo, PodSpecError, pod_info, requested_count, 
 from scheduler.reservations import Reservations
 from scheduler.usage import QueueUsage
 from scheduler.workload import Workload
-from topology import NodeTopology
 from topology.contract import DEFAULT_SHARED_RESOURCE
-from topology.policy import Balance
 
 __all__ = ["ClusterCache", "NodeHolders", "NodeRecord", "NodeView", "PodChange", "ViewKey", "share_free"]
 
@@ -349,138 +347,6 @@ class ClusterCache:
         with self.lock:
             if self._reserved.unreserve(owner, node):
                 self.generation += 1
-
-    # ---------------------------------------------------- TRANSITIONAL: removed once every caller reads the listers
-
-    @property
-    def tier_keys(self) -> tuple[str, ...]:
-        return self._nodes.tier_keys
-
-    @tier_keys.setter
-    def tier_keys(self, keys: tuple[str, ...]) -> None:
-        self.set_tier_keys(keys)
-
-    @property
-    def views_version(self) -> int:
-        return self._nodes.views_version
-
-    def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
-        return self._nodes.views_changed_since(version)
-
-    def task_types(self) -> dict[tuple[int, int, int, int], int]:
-        return self._ledger.task_types()
-
-    def balance(self) -> Balance:
-        return self._ledger.balance()
-
-    def view(self, name: str) -> NodeView | None:
-        return self._nodes.view_lookup()(name)
-
-    def view_lookup(self) -> Callable[[str], NodeView | None]:
-        return self._nodes.view_lookup()
-
-    def ready_views(self) -> dict[str, NodeView]:
-        return self._nodes.ready_views()
-
-    def every_view(self) -> dict[str, NodeView]:
-        return self._nodes.every_view()
-
-    def schedulable_views(self) -> list[NodeView]:
-        return self._nodes.schedulable_views()
-
-    def node_view(self, name: str) -> tuple[NodeView | None, str]:
-        return self._nodes.node_view(name)
-
-    def node_problem(self, name: str) -> tuple[str, bool]:
-        return self._nodes.node_problem(name)
-
-    def deviceless(self, name: str) -> bool:
-        return self._nodes.deviceless(name)
-
-    def node_config(self, name: str) -> tuple[int, int]:
-        return self._nodes.node_config(name)
-
-    def held(self, uid: str) -> tuple[str, tuple[str, ...]] | None:
-        return self._ledger.held(uid)
-
-    def held_share(self, uid: str) -> tuple[str, str, int] | None:
-        return self._ledger.held_share(uid)
-
-    def is_assumed(self, uid: str) -> bool:
-        return self._ledger.is_assumed(uid)
-
-    def pod(self, uid: str) -> PodInfo | None:
-        return self._ledger.pod(uid)
-
-    def knows_pod(self, uid: str) -> bool:
-        return self._ledger.knows_pod(uid)
-
-    def has_node(self, name: str) -> bool:
-        return self._nodes.has_node(name)
-
-    def topology_of(self, name: str) -> NodeTopology | None:
-        return self._nodes.topology_of(name)
-
-    def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
-        return self._nodes.usable_views(names)
-
-    def link_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
-        return self._nodes.link_labels(names)
-
-    def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
-        return self._nodes.tier_paths(names)
-
-    def gang_members(self, key: str) -> list[tuple[str, PodInfo]]:
-        return self._ledger.gang_members(key)
-
-    def holding_on(self, node: str) -> list[PodInfo]:
-        return self._ledger.holding_on(node)
-
-    def node_names(self) -> list[str]:
-        return self._nodes.node_names()
-
-    def free_devices(self, name: str) -> frozenset[str]:
-        view = self._nodes.node_view(name)[0]
-        return view.free if view is not None else frozenset()
-
-    def allocations(self) -> dict[str, tuple[str, tuple[str, ...]]]:
-        with self.lock:
-            return dict(self._ledger.allocated)
-
-    def shares(self) -> dict[str, tuple[str, str, int]]:
-        with self.lock:
-            return dict(self._ledger.shared)
-
-    def assumed_uids(self) -> frozenset[str]:
-        with self.lock:
-            return frozenset(self._ledger.assumed)
-
-    def is_reserved(self, owner: str, node: str) -> bool:
-        return self._nodes.is_reserved(owner, node)
-
-    def reservations(self) -> dict[str, dict[str, tuple[str, ...]]]:
-        with self.lock:
-            return {name: dict(rec.reserved) for name, rec in self._nodes.records.items() if rec.reserved}
-
-    def holders(self, name: str) -> NodeHolders | None:
-        return self._nodes.holders(name)
-
-    def capacity(self) -> dict[str, int]:
-        return self._nodes.capacity()
-
-    def used_by_queue(self) -> dict[str, dict[str, int]]:
-        return self._ledger.used_by_queue()
-
-    def pending(self, other_than: str | None = None) -> list[PodInfo]:
-        return self._ledger.pending(other_than)
-
-    def find_pod(self, namespace: str, name: str, uid: str = "") -> PodInfo | None:
-        return self._ledger.find_pod(namespace, name, uid)
-
-    def check_invariants(self) -> None:
-        with self.lock:
-            self._ledger.check()
-            self._nodes.check()
 
     # ------------------------------------------------------------------ debugging
 

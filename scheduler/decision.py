@@ -1,5 +1,5 @@
 """Which node, which devices, for a whole-device pod: the filter and score steps of the whole-device
-kinds, and the devices bind takes, over one snapshot.
+kinds, and the devices bind takes, over the live state (:class:`scheduler.livestate.LiveState`).
 
 Two kinds of whole-device pod are decided here (:class:`scheduler.framework.PodKind`):
 
@@ -18,7 +18,7 @@ gives them the top score), linked nodes only when no node without links fits. A 
 needs no links, and leaving the linked nodes to the pods that need their links is what the
 fragmentation terms of both policies aim at.
 
-:class:`Decision` holds these steps over one snapshot; the extender builds its own with
+:class:`Decision` holds these steps over the live state; the extender builds its own with
 :func:`build_decision` and runs them inside its cycles (:func:`scheduler.profiles.build_profiles`).
 The simulator's time mode replays a trace through that extender's own verbs (``simulator.timesim``,
 ``simulator.extcluster``), so it runs these steps in the same cycles.
@@ -34,10 +34,11 @@ from scheduler.config import ExtenderConfig
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, PodKind, Status
 from scheduler.gang import GangManager
+from scheduler.listers import NodeLister
+from scheduler.livestate import LiveState
 from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker, NodeFit
 from scheduler.podspec import PodInfo
-from scheduler.sharing import SnapshotShareRanker, decides_whole, links_free
-from scheduler.snapshot import Snapshot
+from scheduler.sharing import LiveShareRanker, decides_whole, links_free
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape
 from topology.contract import DEFAULT_RESOURCE
@@ -72,7 +73,7 @@ class Classify:
 
 
 def unlinked_devices(
-    ranker: LinkedRanker, shares: SnapshotShareRanker, info: PodInfo, shape: Shape, node: str, view: NodeView
+    ranker: LinkedRanker, shares: LiveShareRanker, info: PodInfo, shape: Shape, node: str, view: NodeView
 ) -> tuple[tuple[str, ...], str]:
     """Bind for an unshaped pod: the share policy's devices on a node without links, the topology-aware
     ranker's elsewhere; ((), why not) when the pod no longer fits. Feasibility is the topology-aware
@@ -93,7 +94,7 @@ class UnlinkedFit:
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: FAILED_PLACEMENT}
 
     def __init__(
-        self, nodes: Snapshot, ranker: LinkedRanker, shares: SnapshotShareRanker, fits: FitMemory, keep_best: int
+        self, nodes: NodeLister, ranker: LinkedRanker, shares: LiveShareRanker, fits: FitMemory, keep_best: int
     ) -> None:
         self.nodes = nodes
         self.ranker = ranker
@@ -190,36 +191,36 @@ class UnlinkedFit:
 
 
 class Decision:
-    """The whole-device kinds' filter and score steps over ``nodes``, and the ranker their bind takes
-    the devices with.
+    """The whole-device kinds' filter and score steps over the live state ``state``, and the ranker their
+    bind takes the devices with.
 
-    ``shares``: the share policy over the same nodes (the extender's, with the ``icl`` policy); ``None``:
+    ``shares``: the share policy over the same state (the extender's, with the ``icl`` policy); ``None``:
     every whole-device pod is ``SHAPED`` (the topology-aware ranker everywhere)."""
 
     def __init__(
         self,
-        nodes: Snapshot,
+        state: LiveState,
         policy: LinkedPolicy,
         resource: str = DEFAULT_RESOURCE,
         keep_best: int = 0,
-        shares: SnapshotShareRanker | None = None,
+        shares: LiveShareRanker | None = None,
     ) -> None:
-        self.nodes = nodes
         self.policy = policy
         self.shares = shares
         self.fits = FitMemory()
-        self.ranker = LinkedRanker(nodes, policy, resource)
+        self.ranker = LinkedRanker(state, policy, resource)
         self.fit = NodeFit(self.ranker, self.fits, keep_best)
-        self.unlinked = UnlinkedFit(nodes, self.ranker, shares, self.fits, keep_best) if shares is not None else None
+        unlinked = UnlinkedFit(state.nodes, self.ranker, shares, self.fits, keep_best) if shares is not None else None
+        self.unlinked = unlinked
 
 
-def build_decision(cfg: ExtenderConfig, snapshot: Snapshot, shares: SnapshotShareRanker) -> Decision:
-    """The decision of ``cfg`` (policy, weights, resource, ``keepBestNodes``) over ``snapshot``.
+def build_decision(cfg: ExtenderConfig, state: LiveState, shares: LiveShareRanker) -> Decision:
+    """The decision of ``cfg`` (policy, weights, resource, ``keepBestNodes``) over the live state ``state``.
 
     With the ``icl`` policy, unshaped pods on nodes without links are ranked by ``shares`` (the caller's
-    share ranker over the same snapshot, so one ranker serves shares and unshaped pods); with any other
+    share ranker over the same state, so one ranker serves shares and unshaped pods); with any other
     policy, by the topology-aware ranker."""
     weights = Weights(cfg.fragmentation_weight, cfg.binpack_weight, cfg.stranding_weight)
     policy = linked_policy(cfg.policy, weights)
     unshaped = shares if policy.name is PolicyName.ICL else None
-    return Decision(snapshot, policy, cfg.resource_name, cfg.keep_best_nodes, unshaped)
+    return Decision(state, policy, cfg.resource_name, cfg.keep_best_nodes, unshaped)

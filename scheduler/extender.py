@@ -43,7 +43,7 @@ from scheduler.metrics import Metrics
 from scheduler.podspec import ANN_DEVICES, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import NamedVictims, Preemption
 from scheduler.profiles import build_profiles
-from scheduler.sharing import SnapshotShareRanker
+from scheduler.sharing import LiveShareRanker
 from scheduler.steps import FairShare, GangSize, ReadPod, SeenPods
 from scheduler.wire import (
     ExtenderArgs,
@@ -76,12 +76,12 @@ class Extender:
         self.api = api
         # the share ranker (shares, CPU-only pods; with icl, unshaped pods on nodes without links), and the
         # whole-device decision over the cache, built as time mode builds it over its cluster
-        self.shares = SnapshotShareRanker(cache, cfg.policy if cfg.policy == "icl" else "icl")
+        self.shares = LiveShareRanker(cache, cfg.policy if cfg.policy == "icl" else "icl")
         self.decision = build_decision(cfg, cache, self.shares)
         self.ranker = self.decision.ranker
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
-        cache.tier_keys = cfg.tiers  # the network tiers gangs are placed by
+        cache.set_tier_keys(cfg.tiers)  # the network tiers gangs are placed by
         records = GangRecords(api, cfg.leader_election.namespace, self)
         self.gangs = GangManager(cache, cfg.gang_timeout_s, self.decision.policy.rank, self, records)
         self.leader: LeaseElector | None = None
@@ -265,7 +265,7 @@ class Extender:
                 self._inflight_cv.notify_all()
 
     def _pod_for_bind(self, args: ExtenderBindingArgs) -> tuple[PodInfo | None, str]:
-        info = self.cache.find_pod(args.pod_namespace, args.pod_name, args.pod_uid)
+        info = self.cache.pods.find_pod(args.pod_namespace, args.pod_name, args.pod_uid)
         if info is None:
             info = self._seen.find(args.pod_uid, args.pod_namespace, args.pod_name)
         if info is None and self.api is not None:
@@ -298,7 +298,7 @@ class Extender:
         request surely ended (sweep, every second)."""
         now = self.cache.clock()
         with self.cache.lock:
-            for uid in [u for u in self._unsure if not self.cache.is_assumed(u)]:
+            for uid in [u for u in self._unsure if not self.cache.pods.is_assumed(u)]:
                 del self._unsure[uid]  # the watch showed the pod (bound, elsewhere or gone)
             due = [(uid, u) for uid, u in self._unsure.items() if now >= u.recheck_at]
         binding = self._binding
@@ -321,7 +321,7 @@ class Extender:
                 if self._unsure.get(uid) is not u:
                     continue
                 del self._unsure[uid]
-                if seen != "bound" and self.cache.is_assumed(uid):
+                if seen != "bound" and self.cache.pods.is_assumed(uid):
                     log.info(
                         "binding %s to %s did not happen (%s): its devices are free again", u.info.key, u.node, seen
                     )
@@ -340,7 +340,7 @@ class Extender:
         if self.api is None:
             return leaving
         for uid in uids:
-            info = self.cache.pod(uid)
+            info = self.cache.pods.pod(uid)
             if info is None:
                 continue
             try:
@@ -401,14 +401,14 @@ class Extender:
             return frozenset(self._unsure)
 
     def _share_metrics(self) -> dict[str, tuple[float, int]]:
-        used = self.cache.used_by_queue()
-        capacity = self.cache.capacity()
+        used = self.cache.pods.used_by_queue()
+        capacity = self.cache.nodes.capacity()
         shares = fairshare.shares(used, capacity, self.cfg)
         return {q: (s, sum(used.get(q, {}).values())) for q, s in shares.items()}
 
     def debug_state(self) -> dict[str, Any]:
-        used = self.cache.used_by_queue()
-        capacity = self.cache.capacity()
+        used = self.cache.pods.used_by_queue()
+        capacity = self.cache.nodes.capacity()
         shares = fairshare.shares(used, capacity, self.cfg)
         queues = {
             q: {

@@ -10,7 +10,7 @@ options.
   :class:`scheduler.gang.GangManager`, weighted DRF with quotas through :mod:`scheduler.fairshare`,
   preemption through :mod:`scheduler.preempt`) over a cache, answering the verbs in process.
 
-The simulator imports :mod:`scheduler` only through this module and :mod:`scheduler.snapshot` (an
+The simulator imports :mod:`scheduler` only through this module and :mod:`scheduler.livestate` (an
 import-linter contract in pyproject.toml): what it needs to feed a cache and ask the verbs is named
 here.
 """

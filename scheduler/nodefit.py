@@ -1,7 +1,7 @@
 """The topology-aware ranker and the per-node filter and score step that uses it.
 
 :class:`LinkedRanker` drives the topology-aware policy (:class:`topology.policy.LinkedPolicy`, a pure
-function of one node's state) over a snapshot (:class:`scheduler.snapshot.Snapshot`): does the shape
+function of one node's state) over the live state (:class:`scheduler.livestate.LiveState`): does the shape
 fit this node's free devices, how well, and which devices. :class:`NodeFit` is the cycle's filter
 and score step over it.
 
@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 from scheduler.cache import NodeView
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, Status
+from scheduler.livestate import LiveState
 from scheduler.podspec import PodInfo
-from scheduler.snapshot import Snapshot
 from topology import Shape, ShapeKind, pack_node
 from topology.policy import Ask as PolicyAsk
 from topology.policy import Balance, LinkedPolicy, NodeInput, Verdict
@@ -135,11 +135,12 @@ class FitMemory:
 
 
 class LinkedRanker:
-    """Drives the topology-aware policy (:meth:`LinkedPolicy.evaluate`, :meth:`LinkedPolicy.devices`) over a
-    snapshot: memoised verdicts per node state, the best-nodes index, the devices on one node."""
+    """Drives the topology-aware policy (:meth:`LinkedPolicy.evaluate`, :meth:`LinkedPolicy.devices`) over the
+    live state: memoised verdicts per node state, the best-nodes index, the devices on one node."""
 
-    def __init__(self, nodes: Snapshot, policy: LinkedPolicy, resource: str) -> None:
-        self.nodes = nodes
+    def __init__(self, state: LiveState, policy: LinkedPolicy, resource: str) -> None:
+        self.nodes = state.nodes
+        self.pods = state.pods
         self.policy = policy
         self.resource = resource
         self.memo: dict[tuple[Any, ...], Verdict] = {}
@@ -151,7 +152,7 @@ class LinkedRanker:
     def need(self, shape: Shape, info: PodInfo | None = None) -> Need:
         """The policy's request for ``shape`` (with the pod's CPU/memory), the stranding ratios, and
         the memo key of both: the shape text alone while no stranding term applies."""
-        balance = self.nodes.balance() if self.policy.weights.stranding > 0 else _NO_BALANCE
+        balance = self.pods.balance() if self.policy.weights.stranding > 0 else _NO_BALANCE
         cpu, mem = (info.cpu_milli, info.mem_mib) if info is not None else (0, 0)
         if balance == _NO_BALANCE:
             return PolicyAsk(shape, cpu, mem), balance, str(shape)

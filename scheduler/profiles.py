@@ -30,7 +30,7 @@ from scheduler.decision import Decision
 from scheduler.framework import CycleState, PodKind, Status
 from scheduler.gang import GangManager
 from scheduler.host import Host
-from scheduler.sharing import SnapshotShareRanker
+from scheduler.sharing import LiveShareRanker
 from scheduler.steps import (
     CpuPods,
     FairShare,
@@ -55,7 +55,7 @@ def build_profiles(
     host: Host,
     *,
     decision: Decision,
-    shares: SnapshotShareRanker,
+    shares: LiveShareRanker,
     gangs: GangManager,
     read: ReadPod,
     fair: FairShare,

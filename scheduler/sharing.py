@@ -4,9 +4,9 @@ A pod that asks the shared resource (milli-devices, ``topology.contract.DEFAULT_
 gets a share of one device. Which node and which device is the share policy of the configured name
 (``topology.policies.make_policy``: for ``icl``, ``IclPack``), over node states grouped by a
 :class:`NodeStates` source. :class:`ShareRanker` drives it over any such source (fill mode's
-cluster, ``simulator.fill.FillNodes``); :class:`SnapshotShareRanker` drives it over a
-:class:`scheduler.snapshot.Snapshot` (the extender's cache, time mode's cluster), whose nodes
-:class:`SnapshotStates` reads as:
+cluster, ``simulator.fill.FillNodes``); :class:`LiveShareRanker` drives it over the live state
+(:class:`scheduler.livestate.LiveState`: the extender's cache, time mode's cluster), whose nodes
+:class:`LiveNodeStates` reads as:
 
 - a node's devices, in index order, each with the milli-devices a new share may take
   (:func:`scheduler.cache.share_free`: 1000 when free, 1000 minus its shares when shared,
@@ -14,7 +14,7 @@ cluster, ``simulator.fill.FillNodes``); :class:`SnapshotShareRanker` drives it o
 - its free CPU and memory (the cache's, as for whole devices; unknown counts as plenty);
 - the target workload: every non-terminal device and share pod the cache knows, by type, and with
   ``decideCpuPods`` its profile's pods asking CPU or memory and no device
-  (:meth:`scheduler.cache.ClusterCache.task_types`), plus the device pod being placed.
+  (:meth:`scheduler.listers.PodLister.task_types`), plus the device pod being placed.
 
 The fill simulator's ``icl`` (``simulator.fill``) runs :class:`ShareRanker` over its own cluster (the
 trace's workload as the target), so a fill replay is the extender's decision.
@@ -33,20 +33,20 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from scheduler.cache import NodeView, share_free
+from scheduler.livestate import LiveState
 from scheduler.podspec import PodInfo
-from scheduler.snapshot import Snapshot
 from topology import NodeTopology, Shape, ShapeKind
 from topology.contract import MILLI_PER_DEVICE
 from topology.gpushare import GpuNodeSpec, NodeState, TargetWorkload, TaskRequest
 from topology.policies import FracPolicy, Pick, make_policy
 
 __all__ = [
+    "LiveNodeStates",
+    "LiveShareRanker",
     "NodeStates",
     "Ranked",
     "ShareAnswer",
     "ShareRanker",
-    "SnapshotShareRanker",
-    "SnapshotStates",
     "Target",
     "decides_whole",
     "links_free",
@@ -58,7 +58,7 @@ _LOW = 1e300  # above every score, below a non-fit's
 _NO_FIT: Pick = (float("inf"), ())
 _STATE = "share:state"  # NodeView.memo key of the node's share state
 _CANON_LIMIT = 4096  # distinct node states kept canonical at once: this, or 4 per ready node when more
-# a node kube-icl has no devices on (Snapshot.deviceless), as a pod asking no device sees it: no devices,
+# a node kube-icl has no devices on (NodeLister.deviceless), as a pod asking no device sees it: no devices,
 # CPU and memory as plenty (kube-scheduler's own filters already checked that the pod fits there)
 _DEVICELESS = NodeState("", _PLENTY, _PLENTY, _PLENTY, _PLENTY, ())
 
@@ -72,7 +72,7 @@ def links_free(topology: NodeTopology) -> bool:
     Rings of 4 or more, meshes, tori, ``hcm:8``, and a ``full:N`` with a broken link are linked.
 
     On such a node a whole-device pod that asks no shape is decided by the share policy
-    (:class:`SnapshotShareRanker`), as fill mode decides it; elsewhere by the topology-aware ranker.
+    (:class:`LiveShareRanker`), as fill mode decides it; elsewhere by the topology-aware ranker.
     """
     hit = _LINKS_FREE.get(topology.fingerprint)
     if hit is None:
@@ -99,8 +99,8 @@ Target = tuple[Sequence[GpuNodeSpec], TargetWorkload]
 
 
 class NodeStates(Protocol):
-    """The nodes as the share ranker reads them, grouped by node state: :class:`SnapshotStates` over a
-    snapshot (the extender, time mode), fill mode's cluster (``simulator.fill.FillNodes``)."""
+    """The nodes as the share ranker reads them, grouped by node state: :class:`LiveNodeStates` over the
+    live state (the extender, time mode), fill mode's cluster (``simulator.fill.FillNodes``)."""
 
     def target(self, uid: str, task: TaskRequest) -> tuple[Hashable, Callable[[], Target]]:
         """A key of the capacities and target workload the policy is built for now, and how to read them
@@ -135,11 +135,12 @@ class ShareAnswer:
     failed: dict[str, str]
 
 
-class SnapshotStates:
-    """A snapshot's nodes as node states grouped for the share ranker (:class:`NodeStates`)."""
+class LiveNodeStates:
+    """The live state's nodes as node states grouped for the share ranker (:class:`NodeStates`)."""
 
-    def __init__(self, cache: Snapshot) -> None:
-        self.cache = cache
+    def __init__(self, state: LiveState) -> None:
+        self.live = state
+        self.nodes = state.nodes
         # the source's generation, and what target() read of every ready node and pod then
         self._base: tuple[int, dict[tuple[int, int, int, int], int], list[GpuNodeSpec]] | None = None
         # one object per distinct node state, so grouping thousands of nodes compares identities, not
@@ -166,7 +167,7 @@ class SnapshotStates:
         return max(_CANON_LIMIT, 4 * nodes)
 
     def _state(self, name: str, view: NodeView) -> tuple[NodeState, list[str]]:
-        cpu_alloc, mem_alloc = self.cache.node_config(name)
+        cpu_alloc, mem_alloc = self.nodes.node_config(name)
         devices = share_free(view)
         cpu_total = cpu_alloc if cpu_alloc >= 0 and view.cpu_free >= 0 else _PLENTY
         mem_total = mem_alloc if mem_alloc >= 0 and view.mem_free >= 0 else _PLENTY
@@ -176,11 +177,11 @@ class SnapshotStates:
         return state, [dev for dev, _ in devices]
 
     def groups(self, names: Sequence[Any] | None) -> list[tuple[Hashable, Sequence[Any]]]:
-        with self.cache.lock:
+        with self.live.lock:
             if names is None:
-                pairs: Iterable[tuple[str, NodeView | None]] = self.cache.ready_views().items()
+                pairs: Iterable[tuple[str, NodeView | None]] = self.nodes.ready_views().items()
             else:
-                view_of = self.cache.view_lookup()  # no copy of every view for a filter's names
+                view_of = self.nodes.view_lookup()  # no copy of every view for a filter's names
                 pairs = ((name, view_of(name)) for name in names)
             return self.group_views((name, view) for name, view in pairs if view is not None)
 
@@ -201,15 +202,16 @@ class SnapshotStates:
     def target(self, uid: str, task: TaskRequest) -> tuple[Hashable, Callable[[], Target]]:
         """The cache's task types plus a device pod's own (when the cache does not count it yet); the
         capacities of every ready node."""
-        with self.cache.lock:
-            gen, base = self.cache.generation, self._base
+        live = self.live
+        with live.lock:
+            gen, base = live.generation, self._base
             if base is None or gen < 0 or base[0] != gen:  # a scan of every ready node, once per change
-                states = [self.node_state(n, v)[0] for n, v in self.cache.ready_views().items()]
+                states = [self.node_state(n, v)[0] for n, v in self.nodes.ready_views().items()]
                 specs = [GpuNodeSpec("", s.cpu_total, s.mem_total, len(s.gpu_free)) for s in states]
-                base = (gen, self.cache.task_types(), specs)
+                base = (gen, live.pods.task_types(), specs)
                 if gen >= 0:
                     self._base = base
-            known = self.cache.knows_pod(uid)
+            known = live.pods.knows_pod(uid)
         types, specs = dict(base[1]), list(base[2])
         own = (task.cpu_milli, task.memory_mib, task.num_gpu, task.gpu_milli)
         if task.num_gpu and (not known or types.get(own, 0) == 0):
@@ -315,35 +317,35 @@ class ShareRanker:
         return Ranked(tied, low, scored)
 
 
-class SnapshotShareRanker(ShareRanker):
-    """The share ranker over a snapshot (the extender's cache, time mode's cluster): the filter's best
+class LiveShareRanker(ShareRanker):
+    """The share ranker over the live state (the extender's cache, time mode's cluster): the filter's best
     nodes and why the others are not (:meth:`decide`), the devices bind takes (:meth:`choose_devices`)."""
 
-    def __init__(self, snapshot: Snapshot, name: str = "icl", memo_limit: int = 100_000) -> None:
-        self.states = SnapshotStates(snapshot)
+    def __init__(self, state: LiveState, name: str = "icl", memo_limit: int = 100_000) -> None:
+        self.states = LiveNodeStates(state)
         super().__init__(self.states, name, memo_limit)
 
     def decide(self, info: PodInfo, names: list[str], *, reasons: bool = True, deviceless: bool = False) -> ShareAnswer:
         """Filter and prioritize: the best of the named nodes and (``reasons``) why each other one is not.
 
         ``deviceless`` (a pod asking no device): a node kube-icl has no devices on (a CPU-only node:
-        no topology annotation, no allocatable devices; ``Snapshot.deviceless``) is ranked as a node
+        no topology annotation, no allocatable devices; ``NodeLister.deviceless``) is ranked as a node
         with no devices, where such a pod strands nothing, instead of failing."""
-        cache = self.states.cache
+        nodes = self.states.nodes
         failed: dict[str, str] = {}
         pairs: list[tuple[str, NodeView]] = []
         bare: list[str] = []
-        with cache.lock:
-            view_of = cache.view_lookup()
+        with nodes.lock:
+            view_of = nodes.view_lookup()
             for name in names:
                 view = view_of(name)
                 if view is not None:
                     pairs.append((name, view))
                     continue
-                if deviceless and cache.deviceless(name):
+                if deviceless and nodes.deviceless(name):
                     bare.append(name)
                 elif reasons:
-                    failed[name] = cache.node_problem(name)[0]
+                    failed[name] = nodes.node_problem(name)[0]
         share = self.decide_views(info, pairs, reasons=reasons, bare=bare, order=names if bare else None)
         return ShareAnswer(share.best, {**failed, **share.failed}) if failed else share
 
@@ -361,7 +363,7 @@ class SnapshotShareRanker(ShareRanker):
         scheduler's order of all of them (default: ``pairs``, then ``bare``)."""
         nodes = self.states
         task = self.task(info)
-        with nodes.cache.lock:
+        with nodes.live.lock:
             groups = nodes.group_views(pairs)
         if bare:
             groups.append((_DEVICELESS, list(bare)))
@@ -389,7 +391,7 @@ class SnapshotShareRanker(ShareRanker):
         """Bind: the devices on ``node`` (call with the cache lock held): one for a share, ``count``
         for a whole-device pod; ((), why not) when it no longer fits."""
         nodes = self.states
-        view, why = nodes.cache.node_view(node)
+        view, why = nodes.nodes.node_view(node)
         if view is None:
             return (), f"cannot bind to {node}: {why}"
         state, ids = nodes.node_state(node, view)

@@ -34,7 +34,7 @@ from scheduler.kube import KubeAPI, KubeError
 from scheduler.ledger import PodChange
 from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker
 from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, GroupSpec, PodInfo, PodSpecError, pod_info
-from scheduler.sharing import SnapshotShareRanker
+from scheduler.sharing import LiveShareRanker
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape, ShapeError, parse_shape
 
@@ -188,7 +188,7 @@ class HeldDevices:
 
     def pre_filter(self, state: CycleState) -> Status:
         info = state.info
-        held = self.cache.held(info.uid) if info.uid else None
+        held = self.cache.pods.held(info.uid) if info.uid else None
         if held is None or held[0] not in state.names:
             return OK
         why = f"pod {info.key} already holds devices on {held[0]} (its last bind is not settled yet)"
@@ -205,7 +205,7 @@ class Shares:
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: FAILED_PLACEMENT}
     deviceless = False  # whether a node without devices of ours ranks as a node with none (CpuPods)
 
-    def __init__(self, shares: SnapshotShareRanker, fits: FitMemory, keep_best: int = 0) -> None:
+    def __init__(self, shares: LiveShareRanker, fits: FitMemory, keep_best: int = 0) -> None:
         self.shares = shares
         self.fits = fits
         self.keep_best = keep_best
@@ -310,8 +310,8 @@ class FairShare:
 
     def hold_back(self, info: PodInfo) -> fairshare.HoldBack | None:
         """Why the pod's queue must wait, or ``None`` when it may go."""
-        used = self.cache.used_by_queue()
-        capacity = self.cache.capacity()
+        used = self.cache.pods.used_by_queue()
+        capacity = self.cache.nodes.capacity()
         qcfg = self.cfg.queue(info.queue)
         if qcfg.quota is None and not self.cfg.fair_share:
             return None
@@ -341,7 +341,7 @@ class FairShare:
         would hold each other back forever)."""
         lower: dict[str, list[PodInfo]] = {}
         below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue, not per pod)
-        for p in self.cache.pending(other_than=info.queue):
+        for p in self.cache.pods.pending(other_than=info.queue):
             if p.uid == info.uid:
                 continue
             if p.unschedulable and not self.fits.held_back(p.uid):
@@ -360,7 +360,7 @@ class FairShare:
             lower.setdefault(p.queue, []).append(p)
         if not lower:
             return {}
-        views = {view.key: view for view in self.cache.schedulable_views()}
+        views = {view.key: view for view in self.cache.nodes.schedulable_views()}
         out: dict[str, str] = {}
         for q, pods in lower.items():
             tried: set[tuple[str, int]] = set()

@@ -10,7 +10,7 @@ models':
   fed in process (``simulator.model_extender``), with the extender's ``policy``.
 - ``share:NAME``: the share forms (``topology.policy.SHARE``) on a cluster of shared devices
   (``simulator.model_share``); ``share:icl`` is the extender's own share decision
-  (``scheduler.sharing.SnapshotShareRanker``), as fill mode's ``icl``.
+  (``scheduler.sharing.LiveShareRanker``), as fill mode's ``icl``.
 
 Queues: where the model runs kube-scheduler's queue (``kube_queue``: the extender's), higher priority
 first, then the oldest submission; every waiting job tried, passes repeated while one places; the extender's

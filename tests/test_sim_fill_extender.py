@@ -21,7 +21,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
 from scheduler.informer import Informer
-from scheduler.sharing import Ranked, ShareRanker, SnapshotShareRanker, SnapshotStates
+from scheduler.sharing import LiveNodeStates, LiveShareRanker, Ranked, ShareRanker
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs
 from simulator.fill import (
     ExtenderRanking,
@@ -66,9 +66,9 @@ def test_icl_is_the_extenders_share_policy_and_the_baselines_are_unchanged() -> 
     assert isinstance(icl, ExtenderRanking)
     ext = Extender(ExtenderConfig(), ClusterCache(DEFAULT_RESOURCE))
     scorer = ShareScorer(icl, FracCluster(NODES, ordered_devices=icl.ordered_devices))
-    assert type(scorer.shares) is ShareRanker and type(ext.shares) is SnapshotShareRanker
+    assert type(scorer.shares) is ShareRanker and type(ext.shares) is LiveShareRanker
     assert type(ext.shares).rank is ShareRanker.rank  # one ranking: the extender's ranker adds only its verbs
-    assert type(SnapshotShareRanker(ClusterCache(DEFAULT_RESOURCE)).nodes) is SnapshotStates  # the extender's source
+    assert type(LiveShareRanker(ClusterCache(DEFAULT_RESOURCE)).nodes) is LiveNodeStates  # the extender's source
     for name in ("random", "bestfit", "fgd", "spread"):
         assert type(fill_policy(name, NODES, WORKLOAD)) is type(make_policy(name, NODES, WORKLOAD))
 
@@ -176,7 +176,7 @@ def test_a_fill_step_chooses_what_the_extenders_filter_and_bind_choose(scene: di
     ext = Extender(ExtenderConfig(fair_share=False, gang_timeout_s=100.0), cache, api)
     task = TaskRequest(scene["cpu"], 0, 1, scene["ask"])
     # the target the extender's policy is built for (the cache's pods); the fill run's is its trace's
-    _, target = SnapshotStates(cache).target(new["metadata"]["uid"], task)
+    _, target = LiveNodeStates(cache).target(new["metadata"]["uid"], task)
     scorer = ShareScorer(ExtenderRanking(target()[1]), cluster)
 
     passed = ext.filter(ExtenderArgs(pod=new, node_names=names)).node_names or []
@@ -235,7 +235,7 @@ def _whole_device_scene(
     Informer(api, cache).sync_once()
     ext = Extender(ExtenderConfig(fair_share=False, gang_timeout_s=100.0), cache, api)
     task = TaskRequest(cpu, 0, k, MILLI_PER_DEVICE)
-    _, target = SnapshotStates(cache).target(new["metadata"]["uid"], task)
+    _, target = LiveNodeStates(cache).target(new["metadata"]["uid"], task)
     scorer = ShareScorer(ExtenderRanking(target()[1]), cluster)
     cpu_fits = [names[i] for i, spec in enumerate(specs) if spec.cpu_milli >= cpu]
     passed = ext.filter(ExtenderArgs(pod=new, node_names=cpu_fits)).node_names or []

@@ -233,7 +233,7 @@ def test_nodes_in_equal_states_split_into_several_groups_decide_the_same(
         return result.node_names, result.failed_nodes, result.failed_and_unresolvable_nodes, scores
 
     grouped = answer()
-    with mock.patch.object(sharing.SnapshotStates, "_canon_limit", lambda self: 0):
+    with mock.patch.object(sharing.LiveNodeStates, "_canon_limit", lambda self: 0):
         split = answer()
     assert split == grouped
     passed, failed, unresolvable, _ = grouped
