@@ -222,8 +222,9 @@ class ClusterCache:
 
     def count_cpu_pods_of(self, scheduler_name: str) -> None:
         """Count the non-terminal pods of ``scheduler_name`` that ask no device (but CPU or memory) in
-        :meth:`task_types` too (the extender decides them: ``decideCpuPods``). Only before the cache is
-        fed any pod (it keeps no record of the pods asking no device): a ``RuntimeError`` after."""
+        the task types (:meth:`scheduler.listers.PodLister.task_types`) too (the extender decides them:
+        ``decideCpuPods``). Only before the cache is fed any pod (it keeps no record of the pods asking
+        no device): a ``RuntimeError`` after."""
         with self.lock:
             if scheduler_name == self._workload.cpu_pods_of:
                 return

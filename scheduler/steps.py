@@ -237,7 +237,7 @@ class Shares:
 class CpuPods(Shares):
     """A pod asking no device, when the extender decides those too (``decideCpuPods``): the share
     policy ranks the nodes for its CPU and memory, as fill mode's ``icl`` ranks a task asking no
-    device; a node without devices of ours (:meth:`scheduler.cache.ClusterCache.deviceless`) is a
+    device; a node without devices of ours (:meth:`scheduler.listers.NodeLister.deviceless`) is a
     node with no devices there."""
 
     name = "CpuPods"
