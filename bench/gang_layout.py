@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support import cachereads
-
 ROOT = Path(os.environ.get("KUBE_ICL_BENCH_ROOT") or Path(__file__).resolve().parents[1])
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -37,6 +35,7 @@ if str(ROOT) not in sys.path:
 from scheduler.cache import ClusterCache  # noqa: E402
 from scheduler.gang import GangManager  # noqa: E402
 from scheduler.podspec import pod_info  # noqa: E402
+from tests.support import cachereads  # noqa: E402
 from tests.support.extender import node_obj, pod_obj  # noqa: E402
 from topology import DeviceRank  # noqa: E402
 
