@@ -1,5 +1,5 @@
 """The image recipe without building it: lock files against pyproject.toml, the Dockerfile's defaults,
-the build context, and the pieces of hack/image/build.py that read Docker's formats."""
+the build context, and the pieces of the image builder (hack/image/) that read Docker's formats."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.support.image import load_image_builder
+from hack.image import build, dockerfile, host, rootfs
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
-builder = load_image_builder()
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 
 
@@ -86,26 +85,26 @@ def test_build_lock_covers_the_build_system_and_pip() -> None:
 
 
 def test_dockerfile_version_default_is_the_package_version() -> None:
-    defaults = builder.dockerfile_defaults()
+    defaults = dockerfile.dockerfile_defaults()
     assert defaults["VERSION"] == PYPROJECT["project"]["version"]
-    assert builder.codename_of(defaults["BASE"]) == "bookworm"
+    assert rootfs.codename_of(defaults["BASE"]) == "bookworm"
 
 
 def test_final_stage_runs_icl_as_a_non_root_user() -> None:
-    parsed = builder.parse_dockerfile(builder.DOCKERFILE.read_text())
+    parsed = dockerfile.parse_dockerfile(dockerfile.DOCKERFILE.read_text())
     final = parsed.stages[-1].instructions
     users = [i.text for i in final if i.keyword == "USER"]
     assert users and not users[-1].startswith(("0", "root"))
-    entry = [builder.exec_form(i) for i in final if i.keyword == "ENTRYPOINT"]
+    entry = [dockerfile.exec_form(i) for i in final if i.keyword == "ENTRYPOINT"]
     assert entry == [["icl"]]
-    labels = dict(pair for i in final if i.keyword == "LABEL" for pair in builder.key_values(i, {}))
+    labels = dict(pair for i in final if i.keyword == "LABEL" for pair in dockerfile.key_values(i, {}))
     for key in ("source", "version", "revision", "licenses", "title", "description"):
         assert f"org.opencontainers.image.{key}" in labels, key
 
 
 def test_build_context_holds_every_package_and_leaves_tests_out() -> None:
-    rules = builder.IgnoreRules(builder.DOCKERIGNORE.read_text())
-    files = {p.relative_to(ROOT).as_posix() for p in builder.context_files(["."], rules)}
+    rules = dockerfile.IgnoreRules(dockerfile.DOCKERIGNORE.read_text())
+    files = {p.relative_to(ROOT).as_posix() for p in dockerfile.context_files(["."], rules)}
     for pattern in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]:
         package = pattern.rstrip("*")
         assert f"{package}/__init__.py" in files, f"{package} is not in the image's build context (.dockerignore)"
@@ -129,24 +128,24 @@ def test_build_context_holds_every_package_and_leaves_tests_out() -> None:
     ],
 )
 def test_dockerignore_rules(rules: str, path: str, ignored: bool) -> None:
-    assert builder.IgnoreRules(rules).ignored(path) is ignored
+    assert dockerfile.IgnoreRules(rules).ignored(path) is ignored
 
 
 def test_substitution_and_key_values_as_docker() -> None:
     env = {"A": "x", "B": "y"}
-    assert builder.expand("${A}-$B-$C-\\$A", env) == "x-y--$A"
-    ins = builder.Instruction("ENV", 'P=/opt/bin:$A Q="two words" R=${B}', 1)
-    assert builder.key_values(ins, env) == [("P", "/opt/bin:x"), ("Q", "two words"), ("R", "y")]
+    assert dockerfile.expand("${A}-$B-$C-\\$A", env) == "x-y--$A"
+    ins = dockerfile.Instruction("ENV", 'P=/opt/bin:$A Q="two words" R=${B}', 1)
+    assert dockerfile.key_values(ins, env) == [("P", "/opt/bin:x"), ("Q", "two words"), ("R", "y")]
 
 
 def test_parser_refuses_what_it_cannot_build() -> None:
-    with pytest.raises(builder.BuildError, match="ADD is not supported"):
-        builder.parse_dockerfile("FROM debian:12-slim\nADD x /x\n")
-    with pytest.raises(builder.BuildError, match="only ARG may come before"):
-        builder.parse_dockerfile("RUN true\nFROM debian:12-slim\n")
-    with pytest.raises(builder.BuildError, match="reproduces only debian"):
-        builder.codename_of("python:3.11-slim")
-    parsed = builder.parse_dockerfile("ARG X=1\nFROM a AS b\nRUN echo \\\n  # note\n  two\n")
+    with pytest.raises(host.BuildError, match="ADD is not supported"):
+        dockerfile.parse_dockerfile("FROM debian:12-slim\nADD x /x\n")
+    with pytest.raises(host.BuildError, match="only ARG may come before"):
+        dockerfile.parse_dockerfile("RUN true\nFROM debian:12-slim\n")
+    with pytest.raises(host.BuildError, match="reproduces only debian"):
+        rootfs.codename_of("python:3.11-slim")
+    parsed = dockerfile.parse_dockerfile("ARG X=1\nFROM a AS b\nRUN echo \\\n  # note\n  two\n")
     assert [i.text for i in parsed.stages[0].instructions] == ["echo two"]
 
 
@@ -156,27 +155,27 @@ def test_mirrors_come_from_the_hosts_apt_sources(tmp_path: Path) -> None:
         "Types: deb\nURIs: http://mirror.example/debian/\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
         "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n"
     )
-    mirrors = builder.host_mirrors(tmp_path)
+    mirrors = rootfs.host_mirrors(tmp_path)
     assert (mirrors.archive, mirrors.security) == (
         "http://mirror.example/debian",
         "http://mirror.example/debian-security",
     )
     (tmp_path / "sources.list.d" / "debian.sources").unlink()
     (tmp_path / "sources.list").write_text("deb [arch=amd64] http://other.example/debian bookworm main\n")
-    assert builder.host_mirrors(tmp_path) == builder.Mirrors("http://other.example/debian", None)
+    assert rootfs.host_mirrors(tmp_path) == rootfs.Mirrors("http://other.example/debian", None)
     (tmp_path / "sources.list").write_text("# nothing\n")
-    with pytest.raises(builder.BuildError, match="no Debian archive"):
-        builder.host_mirrors(tmp_path)
+    with pytest.raises(host.BuildError, match="no Debian archive"):
+        rootfs.host_mirrors(tmp_path)
 
 
 def test_build_without_root_is_one_clear_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.setenv("ICL_IMAGE_CACHE", str(tmp_path))
-    monkeypatch.setattr(builder.os, "geteuid", lambda: 1000)
-    assert builder.main([]) == 2
+    monkeypatch.setattr(build.os, "geteuid", lambda: 1000)
+    assert build.main([]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs root" in err and "docker build" in err
     assert list(tmp_path.iterdir()) == []  # nothing started
-    assert builder.main(["--print-dir"]) == 0
+    assert build.main(["--print-dir"]) == 0
     assert capsys.readouterr().out.startswith(str(tmp_path / "image-"))

@@ -827,9 +827,9 @@ def probe_report(node: RealNode, namespace: str, pod: str, container: str = "pro
 def project_image_archive() -> tuple[Path | None, str]:
     """The ``docker save`` archive of the image ``make image`` built from this tree (or ``$ICL_IMAGE_DIR``'s),
     or None and why not."""
-    from tests.support.image import load_image_builder
+    from hack.image.build import image_dir
 
-    directory = Path(os.environ.get("ICL_IMAGE_DIR") or load_image_builder().image_dir())
+    directory = Path(os.environ.get("ICL_IMAGE_DIR") or image_dir())
     archive = directory / "image.tar"
     if not archive.is_file():
         return None, f"no image built for this tree at {directory}: run `make image` (as root)"

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.image import load_image_builder
+from hack.image import build, rootfs
 from topology import build_preset, encode_annotation
 
 from .harness import Component, ControlPlane, e2e_required, free_port, wait_for
@@ -51,9 +51,6 @@ ROOT = Path(__file__).resolve().parents[2]
 RESOURCE = "kube-icl.io/accelerator"
 IMAGE_USER = "65532:65532"
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
-
-
-builder = load_image_builder()
 
 
 @dataclass(frozen=True)
@@ -75,8 +72,8 @@ class Image:
     ) -> list[str]:
         """``args`` inside the image as the manifests run it: ``user``, the image's environment, no
         capabilities, a read-only root filesystem with a tmpfs on /tmp, ``writable`` as host volumes."""
-        ids = builder.resolve_user(self.rootfs, user)
-        argv: list[str] = builder.chroot_argv(
+        ids = rootfs.resolve_user(self.rootfs, user)
+        argv: list[str] = rootfs.chroot_argv(
             self.rootfs,
             list(args),
             user=ids,
@@ -115,7 +112,7 @@ def image() -> Image:
     if os.geteuid() != 0:
         _skip_or_fail("the image smoke tests chroot into the image: run as root (CI does)")
     # ICL_IMAGE_DIR: test an image built earlier (by default, the one built from this very tree).
-    directory = Path(os.environ.get("ICL_IMAGE_DIR") or builder.image_dir())
+    directory = Path(os.environ.get("ICL_IMAGE_DIR") or build.image_dir())
     summary_path = directory / "summary.json"
     if not summary_path.exists():
         _skip_or_fail(f"no image built for this tree at {directory}: run `make image` (as root)")
@@ -207,7 +204,7 @@ def test_sim_without_matplotlib_refuses_plots_and_runs_without(image: Image) -> 
     inside = Path("/run") / f"icl-sim-{uuid.uuid4().hex[:8]}"
     host_dir = image.rootfs / inside.relative_to("/")
     host_dir.mkdir(parents=True)
-    os.chown(host_dir, *builder.resolve_user(image.rootfs, IMAGE_USER))
+    os.chown(host_dir, *rootfs.resolve_user(image.rootfs, IMAGE_USER))
     small = ["icl", "sim", "--mode", "fill", "--tasks", "30", "--seeds", "1", "--policies", "icl", "--no-progress"]
     try:
         refused = image.run([*small, "--out", str(inside / "plots")], writable=[str(inside)])
