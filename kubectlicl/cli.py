@@ -187,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(args, key, value)
     # the client library logs each retry of a failed connection; the one-line error says it instead
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    # the extender's code run here logs for the extender's operators (a record "deleted", a pod "counted by
+    # size"); what it finds, this command says itself: warnings for what cannot be read, the rest in its views
+    logging.getLogger("scheduler").setLevel(logging.CRITICAL)
     from .cluster import ClusterError, Reader
 
     try:
@@ -207,16 +210,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, reader: Any) -> int:
+    import dataclasses
+
     from topology import TopologyError, parse_tiers
 
     from . import render, views
-    from .cluster import ClusterError, extender_settings
+    from .cluster import extender_settings
+    from .state import read_state
 
     settings = extender_settings(reader, args.extender_config, _fallback_config(args))
     cfg = settings.config
+    if args.resource_name:
+        cfg = dataclasses.replace(cfg, resource_name=args.resource_name)
     if args.command == "queues" or args.extender_config:
         _warn(settings.warnings)
-    resource = args.resource_name or cfg.resource_name
     now = time.time()
 
     if args.command == "nodes":
@@ -228,14 +235,12 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
                 print(f"error: --tiers: {exc}", file=sys.stderr)
                 return EXIT_ERROR
         nodes = reader.nodes(args.selector)
-        raw = reader.pods()
-        pods, warnings = views.pod_infos(raw, resource)
-        held, lease_warnings = _reservations(reader, cfg, settings.source, "")
-        created = {str(p["metadata"].get("uid")): str(p["metadata"].get("creationTimestamp") or "") for p in raw}
-        node_list = views.node_views(nodes, pods, held, tiers=tiers, now=now, created=created)
+        leases, lease_warnings = _leases(reader, cfg, settings.source, "")
+        state = read_state(cfg, nodes, reader.pods(), leases, now=now)
+        node_list = views.node_views(state, tiers=tiers)
         if not args.all:
             node_list = [n for n in node_list if n.topology is not None or n.error != views.NO_TOPOLOGY]
-        _warn([*warnings, *lease_warnings])
+        _warn([*state.warnings, *lease_warnings])
         if args.html:
             from .html import write_page
 
@@ -254,12 +259,12 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
         return EXIT_OK
 
     if args.command == "gangs":
-        pods, warnings = views.pod_infos(reader.pods(args.namespace), resource)
-        held, lease_warnings = _reservations(reader, cfg, settings.source, args.lease_namespace)
+        leases, lease_warnings = _leases(reader, cfg, settings.source, args.lease_namespace)
+        state = read_state(cfg, reader.nodes(), reader.pods(args.namespace), leases, now=now)
+        gang_list = views.gang_views(state)
         if args.namespace:
-            held = [r for r in held if r.gang.partition("/")[0] == args.namespace]
-        gang_list = views.gang_views(pods, held)
-        _warn([*warnings, *lease_warnings])
+            gang_list = [g for g in gang_list if g.key.partition("/")[0] == args.namespace]
+        _warn([*state.warnings, *lease_warnings])
         if not gang_list:
             where = f" in {args.namespace}" if args.namespace else ""
             print(f"No gangs found{where}.", file=sys.stderr)
@@ -288,13 +293,9 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
                 f'error: pods "{args.pod}" not found in namespace {args.namespace} (or it has ended)', file=sys.stderr
             )
             return EXIT_ERROR
-        leases: list[Any] = []
-        where = cfg.leader_election.namespace if settings.source.startswith("configmap") else ""
-        try:
-            leases = reader.reservation_leases(where)
-        except ClusterError as exc:
-            _warn([f"gang reservations not read: {exc}"])
-        answer = explain(cfg, target, reader.nodes(), raw_pods, leases)
+        leases, lease_warnings = _leases(reader, cfg, settings.source, "")
+        _warn(lease_warnings)
+        answer = explain(read_state(cfg, reader.nodes(), raw_pods, leases, now=now), target)
         if args.output in ("json", "yaml"):
             _print_doc(render.why_doc(answer), args.output)
         else:
@@ -302,10 +303,9 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
         return EXIT_ERROR if answer.error else EXIT_OK
 
     # queues
-    nodes = views.node_views(reader.nodes(), [], (), now=now, shapes=False)  # pools and capacity only
-    pods, warnings = views.pod_infos(reader.pods(), resource)
-    queue_list = views.queue_views(nodes, pods, cfg)
-    _warn(warnings)
+    state = read_state(cfg, reader.nodes(), reader.pods(), now=now)
+    queue_list = views.queue_views(state)
+    _warn(state.warnings)
     if not queue_list:
         print("No queues found (no configured queue and no pod asking devices).", file=sys.stderr)
         return EXIT_OK
@@ -316,15 +316,13 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
     return EXIT_OK
 
 
-def _reservations(reader: Any, cfg: Any, source: str, namespace: str) -> tuple[list[Any], list[str]]:
-    """Gang reservation records: in ``namespace``, else the extender's Lease namespace when its config was
+def _leases(reader: Any, cfg: Any, source: str, namespace: str) -> tuple[list[Any], list[str]]:
+    """The gang reservation Leases: in ``namespace``, else the extender's Lease namespace when its config was
     read, else every namespace; a refusal is a warning (the rest of the answer stands without them)."""
-    from . import views
     from .cluster import ClusterError
 
     where = namespace or (cfg.leader_election.namespace if source.startswith("configmap") else "")
     try:
-        leases = reader.reservation_leases(where)
+        return reader.reservation_leases(where), []
     except ClusterError as exc:
-        return [], [f"gang reservations not shown: {exc}"]
-    return views.reservations(leases)
+        return [], [f"gang reservations not read: {exc}"]

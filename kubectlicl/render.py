@@ -103,7 +103,8 @@ def _legend(nodes: Sequence[NodeView]) -> list[str]:
         for pod, devices in n.holders:
             out.append(f"{n.name}  {letters[pod]}  {pod}  chips {','.join(devices)}")
         for pod, count in n.unattributed:
-            out.append(f"{n.name}  ?  {pod}  {count} chips, which not known (no kube-icl.io/devices)")
+            why = "no kube-icl.io/devices, or chips another pod holds"
+            out.append(f"{n.name}  ?  {pod}  {count} chips, which not known ({why})")
     if out:
         out.append(
             "chips: one per character in device order; A-Z pods (above), + reserved for a gang, x unhealthy, · free"

@@ -1,27 +1,26 @@
-"""What ``kubectl icl`` shows, computed from the cluster's objects as the API server returns them.
+"""What ``kubectl icl`` shows, read from the extender's own state of the cluster.
 
-Pure: no I/O. Every function takes Node, Pod, Lease JSON (``v1.Node``, ``v1.Pod``,
-``coordination.k8s.io/v1`` Lease) and returns frozen views, read through the same readers the
-extender uses: ``topology`` for the node annotation and the shapes, ``scheduler.podspec`` for what a
-pod asks (gang, queue, devices), ``scheduler.config`` and ``scheduler.fairshare`` for queues and their
-dominant shares.
+Pure: no I/O. Every function takes a :class:`kubectlicl.state.State` (the nodes, pods and gang records a
+command listed, fed into the extender's cache and gang book) and returns frozen views: who holds which
+chip, which chips are reserved for gangs, the devices each queue holds and the pods waiting are the
+cache's answers (through its listers), which reservations are in force and which member claimed each slot
+the gang book's; what is computed here is only how to show them (chip states, the largest free ring and
+linked group by the topology core, dominant shares by ``scheduler.fairshare``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import networkx as nx
 
 from scheduler import fairshare
-from scheduler.config import ExtenderConfig
-from scheduler.podspec import PodInfo, PodSpecError, pod_info
-from scheduler.wire import RECORD_LABEL, WireError, read_record
-from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, Placer, Shape, ShapeKind, TopologyError
-from topology.contract import ANN_TOPOLOGY, DEFAULT_SHARED_RESOURCE
-from topology.encoding import decode_annotation
+from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, Placer, Shape, ShapeKind
+from topology.contract import ANN_TOPOLOGY
+
+from .state import Reservation, State
 
 __all__ = [
     "NO_TOPOLOGY",
@@ -29,13 +28,10 @@ __all__ = [
     "GangView",
     "NodeView",
     "QueueView",
-    "Reservation",
     "SlotView",
     "gang_views",
     "node_views",
-    "pod_infos",
     "queue_views",
-    "reservations",
 ]
 
 FREE, BUSY, RESERVED, UNHEALTHY = "free", "busy", "reserved", "unhealthy"
@@ -83,21 +79,6 @@ class SlotView:
 
 
 @dataclass(frozen=True, slots=True)
-class Reservation:
-    """One gang reservation record (a Lease the extender writes before the gang's first bind)."""
-
-    lease: str  # namespace/name of the Lease
-    gang: str  # namespace/name of the gang
-    size: int
-    shape: str
-    count: int
-    queue: str
-    domain: str
-    expires_at: float  # unix time
-    slots: tuple[tuple[str, tuple[str, ...]], ...]  # (node, devices)
-
-
-@dataclass(frozen=True, slots=True)
 class GangView:
     key: str  # namespace/name
     minimum: int  # 0: unknown (sized by a group object this view does not read, and no reservation)
@@ -127,54 +108,6 @@ class QueueView:
     pools: Mapping[str, int] = field(default_factory=dict)  # topology name -> devices held there
 
 
-def pod_infos(pods: Iterable[Mapping[str, Any]], resource: str) -> tuple[list[PodInfo], list[str]]:
-    """Every pod read as the extender reads it; pods whose annotations cannot be read become warnings."""
-    infos: list[PodInfo] = []
-    warnings: list[str] = []
-    for pod in pods:
-        try:
-            infos.append(pod_info(pod, resource, DEFAULT_SHARED_RESOURCE))
-        except PodSpecError as exc:
-            meta = pod.get("metadata") or {}
-            warnings.append(f"pod {meta.get('namespace')}/{meta.get('name')}: {exc}")
-    return infos, warnings
-
-
-def _created(pod: PodInfo, created: Mapping[str, str]) -> tuple[str, str]:
-    return (created.get(pod.uid, ""), pod.key)
-
-
-def reservations(leases: Iterable[Mapping[str, Any]]) -> tuple[list[Reservation], list[str]]:
-    """The gang reservation records among ``leases``, read by the extender's own reader
-    (:func:`scheduler.wire.read_record`); unreadable ones become warnings."""
-    out: list[Reservation] = []
-    warnings: list[str] = []
-    for lease in leases:
-        meta = lease.get("metadata") or {}
-        where = f"lease {meta.get('namespace')}/{meta.get('name')}"
-        if (meta.get("labels") or {}).get(RECORD_LABEL) != "true":
-            continue
-        try:
-            record = read_record(lease)
-        except WireError as exc:
-            warnings.append(f"{where}: {exc}")
-            continue
-        out.append(
-            Reservation(
-                lease=f"{meta.get('namespace')}/{meta.get('name')}",
-                gang=record.key,
-                size=record.size,
-                shape=record.shape,
-                count=record.count,
-                queue=record.queue,
-                domain=record.domain,
-                expires_at=record.expires_at,
-                slots=tuple((node, devices) for _owner, node, devices in record.slots),
-            )
-        )
-    return out, warnings
-
-
 def _largest_ring(topo: NodeTopology, free: frozenset[str]) -> int:
     if not free:
         return 0
@@ -201,72 +134,82 @@ def _condition(node: Mapping[str, Any], kind: str) -> bool:
     return False
 
 
-def node_views(
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Sequence[PodInfo],
-    held: Sequence[Reservation] = (),
-    *,
-    tiers: Sequence[str] = (),
-    now: float = 0.0,
-    created: Mapping[str, str] | None = None,
-    shapes: bool = True,
-) -> list[NodeView]:
-    """Each node's chips: held by a pod (its ``kube-icl.io/devices``), reserved by an unexpired gang
-    reservation and not yet claimed, unhealthy (the published topology says so), or free. With
-    ``shapes`` false the largest free ring and group are left at 0 (a caller that needs only the
-    topologies skips their search)."""
-    created = created or {}
-    by_node: dict[str, list[PodInfo]] = {}
-    for pod in pods:
-        if pod.node_name and not pod.terminal:
-            by_node.setdefault(pod.node_name, []).append(pod)
-    reserved: dict[tuple[str, str], str] = {}
-    for res in held:
-        if res.expires_at and now and res.expires_at < now:
-            continue
-        for slot_node, devices in res.slots:
-            for d in devices:
-                reserved[(slot_node, d)] = res.gang
+def _holdings(state: State) -> tuple[dict[str, list[tuple[str, tuple[str, ...]]]], dict[str, list[str]]]:
+    """Per node, the pods holding devices there as the cache says ((pod, devices), oldest first: whole
+    devices, or the one device a share is of), and the uids of the pods the cache keeps bound there."""
+    pods = state.cache.pods
+    held: dict[str, list[tuple[tuple[str, str], str, tuple[str, ...]]]] = {}
+    bound: dict[str, list[str]] = {}
+    with pods.lock:
+        for uid, key in state.keys.items():
+            info = pods.pod(uid)
+            if info is not None and info.node_name:
+                bound.setdefault(info.node_name, []).append(uid)
+            whole = pods.held(uid)
+            share = pods.held_share(uid)
+            where = whole if whole is not None else (share[0], (share[1],)) if share is not None else None
+            if where is not None:
+                held.setdefault(where[0], []).append(((state.created.get(uid, ""), key), key, where[1]))
+    oldest_first = {node: [(key, devices) for _at, key, devices in sorted(here)] for node, here in held.items()}
+    return oldest_first, bound
+
+
+def _bound_here(state: State, uids: Iterable[str]) -> dict[str, int]:
+    """The pods the cache keeps bound to a node without a usable topology, each with the devices it holds
+    or asks (which chips is not known there)."""
+    pods = state.cache.pods
+    out: dict[str, int] = {}
+    for uid in uids:
+        held = pods.held(uid)
+        info = pods.pod(uid)
+        n = len(held[1]) if held is not None else info.count if info is not None else 0
+        if n or (info is not None and info.milli):
+            out[uid] = n or 1
+    return out
+
+
+def node_views(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True) -> list[NodeView]:
+    """Each node's chips: held by a pod (whole, or shares of it), reserved for a gang's unclaimed slot,
+    unhealthy (the published topology says so), or free, as the extender's cache holds them; the pods
+    it counts by size (no ``kube-icl.io/devices``, or devices another pod holds) apart. With ``shapes``
+    false the largest free ring and group are left at 0 (a caller that needs only the topologies skips
+    their search)."""
+    lister = state.cache.nodes
+    holding, bound = _holdings(state)
+    reserved = state.reserved()
     out: list[NodeView] = []
-    for node in sorted(nodes, key=lambda n: str((n.get("metadata") or {}).get("name"))):
+    for node in sorted(state.nodes, key=lambda n: str((n.get("metadata") or {}).get("name"))):
         meta = node.get("metadata") or {}
         name = str(meta.get("name") or "")
         labels = meta.get("labels") or {}
-        text = (meta.get("annotations") or {}).get(ANN_TOPOLOGY)
-        topo: NodeTopology | None = None
+        here = lister.holders(name)
+        topo = here.view.topology if here is not None else None
         error = ""
-        if not text:
-            error = NO_TOPOLOGY
-        else:
-            try:
-                topo = decode_annotation(text)
-            except TopologyError as exc:
-                error = f"{ANN_TOPOLOGY}: {exc}"
-        holders: list[tuple[str, tuple[str, ...]]] = []
-        unattributed: list[tuple[str, int]] = []
-        holding: dict[str, list[str]] = {}
-        ids = set(topo.ids) if topo is not None else set()
-        for pod in sorted(by_node.get(name, ()), key=lambda p: _created(p, created)):
-            if pod.devices and set(pod.devices) <= ids:
-                holders.append((pod.key, pod.devices))
-                for d in pod.devices:
-                    holding.setdefault(d, []).append(pod.key)
-            elif pod.count > 0 or pod.milli > 0:
-                unattributed.append((pod.key, pod.count or 1))
+        if topo is None:
+            published = bool((meta.get("annotations") or {}).get(ANN_TOPOLOGY))
+            error = lister.node_problem(name)[0] if published else NO_TOPOLOGY
+        holders = holding.get(name, []) if topo is not None else []
+        counted = here.unattributed if here is not None else _bound_here(state, bound.get(name, ()))
+        by_age = sorted((state.created.get(uid, ""), state.keys.get(uid, uid), n) for uid, n in counted.items())
+        unattributed = [(key, n) for _at, key, n in by_age]
+        who: dict[str, list[str]] = {}
+        for key, devices in holders:
+            for d in devices:
+                who.setdefault(d, []).append(key)
         chips: list[ChipView] = []
         if topo is not None:
             for device in topo.devices:
-                who = tuple(holding.get(device.id, ()))
-                gang = reserved.get((name, device.id), "") if not who else ""
+                pods = tuple(who.get(device.id, ()))
+                gang = reserved.get((name, device.id), "") if not pods else ""
                 if not device.healthy:
-                    state = UNHEALTHY
-                elif who:
-                    state = BUSY
+                    chip = UNHEALTHY
+                elif pods:
+                    chip = BUSY
                 elif gang:
-                    state = RESERVED
+                    chip = RESERVED
                 else:
-                    state = FREE
-                chips.append(ChipView(device.id, state, who, gang))
+                    chip = FREE
+                chips.append(ChipView(device.id, chip, pods, gang))
         free = frozenset(c.id for c in chips if c.state == FREE)
         out.append(
             NodeView(
@@ -288,26 +231,29 @@ def node_views(
     return out
 
 
-def gang_views(pods: Sequence[PodInfo], held: Sequence[Reservation] = ()) -> list[GangView]:
-    """Every gang that has a member pod or a reservation record: members bound and pending, sizes,
-    and the reservation's slots with the member that claimed each (the one holding exactly its devices)."""
-    members: dict[str, list[PodInfo]] = {}
-    for pod in pods:
-        if pod.gang is not None and not pod.terminal and not pod.deleting:
-            members.setdefault(pod.gang.key, []).append(pod)
-    records = {res.gang: res for res in held}
+def gang_views(state: State) -> list[GangView]:
+    """Every gang that has a member pod or a reservation record: its members as the cache keeps them
+    (bound and pending; leaving ones apart), sizes, and each record's slots with the member that claimed
+    it in the gang book (none for a record not in force: expired, or not named as the extender names it)."""
+    pods = state.cache.pods
+    records = {res.gang: res for res in state.records}
+    keys = {p.gang.key for p in state.pods if p.gang is not None} | set(records)
     out: list[GangView] = []
-    for key in sorted(set(members) | set(records)):
-        group = sorted(members.get(key, ()), key=lambda p: p.key)
+    for key in sorted(keys):
+        with pods.lock:
+            group = sorted(
+                (p for _uid, p in pods.gang_members(key) if not p.terminal and not p.deleting), key=lambda p: p.key
+            )
         res = records.get(key)
         refs = [p.gang for p in group if p.gang is not None]
         minimum = max((r.size for r in refs), default=0) or (res.size if res is not None else 0)
         maximum = max([minimum, *(r.max_size for r in refs)])
         first = group[0] if group else None
+        claims = state.claims(key)
         slots: list[SlotView] = []
-        for node, devices in res.slots if res is not None else ():
-            claimed = next((p.key for p in group if p.node_name == node and sorted(p.devices) == sorted(devices)), "")
-            slots.append(SlotView(node, devices, claimed))
+        if res is not None:
+            for owner, (node, devices) in zip(res.owners, res.slots, strict=True):
+                slots.append(SlotView(node, devices, claims.get(owner, "")))
         out.append(
             GangView(
                 key=key,
@@ -333,34 +279,22 @@ def _by_name(held: Mapping[str, int], names: Mapping[str, str]) -> dict[str, int
     return dict(sorted(out.items()))
 
 
-def queue_views(nodes: Sequence[NodeView], pods: Sequence[PodInfo], cfg: ExtenderConfig) -> list[QueueView]:
+def queue_views(state: State) -> list[QueueView]:
     """Each configured queue and each queue a pod names: weight and quota from the extender's config,
-    devices held per pool (one pool per distinct topology, as the extender counts them), the weighted
-    dominant share from :func:`scheduler.fairshare.shares`, and its pending pods."""
-    pool_of: dict[str, str] = {}
+    the devices its pods hold per pool and its pods waiting, as the extender's cache counts them (one pool
+    per distinct topology), and the weighted dominant share from :func:`scheduler.fairshare.shares`."""
+    cfg = state.config
     names: dict[str, str] = {}
-    capacity: dict[str, int] = {}
-    for node in nodes:
-        if node.topology is None:
-            continue
-        pool = node.topology.fingerprint
-        pool_of[node.name] = pool
-        names[pool] = node.topology.name or pool[:12]
-        capacity[pool] = capacity.get(pool, 0) + len(node.topology.healthy_ids)
-    used: dict[str, dict[str, int]] = {}
-    pending: dict[str, int] = {}
-    for pod in pods:
-        if pod.terminal or pod.count <= 0:
-            continue
-        if not pod.node_name:
-            if not pod.deleting:
-                pending[pod.queue] = pending.get(pod.queue, 0) + 1
-            continue
-        where = pool_of.get(pod.node_name)
-        if where is None:
-            continue
-        held = used.setdefault(pod.queue, {})
-        held[where] = held.get(where, 0) + (len(pod.devices) or pod.count)
+    with state.cache.lock:
+        for node in state.cache.nodes.node_names():
+            topo = state.cache.nodes.topology_of(node)
+            if topo is not None:
+                names[topo.fingerprint] = topo.name or topo.fingerprint[:12]
+        used = state.cache.pods.used_by_queue()
+        capacity = state.cache.nodes.capacity()
+        pending: dict[str, int] = {}
+        for pod in state.cache.pods.pending():
+            pending[pod.queue] = pending.get(pod.queue, 0) + 1
     shares = fairshare.shares(used, capacity, cfg)
     out: list[QueueView] = []
     for queue in sorted(set(shares) | set(pending)):

@@ -1,9 +1,9 @@
 """``kubectl icl why POD``: why a pod waits, answered by the extender's own decision code run here.
 
 No second rule set: the nodes, pods and gang reservation Leases the user may read are fed into the
-extender's own cache (:class:`scheduler.cache.ClusterCache`), and the extender's own cycle, built by its
-factory (:func:`scheduler.factory.build_extender`, in process, with no API client: it writes nothing), answers
-the filter kube-scheduler would send for this pod over every node. Its per-node reasons are grouped into
+extender's own cache and gang book (:func:`kubectlicl.state.read_state`), and the extender's own cycle, built
+by its factory (:func:`scheduler.factory.build_extender`, in process, with no API client: it writes nothing),
+answers the filter kube-scheduler would send for this pod over every node. Its per-node reasons are grouped into
 node classes (one reason, the nodes that gave it); nodes the pod's ``nodeSelector`` excludes are a class of
 their own, as kube-scheduler never sends them to the extender. For a pod that fits nowhere, the running pods on
 one node whose end would free its shape say what would let it run: on each node the set the extender's
@@ -13,18 +13,17 @@ then the fewest devices), and of the nodes the one with the fewest pods, then de
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from scheduler.cache import ClusterCache
-from scheduler.config import ExtenderConfig
-from scheduler.factory import build_extender
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
 from scheduler.preempt import fewest_victims
 from scheduler.wire import ExtenderArgs
 from topology import Placer, Shape, ShapeError, TopologyError, parse_shape
+
+from .state import State
 
 __all__ = ["Freeing", "NodeClass", "Why", "explain"]
 
@@ -57,29 +56,20 @@ class Why:
     error: str = ""  # the pod cannot be read (its annotations break the contract)
 
 
-def explain(
-    cfg: ExtenderConfig,
-    pod: Mapping[str, Any],
-    nodes: Sequence[Mapping[str, Any]],
-    pods: Iterable[Mapping[str, Any]],
-    leases: Iterable[Mapping[str, Any]] = (),
-) -> Why:
-    """The extender's answer for ``pod`` over ``nodes`` with ``pods`` running (and the gang reservations
-    recorded in ``leases``)."""
+def explain(state: State, pod: Mapping[str, Any]) -> Why:
+    """The extender's answer for ``pod`` over the nodes of ``state``, with its pods running and its gang
+    reservations in force."""
     meta = pod.get("metadata") or {}
     key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     bound = str((pod.get("spec") or {}).get("nodeName") or "")
+    cfg = state.config
     try:
         info = pod_info(pod, cfg.resource_name, cfg.shared_resource_name)
     except PodSpecError as exc:
         return Why(key, bound, "", (), (), None, error=str(exc))
     if bound:  # placed already: the scheduler has nothing more to say about it
         return Why(key, bound, _asks(info), (), (), None)
-    cache = ClusterCache(cfg.resource_name, shared_resource=cfg.shared_resource_name)
-    extender = build_extender(dataclasses.replace(cfg, events=False), cache)
-    cache.replace_nodes(nodes)
-    cache.replace_pods(pods)
-    extender.gangs.book.restore(list(leases))
+    cache, extender, nodes = state.cache, state.extender, state.nodes
     names = [str((n.get("metadata") or {}).get("name") or "") for n in nodes]
     # kube-scheduler sends the extender only the nodes its own filters pass; the pod's nodeSelector is the one
     # of them read here (affinity, taints and resources stay kube-scheduler's: `kubectl describe pod`)

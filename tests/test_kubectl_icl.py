@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from kubectlicl import cli, html, render, views
+from kubectlicl.state import State, read_state, reservations
 from scheduler.config import ExtenderConfig, QueueConfig
-from scheduler.gangrecords import Reservation, Slot
+from scheduler.gangrecords import GangRecords, Reservation, Slot
 from scheduler.wire import RECORD_ANNOTATION, lease_record
 from topology import Health, build_preset, encode_annotation
 
@@ -81,15 +82,21 @@ def record(gang: str, slots: list[tuple[str, tuple[str, ...]]], expires_at: floa
     return lease_record(res.record(), "kube-icl", "extender-0", expires_at - 120)
 
 
-def infos(*pods: dict[str, Any]) -> list[Any]:
-    got, warnings = views.pod_infos(pods, R)
-    assert not warnings
+def state(
+    nodes: list[dict[str, Any]],
+    *pods: dict[str, Any],
+    leases: tuple[dict[str, Any], ...] = (),
+    cfg: ExtenderConfig | None = None,
+) -> State:
+    """The nodes, pods and records fed into the extender's cache and gang book, as kubectl icl reads them."""
+    got = read_state(cfg or ExtenderConfig(), nodes, pods, leases, now=NOW)
+    assert not got.warnings
     return got
 
 
 def test_the_reservation_names_are_the_extenders_and_its_records_read_back() -> None:
     lease = record("ml/train", [("n1", ("4", "5")), ("n2", ("0", "1"))], NOW + 90)
-    (res,), warnings = views.reservations([lease])
+    (res,), warnings = reservations([lease])
     assert not warnings
     assert res.gang == "ml/train" and res.size == 2 and res.count == 2 and res.queue == "ml"
     assert res.slots == (("n1", ("4", "5")), ("n2", ("0", "1")))
@@ -100,16 +107,16 @@ def test_the_reservation_names_are_the_extenders_and_its_records_read_back() -> 
 def test_an_unreadable_reservation_is_a_warning_naming_the_lease() -> None:
     lease = record("ml/train", [("n1", ("4", "5"))], NOW)
     lease["metadata"]["annotations"][RECORD_ANNOTATION] = "{not json"
-    got, warnings = views.reservations([lease])
+    got, warnings = reservations([lease])
     assert got == [] and len(warnings) == 1
     assert warnings[0].startswith(f"lease {lease['metadata']['namespace']}/{lease['metadata']['name']}: ")
 
 
 def test_chips_are_busy_reserved_unhealthy_or_free_and_the_largest_free_shape_follows() -> None:
     nodes = [node("n1", unhealthy=("7",), **{"kube-icl.io__link-domain": "rack-1", "example.com__rack": "r1"})]
-    pods = infos(pod("a", 2, node_name="n1", devices="0,1"), pod("waiting", 4))
-    held, _ = views.reservations([record("ml/train", [("n1", ("4", "5"))], NOW + 60)])
-    (n1,) = views.node_views(nodes, pods, held, tiers=("example.com/rack", "example.com/block"), now=NOW)
+    pods = (pod("a", 2, node_name="n1", devices="0,1"), pod("waiting", 4))
+    held = (record("ml/train", [("n1", ("4", "5"))], NOW + 60),)
+    (n1,) = views.node_views(state(nodes, *pods, leases=held), tiers=("example.com/rack", "example.com/block"))
     assert [c.state for c in n1.chips] == ["busy", "busy", "free", "free", "reserved", "reserved", "free", "unhealthy"]
     assert n1.chips[0].pods == ("ml/a",) and n1.chips[4].gang == "ml/train"
     assert render.strip(n1) == "AA··++·x"
@@ -118,17 +125,17 @@ def test_chips_are_busy_reserved_unhealthy_or_free_and_the_largest_free_shape_fo
 
 
 def test_a_claimed_slot_is_busy_and_an_expired_reservation_holds_nothing() -> None:
-    pods = infos(pod("m0", 2, node_name="n1", devices="4,5", gang="train", gang_size="2"))
+    m0 = pod("m0", 2, node_name="n1", devices="4,5", gang="train", gang_size="2")
     train = record("ml/train", [("n1", ("4", "5")), ("n1", ("0", "1"))], NOW + 60)
-    held, _ = views.reservations([train, record("ml/old", [("n1", ("2", "3"))], NOW - 1)])
-    (n1,) = views.node_views([node("n1")], pods, held, now=NOW)
+    held = (train, record("ml/old", [("n1", ("2", "3"))], NOW - 1))
+    (n1,) = views.node_views(state([node("n1")], m0, leases=held))
     assert render.strip(n1) == "++··AA··"
     assert (n1.largest_ring, n1.largest_group) == (2, 2)  # on a ring of 8, free 2,3 and 6,7 are two pairs
 
 
 def test_a_node_without_the_annotation_says_so_and_pods_without_devices_are_listed_apart() -> None:
-    pods = infos(pod("rogue", 2, node_name="n1"), pod("other", 1, node_name="elsewhere", devices="0"))
-    n0, n1 = views.node_views([node("n1"), node("n0", None)], pods, now=NOW)
+    pods = (pod("rogue", 2, node_name="n1"), pod("other", 1, node_name="elsewhere", devices="0"))
+    n0, n1 = views.node_views(state([node("n1"), node("n0", None)], *pods))
     assert n0.name == "n0" and n0.topology is None and n0.error == views.NO_TOPOLOGY and n0.chips == ()
     assert n1.unattributed == (("ml/rogue", 2),) and n1.count("free") == 8
     table = render.nodes_table([n0, n1])
@@ -140,12 +147,11 @@ def test_the_nodes_table_has_kubectl_columns_a_strip_per_node_and_a_legend_of_po
         node("n1", "mesh:2x4", **{"kube-icl.io__link-domain": "d1", "kube-icl.io__link-coords": "0.1"}),
         node("n2"),
     ]
-    pods = infos(
-        pod("old", 4, node_name="n1", devices="0,1,5,4", shape="mesh:2x2", created="2026-01-01T00:00:00Z"),
+    pods = (
         pod("new", 1, node_name="n1", devices="7", shape="any", created="2026-01-02T00:00:00Z"),
+        pod("old", 4, node_name="n1", devices="0,1,5,4", shape="mesh:2x2", created="2026-01-01T00:00:00Z"),
     )
-    created = {"uid-ml-old": "2026-01-01T00:00:00Z", "uid-ml-new": "2026-01-02T00:00:00Z"}
-    out = render.nodes_table(views.node_views(nodes, pods, now=NOW, created=created), wide=True)
+    out = render.nodes_table(views.node_views(state(nodes, *pods)), wide=True)
     lines = out.splitlines()
     assert re.split(r"\s{3,}", lines[0]) == [
         "NODE", "TOPOLOGY", "CHIPS", "FREE", "BUSY", "RESERVED", "UNHEALTHY", "LARGEST FREE", "DOMAIN", "TIERS",
@@ -159,17 +165,17 @@ def test_the_nodes_table_has_kubectl_columns_a_strip_per_node_and_a_legend_of_po
 
 
 def test_the_drawing_marks_each_pods_chips_and_names_the_pods() -> None:
-    pods = infos(pod("a", 2, node_name="n1", devices="0,1"))
-    held, _ = views.reservations([record("ml/train", [("n1", ("4", "5"))], NOW + 60)])
-    drawing = render.node_drawings(views.node_views([node("n1")], pods, held, now=NOW))
+    a = pod("a", 2, node_name="n1", devices="0,1")
+    held = (record("ml/train", [("n1", ("4", "5"))], NOW + 60),)
+    drawing = render.node_drawings(views.node_views(state([node("n1")], a, leases=held)))
     assert drawing.startswith("node/n1: 2 busy, 2 reserved, 0 unhealthy, 4 free of 8;")
     assert "A0" in drawing and "+4" in drawing and "·2" in drawing
     assert "  A  ml/a: 0,1" in drawing and "  +  gang ml/train: reserved, not claimed yet" in drawing
 
 
 def test_node_documents_carry_every_chip_with_its_state_and_pods() -> None:
-    pods = infos(pod("a", 2, node_name="n1", devices="0,1"))
-    doc = render.node_docs(views.node_views([node("n1", unhealthy=("3",))], pods, now=NOW))
+    a = pod("a", 2, node_name="n1", devices="0,1")
+    doc = render.node_docs(views.node_views(state([node("n1", unhealthy=("3",))], a)))
     (item,) = doc["items"]
     assert item["chips"] == {"total": 8, "free": 5, "busy": 2, "reserved": 0, "unhealthy": 1}
     assert item["devices"][0] == {"id": "0", "state": "busy", "pods": ["ml/a"]}
@@ -179,16 +185,18 @@ def test_node_documents_carry_every_chip_with_its_state_and_pods() -> None:
 
 
 def test_gangs_show_members_bound_and_pending_sizes_and_the_reservation() -> None:
-    pods = infos(
+    pods = (
         pod("w0", 2, node_name="n1", devices="4,5", gang="train", gang_min="2", gang_max="4",
             gang_required_tier="link-domain"),
         pod("w1", 2, gang="train", gang_min="2", gang_max="4"),
         pod("w2", 2, gang="train", gang_min="2", gang_max="4"),
         pod("solo", 1, node_name="n1", devices="0"),
     )  # fmt: skip
-    held, _ = views.reservations([record("ml/train", [("n1", ("4", "5")), ("n2", ("0", "1"))], NOW + 90)])
-    held += views.reservations([record("ml/orphan", [("n3", ("0", "1"))], NOW - 30, size=3)])[0]
-    orphan, train = views.gang_views(pods, held)
+    held = (
+        record("ml/train", [("n1", ("4", "5")), ("n2", ("0", "1"))], NOW + 90),
+        record("ml/orphan", [("n3", ("0", "1"))], NOW - 30, size=3),
+    )
+    orphan, train = views.gang_views(state([node("n1"), node("n2"), node("n3")], *pods, leases=held))
     assert train.key == "ml/train" and (train.minimum, train.maximum, train.elastic) == (2, 4, True)
     assert train.bound == (("ml/w0", "n1"),) and train.pending == ("ml/w1", "ml/w2")
     assert train.tier == "link-domain" and train.shape == "ring" and train.count == 2
@@ -219,8 +227,8 @@ def test_gangs_show_members_bound_and_pending_sizes_and_the_reservation() -> Non
 
 def test_queues_take_weight_and_quota_from_the_config_and_shares_from_the_extenders_rule() -> None:
     cfg = ExtenderConfig(queues={"research": QueueConfig("research", 2.0, 8)}, default_queue_weight=1.0)
-    nodes = views.node_views([node("n1"), node("n2"), node("m1", "mesh:2x2")], [], now=NOW)
-    pods = infos(
+    nodes = [node("n1"), node("n2"), node("m1", "mesh:2x2")]
+    pods = (
         pod("r1", 4, node_name="n1", devices="0,1,2,3", queue="research"),
         pod("r2", 2, node_name="m1", devices="0,1", queue="research"),
         pod("r3", 4, queue="research"),
@@ -228,7 +236,7 @@ def test_queues_take_weight_and_quota_from_the_config_and_shares_from_the_extend
         pod("b2", 1, namespace="batch"),
         pod("b3", 1, namespace="batch"),
     )
-    research, batch = sorted(views.queue_views(nodes, pods, cfg), key=lambda q: q.name, reverse=True)
+    research, batch = sorted(views.queue_views(state(nodes, *pods, cfg=cfg)), key=lambda q: q.name, reverse=True)
     # research: 4 of 16 ring chips, 2 of 4 mesh chips -> dominant 0.5, over weight 2
     assert (research.weight, research.quota, research.devices, research.pending) == (2.0, 8, 6, 1)
     assert research.share == pytest.approx(0.25) and research.pools == {"mesh:2x2": 2, "ring:8": 4}
@@ -241,9 +249,9 @@ def test_queues_take_weight_and_quota_from_the_config_and_shares_from_the_extend
 
 
 def test_the_html_page_draws_every_chip_self_contained() -> None:
-    pods = infos(pod("a", 4, node_name="n1", devices="0,1,5,4", shape="mesh:2x2"))
-    held, _ = views.reservations([record("ml/train", [("n2", ("0", "1"))], NOW + 60)])
-    nodes = views.node_views([node("n1", "torus:4x4", unhealthy=("15",)), node("n2")], pods, held, now=NOW)
+    a = pod("a", 4, node_name="n1", devices="0,1,5,4", shape="mesh:2x2")
+    held = (record("ml/train", [("n2", ("0", "1"))], NOW + 60),)
+    nodes = views.node_views(state([node("n1", "torus:4x4", unhealthy=("15",)), node("n2")], a, leases=held))
     page = html.page(nodes, now=NOW)
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 2
     assert page.count('<g class="chip') == 16 + 8
@@ -318,3 +326,39 @@ def test_an_unreachable_api_server_is_one_line_and_exit_1(tmp_path: Any, capsys:
     err = capsys.readouterr().err
     assert err.startswith("error: cannot reach the API server http://127.0.0.1:9 (") and err.count("\n") == 1, err
     assert "Connection refused" in err
+
+
+def test_a_record_without_expires_at_is_unreadable_to_the_extender_and_the_tool_alike() -> None:
+    # the tool once fell back on the Lease's acquireTime + leaseDurationSeconds; the extender never did
+    lease = record("ml/train", [("n1", ("4", "5"))], NOW + 60)
+    body = json.loads(lease["metadata"]["annotations"][RECORD_ANNOTATION])
+    del body["expiresAt"]
+    lease["metadata"]["annotations"][RECORD_ANNOTATION] = json.dumps(body)
+    kept, stale = GangRecords.load([lease], NOW)
+    assert kept == [] and stale == [lease["metadata"]["name"]]
+    got, warnings = reservations([lease])
+    assert got == [] and warnings == [
+        f"lease kube-icl/{lease['metadata']['name']}: annotation {RECORD_ANNOTATION}: no field 'expiresAt'"
+    ]
+    read = read_state(ExtenderConfig(), [node("n1")], [], [lease], now=NOW)
+    (n1,) = views.node_views(read)
+    assert render.strip(n1) == "········" and views.gang_views(read) == []
+
+
+def test_chips_are_held_as_the_extenders_cache_holds_them() -> None:
+    # an ended pod holds nothing; of two pods naming one chip the first holds it and the second is counted
+    # by size; a pod asking no device holds none, whatever its annotation says
+    pods = (
+        pod("done", 2, node_name="n1", devices="0,1") | {"status": {"phase": "Succeeded"}},
+        pod("first", 2, node_name="n1", devices="2,3"),
+        pod("second", 2, node_name="n1", devices="3,4", created="2026-01-02T00:00:00Z"),
+        pod("none", 0, node_name="n1", devices="6,7"),
+    )
+    read = state([node("n1")], *pods)
+    (n1,) = views.node_views(read)
+    extender = read.cache.nodes.holders("n1")
+    assert extender is not None
+    assert {c.id for c in n1.chips if c.state == "free"} == extender.view.free == {"0", "1", "4", "5", "6", "7"}
+    assert n1.holders == (("ml/first", ("2", "3")),) and n1.unattributed == (("ml/second", 2),)
+    (ml,) = views.queue_views(read)
+    assert ml.devices == 4 and ml.pools == {"ring:8": 4}  # first's 2 and second's 2, counted by size

@@ -16,6 +16,9 @@ from typing import Any
 import pytest
 
 from kubectlicl import html, views
+from kubectlicl.state import read_state
+from scheduler.config import ExtenderConfig
+from scheduler.wire import Record, lease_record
 from topology import Health, build_preset, encode_annotation
 
 NOW = 1_800_000_000.0
@@ -69,10 +72,10 @@ def _rgb(colour: str) -> tuple[int, int, int]:
 
 def test_a_browser_draws_each_chip_state_in_its_colour(tmp_path: Path) -> None:
     nodes = [_node("torus-a", "torus:4x4", unhealthy=("15",)), _node("ring-b", "ring:8")]
-    pods, _ = views.pod_infos([_pod("ring4", "torus-a", "0,1,5,4"), _pod("pair", "ring-b", "0,1")], R)
-    lease_slots = [("ring-b", ("4", "5"))]
-    held = [views.Reservation("kube-system/r", "ml/train", 2, "ring", 2, "ml", "", NOW + 60, tuple(lease_slots))]
-    drawn = views.node_views(nodes, pods, held, now=NOW)
+    pods = [_pod("ring4", "torus-a", "0,1,5,4"), _pod("pair", "ring-b", "0,1")]
+    lease_slots = (("gang:ml/train#0", "ring-b", ("4", "5")),)
+    held = lease_record(Record("ml/train", 2, "ring", 2, "ml", "", NOW + 60, lease_slots), "kube-system", "x", NOW)
+    drawn = views.node_views(read_state(ExtenderConfig(), nodes, pods, [held], now=NOW))
     page = tmp_path / "fleet.html"
     html.write_page(page, drawn, now=NOW)
     image = screenshot(page, tmp_path / "fleet.png")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kubectlicl.render import why_doc, why_text
+from kubectlicl.state import read_state
 from kubectlicl.why import explain
 from scheduler.config import ExtenderConfig
 from tests.support.extender import node_obj, pod_obj
@@ -17,7 +18,7 @@ def test_a_ring_of_eight_waits_and_the_fewest_pods_whose_end_frees_it_are_named(
     nodes = [node_obj("a", "ring:8"), node_obj("b", "ring:8")]
     running = [_held("a1", "a", "0,1"), _held("a2", "a", "4,5"), _held("b1", "b", "0,1,2,3")]
     waiting = pod_obj("big", 8, "ring")
-    answer = explain(ExtenderConfig(fair_share=False), waiting, nodes, [*running, waiting])
+    answer = explain(read_state(ExtenderConfig(fair_share=False), nodes, [*running, waiting], now=0.0), waiting)
     assert answer.fits == () and answer.bound == "" and answer.asks == "8 x ring"
     assert sorted(n for c in answer.classes for n in c.nodes) == ["a", "b"]
     assert all("ring of 8" in c.reason for c in answer.classes), answer.classes
@@ -31,21 +32,35 @@ def test_a_ring_of_eight_waits_and_the_fewest_pods_whose_end_frees_it_are_named(
 def test_a_pod_that_fits_is_told_where_and_a_pod_that_cannot_be_read_says_why() -> None:
     nodes = [node_obj("a", "ring:8")]
     small = pod_obj("small", 2, "ring")
-    answer = explain(ExtenderConfig(fair_share=False), small, nodes, [small])
+    answer = explain(read_state(ExtenderConfig(fair_share=False), nodes, [small], now=0.0), small)
     assert answer.fits == ("a",) and answer.freeing is None
     assert "fits now on 1 node(s): a" in why_text(answer)
     picky = pod_obj("picky", 2, "ring")
     picky["spec"]["nodeSelector"] = {"pool": "dgx"}
-    unselected = explain(ExtenderConfig(fair_share=False), picky, nodes, [picky])
+    unselected = explain(read_state(ExtenderConfig(fair_share=False), nodes, [picky], now=0.0), picky)
     assert [(c.reason, c.nodes) for c in unselected.classes] == [
         ("the pod's nodeSelector (pool=dgx) does not match: kube-scheduler filters them out", ("a",))
     ]
-    placed = explain(ExtenderConfig(), _held("a1", "a", "0,1"), nodes, [])
+    placed = explain(read_state(ExtenderConfig(), nodes, [], now=0.0), _held("a1", "a", "0,1"))
     assert placed.bound == "a" and "bound to a: it waits for no placement" in why_text(placed)
     odd = pod_obj("odd", 2, None, annotations={"kube-icl.io/shape": "hexagon"})
-    refused = explain(ExtenderConfig(), odd, nodes, [odd])
+    refused = explain(read_state(ExtenderConfig(), nodes, [odd], now=0.0), odd)
     assert [c.nodes for c in refused.classes] == [("a",)] and "unknown shape 'hexagon'" in refused.classes[0].reason
     bad = pod_obj("bad", 2, "ring", annotations={"kube-icl.io/gang": "g", "kube-icl.io/gang-size": "x"})
-    broken = explain(ExtenderConfig(), bad, nodes, [bad])
+    broken = explain(read_state(ExtenderConfig(), nodes, [bad], now=0.0), bad)
     assert "gang-size: 'x' is not a whole number" in broken.error
     assert "the extender cannot read it" in why_text(broken)
+
+
+def test_what_frees_a_shape_is_what_preemption_would_take_the_lower_priority_pod_first() -> None:
+    # ring of 8, free 2,3: ending either pod frees 4 linked chips, but `why` names the set the extender's
+    # preemption picks (scheduler.preempt.fewest_victims): the low-priority pod, though it holds more devices
+    nodes = [node_obj("a", "ring:8")]
+    high = pod_obj(
+        "high", 2, "any", node="a", annotations={"kube-icl.io/devices": "0,1"}, phase="Running", priority=100
+    )
+    low = pod_obj("low", 4, "any", node="a", annotations={"kube-icl.io/devices": "4,5,6,7"}, phase="Running")
+    waiting = pod_obj("four", 4, "any")
+    answer = explain(read_state(ExtenderConfig(fair_share=False), nodes, [high, low, waiting], now=0.0), waiting)
+    assert answer.fits == ()
+    assert answer.freeing is not None and (answer.freeing.pods, answer.freeing.devices) == (("default/low",), 4)
