@@ -1,5 +1,5 @@
-"""``icl topo show node/NAME``'s view of a node and its pods (API JSON in, drawing out); e2e in
-tests/e2e/test_kube_credentials_e2e.py."""
+"""``icl topo show node/NAME``'s view of a node and its pods (API JSON in, drawing out), as the extender's
+cache holds them; e2e in tests/e2e/test_kube_credentials_e2e.py."""
 
 from __future__ import annotations
 
@@ -7,19 +7,24 @@ from typing import Any
 
 import pytest
 
+from scheduler.cache import ClusterCache
 from topocli.node_view import node_view, render_view
 from topology import TopologyError, build_preset, encode_annotation
+from topology.contract import DEFAULT_RESOURCE
 
 
 def _pod(name: str, devices: str, phase: str = "Running", node: str = "n1", created: str = "") -> dict[str, Any]:
+    """A pod the extender placed: it asks the resource, one device per id in its ``kube-icl.io/devices``."""
+    limits = {"kube-icl.io/accelerator": str(len(devices.split(",")))}
     return {
         "metadata": {
             "name": name,
             "namespace": "ns",
+            "uid": f"uid-{name}",
             "annotations": {"kube-icl.io/devices": devices},
             "creationTimestamp": created,
         },
-        "spec": {"nodeName": node},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "resources": {"limits": limits}}]},
         "status": {"phase": phase},
     }
 
@@ -56,3 +61,26 @@ def test_pods_holding_devices_are_lettered_oldest_first() -> None:
 def test_a_node_without_the_annotation_says_how_it_gets_one() -> None:
     with pytest.raises(TopologyError, match=r"node/bare: no kube-icl.io/topology annotation \(is the kube-icl device"):
         node_view({"metadata": {"name": "bare"}}, [])
+
+
+def test_the_devices_drawn_busy_are_those_the_extenders_cache_holds() -> None:
+    # an ended pod holds nothing, a pod asking no device holds none whatever its annotation says, and of two
+    # pods naming one device the first holds it and the second is counted by size
+    asks_none = _pod("asks-none", "6,7")
+    asks_none["spec"]["containers"] = [{"name": "main"}]
+    pods = [
+        _pod("failed", "0,1", "Failed"),
+        asks_none,
+        _pod("first", "2,3", created="2026-01-01T00:00:01Z"),
+        _pod("second", "3,4", created="2026-01-01T00:00:02Z"),
+    ]
+    view = node_view(NODE, pods)
+    cache = ClusterCache(DEFAULT_RESOURCE)
+    cache.replace_nodes([NODE])
+    cache.replace_pods(pods)
+    extender = cache.nodes.holders("n1")
+    assert extender is not None
+    busy = {d for _pod_key, devices in view.holders for d in devices}
+    assert set(view.topology.ids) - busy == extender.view.free == {"0", "1", "4", "5", "6", "7"}
+    assert view.holders == (("ns/first", ("2", "3")),)
+    assert render_view(view).splitlines()[-1] == "  ?  ns/second: 3,4 (held by another pod: counted by size)"

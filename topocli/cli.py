@@ -65,6 +65,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         metavar="FILE",
         help="node/NAME: kubeconfig to reach the API server (default: $KUBECONFIG, in-cluster, ~/.kube/config)",
     )
+    show.add_argument(
+        "--resource-name",
+        help="node/NAME: the extended resource the extender places, as its config names it "
+        "(default: kube-icl.io/accelerator)",
+    )
     show.add_argument("--busy", metavar="IDS", help="comma-separated device ids to mark busy")
     show.add_argument("--json", action="store_true", help="print the topology document as JSON instead")
     show.set_defaults(func=_show)
@@ -121,7 +126,7 @@ def _show(args: argparse.Namespace) -> int:
 
         if args.busy:
             return _fail("--busy: not with node/NAME (the node's pods say which devices are busy)")
-        return show_node(args.topology.removeprefix("node/"), args.kubeconfig, args.json)
+        return show_node(args.topology.removeprefix("node/"), args.kubeconfig, args.json, args.resource_name or "")
     try:
         topo = _load(args.topology)
         busy = _ids(args.busy, "--busy", topo) or []

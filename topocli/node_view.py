@@ -1,9 +1,12 @@
 """``icl topo show node/NAME``: a live node's published topology, drawn with the devices its pods hold.
 
-Reads the node's ``kube-icl.io/topology`` annotation (written by the device plugin) and the pods bound
-to it (``spec.nodeName``), takes each running or pending pod's ``kube-icl.io/devices`` and draws the
-topology with one letter per pod, listed under the drawing. API access goes through :mod:`kubeauth`
-(``--kubeconfig``, else ``$KUBECONFIG``, in-cluster, ``~/.kube/config``).
+Reads the node (its ``kube-icl.io/topology`` annotation, written by the device plugin) and the pods bound
+to it (``spec.nodeName``), and feeds them into the extender's own cache (:class:`scheduler.cache.ClusterCache`):
+which pod holds which devices is the cache's answer, by the extender's rules (a pod holds devices when it
+asks the resource and is bound with ``kube-icl.io/devices``; an ended pod holds nothing; a pod whose devices
+the topology lacks, or another pod holds, is counted by size). The topology is drawn with one letter per
+pod, listed under the drawing. API access goes through :mod:`kubeauth` (``--kubeconfig``, else
+``$KUBECONFIG``, in-cluster, ``~/.kube/config``).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from topology.contract import DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE
+
 __all__ = ["NodeView", "node_view", "show_node"]
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-DONE_PHASES = ("Succeeded", "Failed")  # their devices are free again
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,33 +28,58 @@ class NodeView:
     node: str
     topology: Any  # NodeTopology
     holders: tuple[tuple[str, tuple[str, ...]], ...]  # ("namespace/pod", devices in rank order), oldest first
-    unknown: tuple[tuple[str, tuple[str, ...]], ...]  # pods whose annotated devices the topology lacks
+    # pods the cache counts by size although they name devices: some not in the topology, or held by another pod
+    unknown: tuple[tuple[str, tuple[str, ...]], ...]
 
 
-def node_view(node: dict[str, Any], pods: list[dict[str, Any]]) -> NodeView:
-    """The view of a Node object and its pods (API JSON); raises ``TopologyError`` on a bad annotation."""
-    from deviceplugin.pods import pods_from_json
-    from deviceplugin.publisher import TOPOLOGY_ANNOTATION
-    from topology import TopologyError, decode_annotation
+def node_view(
+    node: dict[str, Any],
+    pods: list[dict[str, Any]],
+    resource: str = DEFAULT_RESOURCE,
+    shared_resource: str = DEFAULT_SHARED_RESOURCE,
+) -> NodeView:
+    """The view of a Node object and its pods (API JSON) as the extender's cache holds them; raises
+    ``TopologyError`` when the node has no usable topology."""
+    from scheduler.cache import ClusterCache
+    from topology import TopologyError
+    from topology.contract import ANN_TOPOLOGY
 
     meta = node.get("metadata") or {}
     name = str(meta.get("name") or "")
-    text = (meta.get("annotations") or {}).get(TOPOLOGY_ANNOTATION)
-    if not text:
+    if not (meta.get("annotations") or {}).get(ANN_TOPOLOGY):
         raise TopologyError(
-            f"node/{name}: no {TOPOLOGY_ANNOTATION} annotation (is the kube-icl device plugin running there "
+            f"node/{name}: no {ANN_TOPOLOGY} annotation (is the kube-icl device plugin running there "
             "with publish: true?)"
         )
-    topo = decode_annotation(text)
-    ids = set(topo.ids)
-    holders: list[tuple[str, tuple[str, ...]]] = []
-    unknown: list[tuple[str, tuple[str, ...]]] = []
-    infos = pods_from_json({"kind": "PodList", "items": pods})
-    for pod in sorted(infos, key=lambda p: (p.created, p.namespace, p.name)):
-        if pod.node_name != name or pod.phase in DONE_PHASES or not pod.devices:
+    cache = ClusterCache(resource, shared_resource=shared_resource)
+    cache.replace_nodes([node])
+    cache.replace_pods(pods)
+    here = cache.nodes.holders(name)
+    if here is None:
+        raise TopologyError(f"node/{name}: {cache.nodes.node_problem(name)[0]}")
+    topo = here.view.topology
+    holders: list[tuple[tuple[str, str], tuple[str, ...]]] = []
+    unknown: list[tuple[tuple[str, str], tuple[str, ...]]] = []
+    for pod in pods:
+        pmeta = pod.get("metadata") or {}
+        uid = str(pmeta.get("uid") or "")
+        info = cache.pods.pod(uid)
+        if info is None:
             continue
-        (holders if set(pod.devices) <= ids else unknown).append((pod.key, pod.devices))
-    return NodeView(name, topo, tuple(holders), tuple(unknown))
+        order = (str(pmeta.get("creationTimestamp") or ""), info.key)
+        whole, share = cache.pods.held(uid), cache.pods.held_share(uid)
+        if whole is not None and whole[0] == name:
+            holders.append((order, whole[1]))
+        elif share is not None and share[0] == name:
+            holders.append((order, (share[1],)))
+        elif uid in here.unattributed and info.devices:
+            unknown.append((order, info.devices))
+    return NodeView(
+        name,
+        topo,
+        tuple((order[1], devices) for order, devices in sorted(holders)),
+        tuple((order[1], devices) for order, devices in sorted(unknown)),
+    )
 
 
 def render_view(view: NodeView) -> str:
@@ -68,7 +97,10 @@ def render_view(view: NodeView) -> str:
     head = f"node/{view.node}: {busy} of {total} devices busy, {len(view.holders)} pods"
     out = [head, render(view.topology, marks, legend)]
     out += lines
-    out += [f"  ?  {key}: {','.join(devices)} (not all in this node's topology)" for key, devices in view.unknown]
+    ids = set(view.topology.ids)
+    for key, devices in view.unknown:
+        why = "not all in this node's topology" if not set(devices) <= ids else "held by another pod: counted by size"
+        out.append(f"  ?  {key}: {','.join(devices)} ({why})")
     return "\n".join(out)
 
 
@@ -91,8 +123,9 @@ def _fetch(name: str, kubeconfig: str | None) -> tuple[dict[str, Any], list[dict
         session.close()
 
 
-def show_node(name: str, kubeconfig: str | None, as_json: bool = False) -> int:
-    """Print the node's drawing (or JSON); 0, or 2 with one line on stderr."""
+def show_node(name: str, kubeconfig: str | None, as_json: bool = False, resource: str = "") -> int:
+    """Print the node's drawing (or JSON), ``resource`` being the extended resource the extender places
+    ("": the default); 0, or 2 with one line on stderr."""
     from kubernetes.client import ApiException
 
     from kubeauth import KubeAuthError
@@ -103,7 +136,7 @@ def show_node(name: str, kubeconfig: str | None, as_json: bool = False) -> int:
         return 2
     try:
         node, pods = _fetch(name, kubeconfig)
-        view = node_view(node, pods)
+        view = node_view(node, pods, resource or DEFAULT_RESOURCE)
     except KubeAuthError as exc:
         print(f"icl: {exc}", file=sys.stderr)
         return 2
