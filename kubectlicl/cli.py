@@ -260,7 +260,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
 
     if args.command == "gangs":
         leases, lease_warnings = _leases(reader, cfg, settings.source, args.lease_namespace)
-        state = read_state(cfg, reader.nodes(), reader.pods(args.namespace), leases, now=now)
+        state = read_state(cfg, [], reader.pods(args.namespace), leases, now=now)  # members and claims: no node needed
         gang_list = views.gang_views(state)
         if args.namespace:
             gang_list = [g for g in gang_list if g.key.partition("/")[0] == args.namespace]
