@@ -17,7 +17,7 @@ from pathlib import Path
 
 from topology import LayoutKind, NodeTopology
 
-from .views import BUSY, FREE, RESERVED, UNHEALTHY, NodeView
+from .views import BUSY, FREE, RESERVED, UNHEALTHY, NodeSummary
 
 __all__ = ["COLOURS", "page", "write_page"]
 
@@ -78,7 +78,7 @@ def _wraps(topo: NodeTopology, pos: dict[str, tuple[float, float]], a: str, b: s
     return topo.layout.kind is LayoutKind.GRID and abs(x1 - x2) + abs(y1 - y2) > 1.5 * (CELL + GAP)
 
 
-def _svg(node: NodeView, colours: dict[str, str]) -> str:
+def _svg(node: NodeSummary, colours: dict[str, str]) -> str:
     assert node.topology is not None
     pos = _positions(node.topology)
     width = max(x for x, _ in pos.values()) + CELL
@@ -117,7 +117,7 @@ def _svg(node: NodeView, colours: dict[str, str]) -> str:
     return "".join(parts)
 
 
-def _node_block(node: NodeView) -> str:
+def _node_block(node: NodeSummary) -> str:
     name = html.escape(node.name)
     if node.topology is None:
         return f'<div class="node"><h2>{name}</h2><div class="error">{html.escape(node.error)}</div></div>'
@@ -153,7 +153,7 @@ def _node_block(node: NodeView) -> str:
     )
 
 
-def page(nodes: Sequence[NodeView], *, now: float | None = None, title: str = "kube-icl: chips per node") -> str:
+def page(nodes: Sequence[NodeSummary], *, now: float | None = None, title: str = "kube-icl: chips per node") -> str:
     """The whole page as one string."""
     now = time.time() if now is None else now
     total = sum(len(n.chips) for n in nodes)
@@ -179,5 +179,5 @@ def page(nodes: Sequence[NodeView], *, now: float | None = None, title: str = "k
     )
 
 
-def write_page(path: str | Path, nodes: Sequence[NodeView], *, now: float | None = None) -> None:
+def write_page(path: str | Path, nodes: Sequence[NodeSummary], *, now: float | None = None) -> None:
     Path(path).write_text(page(nodes, now=now), encoding="utf-8")

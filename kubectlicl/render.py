@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .views import BUSY, FREE, RESERVED, UNHEALTHY, GangView, NodeView, QueueView
+from .views import BUSY, FREE, RESERVED, UNHEALTHY, GangView, NodeSummary, QueueView
 
 __all__ = [
     "LETTERS",
@@ -39,12 +39,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def pod_letters(node: NodeView) -> dict[str, str]:
+def pod_letters(node: NodeSummary) -> dict[str, str]:
     """One letter per pod holding chips of ``node``, in the order the pods were created."""
     return {pod: LETTERS[i] if i < len(LETTERS) else "#" for i, (pod, _) in enumerate(node.holders)}
 
 
-def strip(node: NodeView) -> str:
+def strip(node: NodeSummary) -> str:
     """The node's chips in device index order, one character each."""
     letters = pod_letters(node)
     return "".join(
@@ -52,17 +52,17 @@ def strip(node: NodeView) -> str:
     )
 
 
-def _tiers(node: NodeView) -> str:
+def _tiers(node: NodeSummary) -> str:
     return ",".join(f"{key.rsplit('/', 1)[-1]}={value}" for key, value in node.tiers) or "<none>"
 
 
-def _domain(node: NodeView) -> str:
+def _domain(node: NodeSummary) -> str:
     if not node.domain:
         return "<none>"
     return f"{node.domain}@{node.coords}" if node.coords else node.domain
 
 
-def nodes_table(nodes: Sequence[NodeView], *, wide: bool = False) -> str:
+def nodes_table(nodes: Sequence[NodeSummary], *, wide: bool = False) -> str:
     headers = ["NODE", "TOPOLOGY", "CHIPS", "FREE", "BUSY", "RESERVED", "UNHEALTHY", "LARGEST FREE", "DOMAIN", "TIERS"]
     if wide:
         headers += ["STATUS", "PODS"]
@@ -95,7 +95,7 @@ def nodes_table(nodes: Sequence[NodeView], *, wide: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _legend(nodes: Sequence[NodeView]) -> list[str]:
+def _legend(nodes: Sequence[NodeSummary]) -> list[str]:
     """Under the table: which pod each letter is, per node, and the pods whose chips are unknown."""
     out: list[str] = []
     for n in nodes:
@@ -112,7 +112,7 @@ def _legend(nodes: Sequence[NodeView]) -> list[str]:
     return out
 
 
-def node_drawings(nodes: Sequence[NodeView]) -> str:
+def node_drawings(nodes: Sequence[NodeSummary]) -> str:
     """Each node's topology drawn (``topology.render``) with its pods' letters, reservations and health."""
     from topology import render
 
@@ -144,7 +144,7 @@ def node_drawings(nodes: Sequence[NodeView]) -> str:
     return "\n\n".join(blocks)
 
 
-def node_docs(nodes: Sequence[NodeView]) -> dict[str, Any]:
+def node_docs(nodes: Sequence[NodeSummary]) -> dict[str, Any]:
     return {
         "kind": "NodeList",
         "items": [

@@ -26,7 +26,7 @@ __all__ = [
     "NO_TOPOLOGY",
     "ChipView",
     "GangView",
-    "NodeView",
+    "NodeSummary",
     "QueueView",
     "SlotView",
     "gang_views",
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 FREE, BUSY, RESERVED, UNHEALTHY = "free", "busy", "reserved", "unhealthy"
-NO_TOPOLOGY = f"no {ANN_TOPOLOGY} annotation"  # NodeView.error of a node no kube-icl plugin publishes
+NO_TOPOLOGY = f"no {ANN_TOPOLOGY} annotation"  # NodeSummary.error of a node no kube-icl plugin publishes
 EXACT_RING_LIMIT = 16  # above this many chips, the largest free ring is searched among powers of two only
 
 
@@ -48,7 +48,7 @@ class ChipView:
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeSummary:
     name: str
     topology: NodeTopology | None
     error: str  # why the topology could not be read ("" when it could)
@@ -168,7 +168,7 @@ def _bound_here(state: State, uids: Iterable[str]) -> dict[str, int]:
     return out
 
 
-def node_views(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True) -> list[NodeView]:
+def node_views(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True) -> list[NodeSummary]:
     """Each node's chips: held by a pod (whole, or shares of it), reserved for a gang's unclaimed slot,
     unhealthy (the published topology says so), or free, as the extender's cache holds them; the pods
     it counts by size (no ``kube-icl.io/devices``, or devices another pod holds) apart. With ``shapes``
@@ -177,7 +177,7 @@ def node_views(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True
     lister = state.cache.nodes
     holding, bound = _holdings(state)
     reserved = state.reserved()
-    out: list[NodeView] = []
+    out: list[NodeSummary] = []
     for node in sorted(state.nodes, key=lambda n: str((n.get("metadata") or {}).get("name"))):
         meta = node.get("metadata") or {}
         name = str(meta.get("name") or "")
@@ -212,7 +212,7 @@ def node_views(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True
                 chips.append(ChipView(device.id, chip, pods, gang))
         free = frozenset(c.id for c in chips if c.state == FREE)
         out.append(
-            NodeView(
+            NodeSummary(
                 name=name,
                 topology=topo,
                 error=error,
@@ -282,7 +282,7 @@ def _by_name(held: Mapping[str, int], names: Mapping[str, str]) -> dict[str, int
 def queue_views(state: State) -> list[QueueView]:
     """Each configured queue and each queue a pod names: weight and quota from the extender's config,
     the devices its pods hold per pool and its pods waiting, as the extender's cache counts them (one pool
-    per distinct topology), and the weighted dominant share from :func:`scheduler.fairshare.shares`."""
+    per distinct topology), and the weighted dominant share from :func:`scheduler.fairshare.dominant_shares`."""
     cfg = state.config
     names: dict[str, str] = {}
     with state.cache.lock:
@@ -295,7 +295,7 @@ def queue_views(state: State) -> list[QueueView]:
         pending: dict[str, int] = {}
         for pod in state.cache.pods.pending():
             pending[pod.queue] = pending.get(pod.queue, 0) + 1
-    shares = fairshare.shares(used, capacity, cfg)
+    shares = fairshare.dominant_shares(used, capacity, cfg)
     out: list[QueueView] = []
     for queue in sorted(set(shares) | set(pending)):
         qcfg = cfg.queue(queue)

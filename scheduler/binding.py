@@ -218,14 +218,14 @@ class UnlinkedDevices(LinkedDevices):
     ranker's elsewhere (:func:`scheduler.decision.unlinked_devices`)."""
 
     def __init__(
-        self, cache: ClusterCache, unsure: Mapping[str, Unsure], ranker: LinkedRanker, shares: LiveShareRanker
+        self, cache: ClusterCache, unsure: Mapping[str, Unsure], ranker: LinkedRanker, share_ranker: LiveShareRanker
     ) -> None:
         super().__init__(cache, unsure, ranker)
-        self.shares = shares
+        self.share_ranker = share_ranker
 
     def pick(self, state: CycleState, view: NodeView) -> tuple[tuple[str, ...], str]:
         assert state.shape is not None
-        return unlinked_devices(self.ranker, self.shares, state.info, state.shape, state.node, view)
+        return unlinked_devices(self.ranker, self.share_ranker, state.info, state.shape, state.node, view)
 
 
 class GangDevices(LinkedDevices):
@@ -270,9 +270,9 @@ class GangDevices(LinkedDevices):
 class ShareDevices(_Reserve):
     """A share's device: the share policy's choice on the node, assumed as a share."""
 
-    def __init__(self, cache: ClusterCache, shares: LiveShareRanker) -> None:
+    def __init__(self, cache: ClusterCache, share_ranker: LiveShareRanker) -> None:
         self.cache = cache
-        self.shares = shares
+        self.share_ranker = share_ranker
 
     def take(self, state: CycleState) -> str:
         info, uid, node = state.info, state.uid, state.node
@@ -283,7 +283,7 @@ class ShareDevices(_Reserve):
                     return f"pod {info.key} already holds a share on {held[0]}"
                 state.write(DEVICES, Held((held[1],)))  # a retried bind: the same device again
                 return ""
-            dev, why = self.shares.choose(info, node)
+            dev, why = self.share_ranker.choose(info, node)
             if why:
                 return why
             self.cache.assume_share(uid, node, dev, info.milli, info)

@@ -351,7 +351,7 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ debugging
 
-    def snapshot(self) -> JsonObj:
+    def debug_state(self) -> JsonObj:
         """Allocations per node, for ``/debug/state``."""
         with self.lock:
             key = self._ledger.key_of

@@ -73,7 +73,7 @@ class Classify:
 
 
 def unlinked_devices(
-    ranker: LinkedRanker, shares: LiveShareRanker, info: PodInfo, shape: Shape, node: str, view: NodeView
+    ranker: LinkedRanker, share_ranker: LiveShareRanker, info: PodInfo, shape: Shape, node: str, view: NodeView
 ) -> tuple[tuple[str, ...], str]:
     """Bind for an unshaped pod: the share policy's devices on a node without links, the topology-aware
     ranker's elsewhere; ((), why not) when the pod no longer fits. Feasibility is the topology-aware
@@ -83,7 +83,7 @@ def unlinked_devices(
     ev = ranker.evaluate(view, shape)
     if not ev.ok:
         return (), f"{node}: {shape.describe()} no longer fits: {ev.reason}"
-    return shares.choose_devices(info, node)
+    return share_ranker.choose_devices(info, node)
 
 
 class UnlinkedFit:
@@ -94,11 +94,11 @@ class UnlinkedFit:
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNSCHEDULABLE: FAILED_PLACEMENT}
 
     def __init__(
-        self, nodes: NodeLister, ranker: LinkedRanker, shares: LiveShareRanker, fits: FitMemory, keep_best: int
+        self, nodes: NodeLister, ranker: LinkedRanker, share_ranker: LiveShareRanker, fits: FitMemory, keep_best: int
     ) -> None:
         self.nodes = nodes
         self.ranker = ranker
-        self.shares = shares
+        self.share_ranker = share_ranker
         self.fits = fits
         self.keep_best = keep_best
 
@@ -137,7 +137,7 @@ class UnlinkedFit:
                 failed[name] = ev.reason
         if not fitting:
             return [], failed
-        share = self.shares.decide_views(state.info, fitting, reasons=reasons)
+        share = self.share_ranker.decide_views(state.info, fitting, reasons=reasons)
         return share.best, {**failed, **share.failed} if reasons else failed
 
     def filter(self, state: CycleState, names: list[str]) -> Status:
@@ -194,7 +194,7 @@ class Decision:
     """The whole-device kinds' filter and score steps over the live state ``state``, and the ranker their
     bind takes the devices with.
 
-    ``shares``: the share policy over the same state (the extender's, with the ``icl`` policy); ``None``:
+    ``share_ranker``: the share policy over the same state (the extender's, with the ``icl`` policy); ``None``:
     every whole-device pod is ``SHAPED`` (the topology-aware ranker everywhere)."""
 
     def __init__(
@@ -203,24 +203,28 @@ class Decision:
         policy: LinkedPolicy,
         resource: str = DEFAULT_RESOURCE,
         keep_best: int = 0,
-        shares: LiveShareRanker | None = None,
+        share_ranker: LiveShareRanker | None = None,
     ) -> None:
         self.policy = policy
-        self.shares = shares
+        self.share_ranker = share_ranker
         self.fits = FitMemory()
         self.ranker = LinkedRanker(state, policy, resource)
         self.fit = NodeFit(self.ranker, self.fits, keep_best)
-        unlinked = UnlinkedFit(state.nodes, self.ranker, shares, self.fits, keep_best) if shares is not None else None
+        unlinked = (
+            UnlinkedFit(state.nodes, self.ranker, share_ranker, self.fits, keep_best)
+            if share_ranker is not None
+            else None
+        )
         self.unlinked = unlinked
 
 
-def build_decision(cfg: ExtenderConfig, state: LiveState, shares: LiveShareRanker) -> Decision:
+def build_decision(cfg: ExtenderConfig, state: LiveState, share_ranker: LiveShareRanker) -> Decision:
     """The decision of ``cfg`` (policy, weights, resource, ``keepBestNodes``) over the live state ``state``.
 
-    With the ``icl`` policy, unshaped pods on nodes without links are ranked by ``shares`` (the caller's
+    With the ``icl`` policy, unshaped pods on nodes without links are ranked by ``share_ranker`` (the caller's
     share ranker over the same state, so one ranker serves shares and unshaped pods); with any other
     policy, by the topology-aware ranker."""
     weights = Weights(cfg.fragmentation_weight, cfg.binpack_weight, cfg.stranding_weight)
     policy = linked_policy(cfg.policy, weights)
-    unshaped = shares if policy.name is PolicyName.ICL else None
+    unshaped = share_ranker if policy.name is PolicyName.ICL else None
     return Decision(state, policy, cfg.resource_name, cfg.keep_best_nodes, unshaped)

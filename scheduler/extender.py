@@ -76,8 +76,8 @@ class Extender:
         self.api = api
         # the share ranker (shares, CPU-only pods; with icl, unshaped pods on nodes without links), and the
         # whole-device decision over the cache, built as time mode builds it over its cluster
-        self.shares = LiveShareRanker(cache, cfg.policy if cfg.policy == "icl" else "icl")
-        self.decision = build_decision(cfg, cache, self.shares)
+        self.share_ranker = LiveShareRanker(cache, cfg.policy if cfg.policy == "icl" else "icl")
+        self.decision = build_decision(cfg, cache, self.share_ranker)
         self.ranker = self.decision.ranker
         self.events = events or EventRecorder(None, cfg.event_component, enabled=False)
         self.metrics = metrics or Metrics()
@@ -107,7 +107,7 @@ class Extender:
 
         # The steps the verbs use themselves; every pod kind's cycle is built around them (scheduler.profiles).
         self._seen = SeenPods()
-        classify = Classify(self.gangs, cpu_pods=cfg.decide_cpu_pods, unshaped=self.decision.shares is not None)
+        classify = Classify(self.gangs, cpu_pods=cfg.decide_cpu_pods, unshaped=self.decision.share_ranker is not None)
         self._read = ReadPod(cfg, self._seen, classify)
         if cfg.decide_cpu_pods:  # the pods it decides are part of the workload its share policy protects
             cache.count_cpu_pods_of(cfg.scheduler_name)  # a no-op when the cache was built counting them
@@ -123,7 +123,7 @@ class Extender:
             cache,
             self,
             decision=self.decision,
-            shares=self.shares,
+            share_ranker=self.share_ranker,
             gangs=self.gangs,
             read=self._read,
             fair=self._fair,
@@ -133,7 +133,7 @@ class Extender:
             unsure=self._unsure,
             lease_wait_s=self._lease_wait_s,
         )
-        self.metrics.attach_state(self._share_metrics, self.ranker.free_shapes)
+        self.metrics.attach_state(self._queue_metrics, self.ranker.free_shapes)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -400,16 +400,18 @@ class Extender:
         with self.cache.lock:
             return frozenset(self._unsure)
 
-    def _share_metrics(self) -> dict[str, tuple[float, int]]:
+    def _queue_usage(self) -> tuple[fairshare.Usage, dict[str, int], dict[str, float]]:
+        """Devices held per queue and pool, the pools' capacity, and each queue's dominant share."""
         used = self.cache.pods.used_by_queue()
         capacity = self.cache.nodes.capacity()
-        shares = fairshare.shares(used, capacity, self.cfg)
+        return used, capacity, fairshare.dominant_shares(used, capacity, self.cfg)
+
+    def _queue_metrics(self) -> dict[str, tuple[float, int]]:
+        used, _capacity, shares = self._queue_usage()
         return {q: (s, sum(used.get(q, {}).values())) for q, s in shares.items()}
 
     def debug_state(self) -> dict[str, Any]:
-        used = self.cache.pods.used_by_queue()
-        capacity = self.cache.nodes.capacity()
-        shares = fairshare.shares(used, capacity, self.cfg)
+        used, capacity, shares = self._queue_usage()
         queues = {
             q: {
                 "dominantShare": round(s, 6),
@@ -420,8 +422,8 @@ class Extender:
             for q, s in shares.items()
         }
         return {
-            **self.cache.snapshot(),
-            "reservations": self.gangs.book.snapshot(),
+            **self.cache.debug_state(),
+            "reservations": self.gangs.book.debug_state(),
             "queues": queues,
             "capacity": capacity,
         }

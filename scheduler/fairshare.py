@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from scheduler.config import ExtenderConfig
 
-__all__ = ["HoldBack", "admit", "dominant_share", "shares", "victim_allowed"]
+__all__ = ["HoldBack", "admit", "dominant_share", "dominant_shares", "victim_allowed"]
 
 Usage = Mapping[str, Mapping[str, int]]  # queue -> pool -> devices
 
@@ -37,7 +37,7 @@ def dominant_share(held: Mapping[str, int], capacity: Mapping[str, int], weight:
     return best / weight if weight > 0 else float("inf")
 
 
-def shares(used: Usage, capacity: Mapping[str, int], cfg: ExtenderConfig) -> dict[str, float]:
+def dominant_shares(used: Usage, capacity: Mapping[str, int], cfg: ExtenderConfig) -> dict[str, float]:
     """Dominant share of every queue that holds devices or is configured."""
     names = set(used) | set(cfg.queues)
     return {q: dominant_share(used.get(q, {}), capacity, cfg.queue(q).weight) for q in sorted(names)}

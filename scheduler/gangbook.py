@@ -82,7 +82,7 @@ class GangBook:
         res = self.reservations.get(key)
         return res is not None and any(not s.pod_uid for s in res.slots)
 
-    def snapshot(self) -> dict[str, Any]:
+    def debug_state(self) -> dict[str, Any]:
         now = self.cache.clock()
         with self.cache.lock:
             return {k: r.as_dict(now) for k, r in sorted(self.reservations.items())}

@@ -35,10 +35,10 @@ _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 class _StateCollector:
     def __init__(
         self,
-        shares: Callable[[], dict[str, tuple[float, int]]],
+        queues: Callable[[], dict[str, tuple[float, int]]],
         free_shapes: Callable[[], dict[tuple[str, str], int]],
     ) -> None:
-        self._shares = shares
+        self._queues = queues
         self._free_shapes = free_shapes
 
     def collect(self) -> Iterator[Any]:
@@ -46,7 +46,7 @@ class _StateCollector:
             "kube_icl_queue_dominant_share", "Weighted dominant share per queue", labels=["queue"]
         )
         devices = GaugeMetricFamily("kube_icl_queue_devices", "Devices held per queue", labels=["queue"])
-        for queue, (s, n) in sorted(self._shares().items()):
+        for queue, (s, n) in sorted(self._queues().items()):
             share.add_metric([queue], s)
             devices.add_metric([queue], n)
         yield share
@@ -156,10 +156,10 @@ class Metrics:
 
     def attach_state(
         self,
-        shares: Callable[[], dict[str, tuple[float, int]]],
+        queues: Callable[[], dict[str, tuple[float, int]]],
         free_shapes: Callable[[], dict[tuple[str, str], int]],
     ) -> None:
-        self.registry.register(_StateCollector(shares, free_shapes))
+        self.registry.register(_StateCollector(queues, free_shapes))
 
     def render(self) -> bytes:
         data: bytes = generate_latest(self.registry)

@@ -55,7 +55,7 @@ def build_profiles(
     host: Host,
     *,
     decision: Decision,
-    shares: LiveShareRanker,
+    share_ranker: LiveShareRanker,
     gangs: GangManager,
     read: ReadPod,
     fair: FairShare,
@@ -68,7 +68,7 @@ def build_profiles(
     """Each pod kind's cycle over ``cache``, with the configuration's options.
 
     ``host``: the extender as its steps see it (the lease, Events, reading victims again); ``decision``:
-    the whole-device kinds' per-node steps and ranker; ``shares``: the share ranker of shares and CPU-only
+    the whole-device kinds' per-node steps and ranker; ``share_ranker``: the ranker of shares and CPU-only
     pods; ``read``, ``fair``, ``gang_size``: the steps the extender's verbs use too (reading the pod, fair
     share's hold-back before a preemption, the gang sizes read from group objects); ``victims``: the
     victims preemption named; ``binding``: the Binding step (``None``: no API server, no bind);
@@ -82,8 +82,8 @@ def build_profiles(
     lease = Lease(host, lease_wait_s)
     announce = Announce(cfg, host)
     ranker, fit = decision.ranker, decision.fit
-    share_step = Shares(shares, decision.fits)
-    cpu_pods = CpuPods(shares, decision.fits, cfg.keep_best_nodes)
+    share_step = Shares(share_ranker, decision.fits)
+    cpu_pods = CpuPods(share_ranker, decision.fits, cfg.keep_best_nodes)
     not_ours = NotOurs()
     gang = Gang(gangs)
     record = GangRecord(gangs.book)
@@ -110,7 +110,7 @@ def build_profiles(
             pre_filter=(held, share_step),
             score=(share_step,),
             pre_bind=(lease,),
-            reserve=(ShareDevices(cache, shares),),
+            reserve=(ShareDevices(cache, share_ranker),),
             bind=binding,
             post_bind=(announce,),
             on_failure=fail,
@@ -147,13 +147,13 @@ def build_profiles(
         ),
     }
     # with icl: the share ranker decides unshaped pods on nodes without links
-    if decision.shares is not None and decision.unlinked is not None:
+    if decision.share_ranker is not None and decision.unlinked is not None:
         cycles[PodKind.UNSHAPED] = Cycle(
             pre_filter=(held, fair),
             filter=decision.unlinked,
             score=(decision.unlinked,),
             pre_bind=(lease,),
-            reserve=(UnlinkedDevices(cache, unsure, ranker, decision.shares),),
+            reserve=(UnlinkedDevices(cache, unsure, ranker, decision.share_ranker),),
             bind=binding,
             post_bind=(announce,),
             on_failure=fail,

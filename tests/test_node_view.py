@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from scheduler.cache import ClusterCache
-from topocli.node_view import node_view, render_view
+from topocli.node_view import node_holdings, render_holdings
 from topology import TopologyError, build_preset, encode_annotation
 from topology.contract import DEFAULT_RESOURCE
 
@@ -42,10 +42,10 @@ def test_pods_holding_devices_are_lettered_oldest_first() -> None:
         _pod("elsewhere", "6", node="n2"),
         _pod("stale", "99"),
     ]
-    view = node_view(NODE, pods)
+    view = node_holdings(NODE, pods)
     assert view.holders == (("ns/early", ("0", "1", "5", "4")), ("ns/late", ("2", "3")))
     assert view.unknown == (("ns/stale", ("99",)),)
-    assert render_view(view).splitlines() == [
+    assert render_holdings(view).splitlines() == [
         "node/n1: 6 of 8 devices busy, 2 pods",
         "mesh:2x4 (8 devices, 10 links)",
         " A0 ── A1 ── B2 ── B3",
@@ -60,7 +60,7 @@ def test_pods_holding_devices_are_lettered_oldest_first() -> None:
 
 def test_a_node_without_the_annotation_says_how_it_gets_one() -> None:
     with pytest.raises(TopologyError, match=r"node/bare: no kube-icl.io/topology annotation \(is the kube-icl device"):
-        node_view({"metadata": {"name": "bare"}}, [])
+        node_holdings({"metadata": {"name": "bare"}}, [])
 
 
 def test_the_devices_drawn_busy_are_those_the_extenders_cache_holds() -> None:
@@ -74,7 +74,7 @@ def test_the_devices_drawn_busy_are_those_the_extenders_cache_holds() -> None:
         _pod("first", "2,3", created="2026-01-01T00:00:01Z"),
         _pod("second", "3,4", created="2026-01-01T00:00:02Z"),
     ]
-    view = node_view(NODE, pods)
+    view = node_holdings(NODE, pods)
     cache = ClusterCache(DEFAULT_RESOURCE)
     cache.replace_nodes([NODE])
     cache.replace_pods(pods)
@@ -83,4 +83,4 @@ def test_the_devices_drawn_busy_are_those_the_extenders_cache_holds() -> None:
     busy = {d for _pod_key, devices in view.holders for d in devices}
     assert set(view.topology.ids) - busy == extender.view.free == {"0", "1", "4", "5", "6", "7"}
     assert view.holders == (("ns/first", ("2", "3")),)
-    assert render_view(view).splitlines()[-1] == "  ?  ns/second: 3,4 (held by another pod: counted by size)"
+    assert render_holdings(view).splitlines()[-1] == "  ?  ns/second: 3,4 (held by another pod: counted by size)"

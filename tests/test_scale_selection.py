@@ -77,7 +77,7 @@ def _state(cache: ClusterCache) -> Any:
         return (
             cachereads.pods(cache),
             cachereads.allocations(cache),
-            cache.snapshot()["nodes"],  # per node: holdings, unattributed, free, shares, reservations
+            cache.debug_state()["nodes"],  # per node: holdings, unattributed, free, shares, reservations
             {name: view.key for name, view in cache.nodes.every_view().items()},
             cache.pods.used_by_queue(),
             sorted(p.uid for p in cache.pods.pending()),

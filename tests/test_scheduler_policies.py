@@ -281,7 +281,7 @@ def test_admit_never_holds_back_the_lowest_share(
     usage = {q: {"pool": n} for q, n in used.items()}
     capacity = {"pool": 64}
     verdict = fairshare.admit(queue, 1, usage, capacity, cfg, {q: "pod" for q in waiting})
-    share = fairshare.shares(usage, capacity, cfg)
+    share = fairshare.dominant_shares(usage, capacity, cfg)
     mine = fairshare.dominant_share(usage.get(queue, {}), capacity, cfg.queue(queue).weight)
     lower = [q for q in waiting if q != queue and share.get(q, 0.0) < mine]
     assert (verdict is None) == (not lower), "held back exactly when a waiting queue has a smaller share"

@@ -159,7 +159,7 @@ def test_shares_pack_onto_one_device_and_whole_pods_avoid_it() -> None:
     # the second half fills the first device (no fragment for the workload of halves): packed, not spread
     assert len(set(placed)) == 1, f"the fill policy packs shares onto one device: {placed}"
     full = placed[0]
-    assert cache.snapshot()["nodes"]["a"]["shares"] == {full: {"default/s0": 500, "default/s1": 500}}
+    assert cache.debug_state()["nodes"]["a"]["shares"] == {full: {"default/s0": 500, "default/s1": 500}}
     whole = submit(api, cache, pod_obj("w", 3, "any"))
     assert schedule(ext, api, whole, ["a"]) == ("a", "")
     taken = parse_devices(api.pods[("default", "w")]["metadata"]["annotations"][ANN_DEVICES])

@@ -66,8 +66,8 @@ def test_icl_is_the_extenders_share_policy_and_the_baselines_are_unchanged() -> 
     assert isinstance(icl, ExtenderRanking)
     ext = Extender(ExtenderConfig(), ClusterCache(DEFAULT_RESOURCE))
     scorer = ShareScorer(icl, FracCluster(NODES, ordered_devices=icl.ordered_devices))
-    assert type(scorer.shares) is ShareRanker and type(ext.shares) is LiveShareRanker
-    assert type(ext.shares).rank is ShareRanker.rank  # one ranking: the extender's ranker adds only its verbs
+    assert type(scorer.shares) is ShareRanker and type(ext.share_ranker) is LiveShareRanker
+    assert type(ext.share_ranker).rank is ShareRanker.rank  # one ranking: the extender's ranker adds only its verbs
     assert type(LiveShareRanker(ClusterCache(DEFAULT_RESOURCE)).nodes) is LiveNodeStates  # the extender's source
     for name in ("random", "bestfit", "fgd", "spread"):
         assert type(fill_policy(name, NODES, WORKLOAD)) is type(make_policy(name, NODES, WORKLOAD))

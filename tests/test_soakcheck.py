@@ -576,7 +576,7 @@ def test_the_comparison_agrees_with_the_extenders_own_cache_and_names_the_pod_it
     pods = valid_state()
     for p in pods:
         cache.upsert_pod(p)
-    state = cache.snapshot()
+    state = cache.debug_state()
     assert compare_views(api_view([pod_info(p, DEFAULT_RESOURCE) for p in pods]), state) == []
     moved = [pod("pair", node="n0", devices="2,6", count=2) if p["metadata"]["name"] == "pair" else p for p in pods]
     assert [who for who, _what in compare_views(api_view([pod_info(p, DEFAULT_RESOURCE) for p in moved]), state)] == [

@@ -119,7 +119,7 @@ def test_shaped_pods_gang_members_and_linked_only_requests_stay_on_nodefit() -> 
 
 def test_with_the_binpack_policy_nodefit_decides_every_whole_device_pod() -> None:
     api, cache, ext = _world({"n0": "full:4", "n1": "full:4"}, {"n0": ["0"]}, policy="icl-binpack")
-    assert ext.decision.shares is None
+    assert ext.decision.share_ranker is None
     pod = _new(api, cache, 1)
     scores = {h.host: h.score for h in ext.prioritize(ExtenderArgs(pod=pod, node_names=["n0", "n1"]))}
     assert scores["n0"] > scores["n1"]  # bin-pack: the fuller node

@@ -18,13 +18,13 @@ from typing import Any
 
 from topology.contract import DEFAULT_RESOURCE, DEFAULT_SHARED_RESOURCE
 
-__all__ = ["NodeView", "node_view", "show_node"]
+__all__ = ["NodeHoldings", "node_holdings", "show_node"]
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 @dataclass(frozen=True, slots=True)
-class NodeView:
+class NodeHoldings:
     node: str
     topology: Any  # NodeTopology
     holders: tuple[tuple[str, tuple[str, ...]], ...]  # ("namespace/pod", devices in rank order), oldest first
@@ -32,12 +32,12 @@ class NodeView:
     unknown: tuple[tuple[str, tuple[str, ...]], ...]
 
 
-def node_view(
+def node_holdings(
     node: dict[str, Any],
     pods: list[dict[str, Any]],
     resource: str = DEFAULT_RESOURCE,
     shared_resource: str = DEFAULT_SHARED_RESOURCE,
-) -> NodeView:
+) -> NodeHoldings:
     """The view of a Node object and its pods (API JSON) as the extender's cache holds them; raises
     ``TopologyError`` when the node has no usable topology."""
     from scheduler.cache import ClusterCache
@@ -74,7 +74,7 @@ def node_view(
             holders.append((order, (share[1],)))
         elif uid in here.unattributed and info.devices:
             unknown.append((order, info.devices))
-    return NodeView(
+    return NodeHoldings(
         name,
         topo,
         tuple((order[1], devices) for order, devices in sorted(holders)),
@@ -82,7 +82,7 @@ def node_view(
     )
 
 
-def render_view(view: NodeView) -> str:
+def render_holdings(view: NodeHoldings) -> str:
     from topology import render
 
     marks: dict[str, str] = {}
@@ -136,7 +136,7 @@ def show_node(name: str, kubeconfig: str | None, as_json: bool = False, resource
         return 2
     try:
         node, pods = _fetch(name, kubeconfig)
-        view = node_view(node, pods, resource or DEFAULT_RESOURCE)
+        view = node_holdings(node, pods, resource or DEFAULT_RESOURCE)
     except KubeAuthError as exc:
         print(f"icl: {exc}", file=sys.stderr)
         return 2
@@ -158,5 +158,5 @@ def show_node(name: str, kubeconfig: str | None, as_json: bool = False, resource
         }
         print(json.dumps(doc, indent=2))
     else:
-        print(render_view(view))
+        print(render_holdings(view))
     return 0
