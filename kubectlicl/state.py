@@ -1,7 +1,8 @@
 """The cluster as the extender knows it, for every ``kubectl icl`` command.
 
 The nodes, pods and gang reservation records a command listed are fed into one
-:class:`scheduler.cache.ClusterCache`, as the extender's informer feeds its own, and the extender is built
+:class:`scheduler.cache.ClusterCache`, built as the extender builds its own (:func:`scheduler.factory.cache_for`)
+and fed as its informer feeds it, and the extender is built
 over it by its factory (:func:`scheduler.factory.build_extender`; no API client, so it writes nothing). Its
 gang book then rebuilds the reservations from the records, as a replica that takes over does
 (:meth:`scheduler.gangbook.GangBook.restore`: records expired or misnamed are not in force, a slot held by a
@@ -14,7 +15,6 @@ with the extender's own reader (:func:`scheduler.wire.read_record`), and pods wi
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
-from scheduler.factory import build_extender
+from scheduler.factory import build_extender, cache_for
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
 from scheduler.wire import RECORD_LABEL, WireError, read_record
 
@@ -126,8 +126,7 @@ def read_state(
 ) -> State:
     """Feed ``nodes``, ``pods`` and the gang records among ``leases`` into the extender's cache and gang
     book, as of wall clock ``now`` (records that expire by then are not in force)."""
-    cfg = dataclasses.replace(cfg, events=False)
-    cache = ClusterCache(cfg.resource_name, shared_resource=cfg.shared_resource_name)
+    cache = cache_for(cfg)
     extender = build_extender(cfg, cache)
     extender.gangs.book.wall = lambda: now
     infos: list[PodInfo] = []

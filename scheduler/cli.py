@@ -41,10 +41,9 @@ def run(args: argparse.Namespace) -> int:
     import threading
 
     from kubeauth import KubeAuthError, resolve
-    from scheduler.cache import ClusterCache
     from scheduler.config import ConfigError, load_config
     from scheduler.events import EventRecorder
-    from scheduler.factory import build_extender
+    from scheduler.factory import build_extender, cache_for
     from scheduler.informer import Informer
     from scheduler.kube import KubeError, RestKubeAPI
     from scheduler.server import ExtenderServer, check_exposure
@@ -82,10 +81,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     api.page_size = kube.page_size
     log.info("API server %s, %s (%s)", api.credentials.server, api.credentials.method.name, api.credentials.source)
-    # every pod's CPU/memory requests count only when the cache sees every pod (kube.podSelection: all)
-    cache = ClusterCache(
-        cfg.resource_name, requests=kube.pod_selection == "all", shared_resource=cfg.shared_resource_name
-    )
+    cache = cache_for(cfg)
     events = EventRecorder(api, cfg.event_component, enabled=cfg.events)
     extender = build_extender(cfg, cache, api, events=events)
     informer = Informer(

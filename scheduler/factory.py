@@ -5,6 +5,9 @@
 what it read), so all run the same steps with the same policies, weights, gangs, fair share and
 options.
 
+- :func:`cache_for`: the empty cache the extender keeps for a configuration (its resource names, and
+  every pod's CPU/memory requests counted only when it is fed every pod), for the command and the tools
+  that feed one themselves;
 - :func:`build_extender`: the whole extender (every pod kind's cycle, built by
   :func:`scheduler.profiles.build_profiles`: gang reservations through
   :class:`scheduler.gang.GangManager`, weighted DRF with quotas through :mod:`scheduler.fairshare`,
@@ -41,8 +44,17 @@ __all__ = [
     "ShareRanker",
     "Target",
     "build_extender",
+    "cache_for",
     "parse_devices",
 ]
+
+
+def cache_for(cfg: ExtenderConfig) -> ClusterCache:
+    """An empty cache as the extender keeps one for ``cfg``: its resource and shared resource names, and
+    every pod's CPU/memory requests kept only when it is fed every pod (``kube.podSelection: all``)."""
+    return ClusterCache(
+        cfg.resource_name, requests=cfg.kube.pod_selection == "all", shared_resource=cfg.shared_resource_name
+    )
 
 
 def build_extender(

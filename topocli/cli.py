@@ -70,6 +70,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         help="node/NAME: the extended resource the extender places, as its config names it "
         "(default: kube-icl.io/accelerator)",
     )
+    show.add_argument(
+        "--shared-resource-name",
+        help="node/NAME: the extended resource of shared devices the extender places, as its config names it "
+        "(default: kube-icl.io/accelerator-milli)",
+    )
     show.add_argument("--busy", metavar="IDS", help="comma-separated device ids to mark busy")
     show.add_argument("--json", action="store_true", help="print the topology document as JSON instead")
     show.set_defaults(func=_show)
@@ -126,7 +131,13 @@ def _show(args: argparse.Namespace) -> int:
 
         if args.busy:
             return _fail("--busy: not with node/NAME (the node's pods say which devices are busy)")
-        return show_node(args.topology.removeprefix("node/"), args.kubeconfig, args.json, args.resource_name or "")
+        return show_node(
+            args.topology.removeprefix("node/"),
+            args.kubeconfig,
+            args.json,
+            args.resource_name or "",
+            args.shared_resource_name or "",
+        )
     try:
         topo = _load(args.topology)
         busy = _ids(args.busy, "--busy", topo) or []

@@ -40,7 +40,8 @@ def node_holdings(
 ) -> NodeHoldings:
     """The view of a Node object and its pods (API JSON) as the extender's cache holds them; raises
     ``TopologyError`` when the node has no usable topology."""
-    from scheduler.cache import ClusterCache
+    from scheduler.config import ExtenderConfig
+    from scheduler.factory import cache_for
     from topology import TopologyError
     from topology.contract import ANN_TOPOLOGY
 
@@ -51,7 +52,7 @@ def node_holdings(
             f"node/{name}: no {ANN_TOPOLOGY} annotation (is the kube-icl device plugin running there "
             "with publish: true?)"
         )
-    cache = ClusterCache(resource, shared_resource=shared_resource)
+    cache = cache_for(ExtenderConfig(resource_name=resource, shared_resource_name=shared_resource))
     cache.replace_nodes([node])
     cache.replace_pods(pods)
     here = cache.nodes.holders(name)
@@ -123,9 +124,13 @@ def _fetch(name: str, kubeconfig: str | None) -> tuple[dict[str, Any], list[dict
         session.close()
 
 
-def show_node(name: str, kubeconfig: str | None, as_json: bool = False, resource: str = "") -> int:
-    """Print the node's drawing (or JSON), ``resource`` being the extended resource the extender places
-    ("": the default); 0, or 2 with one line on stderr."""
+def show_node(
+    name: str, kubeconfig: str | None, as_json: bool = False, resource: str = "", shared_resource: str = ""
+) -> int:
+    """Print the node's drawing (or JSON), ``resource`` and ``shared_resource`` being the extended resources
+    the extender places whole and shared ("": the defaults); 0, or 2 with one line on stderr."""
+    import logging
+
     from kubernetes.client import ApiException
 
     from kubeauth import KubeAuthError
@@ -134,9 +139,12 @@ def show_node(name: str, kubeconfig: str | None, as_json: bool = False, resource
     if not name:
         print("icl: node/NAME: the node name is empty", file=sys.stderr)
         return 2
+    # the extender's cache run here logs for the extender's operators (a pod "counted by size"); only
+    # what would be a warning to them (a pod whose annotations cannot be read) is said here
+    logging.getLogger("scheduler").setLevel(logging.WARNING)
     try:
         node, pods = _fetch(name, kubeconfig)
-        view = node_holdings(node, pods, resource or DEFAULT_RESOURCE)
+        view = node_holdings(node, pods, resource or DEFAULT_RESOURCE, shared_resource or DEFAULT_SHARED_RESOURCE)
     except KubeAuthError as exc:
         print(f"icl: {exc}", file=sys.stderr)
         return 2
