@@ -196,11 +196,10 @@ def _size(g: GangView) -> str:
 
 
 def _reservation(g: GangView, now: float) -> str:
-    res = g.reservation
-    if res is None:
+    if g.reservation is None:
         return "<none>"
     claimed = sum(1 for s in g.slots if s.claimed_by)
-    left = res.expires_at - now
+    left = g.reservation.record.expires_at - now
     when = f"expires in {_age(left)}" if left > 0 else f"expired {_age(-left)} ago"
     return f"{claimed}/{len(g.slots)} claimed, {when}"
 
@@ -249,10 +248,10 @@ def gang_docs(gangs: Sequence[GangView], now: float | None = None) -> dict[str, 
                 if res is None
                 else {
                     "lease": res.lease,
-                    "size": res.size,
-                    "domain": res.domain or None,
-                    "expiresAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(res.expires_at)),
-                    "expiresInSeconds": round(res.expires_at - now, 1),
+                    "size": res.record.size,
+                    "domain": res.record.domain or None,
+                    "expiresAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(res.record.expires_at)),
+                    "expiresInSeconds": round(res.record.expires_at - now, 1),
                     "slots": [
                         {"node": s.node, "devices": list(s.devices), "claimedBy": s.claimed_by or None} for s in g.slots
                     ],

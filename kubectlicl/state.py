@@ -24,31 +24,23 @@ from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
 from scheduler.factory import build_extender, cache_for
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
-from scheduler.wire import RECORD_LABEL, WireError, read_record
+from scheduler.wire import RECORD_LABEL, Record, WireError, read_record
 
-__all__ = ["Reservation", "State", "read_state", "reservations"]
+__all__ = ["Listed", "State", "read_state", "reservations"]
 
 
 @dataclass(frozen=True, slots=True)
-class Reservation:
-    """One gang reservation record (a Lease the extender writes before the gang's first bind)."""
+class Listed:
+    """One gang reservation record listed (a Lease the extender writes before the gang's first bind)."""
 
     lease: str  # namespace/name of the Lease
-    gang: str  # namespace/name of the gang
-    size: int
-    shape: str
-    count: int
-    queue: str
-    domain: str
-    expires_at: float  # unix time
-    slots: tuple[tuple[str, tuple[str, ...]], ...]  # (node, devices)
-    owners: tuple[str, ...] = ()  # each slot's owner, in the order of ``slots``
+    record: Record  # as the extender reads it back
 
 
-def reservations(leases: Iterable[Mapping[str, Any]]) -> tuple[list[Reservation], list[str]]:
+def reservations(leases: Iterable[Mapping[str, Any]]) -> tuple[list[Listed], list[str]]:
     """The gang reservation records among ``leases``, read by the extender's own reader
     (:func:`scheduler.wire.read_record`); unreadable ones become warnings naming the Lease."""
-    out: list[Reservation] = []
+    out: list[Listed] = []
     warnings: list[str] = []
     for lease in leases:
         meta = lease.get("metadata") or {}
@@ -56,24 +48,9 @@ def reservations(leases: Iterable[Mapping[str, Any]]) -> tuple[list[Reservation]
         if (meta.get("labels") or {}).get(RECORD_LABEL) != "true":
             continue
         try:
-            record = read_record(lease)
+            out.append(Listed(where, read_record(lease)))
         except WireError as exc:
             warnings.append(f"lease {where}: {exc}")
-            continue
-        out.append(
-            Reservation(
-                lease=where,
-                gang=record.key,
-                size=record.size,
-                shape=record.shape,
-                count=record.count,
-                queue=record.queue,
-                domain=record.domain,
-                expires_at=record.expires_at,
-                slots=tuple((node, devices) for _owner, node, devices in record.slots),
-                owners=tuple(owner for owner, _node, _devices in record.slots),
-            )
-        )
     return out, warnings
 
 
@@ -88,28 +65,9 @@ class State:
     pods: tuple[PodInfo, ...]  # every pod listed that the extender's reader reads, in the order listed
     keys: Mapping[str, str]  # uid -> namespace/name of every pod listed (read or not)
     created: Mapping[str, str]  # uid -> creationTimestamp
-    records: tuple[Reservation, ...]  # every record listed, in force or not
+    records: tuple[Listed, ...]  # every record listed, in force or not
     warnings: tuple[str, ...]  # pods and records the extender's readers cannot read
     now: float  # wall clock of the reads
-
-    def reserved(self) -> dict[tuple[str, str], str]:
-        """(node, device) -> gang key of every device reserved for a gang's unclaimed slot."""
-        out: dict[tuple[str, str], str] = {}
-        with self.cache.lock:
-            for res in self.extender.gangs.book.reservations.values():
-                for slot in res.slots:
-                    if not slot.pod_uid and self.cache.nodes.is_reserved(slot.owner, slot.node):
-                        out.update({(slot.node, d): res.key for d in slot.devices})
-        return out
-
-    def claims(self, gang: str) -> dict[str, str]:
-        """Slot owner -> namespace/name of the member that claimed it, for the gang's reservation in force
-        (empty when none is)."""
-        with self.cache.lock:
-            res = self.extender.gangs.book.reservations.get(gang)
-            if res is None:
-                return {}
-            return {s.owner: self.keys.get(s.pod_uid, s.pod_uid) for s in res.slots if s.pod_uid}
 
 
 def _uid(obj: Mapping[str, Any]) -> str:
@@ -120,15 +78,14 @@ def read_state(
     cfg: ExtenderConfig,
     nodes: Sequence[Mapping[str, Any]],
     pods: Sequence[Mapping[str, Any]],
-    leases: Iterable[Mapping[str, Any]] = (),
+    leases: Sequence[Mapping[str, Any]] = (),
     *,
     now: float,
 ) -> State:
     """Feed ``nodes``, ``pods`` and the gang records among ``leases`` into the extender's cache and gang
     book, as of wall clock ``now`` (records that expire by then are not in force)."""
     cache = cache_for(cfg)
-    extender = build_extender(cfg, cache)
-    extender.gangs.book.wall = lambda: now
+    extender = build_extender(cfg, cache, wall=lambda: now)
     infos: list[PodInfo] = []
     warnings: list[str] = []
     for pod in pods:
@@ -140,7 +97,7 @@ def read_state(
     records, unreadable = reservations(leases)
     cache.replace_nodes(nodes)
     cache.replace_pods(pods)
-    extender.gangs.book.restore(list(leases))
+    extender.gangs.book.restore(leases)
     keys = {}
     for pod in pods:
         meta = pod.get("metadata") or {}

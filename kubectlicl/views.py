@@ -20,7 +20,7 @@ from scheduler import fairshare
 from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, Placer, Shape, ShapeKind
 from topology.contract import ANN_TOPOLOGY
 
-from .state import Reservation, State
+from .state import Listed, State
 
 __all__ = [
     "NO_TOPOLOGY",
@@ -89,7 +89,7 @@ class GangView:
     tier: str  # the tier it must stay within ("" = none)
     bound: tuple[tuple[str, str], ...]  # (pod, node)
     pending: tuple[str, ...]
-    reservation: Reservation | None
+    reservation: Listed | None  # the gang's record listed, in force or not
     slots: tuple[SlotView, ...]
 
     @property
@@ -176,7 +176,7 @@ def node_views(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True
     their search)."""
     lister = state.cache.nodes
     holding, bound = _holdings(state)
-    reserved = state.reserved()
+    reserved = state.extender.gangs.book.reserved_devices()
     out: list[NodeSummary] = []
     for node in sorted(state.nodes, key=lambda n: str((n.get("metadata") or {}).get("name"))):
         meta = node.get("metadata") or {}
@@ -236,7 +236,7 @@ def gang_views(state: State) -> list[GangView]:
     (bound and pending; leaving ones apart), sizes, and each record's slots with the member that claimed
     it in the gang book (none for a record not in force: expired, or not named as the extender names it)."""
     pods = state.cache.pods
-    records = {res.gang: res for res in state.records}
+    records = {listed.record.key: listed for listed in state.records}
     keys = {p.gang.key for p in state.pods if p.gang is not None} | set(records)
     out: list[GangView] = []
     for key in sorted(keys):
@@ -244,16 +244,18 @@ def gang_views(state: State) -> list[GangView]:
             group = sorted(
                 (p for _uid, p in pods.gang_members(key) if not p.terminal and not p.deleting), key=lambda p: p.key
             )
-        res = records.get(key)
+        listed = records.get(key)
+        res = listed.record if listed is not None else None
         refs = [p.gang for p in group if p.gang is not None]
         minimum = max((r.size for r in refs), default=0) or (res.size if res is not None else 0)
         maximum = max([minimum, *(r.max_size for r in refs)])
         first = group[0] if group else None
-        claims = state.claims(key)
+        claims = state.extender.gangs.book.claims(key)
         slots: list[SlotView] = []
         if res is not None:
-            for owner, (node, devices) in zip(res.owners, res.slots, strict=True):
-                slots.append(SlotView(node, devices, claims.get(owner, "")))
+            for owner, node, devices in res.slots:
+                uid = claims.get(owner, "")
+                slots.append(SlotView(node, devices, state.keys.get(uid, uid)))
         out.append(
             GangView(
                 key=key,
@@ -265,7 +267,7 @@ def gang_views(state: State) -> list[GangView]:
                 tier=next((r.tier for r in refs if r.tier), ""),
                 bound=tuple((p.key, p.node_name) for p in group if p.node_name),
                 pending=tuple(p.key for p in group if not p.node_name),
-                reservation=res,
+                reservation=listed,
                 slots=tuple(slots),
             )
         )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -70,7 +71,9 @@ class Extender:
         events: EventRecorder | None = None,
         metrics: Metrics | None = None,
         identity: str | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """``wall``: the wall clock of the gang records' expiries."""
         self.cfg = cfg
         self.cache = cache
         self.api = api
@@ -83,7 +86,7 @@ class Extender:
         self.metrics = metrics or Metrics()
         cache.set_tier_keys(cfg.tiers)  # the network tiers gangs are placed by
         records = GangRecords(api, cfg.leader_election.namespace, self)
-        self.gangs = GangManager(cache, cfg.gang_timeout_s, self.decision.policy.rank, self, records)
+        self.gangs = GangManager(cache, cfg.gang_timeout_s, self.decision.policy.rank, self, records, wall=wall)
         self.leader: LeaseElector | None = None
         if api is not None and cfg.leader_election.enabled:
             self.leader = LeaseElector(

@@ -20,6 +20,9 @@ here.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
@@ -58,9 +61,15 @@ def cache_for(cfg: ExtenderConfig) -> ClusterCache:
 
 
 def build_extender(
-    cfg: ExtenderConfig, cache: ClusterCache, api: KubeAPI | None = None, *, events: EventRecorder | None = None
+    cfg: ExtenderConfig,
+    cache: ClusterCache,
+    api: KubeAPI | None = None,
+    *,
+    events: EventRecorder | None = None,
+    wall: Callable[[], float] = time.time,
 ) -> Extender:
     """The extender of ``cfg`` over ``cache``: its verbs (filter, prioritize, bind, preempt) answered in
     process; ``api`` is where bind writes the Binding and gangs their records (``None``: no bind),
-    ``events`` where its Events go (``None``: nowhere)."""
-    return Extender(cfg, cache, api, events=events)
+    ``events`` where its Events go (``None``: nowhere), ``wall`` the wall clock its gang records expire
+    by (a tool reading records as of the moment it listed them passes that moment)."""
+    return Extender(cfg, cache, api, events=events, wall=wall)

@@ -82,6 +82,22 @@ class GangBook:
         res = self.reservations.get(key)
         return res is not None and any(not s.pod_uid for s in res.slots)
 
+    def reserved_devices(self) -> dict[tuple[str, str], str]:
+        """(node, device) -> gang key of every device the cache holds reserved for a slot nobody claimed."""
+        out: dict[tuple[str, str], str] = {}
+        with self.cache.lock:
+            for res in self.reservations.values():
+                for slot in res.slots:
+                    if not slot.pod_uid and self.cache.nodes.is_reserved(slot.owner, slot.node):
+                        out.update({(slot.node, d): res.key for d in slot.devices})
+        return out
+
+    def claims(self, key: str) -> dict[str, str]:
+        """Slot owner -> uid of the member that claimed it, of the gang's reservation (empty when it has none)."""
+        with self.cache.lock:
+            res = self.reservations.get(key)
+            return {s.owner: s.pod_uid for s in res.slots if s.pod_uid} if res is not None else {}
+
     def debug_state(self) -> dict[str, Any]:
         now = self.cache.clock()
         with self.cache.lock:

@@ -96,12 +96,13 @@ def state(
 
 def test_the_reservation_names_are_the_extenders_and_its_records_read_back() -> None:
     lease = record("ml/train", [("n1", ("4", "5")), ("n2", ("0", "1"))], NOW + 90)
-    (res,), warnings = reservations([lease])
+    (listed,), warnings = reservations([lease])
     assert not warnings
-    assert res.gang == "ml/train" and res.size == 2 and res.count == 2 and res.queue == "ml"
-    assert res.slots == (("n1", ("4", "5")), ("n2", ("0", "1")))
+    res = listed.record
+    assert res.key == "ml/train" and res.size == 2 and res.count == 2 and res.queue == "ml"
+    assert tuple((node, devices) for _owner, node, devices in res.slots) == (("n1", ("4", "5")), ("n2", ("0", "1")))
     assert res.expires_at == pytest.approx(NOW + 90, abs=0.01)
-    assert res.lease.startswith("kube-icl/kube-icl-gang-")
+    assert listed.lease.startswith("kube-icl/kube-icl-gang-")
 
 
 def test_an_unreadable_reservation_is_a_warning_naming_the_lease() -> None:
