@@ -17,6 +17,7 @@ from typing import Any
 import networkx as nx
 
 from scheduler import fairshare
+from scheduler.listers import holdings
 from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, Placer, Shape, ShapeKind
 from topology.contract import ANN_TOPOLOGY
 
@@ -134,24 +135,15 @@ def _condition(node: Mapping[str, Any], kind: str) -> bool:
     return False
 
 
-def _holdings(state: State) -> tuple[dict[str, list[tuple[str, tuple[str, ...]]]], dict[str, list[str]]]:
-    """Per node, the pods holding devices there as the cache says ((pod, devices), oldest first: whole
-    devices, or the one device a share is of), and the uids of the pods the cache keeps bound there."""
-    pods = state.cache.pods
-    held: dict[str, list[tuple[tuple[str, str], str, tuple[str, ...]]]] = {}
+def _bound(state: State) -> dict[str, list[str]]:
+    """Per node, the uids of the pods the cache keeps bound there."""
     bound: dict[str, list[str]] = {}
-    with pods.lock:
-        for uid, key in state.keys.items():
-            info = pods.pod(uid)
+    with state.cache.pods.lock:
+        for uid in state.keys:
+            info = state.cache.pods.pod(uid)
             if info is not None and info.node_name:
                 bound.setdefault(info.node_name, []).append(uid)
-            whole = pods.held(uid)
-            share = pods.held_share(uid)
-            where = whole if whole is not None else (share[0], (share[1],)) if share is not None else None
-            if where is not None:
-                held.setdefault(where[0], []).append(((state.created.get(uid, ""), key), key, where[1]))
-    oldest_first = {node: [(key, devices) for _at, key, devices in sorted(here)] for node, here in held.items()}
-    return oldest_first, bound
+    return bound
 
 
 def _bound_here(state: State, uids: Iterable[str]) -> dict[str, int]:
@@ -175,7 +167,7 @@ def node_views(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True
     false the largest free ring and group are left at 0 (a caller that needs only the topologies skips
     their search)."""
     lister = state.cache.nodes
-    holding, bound = _holdings(state)
+    holding, bound = holdings(state.cache.pods, state.created), _bound(state)
     reserved = state.extender.gangs.book.reserved_devices()
     out: list[NodeSummary] = []
     for node in sorted(state.nodes, key=lambda n: str((n.get("metadata") or {}).get("name"))):

@@ -18,7 +18,7 @@ one re-entrant lock) around them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ from scheduler.workload import TaskType
 from topology import NodeTopology
 from topology.policy import Balance
 
-__all__ = ["NodeLister", "PodLister"]
+__all__ = ["NodeLister", "PodLister", "holdings"]
 
 
 class NodeLister(Protocol):
@@ -184,3 +184,18 @@ class PodLister(Protocol):
     def balance(self) -> Balance:
         """CPU and memory the device pods (pending and bound) ask per device: the stranding term's ratios."""
         ...
+
+
+def holdings(pods: PodLister, created: Mapping[str, str]) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+    """Per node, the pods of ``created`` (uid -> creationTimestamp) that hold devices there, as
+    (namespace/name, devices), oldest first: the devices held whole, or the one device a share is of."""
+    here: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {}
+    with pods.lock:
+        for uid, at in created.items():
+            whole, share = pods.held(uid), pods.held_share(uid)
+            where = whole if whole is not None else (share[0], (share[1],)) if share is not None else None
+            if where is None:
+                continue
+            info = pods.pod(uid)
+            here.setdefault(where[0], []).append((at, info.key if info is not None else uid, where[1]))
+    return {node: [(key, devices) for _at, key, devices in sorted(held)] for node, held in here.items()}

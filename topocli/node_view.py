@@ -38,10 +38,11 @@ def node_holdings(
     resource: str = DEFAULT_RESOURCE,
     shared_resource: str = DEFAULT_SHARED_RESOURCE,
 ) -> NodeHoldings:
-    """The view of a Node object and its pods (API JSON) as the extender's cache holds them; raises
-    ``TopologyError`` when the node has no usable topology."""
+    """Which of a Node object's pods (API JSON) hold which of its devices, as the extender's cache holds
+    them (:func:`scheduler.listers.holdings`); raises ``TopologyError`` when the node has no usable topology."""
     from scheduler.config import ExtenderConfig
     from scheduler.factory import cache_for
+    from scheduler.listers import holdings
     from topology import TopologyError
     from topology.contract import ANN_TOPOLOGY
 
@@ -59,26 +60,19 @@ def node_holdings(
     if here is None:
         raise TopologyError(f"node/{name}: {cache.nodes.node_problem(name)[0]}")
     topo = here.view.topology
-    holders: list[tuple[tuple[str, str], tuple[str, ...]]] = []
+    created: dict[str, str] = {}
     unknown: list[tuple[tuple[str, str], tuple[str, ...]]] = []
     for pod in pods:
         pmeta = pod.get("metadata") or {}
         uid = str(pmeta.get("uid") or "")
+        created[uid] = str(pmeta.get("creationTimestamp") or "")
         info = cache.pods.pod(uid)
-        if info is None:
-            continue
-        order = (str(pmeta.get("creationTimestamp") or ""), info.key)
-        whole, share = cache.pods.held(uid), cache.pods.held_share(uid)
-        if whole is not None and whole[0] == name:
-            holders.append((order, whole[1]))
-        elif share is not None and share[0] == name:
-            holders.append((order, (share[1],)))
-        elif uid in here.unattributed and info.devices:
-            unknown.append((order, info.devices))
+        if info is not None and uid in here.unattributed and info.devices:
+            unknown.append(((created[uid], info.key), info.devices))
     return NodeHoldings(
         name,
         topo,
-        tuple((order[1], devices) for order, devices in sorted(holders)),
+        tuple(holdings(cache.pods, created).get(name, ())),
         tuple((order[1], devices) for order, devices in sorted(unknown)),
     )
 
