@@ -2,10 +2,11 @@
 
 Pure: no I/O. Every function takes a :class:`kubectlicl.state.State` (the nodes, pods and gang records a
 command listed, fed into the extender's cache and gang book) and returns frozen views: who holds which
-chip, which chips are reserved for gangs, the devices each queue holds and the pods waiting are the
-cache's answers (through its listers), which reservations are in force and which member claimed each slot
-the gang book's; what is computed here is only how to show them (chip states, the largest free ring and
-linked group by the topology core, dominant shares by ``scheduler.fairshare``).
+chip and which chips are reserved for gangs are the cache's answers (through its listers), which
+reservations are in force and which member claimed each slot the gang book's, the devices each queue holds,
+its dominant share and its pods waiting the extender's (:meth:`scheduler.extender.Extender.queue_usage`, as
+its metrics read them); what is computed here is only how to show them (chip states, the largest free ring
+and linked group by the topology core).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 import networkx as nx
 
-from scheduler import fairshare
 from scheduler.listers import holdings
 from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, Placer, Shape, ShapeKind
 from topology.contract import ANN_TOPOLOGY
@@ -276,7 +276,8 @@ def _by_name(held: Mapping[str, int], names: Mapping[str, str]) -> dict[str, int
 def queue_views(state: State) -> list[QueueView]:
     """Each configured queue and each queue a pod names: weight and quota from the extender's config,
     the devices its pods hold per pool and its pods waiting, as the extender's cache counts them (one pool
-    per distinct topology), and the weighted dominant share from :func:`scheduler.fairshare.dominant_shares`."""
+    per distinct topology), and the weighted dominant share, all as the extender reads them for its metrics
+    (:meth:`scheduler.extender.Extender.queue_usage`)."""
     cfg = state.config
     names: dict[str, str] = {}
     with state.cache.lock:
@@ -284,12 +285,8 @@ def queue_views(state: State) -> list[QueueView]:
             topo = state.cache.nodes.topology_of(node)
             if topo is not None:
                 names[topo.fingerprint] = topo.name or topo.fingerprint[:12]
-        used = state.cache.pods.used_by_queue()
-        capacity = state.cache.nodes.capacity()
-        pending: dict[str, int] = {}
-        for pod in state.cache.pods.pending():
-            pending[pod.queue] = pending.get(pod.queue, 0) + 1
-    shares = fairshare.dominant_shares(used, capacity, cfg)
+        usage = state.extender.queue_usage()
+    used, shares, pending = usage.used, usage.shares, usage.pending
     out: list[QueueView] = []
     for queue in sorted(set(shares) | set(pending)):
         qcfg = cfg.queue(queue)

@@ -403,18 +403,24 @@ class Extender:
         with self.cache.lock:
             return frozenset(self._unsure)
 
-    def _queue_usage(self) -> tuple[fairshare.Usage, dict[str, int], dict[str, float]]:
-        """Devices held per queue and pool, the pools' capacity, and each queue's dominant share."""
-        used = self.cache.pods.used_by_queue()
-        capacity = self.cache.nodes.capacity()
-        return used, capacity, fairshare.dominant_shares(used, capacity, self.cfg)
+    def queue_usage(self) -> fairshare.QueueUsage:
+        """Devices held per queue and pool, the pools' capacity, each queue's dominant share and its pods
+        waiting, read from one state of the cache."""
+        with self.cache.lock:
+            used = self.cache.pods.used_by_queue()
+            capacity = self.cache.nodes.capacity()
+            pending: dict[str, int] = {}
+            for pod in self.cache.pods.pending():
+                pending[pod.queue] = pending.get(pod.queue, 0) + 1
+        return fairshare.QueueUsage(used, capacity, fairshare.dominant_shares(used, capacity, self.cfg), pending)
 
     def _queue_metrics(self) -> dict[str, tuple[float, int]]:
-        used, _capacity, shares = self._queue_usage()
-        return {q: (s, sum(used.get(q, {}).values())) for q, s in shares.items()}
+        usage = self.queue_usage()
+        return {q: (s, sum(usage.used.get(q, {}).values())) for q, s in usage.shares.items()}
 
     def debug_state(self) -> dict[str, Any]:
-        used, capacity, shares = self._queue_usage()
+        usage = self.queue_usage()
+        used, capacity, shares = usage.used, usage.capacity, usage.shares
         queues = {
             q: {
                 "dominantShare": round(s, 6),

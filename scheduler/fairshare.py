@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from scheduler.config import ExtenderConfig
 
-__all__ = ["HoldBack", "admit", "dominant_share", "dominant_shares", "victim_allowed"]
+__all__ = ["HoldBack", "QueueUsage", "admit", "dominant_share", "dominant_shares", "victim_allowed"]
 
 Usage = Mapping[str, Mapping[str, int]]  # queue -> pool -> devices
 
@@ -26,6 +26,16 @@ class HoldBack:
 
     reason: str
     unresolvable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class QueueUsage:
+    """The queues at one moment, as /metrics, /debug/state and ``kubectl icl queues`` show them."""
+
+    used: Usage  # devices held per queue and pool
+    capacity: Mapping[str, int]  # healthy devices per pool
+    shares: Mapping[str, float]  # weighted dominant share of every queue that holds devices or is configured
+    pending: Mapping[str, int]  # pods asking devices with no node yet, per queue
 
 
 def dominant_share(held: Mapping[str, int], capacity: Mapping[str, int], weight: float) -> float:

@@ -290,14 +290,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, payload)
 
 
-def _pending_per_queue(extender: Extender) -> dict[str, int]:
-    """Pods asking devices with no node yet, counted per queue (``kube_icl_queue_pending_pods``)."""
-    counts: dict[str, int] = {}
-    for pod in extender.cache.pods.pending():
-        counts[pod.queue] = counts.get(pod.queue, 0) + 1
-    return counts
-
-
 class ExtenderServer:
     """Owns the listening socket and the threads that serve it."""
 
@@ -312,7 +304,7 @@ class ExtenderServer:
         self.extender = extender
         self.cfg = cfg or extender.cfg
         self.ready = ready or (lambda: extender.cache.synced)
-        extender.metrics.attach_server(self.ready, lambda: _pending_per_queue(extender))
+        extender.metrics.attach_server(self.ready, lambda: dict(extender.queue_usage().pending))
         if ssl_context is None and self.cfg.tls_cert and self.cfg.tls_key:
             ssl_context = make_ssl_context(self.cfg.tls_cert, self.cfg.tls_key, self.cfg.tls_client_ca)
         check_exposure(self.cfg, ssl_context)
