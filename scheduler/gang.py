@@ -81,13 +81,6 @@ class GangManager:
         cache.on_pod_change(self._pod_changed)
         cache.on_node_change(self._node_changed)
 
-    def _tell(self, call: Callable[[], None]) -> None:
-        """Tell the host once the cache lock is released; now when it is not held."""
-        self.cache.lock.defer(call)
-
-    def _event(self, outcome: str, key: str) -> None:
-        self._tell(functools.partial(self.host.gang_event, outcome, key))
-
     # ------------------------------------------------------------------ membership
 
     def members_bound(self, gang: GangRef) -> list[PodInfo]:
@@ -253,9 +246,9 @@ class GangManager:
             self._ran.discard(key)
         if victims or released:
             log.warning("gang %s failed (%s): evicting %d members", key, why, len(victims))
-            self._event("failed", key)
+            self.book.event("failed", key)
         for p in victims:
-            self._tell(
+            self.book.tell(
                 functools.partial(self.host.evict_member, p, f"gang {key} failed: {why}; the gang is requeued whole")
             )
         return victims
@@ -282,8 +275,8 @@ class GangManager:
             log.warning("gang %s: %s leaves %d of its minimum %d: the gang fails", gang.key, why, left, least)
             return False
         log.info("gang %s shrinks to %d members (%s); minimum %d", gang.key, left, why, least)
-        self._event("shrunk", gang.key)
-        self._tell(functools.partial(self.host.gang_resized, gang.key))
+        self.book.event("shrunk", gang.key)
+        self.book.tell(functools.partial(self.host.gang_resized, gang.key))
         return True
 
     def _node_changed(self, name: str, rec: NodeRecord | None) -> None:

@@ -57,12 +57,14 @@ class GangBook:
         self.reservations: dict[str, Reservation] = {}
         cache.on_reservation_taken(self._slot_taken)
 
-    def _tell(self, call: Callable[[], None]) -> None:
-        """Tell the host (or the records) once the cache lock is released; now when it is not held."""
+    def tell(self, call: Callable[[], None]) -> None:
+        """Tell the host (or the records) once the cache lock is released; now when it is not held. The gang
+        core tells its host through here too (they share one host)."""
         self.cache.lock.defer(call)
 
-    def _event(self, outcome: str, key: str) -> None:
-        self._tell(functools.partial(self.host.gang_event, outcome, key))
+    def event(self, outcome: str, key: str) -> None:
+        """Tell the host of a gang event (reserved, completed, expired, failed, shrunk), as :meth:`tell` does."""
+        self.tell(functools.partial(self.host.gang_event, outcome, key))
 
     # ------------------------------------------------------------------ queries
 
@@ -136,7 +138,7 @@ class GangBook:
             log.info(
                 "gang %s: reserved %d slots on %s", gang.key, len(slots), ",".join(dict.fromkeys(s.node for s in slots))
             )
-            self._event("reserved", gang.key)
+            self.event("reserved", gang.key)
             return res, ""
 
     def claim(self, info: PodInfo, node: str) -> Slot | None:
@@ -225,7 +227,7 @@ class GangBook:
             del self.reservations[res.key]
         if res.persisted:
             res.persisted = False
-            self._tell(functools.partial(self.records.delete, res.key))
+            self.tell(functools.partial(self.records.delete, res.key))
 
     def _slot_taken(self, owner: str, node: str, uid: str) -> None:
         """A pod the API server shows bound took the devices of slot ``owner`` on ``node`` (the cache
@@ -270,12 +272,12 @@ class GangBook:
                 claimed = [s for s in res.slots if s.pod_uid]
                 if len(claimed) == len(res.slots) and not any(self.cache.pods.is_assumed(s.pod_uid) for s in claimed):
                     self._forget(res)
-                    self._event("completed", res.key)
+                    self.event("completed", res.key)
                 elif now >= res.deadline:
                     log.info("gang %s: reservation expired, %d of %d slots claimed", res.key, len(claimed), res.size)
                     self._drop(res)
                     expired.append(res.key)
-                    self._event("expired", res.key)
+                    self.event("expired", res.key)
         return expired
 
     # ------------------------------------------------------------------ records in the API server

@@ -1,7 +1,8 @@
 """The gang planner: where a gang's members go, read from the cluster, never written to it.
 
-:class:`GangPlanner` answers two questions over a read-only :class:`PlanReader` (the extender's
-cache's node lister, :class:`scheduler.listers.NodeLister`, is one) and the network tiers its nodes are labelled with:
+:class:`GangPlanner` answers two questions over a read-only :class:`scheduler.listers.PlanReader` (the
+extender's cache's node lister, :class:`scheduler.listers.NodeLister`, is one) and the network tiers its
+nodes are labelled with:
 
 - :meth:`GangPlanner.place`: a slot (a node and its exact devices) for each of ``n`` members at once,
   from :func:`topology.place_gang` (the lowest network tier that holds them, within the tier the
@@ -19,9 +20,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import NamedTuple
 
+from scheduler.listers import PlanReader
 from scheduler.nodes import NodeView
 from scheduler.podspec import GangRef
 from topology import (
@@ -36,35 +37,9 @@ from topology import (
     place_gang,
 )
 
-__all__ = ["GangPlanner", "PlanReader", "tiered"]
+__all__ = ["GangPlanner", "tiered"]
 
 log = logging.getLogger(__name__)
-
-
-class PlanReader(Protocol):
-    """What the planner reads of the cluster: the usable nodes' views, the link labels and the network tiers."""
-
-    @property
-    def lock(self) -> AbstractContextManager[Any]:
-        """Held around several reads that must see one state (re-entrant)."""
-        ...
-
-    @property
-    def tier_keys(self) -> tuple[str, ...]:
-        """The network tier label keys, lowest first; empty when no tiers are configured."""
-        ...
-
-    def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
-        """The views of those of ``names`` that are ready, not cordoned and have a usable topology."""
-        ...
-
-    def link_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
-        """The cross-node link labels of the nodes in a link domain, by name (of ``names`` only when given)."""
-        ...
-
-    def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
-        """Each node's value of every tier label (of ``names`` only when given); empty without tiers."""
-        ...
 
 
 def tiered(reader: PlanReader, cluster: ClusterView, names: Iterable[str] | None = None) -> ClusterView:
@@ -74,8 +49,16 @@ def tiered(reader: PlanReader, cluster: ClusterView, names: Iterable[str] | None
     return ClusterView(cluster.domains, reader.tier_keys, reader.tier_paths(names))
 
 
+class _Inputs(NamedTuple):
+    cluster: ClusterView
+    topologies: dict[str, NodeTopology]
+    free: dict[str, frozenset[str]]  # node -> its free devices
+    within: int | None  # the level of the tier the gang must stay within (None: anywhere)
+
+
 class GangPlanner:
-    """Gang placements over a :class:`PlanReader`: all members at once, or one more beside the running ones."""
+    """Gang placements over a :class:`scheduler.listers.PlanReader`: all members at once, or one more beside
+    the running ones."""
 
     def __init__(self, reader: PlanReader, policy: DeviceRank) -> None:
         """``policy``: how gangs' members are ranked on a node."""
@@ -89,12 +72,10 @@ class GangPlanner:
     ) -> tuple[GangPlacement | None, str]:
         """A placement of ``members`` x ``shape`` all at once on the usable nodes of ``candidates``, or
         (None, why not)."""
-        cluster, topologies, free_by_node = self._inputs(candidates, shape)
-        try:
-            within = cluster.level_of(gang.tier) if gang.tier else None
-        except TopologyError as exc:
-            return None, f"gang {gang.name!r}: {exc}"
-        found = place_gang(cluster, topologies, free_by_node, shape, members, self.policy, within)
+        got, why = self._inputs(gang, candidates, shape)
+        if got is None:
+            return None, why
+        found = place_gang(got.cluster, got.topologies, got.free, shape, members, self.policy, got.within)
         if found is None:
             where = f"within one {gang.tier}" if gang.tier else "on the cluster's free devices"
             return None, (
@@ -108,12 +89,10 @@ class GangPlanner:
     ) -> tuple[set[str] | None, str]:
         """The nodes of ``candidates`` at the best tier next to ``member_nodes`` (one entry per running member)
         where one more member of ``shape`` fits, or (None, why not); ``running``: the members running now."""
-        cluster, topologies, free_by_node = self._inputs(candidates, shape)
-        try:
-            within = cluster.level_of(gang.tier) if gang.tier else None
-        except TopologyError as exc:
-            return None, f"gang {gang.name!r}: {exc}"
-        ranked = extend_gang(cluster, topologies, free_by_node, shape, member_nodes, self.policy, within)
+        got, why = self._inputs(gang, candidates, shape)
+        if got is None:
+            return None, why
+        ranked = extend_gang(got.cluster, got.topologies, got.free, shape, member_nodes, self.policy, got.within)
         if not ranked:
             where = ",".join(sorted(set(member_nodes))) or "no node"
             bound = f"in the {gang.tier} of a node holding a member" if gang.tier else "in the cluster"
@@ -124,11 +103,10 @@ class GangPlanner:
         tier = ranked[0][1]
         return {n for n, t in ranked if t == tier}, ""
 
-    def _inputs(
-        self, candidates: Iterable[str], shape: Shape
-    ) -> tuple[ClusterView, dict[str, NodeTopology], dict[str, frozenset[str]]]:
-        """The cluster (:meth:`view`), and the topologies and free devices of the usable nodes of
-        ``candidates`` where ``shape`` may fit."""
+    def _inputs(self, gang: GangRef, candidates: Iterable[str], shape: Shape) -> tuple[_Inputs | None, str]:
+        """What a plan for ``gang`` reads: the cluster (:meth:`view`), the topologies and free devices of the
+        usable nodes of ``candidates`` where ``shape`` may fit, and the level of the tier the gang names; (None,
+        why) when the cluster has no such tier."""
         topologies: dict[str, NodeTopology] = {}
         free_by_node: dict[str, frozenset[str]] = {}
         views: Mapping[str, NodeView] = self.reader.usable_views(candidates)
@@ -137,7 +115,12 @@ class GangPlanner:
                 continue
             topologies[name] = view.topology
             free_by_node[name] = view.free
-        return self.view(), topologies, free_by_node
+        cluster = self.view()
+        try:
+            within = cluster.level_of(gang.tier) if gang.tier else None
+        except TopologyError as exc:
+            return None, f"gang {gang.name!r}: {exc}"
+        return _Inputs(cluster, topologies, free_by_node, within), ""
 
     def view(self) -> ClusterView:
         """Every node's link domain and network tiers, as gangs are placed by them.

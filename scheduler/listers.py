@@ -28,21 +28,42 @@ from scheduler.workload import TaskType
 from topology import NodeTopology
 from topology.policy import Balance
 
-__all__ = ["NodeLister", "PodLister", "holdings"]
+__all__ = ["NodeLister", "PlanReader", "PodLister", "holdings"]
 
 
-class NodeLister(Protocol):
-    """The nodes as readers see them: views, problems, labels, tiers, holders, capacity."""
+class PlanReader(Protocol):
+    """What the gang planner (:class:`scheduler.gangplan.GangPlanner`) reads of the cluster: the usable
+    nodes' views, the link labels and the network tiers; the node lister is one."""
 
     @property
     def lock(self) -> AbstractContextManager[Any]:
-        """The cache's lock: held around several reads that must see one state (re-entrant)."""
+        """Held around several reads that must see one state (re-entrant; the node lister's is the cache's lock)."""
         ...
 
     @property
     def tier_keys(self) -> tuple[str, ...]:
         """The network tier label keys, lowest first; empty when no tiers are configured."""
         ...
+
+    def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
+        """The views of those of ``names`` that are ready, not cordoned and have a usable topology."""
+        ...
+
+    def link_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
+        """The cross-node link labels (domain, coordinates, domain kind) of the nodes in a link domain,
+        by name: of every node, or of ``names`` only."""
+        ...
+
+    def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
+        """Each node's value of every network tier label (:attr:`tier_keys`; "" where it has none), by
+        name: of every node (kept until a node's labels change; callers must not mutate it), or of
+        ``names`` only; empty when no tiers are configured. A node without a tier's label is a domain of
+        its own at that tier."""
+        ...
+
+
+class NodeLister(PlanReader, Protocol):
+    """The nodes as readers see them: views, problems, labels, tiers, holders, capacity."""
 
     def view_lookup(self) -> Callable[[str], NodeView | None]:
         """A ready node's view by name (``None``: not ready, or no usable topology), as one bound lookup
@@ -59,10 +80,6 @@ class NodeLister(Protocol):
 
     def schedulable_views(self) -> list[NodeView]:
         """The views of the ready nodes new pods may go to (not cordoned)."""
-        ...
-
-    def usable_views(self, names: Iterable[str]) -> dict[str, NodeView]:
-        """The views of those of ``names`` that are ready, not cordoned and have a usable topology."""
         ...
 
     def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
@@ -99,18 +116,6 @@ class NodeLister(Protocol):
 
     def topology_of(self, name: str) -> NodeTopology | None:
         """The node's topology; ``None`` when it has no usable one or is not known."""
-        ...
-
-    def link_labels(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:
-        """The cross-node link labels (domain, coordinates, domain kind) of the nodes in a link domain,
-        by name: of every node, or of ``names`` only."""
-        ...
-
-    def tier_paths(self, names: Iterable[str] | None = None) -> dict[str, tuple[str, ...]]:
-        """Each node's value of every network tier label (:attr:`tier_keys`; "" where it has none), by
-        name: of every node (kept until a node's labels change; callers must not mutate it), or of
-        ``names`` only; empty when no tiers are configured. A node without a tier's label is a domain of
-        its own at that tier."""
         ...
 
     def holders(self, name: str) -> NodeHolders | None:

@@ -3,7 +3,7 @@
 Each cluster is a handful of ``ring:8`` nodes (eight devices in a cycle: a ring of 8 takes a whole
 free node, a ring of 2 any two linked free devices), with or without a link domain across them and a
 rack tier above them. The planner reads them through :class:`FakeReader`, which has only the reads of
-:class:`scheduler.gangplan.PlanReader`: a planner that wrote anything would fail here, and planning
+:class:`scheduler.listers.PlanReader`: a planner that wrote anything would fail here, and planning
 twice gives the same answer because nothing was reserved. The expected answers follow from the rules
 in :func:`topology.place_gang` and :func:`topology.extend_gang`: one node when one holds the whole gang
 (the fullest), else a connected run of one link domain, else the tier domain with the fewest free slots
@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.gangplan import GangPlanner, PlanReader
+from scheduler.gangplan import GangPlanner
+from scheduler.listers import PlanReader
 from scheduler.nodes import NodeView
 from scheduler.podspec import GangRef
 from topology import (
