@@ -403,7 +403,7 @@ class Extender:
         with self.cache.lock:
             return frozenset(self._unsure)
 
-    def queue_usage(self) -> fairshare.QueueUsage:
+    def queue_usage(self) -> fairshare.QueueStanding:
         """Devices held per queue and pool, the pools' capacity, each queue's dominant share and its pods
         waiting, read from one state of the cache."""
         with self.cache.lock:
@@ -412,7 +412,7 @@ class Extender:
             pending: dict[str, int] = {}
             for pod in self.cache.pods.pending():
                 pending[pod.queue] = pending.get(pod.queue, 0) + 1
-        return fairshare.QueueUsage(used, capacity, fairshare.dominant_shares(used, capacity, self.cfg), pending)
+        return fairshare.QueueStanding(used, capacity, fairshare.dominant_shares(used, capacity, self.cfg), pending)
 
     def _queue_metrics(self) -> dict[str, tuple[float, int]]:
         usage = self.queue_usage()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from scheduler.config import ExtenderConfig
 
-__all__ = ["HoldBack", "QueueUsage", "admit", "dominant_share", "dominant_shares", "victim_allowed"]
+__all__ = ["HoldBack", "QueueStanding", "admit", "dominant_share", "dominant_shares", "victim_allowed"]
 
 Usage = Mapping[str, Mapping[str, int]]  # queue -> pool -> devices
 
@@ -29,8 +29,9 @@ class HoldBack:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueUsage:
-    """The queues at one moment, as /metrics, /debug/state and ``kubectl icl queues`` show them."""
+class QueueStanding:
+    """Where the queues stand at one moment, as /metrics, /debug/state and ``kubectl icl queues`` show them
+    (read from the counts :class:`scheduler.usage.QueueUsage` keeps)."""
 
     used: Usage  # devices held per queue and pool
     capacity: Mapping[str, int]  # healthy devices per pool
