@@ -47,7 +47,6 @@ class Job:
     members: list[str]
     needed: int  # members bound before it counts as running (a gang's size, an elastic gang's minimum)
     runtime_s: float
-    submitted: float
     running_at: float | None = None
     ended: str = ""  # "", "completed", "lost" (evicted, preempted, its node gone)
     created: dict[str, float] = field(default_factory=dict)  # pod -> monotonic time of its creation
@@ -87,11 +86,11 @@ class Workload:
         """The jobs whose arrival time has come, with their pods' bodies."""
         out: list[tuple[Job, list[dict[str, Any]]]] = []
         while self.next_at <= now:
-            out.append(self._one(self.next_at))
+            out.append(self._one())
             self.next_at += self.rng.expovariate(self.rate)
         return out
 
-    def _one(self, at: float) -> tuple[Job, list[dict[str, Any]]]:
+    def _one(self) -> tuple[Job, list[dict[str, Any]]]:
         rng = self.rng
         self.seq += 1
         kind = rng.choices([k for k, _ in ARRIVALS], weights=[w for _, w in ARRIVALS])[0]
@@ -118,7 +117,7 @@ class Workload:
             ann = {"kube-icl.io/gang": key, "kube-icl.io/gang-min": str(least), "kube-icl.io/gang-max": str(most)}
             bodies = [self._pod(f"{key}-m{i}", key, queue, 4, "any", annotations=ann) for i in range(most)]
             needed = least
-        job = Job(key, kind, queue, [b["metadata"]["name"] for b in bodies], needed, runtime, at)
+        job = Job(key, kind, queue, [b["metadata"]["name"] for b in bodies], needed, runtime)
         return job, bodies
 
 

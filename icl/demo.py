@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["LOG_LEVEL", "SIM", "register"]
+__all__ = ["register"]
 
 LOG_LEVEL = "warning"  # the demo's default --log-level
 SIM = ("sim",)  # part 2: `icl sim` on its built-in inputs

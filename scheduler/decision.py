@@ -210,12 +210,11 @@ class Decision:
         self.fits = FitMemory()
         self.ranker = LinkedRanker(state, policy, resource)
         self.fit = NodeFit(self.ranker, self.fits, keep_best)
-        unlinked = (
+        self.unlinked = (
             UnlinkedFit(state.nodes, self.ranker, share_ranker, self.fits, keep_best)
             if share_ranker is not None
             else None
         )
-        self.unlinked = unlinked
 
 
 def build_decision(cfg: ExtenderConfig, state: LiveState, share_ranker: LiveShareRanker) -> Decision:

@@ -39,7 +39,6 @@ __all__ = [
     "ExtenderConfig",
     "ExtenderPreemptionArgs",
     "GroupSpec",
-    "KubeAPI",
     "KubeError",
     "MetaPod",
     "MetaVictims",

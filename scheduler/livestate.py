@@ -30,7 +30,8 @@ class LiveState(Protocol):
 
     @property
     def generation(self) -> int:
-        """Bumps on every change of the nodes or pods read here; -1: not tracked (nothing memoised)."""
+        """Bumps on every change of the nodes or pods read here; what is memoised of one generation stays good
+        until it bumps."""
         ...
 
     @property

@@ -205,12 +205,10 @@ class LiveNodeStates:
         live = self.live
         with live.lock:
             gen, base = live.generation, self._base
-            if base is None or gen < 0 or base[0] != gen:  # a scan of every ready node, once per change
+            if base is None or base[0] != gen:  # a scan of every ready node, once per change
                 states = [self.node_state(n, v)[0] for n, v in self.nodes.ready_views().items()]
                 specs = [GpuNodeSpec("", s.cpu_total, s.mem_total, len(s.gpu_free)) for s in states]
-                base = (gen, live.pods.task_types(), specs)
-                if gen >= 0:
-                    self._base = base
+                base = self._base = (gen, live.pods.task_types(), specs)
             known = live.pods.knows_pod(uid)
         types, specs = dict(base[1]), list(base[2])
         own = (task.cpu_milli, task.memory_mib, task.num_gpu, task.gpu_milli)
