@@ -1,10 +1,10 @@
 """The cache's one lock, and the calls that must wait until nobody holds it.
 
-The cache and the parts that share its lock (the gang manager) tell other components what changed
-(a pod failed, a node went, a gang was reserved) through callbacks. A callback never runs while the
-lock is held: it is queued under the lock (:meth:`CacheLock.defer`) and run, in the order queued,
-once the outermost holder releases it. A callback may take the lock itself; what it queues runs after
-it, never inside it.
+The cache and the parts that share its lock (the gang core and its reservation book) tell other
+components what changed (a pod failed, a node went, a gang was reserved) through callbacks. A
+callback never runs while the lock is held: it is queued under the lock (:meth:`CacheLock.defer`)
+and run, in the order queued, once the outermost holder releases it. A callback may take the lock
+itself; what it queues runs after it, never inside it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the wire contract gives it (:func:`scheduler.wire.lease_record` writes it from
 :meth:`Reservation.record`, :func:`scheduler.wire.read_record` reads it back, for the extender and
 for ``kubectl icl``). :class:`GangRecords` writes a record before the gang's first member binds,
 deletes it when the reservation ends (off the verbs' threads), and reads the records back when a
-replica takes over (:meth:`GangRecords.read`, :meth:`GangRecords.load`); the gang manager rebuilds
+replica takes over (:meth:`GangRecords.read`, :meth:`GangRecords.load`); the gang book rebuilds
 its reservations from them (:meth:`scheduler.gangbook.GangBook.restore`).
 """
 

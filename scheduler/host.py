@@ -1,12 +1,13 @@
 """The extender as the parts it builds see it: one small interface instead of bound methods.
 
-The bind steps, the gang manager and its records, and preemption are given the extender as their
-:class:`Host` and call only what they need of it. :class:`scheduler.extender.Extender` implements it
-(checked by mypy); :class:`QuietHost` is the host of parts built without an extender (benches, tests):
-it always leads, records nothing and runs background work at once.
+The bind steps, the gang core, its reservation book and records, and preemption are given the
+extender as their :class:`Host` and call only what they need of it.
+:class:`scheduler.extender.Extender` implements it (checked by mypy); :class:`QuietHost` is the host
+of parts built without an extender (benches, tests): it always leads, records nothing and runs
+background work at once.
 
-A part calls its host with no lock held: the gang manager queues its calls under the cache lock
-(:meth:`scheduler.cachelock.CacheLock.defer`), and they run once the lock is released.
+A part calls its host with no lock held: the gang core and its book queue their calls under the
+cache lock (:meth:`scheduler.cachelock.CacheLock.defer`), and they run once the lock is released.
 """
 
 from __future__ import annotations

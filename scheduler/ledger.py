@@ -7,10 +7,10 @@ without a readable devices annotation (counted by size), the binds assumed while
 and which watch events are stale (resourceVersions applied, floors of consistent reads). A pod read
 from the API server bound to devices reserved for a gang's slot takes them: what the API server says
 a bound pod holds is fact, a reservation only an intention; the reservations dropped are queued in
-:attr:`PodLedger.taken` for the gang manager. It writes holdings into the node records of
-:class:`scheduler.nodes.Nodes` and asks them to refresh, and tells the queue usage
-(:class:`scheduler.usage.QueueUsage`) which pods' charge may have changed. Its writes run under the
-cache's lock, which the cache takes.
+:attr:`PodLedger.taken` for the gang book (:class:`scheduler.gangbook.GangBook`). It writes holdings
+into the node records of :class:`scheduler.nodes.Nodes` and asks them to refresh, and tells the
+queue usage (:class:`scheduler.usage.QueueUsage`) which pods' charge may have changed. Its writes
+run under the cache's lock, which the cache takes.
 
 It is also the pods' lister (:class:`scheduler.listers.PodLister`, handed out as
 ``ClusterCache.pods``): what a pod holds, finding one, gang members, and, settled on read from its

@@ -1,10 +1,10 @@
 """Reserved devices: devices held on a node for an owner that is not a pod yet (a gang's slot).
 
 :class:`Reservations` takes devices out of a node's allocator under an owner name
-(``gang:<ns>/<name>#<i>``) until the owner releases them; the gang manager reserves a gang's
-slots and claims one per member. A reservation is an intention held in memory: a pod the API server
-shows bound to reserved devices takes them (:meth:`Reservations.yield_to`). Every method runs under
-the cache's lock.
+(``gang:<ns>/<name>#<i>``) until the owner releases them; the gang book
+(:class:`scheduler.gangbook.GangBook`) reserves a gang's slots and claims one per member. A
+reservation is an intention held in memory: a pod the API server shows bound to reserved devices
+takes them (:meth:`Reservations.yield_to`). Every method runs under the cache's lock.
 """
 
 from __future__ import annotations
