@@ -237,7 +237,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
         nodes = reader.nodes(args.selector)
         leases, lease_warnings = _leases(reader, cfg, settings.source, "")
         state = read_state(cfg, nodes, reader.pods(), leases, now=now)
-        node_list = views.node_views(state, tiers=tiers)
+        node_list = views.node_summaries(state, tiers=tiers)
         if not args.all:
             node_list = [n for n in node_list if n.topology is not None or n.error != views.NO_TOPOLOGY]
         _warn([*state.warnings, *lease_warnings])
@@ -294,8 +294,9 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
             )
             return EXIT_ERROR
         leases, lease_warnings = _leases(reader, cfg, settings.source, "")
-        _warn(lease_warnings)
-        answer = explain(read_state(cfg, reader.nodes(), raw_pods, leases, now=now), target)
+        state = read_state(cfg, reader.nodes(), raw_pods, leases, now=now)
+        _warn([*state.warnings, *lease_warnings])
+        answer = explain(state, target)
         if args.output in ("json", "yaml"):
             _print_doc(render.why_doc(answer), args.output)
         else:

@@ -31,7 +31,7 @@ __all__ = [
     "QueueView",
     "SlotView",
     "gang_views",
-    "node_views",
+    "node_summaries",
     "queue_views",
 ]
 
@@ -160,7 +160,7 @@ def _bound_here(state: State, uids: Iterable[str]) -> dict[str, int]:
     return out
 
 
-def node_views(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True) -> list[NodeSummary]:
+def node_summaries(state: State, *, tiers: tuple[str, ...] = (), shapes: bool = True) -> list[NodeSummary]:
     """Each node's chips: held by a pod (whole, or shares of it), reserved for a gang's unclaimed slot,
     unhealthy (the published topology says so), or free, as the extender's cache holds them; the pods
     it counts by size (no ``kube-icl.io/devices``, or devices another pod holds) apart. With ``shapes``

@@ -117,7 +117,7 @@ def test_chips_are_busy_reserved_unhealthy_or_free_and_the_largest_free_shape_fo
     nodes = [node("n1", unhealthy=("7",), **{"kube-icl.io__link-domain": "rack-1", "example.com__rack": "r1"})]
     pods = (pod("a", 2, node_name="n1", devices="0,1"), pod("waiting", 4))
     held = (record("ml/train", [("n1", ("4", "5"))], NOW + 60),)
-    (n1,) = views.node_views(state(nodes, *pods, leases=held), tiers=("example.com/rack", "example.com/block"))
+    (n1,) = views.node_summaries(state(nodes, *pods, leases=held), tiers=("example.com/rack", "example.com/block"))
     assert [c.state for c in n1.chips] == ["busy", "busy", "free", "free", "reserved", "reserved", "free", "unhealthy"]
     assert n1.chips[0].pods == ("ml/a",) and n1.chips[4].gang == "ml/train"
     assert render.strip(n1) == "AA··++·x"
@@ -129,14 +129,14 @@ def test_a_claimed_slot_is_busy_and_an_expired_reservation_holds_nothing() -> No
     m0 = pod("m0", 2, node_name="n1", devices="4,5", gang="train", gang_size="2")
     train = record("ml/train", [("n1", ("4", "5")), ("n1", ("0", "1"))], NOW + 60)
     held = (train, record("ml/old", [("n1", ("2", "3"))], NOW - 1))
-    (n1,) = views.node_views(state([node("n1")], m0, leases=held))
+    (n1,) = views.node_summaries(state([node("n1")], m0, leases=held))
     assert render.strip(n1) == "++··AA··"
     assert (n1.largest_ring, n1.largest_group) == (2, 2)  # on a ring of 8, free 2,3 and 6,7 are two pairs
 
 
 def test_a_node_without_the_annotation_says_so_and_pods_without_devices_are_listed_apart() -> None:
     pods = (pod("rogue", 2, node_name="n1"), pod("other", 1, node_name="elsewhere", devices="0"))
-    n0, n1 = views.node_views(state([node("n1"), node("n0", None)], *pods))
+    n0, n1 = views.node_summaries(state([node("n1"), node("n0", None)], *pods))
     assert n0.name == "n0" and n0.topology is None and n0.error == views.NO_TOPOLOGY and n0.chips == ()
     assert n1.unattributed == (("ml/rogue", 2),) and n1.count("free") == 8
     table = render.nodes_table([n0, n1])
@@ -152,7 +152,7 @@ def test_the_nodes_table_has_kubectl_columns_a_strip_per_node_and_a_legend_of_po
         pod("new", 1, node_name="n1", devices="7", shape="any", created="2026-01-02T00:00:00Z"),
         pod("old", 4, node_name="n1", devices="0,1,5,4", shape="mesh:2x2", created="2026-01-01T00:00:00Z"),
     )
-    out = render.nodes_table(views.node_views(state(nodes, *pods)), wide=True)
+    out = render.nodes_table(views.node_summaries(state(nodes, *pods)), wide=True)
     lines = out.splitlines()
     assert re.split(r"\s{3,}", lines[0]) == [
         "NODE", "TOPOLOGY", "CHIPS", "FREE", "BUSY", "RESERVED", "UNHEALTHY", "LARGEST FREE", "DOMAIN", "TIERS",
@@ -168,7 +168,7 @@ def test_the_nodes_table_has_kubectl_columns_a_strip_per_node_and_a_legend_of_po
 def test_the_drawing_marks_each_pods_chips_and_names_the_pods() -> None:
     a = pod("a", 2, node_name="n1", devices="0,1")
     held = (record("ml/train", [("n1", ("4", "5"))], NOW + 60),)
-    drawing = render.node_drawings(views.node_views(state([node("n1")], a, leases=held)))
+    drawing = render.node_drawings(views.node_summaries(state([node("n1")], a, leases=held)))
     assert drawing.startswith("node/n1: 2 busy, 2 reserved, 0 unhealthy, 4 free of 8;")
     assert "A0" in drawing and "+4" in drawing and "·2" in drawing
     assert "  A  ml/a: 0,1" in drawing and "  +  gang ml/train: reserved, not claimed yet" in drawing
@@ -176,7 +176,7 @@ def test_the_drawing_marks_each_pods_chips_and_names_the_pods() -> None:
 
 def test_node_documents_carry_every_chip_with_its_state_and_pods() -> None:
     a = pod("a", 2, node_name="n1", devices="0,1")
-    doc = render.node_docs(views.node_views(state([node("n1", unhealthy=("3",))], a)))
+    doc = render.node_docs(views.node_summaries(state([node("n1", unhealthy=("3",))], a)))
     (item,) = doc["items"]
     assert item["chips"] == {"total": 8, "free": 5, "busy": 2, "reserved": 0, "unhealthy": 1}
     assert item["devices"][0] == {"id": "0", "state": "busy", "pods": ["ml/a"]}
@@ -252,7 +252,7 @@ def test_queues_take_weight_and_quota_from_the_config_and_shares_from_the_extend
 def test_the_html_page_draws_every_chip_self_contained() -> None:
     a = pod("a", 4, node_name="n1", devices="0,1,5,4", shape="mesh:2x2")
     held = (record("ml/train", [("n2", ("0", "1"))], NOW + 60),)
-    nodes = views.node_views(state([node("n1", "torus:4x4", unhealthy=("15",)), node("n2")], a, leases=held))
+    nodes = views.node_summaries(state([node("n1", "torus:4x4", unhealthy=("15",)), node("n2")], a, leases=held))
     page = html.page(nodes, now=NOW)
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") == 2
     assert page.count('<g class="chip') == 16 + 8
@@ -342,7 +342,7 @@ def test_a_record_without_expires_at_is_unreadable_to_the_extender_and_the_tool_
         f"lease kube-icl/{lease['metadata']['name']}: annotation {RECORD_ANNOTATION}: no field 'expiresAt'"
     ]
     read = read_state(ExtenderConfig(), [node("n1")], [], [lease], now=NOW)
-    (n1,) = views.node_views(read)
+    (n1,) = views.node_summaries(read)
     assert render.strip(n1) == "········" and views.gang_views(read) == []
 
 
@@ -356,7 +356,7 @@ def test_chips_are_held_as_the_extenders_cache_holds_them() -> None:
         pod("none", 0, node_name="n1", devices="6,7"),
     )
     read = state([node("n1")], *pods)
-    (n1,) = views.node_views(read)
+    (n1,) = views.node_summaries(read)
     extender = read.cache.nodes.holders("n1")
     assert extender is not None
     assert {c.id for c in n1.chips if c.state == "free"} == extender.view.free == {"0", "1", "4", "5", "6", "7"}

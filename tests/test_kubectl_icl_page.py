@@ -75,7 +75,7 @@ def test_a_browser_draws_each_chip_state_in_its_colour(tmp_path: Path) -> None:
     pods = [_pod("ring4", "torus-a", "0,1,5,4"), _pod("pair", "ring-b", "0,1")]
     lease_slots = (("gang:ml/train#0", "ring-b", ("4", "5")),)
     held = lease_record(Record("ml/train", 2, "ring", 2, "ml", "", NOW + 60, lease_slots), "kube-system", "x", NOW)
-    drawn = views.node_views(read_state(ExtenderConfig(), nodes, pods, [held], now=NOW))
+    drawn = views.node_summaries(read_state(ExtenderConfig(), nodes, pods, [held], now=NOW))
     page = tmp_path / "fleet.html"
     html.write_page(page, drawn, now=NOW)
     image = screenshot(page, tmp_path / "fleet.png")
