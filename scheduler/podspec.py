@@ -64,6 +64,8 @@ LABEL_SCHED_PLUGINS_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins
 LABEL_SCHED_PLUGINS_GROUP_OLD = "pod-group.scheduling.sigs.k8s.io"  # its earlier label (PodGroup CRD)
 LABEL_LIGHT_GROUP = "pod-group.scheduling.sigs.k8s.io/name"  # lightweight coscheduling: labels only
 LABEL_LIGHT_MIN = "pod-group.scheduling.sigs.k8s.io/min-available"
+LABEL_KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"  # Kueue's plain-pod groups: the group's name
+ANN_KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"  # ... and its member count
 
 _MAX_GANG = 4096
 
@@ -360,6 +362,13 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
         if not size:
             raise PodSpecError(f"gang {ann[ANN_GANG]!r} needs annotation {ANN_GANG_SIZE} with the member count")
         return GangRef(namespace, str(ann[ANN_GANG]), size, "annotation")
+    if labels.get(LABEL_KUEUE_GROUP):
+        group = str(labels[LABEL_KUEUE_GROUP])
+        if not size:
+            if ann.get(ANN_KUEUE_TOTAL) is None:
+                raise PodSpecError(f"gang {group!r} (label {LABEL_KUEUE_GROUP}) needs annotation {ANN_KUEUE_TOTAL}")
+            size = _size(ann[ANN_KUEUE_TOTAL], f"annotation {ANN_KUEUE_TOTAL}")
+        return GangRef(namespace, group, size, f"label {LABEL_KUEUE_GROUP}")
     for label in (LABEL_SCHED_PLUGINS_GROUP, LABEL_SCHED_PLUGINS_GROUP_OLD):
         if labels.get(label):
             group = str(labels[label])
