@@ -141,7 +141,8 @@ class GangManager:
             return False
         with self.cache.lock:
             res = self.book.reservations.get(gang.key)
-            return res is not None and (not self.is_elastic(gang) or bool(res.open_nodes(info.uid)))
+            rank = info.rank.value if info.rank is not None else None
+            return res is not None and (not self.is_elastic(gang) or bool(res.open_nodes(info.uid, rank)))
 
     # ------------------------------------------------------------------ filter
 
@@ -155,7 +156,11 @@ class GangManager:
         assert gang is not None
         now = self.cache.clock()
         elastic = gang.elastic
+        rank = info.rank.value if info.rank is not None else None
         with self.cache.lock:
+            why = self._rank_refused(info)
+            if why:
+                return None, why
             self.sweep(now)
             if gang.size > 0:
                 self.limits[gang.key] = (gang.size, gang.maximum)
@@ -165,9 +170,14 @@ class GangManager:
                     return None, (
                         f"gang {gang.name!r} members disagree: reserved for {res.shape}, this pod asks for {shape}"
                     )
-                nodes = res.open_nodes(info.uid)
+                nodes = res.open_nodes(info.uid, rank)
                 if nodes:
                     return nodes, ""
+                ranked = res.slot_of(rank)
+                if ranked is not None and ranked.pod_uid != info.uid:
+                    holder = self.cache.pods.pod(ranked.pod_uid)
+                    who = holder.key if holder is not None else f"uid {ranked.pod_uid}"
+                    return None, f"pod {info.key}: {info.rank}: its slot is claimed by pod {who}"
                 if not elastic:
                     return None, f"gang {gang.name!r}: all {res.size} reserved slots are claimed"
             bound = self.members_bound(gang)
@@ -194,10 +204,33 @@ class GangManager:
             found, why = self.planner.place(gang, shape, remaining, candidates)
             if found is None:
                 return None, why
-            res, why = self.book.reserve(info, shape, found, now)
+            numbers: list[int] = []
+            if rank is not None:  # members carry ranks: the slots are numbered by the ranks still missing
+                taken = {p.rank.value for p in bound if p.rank is not None}
+                numbers = [n for n in range(gang.size) if n not in taken][:remaining]
+                numbers = numbers if len(numbers) == remaining else []
+            res, why = self.book.reserve(info, shape, found, now, numbers)
             if res is None:
                 return None, why
-            return res.open_nodes(info.uid), ""
+            return res.open_nodes(info.uid, rank), ""
+
+    def _rank_refused(self, info: PodInfo) -> str:
+        """Why this member's rank cannot be placed (lock held): beyond the gang's maximum, or another live
+        member's rank too; "" when it can (or it has none)."""
+        gang, rank = info.gang, info.rank
+        if gang is None or rank is None:
+            return ""
+        most = gang.maximum or self.limits_of(gang)[1]
+        if most and rank.value >= most:
+            return f"pod {info.key}: {rank} is outside 0..{most - 1} of gang {gang.name!r}"
+        for uid, p in self._members(gang.key):
+            if uid == info.uid or p.rank is None or p.rank.value != rank.value or p.terminal or p.deleting:
+                continue
+            return (
+                f"pod {info.key}: {rank} is also pod {p.key}'s ({p.rank.source}); "
+                f"gang {gang.name!r} takes one member per rank"
+            )
+        return ""
 
     def _grow(
         self, info: PodInfo, shape: Shape, candidates: Iterable[str], alive: list[PodInfo]

@@ -32,6 +32,11 @@ from topology import AllocationError, GangPlacement, Shape, TopologyError
 
 __all__ = ["GangBook"]
 
+
+def _rank(info: PodInfo) -> int | None:
+    return info.rank.value if info.rank is not None else None
+
+
 log = logging.getLogger(__name__)
 
 
@@ -77,7 +82,7 @@ class GangBook:
             return None
         with self.cache.lock:
             res = self.reservations.get(info.gang.key)
-            return res.open_nodes(info.uid) if res is not None else None
+            return res.open_nodes(info.uid, _rank(info)) if res is not None else None
 
     def starting(self, key: str) -> bool:
         """The gang's reservation still has a slot nobody claimed (lock held): its minimum is not running yet."""
@@ -107,11 +112,20 @@ class GangBook:
 
     # ------------------------------------------------------------------ reserve, claim, release
 
-    def reserve(self, info: PodInfo, shape: Shape, found: GangPlacement, now: float) -> tuple[Reservation | None, str]:
-        """Reserve the slots of ``found`` for ``info``'s gang, all or none; (None, why) when one cannot be."""
+    def reserve(
+        self, info: PodInfo, shape: Shape, found: GangPlacement, now: float, numbers: Iterable[int] = ()
+    ) -> tuple[Reservation | None, str]:
+        """Reserve the slots of ``found`` for ``info``'s gang, all or none; (None, why) when one cannot be.
+
+        The slots are numbered ``numbers`` in the planner's order (by default 0, 1, ...): a member whose
+        rank is a slot's number takes that slot."""
         gang = info.gang
         assert gang is not None
-        slots = [Slot(f"gang:{gang.key}#{i}", node, p.devices) for i, (node, p) in enumerate(found.members)]
+        numbered = list(numbers) or list(range(len(found.members)))
+        assert len(numbered) == len(found.members), "internal error: a number for each slot"
+        slots = [
+            Slot(f"gang:{gang.key}#{i}", node, p.devices) for i, (node, p) in zip(numbered, found.members, strict=True)
+        ]
         with self.cache.lock:
             done: list[Slot] = []
             try:
@@ -150,6 +164,12 @@ class GangBook:
             if res is None:
                 return None
             slot = next((s for s in res.slots if s.pod_uid == info.uid and s.node == node), None)
+            ranked = res.slot_of(_rank(info))
+            if slot is None and ranked is not None:
+                # a member with a rank takes exactly the slot of that number, or none
+                if ranked.pod_uid or ranked.node != node or not self.cache.nodes.is_reserved(ranked.owner, node):
+                    return None
+                slot = ranked
             if slot is None:
                 # an unclaimed slot still reserved in the cache: a pod read from the API server may have
                 # taken one's devices, and its news may not have reached :meth:`_slot_taken` yet

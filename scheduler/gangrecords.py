@@ -46,6 +46,13 @@ class Slot:
     devices: tuple[str, ...]
     pod_uid: str = ""  # the member that claimed it
 
+    @property
+    def number(self) -> int:
+        """Its number in the gang (the ``#i`` its owner ends with; -1 when it has none): the rank of the member
+        that takes it when members carry ranks (:attr:`scheduler.podspec.PodInfo.rank`)."""
+        _owner, sep, number = self.owner.rpartition("#")
+        return int(number) if sep and number.isdigit() else -1
+
 
 @dataclass(slots=True)
 class Reservation:
@@ -62,12 +69,22 @@ class Reservation:
     expires_at: float = 0.0  # wall-clock (time.time()) of the deadline, for the record
     persisted: bool = False  # its record is in the API server
 
-    def open_nodes(self, uid: str) -> set[str]:
-        """Nodes this member may go to: its own slot, else any unclaimed slot."""
+    def open_nodes(self, uid: str, rank: int | None = None) -> set[str]:
+        """Nodes this member may go to: its own slot, else the unclaimed slot numbered ``rank`` (its rank),
+        else (no rank, or no slot of that number) any unclaimed slot."""
         own = [s.node for s in self.slots if s.pod_uid == uid]
         if own:
             return set(own)
+        ranked = self.slot_of(rank)
+        if ranked is not None:
+            return set() if ranked.pod_uid else {ranked.node}
         return {s.node for s in self.slots if not s.pod_uid}
+
+    def slot_of(self, rank: int | None) -> Slot | None:
+        """The slot numbered ``rank``; None when ``rank`` is None or no slot has that number."""
+        if rank is None:
+            return None
+        return next((s for s in self.slots if s.number == rank), None)
 
     def as_dict(self, now: float) -> dict[str, Any]:
         return {

@@ -14,7 +14,9 @@ sit (the cache).
 network tiers and their link domain (:func:`topology.ring_order`: one block's racks, one
 rack's nodes, one link domain's nodes contiguous), members on one node by their first
 device's index. A reserved slot whose member has not bound yet has ``"pod": ""``. ``rank`` is
-this pod's index in ``members``; ``generation`` grows with every rewrite.
+this pod's index in ``members``; ``generation`` grows with every rewrite. When every member carries
+a rank from its job controller (:attr:`scheduler.podspec.PodInfo.rank`; an open slot counts by its
+number), ``members`` is by rank instead (:func:`by_index`) and the value says ``"order": "index"``.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from scheduler.gangbook import GangBook
 from scheduler.gangplan import tiered
 from scheduler.podspec import GangRef, PodInfo
 from topology import COORDS_LABEL, DOMAIN_LABEL, ClusterView, TopologyError, ring_order
-from topology.contract import GangLayout, LayoutMember, format_gang_layout
+from topology.contract import ORDER_INDEX, ORDER_RING, GangLayout, LayoutMember, format_gang_layout
 
-__all__ = ["GangMembers", "Member", "MemberLayouts", "Where", "layout_value", "order_members"]
+__all__ = ["GangMembers", "Member", "MemberLayouts", "Where", "by_index", "layout_value", "order_members"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,7 @@ class Member:
     node: str
     devices: tuple[str, ...]
     uid: str = ""
+    rank: int | None = None  # the member's rank from its job controller, or an open slot's number; None: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,15 @@ def order_members(
     return sorted(items, key=key)
 
 
+def by_index(members: Iterable[Member]) -> list[Member] | None:
+    """``members`` by their ranks when every one has a rank and no two share one; None otherwise (ring order)."""
+    items = list(members)
+    ranks = [m.rank for m in items]
+    if not items or None in ranks or len(set(ranks)) != len(ranks):
+        return None
+    return sorted(items, key=lambda m: m.rank if m.rank is not None else -1)
+
+
 def layout_value(
     gang: str,
     least: int,
@@ -73,16 +85,18 @@ def layout_value(
     rank: int,
     where: Mapping[str, Where],
     tiers: tuple[str, ...] = (),
+    order: str = ORDER_RING,
 ) -> str:
     """The annotation value for the member at ``rank`` of ``ordered``; ``where[node]`` is the node's place,
-    ``tiers`` the network tier label keys (lowest first) its ``tiers`` values belong to."""
+    ``tiers`` the network tier label keys (lowest first) its ``tiers`` values belong to, ``order`` how
+    ``ordered`` was ordered (:data:`~topology.contract.ORDER_RING` or :data:`~topology.contract.ORDER_INDEX`)."""
     blank = Where(tiers=("",) * len(tiers))
     members = tuple(
         LayoutMember(m.pod, m.node, m.devices, w.domain, w.coords, w.tiers if tiers else ())
         for m in ordered
         for w in (where.get(m.node, blank),)
     )
-    return format_gang_layout(GangLayout(gang, generation, rank, least, most, members, tiers))
+    return format_gang_layout(GangLayout(gang, generation, rank, least, most, members, tiers, order))
 
 
 class GangMembers(Protocol):
@@ -115,20 +129,25 @@ class MemberLayouts:
             self._generations.clear()
         return gen
 
-    def _members(self, key: str, extra: Member | None) -> list[Member]:
-        """Live members, unclaimed reserved slots and ``extra`` (a member being bound), in rank order (lock held)."""
+    def _members(self, key: str, extra: Member | None) -> tuple[list[Member], str]:
+        """Live members, unclaimed reserved slots and ``extra`` (a member being bound), in rank order, and
+        which order that is (lock held): by the members' ranks when all have one (open slots by their
+        numbers), else along the network tiers and links."""
         members: dict[str, Member] = {}
         for p in self.gangs.survivors(key):
             held = self.cache.pods.held(p.uid)
             assert held is not None  # a survivor holds devices
             node, devs = held
-            members[p.uid] = Member(p.name, node, devs, p.uid)
+            members[p.uid] = Member(p.name, node, devs, p.uid, p.rank.value if p.rank is not None else None)
         if extra is not None:
             members[extra.uid] = extra
         items = list(members.values())
         res = self.book.reservations.get(key)
         if res is not None:
-            items += [Member("", s.node, s.devices) for s in res.slots if not s.pod_uid]
+            items += [Member("", s.node, s.devices, rank=s.number) for s in res.slots if not s.pod_uid]
+        indexed = by_index(items)
+        if indexed is not None:
+            return indexed, ORDER_INDEX
         nodes = dict.fromkeys(m.node for m in items)
         labels = self.cache.nodes.link_labels(nodes)
         try:
@@ -143,7 +162,7 @@ class MemberLayouts:
             except (KeyError, ValueError, TopologyError):
                 return 0
 
-        return order_members(cluster, items, index)
+        return order_members(cluster, items, index), ORDER_RING
 
     def _where(self, members: list[Member]) -> dict[str, Where]:
         """Each member node's link domain, coordinates and network tier values (lock held)."""
@@ -166,11 +185,12 @@ class MemberLayouts:
         assert gang is not None
         with self.cache.lock:
             least, most = self.gangs.limits_of(gang)
-            ordered = self._members(gang.key, Member(info.name, node, devices, info.uid or info.key))
+            mine = info.rank.value if info.rank is not None else None
+            ordered, order = self._members(gang.key, Member(info.name, node, devices, info.uid or info.key, mine))
             rank = next(i for i, m in enumerate(ordered) if m.uid == (info.uid or info.key))
             where = self._where(ordered)
             gen = self._generation(gang.key)
-            return layout_value(gang.key, least, most, gen, ordered, rank, where, self.cache.nodes.tier_keys)
+            return layout_value(gang.key, least, most, gen, ordered, rank, where, self.cache.nodes.tier_keys, order)
 
     def of_gang(self, key: str) -> list[tuple[PodInfo, str]]:
         """A fresh layout value for every live member of the gang (after it grew or shrank)."""
@@ -181,11 +201,12 @@ class MemberLayouts:
             gang = next(iter(alive.values())).gang
             assert gang is not None
             least, most = self.gangs.limits_of(gang)
-            ordered = self._members(key, None)
+            ordered, order = self._members(key, None)
             gen = self._generation(key)
             where = self._where(ordered)
+            tiers = self.cache.nodes.tier_keys
             return [
-                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where, self.cache.nodes.tier_keys))
+                (alive[m.uid], layout_value(key, least, most, gen, ordered, rank, where, tiers, order))
                 for rank, m in enumerate(ordered)
                 if m.uid in alive
             ]

@@ -48,12 +48,14 @@ __all__ = [
     "GroupSpec",
     "PodInfo",
     "PodSpecError",
+    "Rank",
     "format_devices",
     "group_min_count",
     "group_spec",
     "group_topology_key",
     "parse_devices",
     "pod_info",
+    "pod_rank",
     "requested_milli",
 ]
 
@@ -64,6 +66,18 @@ LABEL_SCHED_PLUGINS_GROUP = "scheduling.x-k8s.io/pod-group"  # scheduler-plugins
 LABEL_SCHED_PLUGINS_GROUP_OLD = "pod-group.scheduling.sigs.k8s.io"  # its earlier label (PodGroup CRD)
 LABEL_LIGHT_GROUP = "pod-group.scheduling.sigs.k8s.io/name"  # lightweight coscheduling: labels only
 LABEL_LIGHT_MIN = "pod-group.scheduling.sigs.k8s.io/min-available"
+LABEL_KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"  # Kueue's plain-pod groups: the group's name
+ANN_KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"  # ... and its member count
+
+# The index a job controller gives each pod, read as the member's rank (see :func:`pod_rank`).
+LABEL_LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"  # LeaderWorkerSet: the leader is 0
+LABEL_KUBEFLOW_REPLICA_INDEX = "training.kubeflow.org/replica-index"  # Kubeflow training operator
+LABEL_KUBEFLOW_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # master, worker, ...
+LABEL_JOBSET_JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"  # the Job's index across the JobSet
+LABEL_JOBSET_GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"  # the JobSet's Jobs, all replicated jobs
+LABEL_JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"  # the Job's index within its replicated job
+LABEL_JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"  # the replicated job's Jobs
+LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # an Indexed Job's pod (also annotated)
 
 _MAX_GANG = 4096
 
@@ -136,6 +150,17 @@ class GangRef:
 
 
 @dataclass(frozen=True, slots=True)
+class Rank:
+    """A gang member's rank as its job controller numbered the pod (:func:`pod_rank`)."""
+
+    value: int
+    source: str  # where it was read, with the value: ``label batch.kubernetes.io/job-completion-index='3'``
+
+    def __str__(self) -> str:
+        return f"rank {self.value} (from {self.source})"
+
+
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     uid: str
     namespace: str
@@ -154,6 +179,7 @@ class PodInfo:
     mem_mib: int = 0  # effective memory request
     milli: int = 0  # a share of one device, in milli-devices (1..999) of the shared resource; 0: none
     scheduler_name: str = ""  # spec.schedulerName ("" when absent)
+    rank: Rank | None = None  # a gang member's index from its job controller; None: placed in ring order
 
     @classmethod
     def pending(
@@ -360,6 +386,13 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
         if not size:
             raise PodSpecError(f"gang {ann[ANN_GANG]!r} needs annotation {ANN_GANG_SIZE} with the member count")
         return GangRef(namespace, str(ann[ANN_GANG]), size, "annotation")
+    if labels.get(LABEL_KUEUE_GROUP):
+        group = str(labels[LABEL_KUEUE_GROUP])
+        if not size:
+            if ann.get(ANN_KUEUE_TOTAL) is None:
+                raise PodSpecError(f"gang {group!r} (label {LABEL_KUEUE_GROUP}) needs annotation {ANN_KUEUE_TOTAL}")
+            size = _size(ann[ANN_KUEUE_TOTAL], f"annotation {ANN_KUEUE_TOTAL}")
+        return GangRef(namespace, group, size, f"label {LABEL_KUEUE_GROUP}")
     for label in (LABEL_SCHED_PLUGINS_GROUP, LABEL_SCHED_PLUGINS_GROUP_OLD):
         if labels.get(label):
             group = str(labels[label])
@@ -383,6 +416,85 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
         key = "workload:" + "/".join(p for p in parts if p)
         return GangRef(namespace, key, size, "spec.workloadRef", GroupRef("workload", workload, pod_group))
     return None
+
+
+def _index(meta: Mapping[str, Any], key: str, *, annotation: bool = False) -> tuple[int, str] | None:
+    """The whole number a controller wrote under label ``key`` (then its annotation, when ``annotation``),
+    with where it was read; None when absent."""
+    for kind in ("label", "annotation") if annotation else ("label",):
+        raw = (meta.get(f"{kind}s") or {}).get(key)
+        if raw is None:
+            continue
+        where = f"{kind} {key}={raw!r}"
+        text = str(raw).strip()
+        if not text.isdigit() or len(text) > 6:
+            raise PodSpecError(f"{where}: not a whole number of at most 6 digits")
+        return int(text), where
+    return None
+
+
+def _env_value(spec: Mapping[str, Any], name: str) -> set[str]:
+    """The literal values of environment variable ``name`` in the pod's containers."""
+    values: set[str] = set()
+    for c in spec.get("containers") or ():
+        for env in (c.get("env") or ()) if isinstance(c, Mapping) else ():
+            if isinstance(env, Mapping) and env.get("name") == name and isinstance(env.get("value"), str):
+                values.add(env["value"])
+    return values
+
+
+def pod_rank(meta: Mapping[str, Any], spec: Mapping[str, Any], gang: GangRef | None) -> Rank | None:
+    """A gang member's rank from the index its job controller gave the pod; None without one (or without a gang).
+
+    In order, the first that the pod carries:
+
+    - LeaderWorkerSet: label ``leaderworkerset.sigs.k8s.io/worker-index`` (the leader is 0);
+    - Kubeflow's training operator: label ``training.kubeflow.org/replica-index`` with
+      ``training.kubeflow.org/replica-type``: a ``master`` is its index (0); a ``worker`` is its index + 1
+      when the job has a master (the operator then sets the containers' ``RANK`` to index + 1), else its index;
+    - JobSet: ``jobset.sigs.k8s.io/job-global-index`` (else ``job-index``) x the pods per Job + the pod's
+      ``batch.kubernetes.io/job-completion-index``; the pods per Job are the gang's size over
+      ``jobset.sigs.k8s.io/global-replicas`` (else ``replicatedjob-replicas``), so a gang sized only by its
+      group object (not read here) has no rank from a JobSet Job other than the first;
+    - an Indexed Job: ``batch.kubernetes.io/job-completion-index`` (label, else annotation).
+
+    >>> meta = {"labels": {"batch.kubernetes.io/job-completion-index": "3"}}
+    >>> print(pod_rank(meta, {}, GangRef("ns", "g", 4, "annotation")))
+    rank 3 (from label batch.kubernetes.io/job-completion-index='3')
+    """
+    if gang is None:
+        return None
+    found = _index(meta, LABEL_LWS_WORKER_INDEX)
+    if found is not None:
+        return Rank(*found)
+    found = _index(meta, LABEL_KUBEFLOW_REPLICA_INDEX)
+    if found is not None:
+        index, where = found
+        role = str((meta.get("labels") or {}).get(LABEL_KUBEFLOW_REPLICA_TYPE) or "").lower()
+        if role == "worker" and str(index + 1) in _env_value(spec, "RANK"):
+            return Rank(index + 1, f"{where}, {LABEL_KUBEFLOW_REPLICA_TYPE}='worker' after a master")
+        return Rank(index, where)
+    completion = _index(meta, LABEL_JOB_COMPLETION_INDEX, annotation=True)
+    job = _index(meta, LABEL_JOBSET_JOB_GLOBAL_INDEX, annotation=True)
+    jobs_key = LABEL_JOBSET_GLOBAL_REPLICAS
+    if job is None:
+        job, jobs_key = _index(meta, LABEL_JOBSET_JOB_INDEX, annotation=True), LABEL_JOBSET_REPLICAS
+    if completion is None:
+        return None
+    index, where = completion
+    if job is None or job[0] == 0:
+        return Rank(index, where if job is None else f"{job[1]}, {where}")
+    jobs = _index(meta, jobs_key, annotation=True)
+    if jobs is None or jobs[0] == 0:
+        raise PodSpecError(f"{job[1]}: needs a positive {jobs_key} to number the JobSet's pods")
+    if not gang.size:
+        return None
+    if gang.size % jobs[0]:
+        raise PodSpecError(
+            f"{job[1]}: gang {gang.name!r} of {gang.size} members does not split into {jobs[1]} Jobs of equal size"
+        )
+    per_job = gang.size // jobs[0]
+    return Rank(job[0] * per_job + index, f"{job[1]} x {per_job} pods per Job + {where}")
 
 
 def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAULT_SHARED_RESOURCE) -> PodInfo:
@@ -437,6 +549,7 @@ def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAU
         mem_mib=mem,
         milli=milli,
         scheduler_name=str(spec.get("schedulerName") or ""),
+        rank=pod_rank(meta, spec, gang),
     )
 
 

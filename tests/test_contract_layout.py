@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 
 from deviceplugin.gangenv import gang_env
 from scheduler.layout import Member, Where, layout_value
-from topology.contract import ContractError, GangLayout, LayoutMember, format_gang_layout, parse_gang_layout
+from topology.contract import (
+    ORDER_INDEX,
+    ORDER_RING,
+    ContractError,
+    GangLayout,
+    LayoutMember,
+    format_gang_layout,
+    parse_gang_layout,
+)
 
 _LABEL = r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?"
 dns_labels = st.from_regex(rf"\A{_LABEL}\Z")
@@ -61,7 +69,8 @@ def layouts(draw: st.DrawFn) -> GangLayout:
     least = draw(st.integers(1, 64))
     gang = f"{draw(dns_labels)}/{draw(names)}"
     generation = draw(st.integers(0, 2**63))
-    return GangLayout(gang, generation, rank, least, draw(st.integers(least, 128)), tuple(members), tiers)
+    order = draw(st.sampled_from([ORDER_RING, ORDER_INDEX]))
+    return GangLayout(gang, generation, rank, least, draw(st.integers(least, 128)), tuple(members), tiers, order)
 
 
 def _must_refuse(value: Any) -> None:
@@ -89,7 +98,8 @@ def test_format_then_parse_is_the_identity(layout: GangLayout) -> None:
     assert env["ICL_GANG_NODES"].split(",") == [m.node for m in layout.members]
     assert env.get("ICL_GANG_TIERS", "") == ",".join(layout.tiers)
     assert env.get("ICL_GANG_TIER_PATH", "") == ",".join(layout.members[layout.rank].tiers)
-    assert json.loads(text)["v"] == (2 if layout.tiers else 1), "a layout without tiers stays version 1"
+    version = 3 if layout.order == ORDER_INDEX else 2 if layout.tiers else 1
+    assert json.loads(text)["v"] == version, "a layout in ring order without tiers stays version 1"
 
 
 @given(layouts(), st.data())
@@ -132,8 +142,8 @@ def test_arbitrary_text_is_read_or_refused(text: str) -> None:
         ("[" * 100_000, "is not JSON"),  # the JSON reader's recursion limit, not a RecursionError
         ('{"v":1,"v":1}', "field 'v' is 1, given twice"),
         ('{"v":NaN}', "NaN is not JSON"),
-        ('{"v":true}', "field 'v' is True, not version 1 or 2"),
-        ('{"v":3}', "field 'v' is 3, not version 1 or 2"),
+        ('{"v":true}', "field 'v' is True, not version 1, 2 or 3"),
+        ('{"v":4}', "field 'v' is 4, not version 1, 2 or 3"),
         ("[]", r"field '\(the value\)' is \[\], not an object"),
         (" " * (256 * 1024 + 1), "262145 bytes, over the API server's 262144"),
     ],

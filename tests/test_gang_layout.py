@@ -103,7 +103,7 @@ def test_gang_env_from_a_layout() -> None:
     }
     for bad, message in [
         ("{", "not JSON"),
-        (json.dumps({"v": 3}), "field 'v' is 3, not version 1 or 2"),
+        (json.dumps({"v": 4}), "field 'v' is 4, not version 1, 2 or 3"),
         (value.replace('"rank": 1', '"rank": 5'), r"field 'rank' is 5, outside 0\.\.2"),
         (value.replace('"node": "n1"', '"node": 3'), r"field 'members\[2\]\.node' is 3, not a node name"),
         # a lone surrogate cannot travel in the Allocate response: the old reader passed it on

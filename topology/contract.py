@@ -41,11 +41,14 @@ __all__ = [
     "ENV_DEVICE_FRACTION",
     "ENV_DEVICE_MILLI",
     "ENV_MPS_THREAD_PERCENTAGE",
+    "GANG_LAYOUT_INDEX_VERSION",
     "GANG_LAYOUT_VERSION",
     "LABEL_LINK_COORDS",
     "LABEL_LINK_DOMAIN",
     "LABEL_LINK_DOMAIN_KIND",
     "MILLI_PER_DEVICE",
+    "ORDER_INDEX",
+    "ORDER_RING",
     "ContractError",
     "GangLayout",
     "LayoutMember",
@@ -276,7 +279,10 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
 # --------------------------------------------------------------------------- kube-icl.io/gang-layout
 
 GANG_LAYOUT_VERSION = 2  # written when the layout names network tiers; version 1 (no tiers) otherwise
-_LAYOUT_VERSIONS = (1, 2)
+GANG_LAYOUT_INDEX_VERSION = 3  # written when the members are in their job controller's index order
+_LAYOUT_VERSIONS = (1, 2, 3)
+ORDER_RING = "ring"  # members along the network tiers and links (no "order" key: versions 1 and 2)
+ORDER_INDEX = "index"  # members by the index their job controller gave each pod (version 3)
 _ANNOTATION_BYTES = 256 * 1024  # the API server's limit on all of an object's annotations together
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -312,6 +318,9 @@ class GangLayout:
     Version 2 adds ``tiers`` (the network tiers' node label keys, lowest first, after ``max``) and a
     ``tiers`` list on each member (its node's value of each, "" where it has none, after ``devices``);
     it is written only when the layout names tiers, so a cluster without tiers writes version 1.
+    Version 3 adds ``order``: ``"index"`` (after ``max``, and ``tiers`` where the layout names tiers, which
+    it then does as version 2 does): the members are in the order of the index their job controller gave
+    each pod, not along the links; it is written only then, so a gang without indices writes version 1 or 2.
     """
 
     gang: str  # "namespace/name"
@@ -321,6 +330,7 @@ class GangLayout:
     most: int  # its maximum ("max"; equal to the minimum for a rigid gang)
     members: tuple[LayoutMember, ...]
     tiers: tuple[str, ...] = ()  # network tier label keys, lowest first (version 2)
+    order: str = ORDER_RING  # ORDER_RING, or ORDER_INDEX (version 3)
 
     @property
     def size(self) -> int:
@@ -335,8 +345,9 @@ def format_gang_layout(layout: GangLayout) -> str:
     layout it accepts.
     """
     tiered = bool(layout.tiers)
+    indexed = layout.order == ORDER_INDEX
     body: dict[str, Any] = {
-        "v": GANG_LAYOUT_VERSION if tiered else 1,
+        "v": GANG_LAYOUT_INDEX_VERSION if indexed else GANG_LAYOUT_VERSION if tiered else 1,
         "gang": layout.gang,
         "generation": layout.generation,
         "rank": layout.rank,
@@ -346,6 +357,8 @@ def format_gang_layout(layout: GangLayout) -> str:
     }
     if tiered:
         body["tiers"] = list(layout.tiers)
+    if indexed:
+        body["order"] = layout.order
     members = []
     for m in layout.members:
         member: dict[str, Any] = {
@@ -448,10 +461,10 @@ def parse_gang_layout(value: Any) -> GangLayout:
     """Read a ``kube-icl.io/gang-layout`` value; anything off the contract raises :class:`ContractError`
     naming the field and its value (never another exception).
 
-    >>> parse_gang_layout('{"v":3}')
+    >>> parse_gang_layout('{"v":4}')
     Traceback (most recent call last):
     ...
-    topology.contract.ContractError: annotation kube-icl.io/gang-layout: field 'v' is 3, not version 1 or 2
+    topology.contract.ContractError: annotation kube-icl.io/gang-layout: field 'v' is 4, not version 1, 2 or 3
     """
     if not isinstance(value, str):
         raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {type(value).__name__} {value!r:.40} is not text")
@@ -466,9 +479,13 @@ def parse_gang_layout(value: Any) -> GangLayout:
         raise ContractError(f"annotation {ANN_GANG_LAYOUT}: {value!r:.40} is not JSON ({exc})") from None
     version = body.get("v") if isinstance(body, dict) else None
     if isinstance(body, dict) and "v" in body and (isinstance(version, bool) or version not in _LAYOUT_VERSIONS):
-        raise _layout_error("v", body["v"], "not version 1 or 2")
-    tiered = version == 2
-    body = _object(body, "(the value)", (*_LAYOUT_KEYS, "tiers") if tiered else _LAYOUT_KEYS, 2 if tiered else 1)
+        raise _layout_error("v", body["v"], "not version 1, 2 or 3")
+    indexed = version == GANG_LAYOUT_INDEX_VERSION
+    tiered = version == GANG_LAYOUT_VERSION or (indexed and isinstance(body, dict) and "tiers" in body)
+    keys = (*_LAYOUT_KEYS, "tiers") if tiered else _LAYOUT_KEYS
+    body = _object(body, "(the value)", (*keys, "order") if indexed else keys, 3 if indexed else 2 if tiered else 1)
+    if indexed and body["order"] != ORDER_INDEX:
+        raise _layout_error("order", body["order"], f"not {ORDER_INDEX!r} (version 3 is the index order)")
     tiers: tuple[str, ...] = ()
     if tiered:
         raw_tiers = body["tiers"]
@@ -491,4 +508,5 @@ def parse_gang_layout(value: Any) -> GangLayout:
     least = _whole(body["min"], "min", 1)
     most = _whole(body["max"], "max", least)
     generation = _whole(body["generation"], "generation", 0)
-    return GangLayout(_gang_key(body["gang"]), generation, rank, least, most, members, tiers)
+    order = ORDER_INDEX if indexed else ORDER_RING
+    return GangLayout(_gang_key(body["gang"]), generation, rank, least, most, members, tiers, order)
