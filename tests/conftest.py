@@ -26,3 +26,15 @@ def restore_logging() -> Iterator[None]:
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _named_logger_levels() -> Iterator[None]:
+    """Every named logger's level as it was before the test (NOTSET for one the test made): a CLI's main
+    run in process (``kubectl icl`` quiets the extender's loggers) must not change the next test's logs."""
+    manager = logging.root.manager
+    levels = {name: lg.level for name, lg in manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+    yield
+    for name, lg in list(manager.loggerDict.items()):
+        if isinstance(lg, logging.Logger):
+            lg.setLevel(levels.get(name, logging.NOTSET))
