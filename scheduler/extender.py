@@ -116,7 +116,7 @@ class Extender:
             cache.count_cpu_pods_of(cfg.scheduler_name)  # a no-op when the cache was built counting them
         self._fair = FairShare(cache, cfg, self.gangs, self.ranker, self.decision.fits)
         # The gang size step (public: its group_sizes are the gang sizes read from PodGroup objects).
-        self.gang_size = GangSize(api)
+        self.gang_size = GangSize(api, cfg.resource_name)
         layouts = self.gangs.member_layouts
         self._binding = Binding(api, cache, layouts, self._unsure, cfg.kube.request_timeout_s) if api else None
         named = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))

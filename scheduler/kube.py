@@ -158,6 +158,10 @@ GROUP_PATHS: dict[str, tuple[str, ...]] = {
         "/apis/scheduling.k8s.io/v1alpha2/namespaces/{ns}/workloads/{name}",
         "/apis/scheduling.k8s.io/v1alpha1/namespaces/{ns}/workloads/{name}",
     ),
+    # owners whose spec sizes their pods' gang (scheduler.podspec.OWNER_KINDS)
+    "pytorchjob": ("/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs/{name}",),
+    "jobset": ("/apis/jobset.x-k8s.io/v1alpha2/namespaces/{ns}/jobsets/{name}",),
+    "leaderworkerset": ("/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets/{name}",),
 }
 
 

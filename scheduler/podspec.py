@@ -45,7 +45,9 @@ __all__ = [
     "LABEL_LINK_DOMAIN",
     "GangRef",
     "GroupRef",
+    "GroupRole",
     "GroupSpec",
+    "OwnerKind",
     "PodInfo",
     "PodSpecError",
     "Rank",
@@ -53,6 +55,7 @@ __all__ = [
     "group_min_count",
     "group_spec",
     "group_topology_key",
+    "owner_gang_size",
     "parse_devices",
     "pod_info",
     "pod_rank",
@@ -79,6 +82,12 @@ LABEL_JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"  # the Job's index withi
 LABEL_JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"  # the replicated job's Jobs
 LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # an Indexed Job's pod (also annotated)
 
+# The object a job controller made its pods from, whose spec sizes the gang (see :data:`OWNER_KINDS`).
+LABEL_KUBEFLOW_JOB_NAME = "training.kubeflow.org/job-name"  # Kubeflow training operator: the job's name
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"  # JobSet (also a Kubeflow TrainJob's, named as the TrainJob)
+LABEL_LWS_NAME = "leaderworkerset.sigs.k8s.io/name"  # LeaderWorkerSet
+LABEL_LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"  # ... and the group of leader + workers
+
 _MAX_GANG = 4096
 
 
@@ -101,11 +110,57 @@ class GroupRef:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupRole:
+    """One kind of pod an owner object makes (a PyTorchJob replica type, a JobSet replicated job, an
+    LWS group's leader or its workers): how many run together, from which pod template."""
+
+    name: str  # Master, Worker; the replicated job's name; leader, worker
+    members: int  # pods of it that run together (an elastic role: its minimum)
+    asks: tuple[tuple[str, int], ...]  # what each pod asks of every extended resource, by name
+    shape: str = "any"  # its template's kube-icl.io/shape
+    most: int = 0  # an elastic role's maximum; 0: rigid
+
+    def count(self, resource: str) -> int:
+        return dict(self.asks).get(resource, 0)
+
+
+@dataclass(frozen=True, slots=True)
 class GroupSpec:
-    """What a native group object says about its gang (see ``KubeAPI.read_group``)."""
+    """What a native group object says about its gang (see ``KubeAPI.read_group``).
+
+    An owner object (:data:`OWNER_KINDS`) sets no size itself: it lists its ``roles``, and
+    :func:`owner_gang_size` counts the members that ask the extender's resource; ``problem`` says why its
+    spec cannot size a gang."""
 
     size: int | None  # the all-or-nothing minimum; None: the object sets none
     topology_key: str = ""  # the node label key its members must share; "": no topology constraint
+    max_size: int = 0  # an elastic gang's maximum; 0: rigid
+    roles: tuple[GroupRole, ...] = ()
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerKind:
+    """A job controller whose pods are one gang, sized by the object they were made from.
+
+    The pod names its object with label ``name_label``; ``controller_kind``: the kind its controller
+    ownerReference must name as well ("": the label suffices); ``group_label``: a label that splits the
+    object into gangs, one per value (an LWS group)."""
+
+    kind: str  # the GroupRef kind (see GROUP_PATHS in scheduler.kube) and the gang name's prefix
+    display: str  # the object's Kubernetes kind, for messages
+    name_label: str
+    controller_kind: str = ""
+    group_label: str = ""
+
+
+# Owners whose pods are a gang without kube-icl's annotations; a Kubeflow TrainJob's pods are its JobSet's.
+OWNER_KINDS = (
+    OwnerKind("pytorchjob", "PyTorchJob", LABEL_KUBEFLOW_JOB_NAME, controller_kind="PyTorchJob"),
+    OwnerKind("jobset", "JobSet", LABEL_JOBSET_NAME),
+    OwnerKind("leaderworkerset", "LeaderWorkerSet", LABEL_LWS_NAME, group_label=LABEL_LWS_GROUP_INDEX),
+)
+OWNER_DISPLAY = {o.kind: o.display for o in OWNER_KINDS}
 
 
 # Group kinds whose objects may carry a topology constraint (scheduling.k8s.io PodGroup and Workload).
@@ -137,7 +192,9 @@ class GangRef:
     def with_group(self, spec: GroupSpec) -> GangRef:
         """This gang completed by its group object: the object's size when the pod sets none, its topology
         key as the required tier when the pod names none (annotation kube-icl.io/gang-required-tier wins)."""
-        return dataclasses.replace(self, size=self.size or (spec.size or 0), tier=self.tier or spec.topology_key)
+        size = self.size or (spec.size or 0)
+        most = self.max_size or (spec.max_size if not self.size else 0)
+        return dataclasses.replace(self, size=size, tier=self.tier or spec.topology_key, max_size=most)
 
     @property
     def maximum(self) -> int:
@@ -343,8 +400,147 @@ def group_topology_key(kind: str, obj: Mapping[str, Any], pod_group: str = "") -
 
 
 def group_spec(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> GroupSpec:
-    """A native group object's gang size and topology key."""
+    """A native group object's gang size and topology key; an owner object's (:data:`OWNER_KINDS`) roles,
+    or what in its spec stops them being read."""
+    if kind in OWNER_DISPLAY:
+        spec = obj.get("spec")
+        try:
+            if not isinstance(spec, Mapping):
+                raise PodSpecError("spec: missing")
+            return GroupSpec(None, roles=tuple(_OWNER_ROLES[kind](spec)))
+        except PodSpecError as exc:
+            return GroupSpec(None, problem=str(exc))
     return GroupSpec(group_min_count(kind, obj, pod_group), group_topology_key(kind, obj, pod_group))
+
+
+def _count(raw: Any, default: int, where: str) -> int:
+    """A count in an owner's spec; absent: ``default``, the controller's own default."""
+    if raw is None:
+        return default
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= _MAX_GANG:
+        raise PodSpecError(f"{where}: {raw!r} is not a whole number in 0..{_MAX_GANG}")
+    return raw
+
+
+def _role(name: str, members: int, template: Any, where: str, most: int = 0) -> GroupRole:
+    """A role of ``members`` pods made from pod template ``template`` (``metadata`` and ``spec``)."""
+    if not isinstance(template, Mapping) or not isinstance(template.get("spec"), Mapping):
+        raise PodSpecError(f"{where}: no pod template")
+    spec = template["spec"]
+    names: set[str] = set()
+    for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+        res = c.get("resources") if isinstance(c, Mapping) else None
+        for part in ("requests", "limits"):
+            values = res.get(part) if isinstance(res, Mapping) else None
+            names.update(r for r in (values if isinstance(values, Mapping) else ()) if "/" in str(r))
+    asks = []
+    for resource in sorted(names):
+        try:
+            asks.append((resource, _requested(template, resource, "devices")))
+        except PodSpecError:
+            continue  # not a whole number: not a resource of the extender's (its own pods would fail)
+    meta = template.get("metadata")
+    ann = (meta.get("annotations") if isinstance(meta, Mapping) else None) or {}
+    shape = str(ann.get(ANN_SHAPE) or "any").strip() if isinstance(ann, Mapping) else "any"
+    return GroupRole(name, members, tuple(asks), shape, most)
+
+
+def _pytorchjob_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
+    """``spec.pytorchReplicaSpecs``: each replica type's ``replicas`` (the operator's default: 1); with
+    ``spec.elasticPolicy``, the Worker's ``minReplicas``..``maxReplicas`` (one of them sets both; neither:
+    the Worker's replicas, as the operator defaults them)."""
+    replicas = spec.get("pytorchReplicaSpecs")
+    if not isinstance(replicas, Mapping) or not replicas:
+        raise PodSpecError("spec.pytorchReplicaSpecs: no replica types")
+    elastic = spec.get("elasticPolicy")
+    roles = []
+    for rtype, rspec in replicas.items():
+        where = f"spec.pytorchReplicaSpecs.{rtype}"
+        if not isinstance(rspec, Mapping):
+            raise PodSpecError(f"{where}: expected a replica spec")
+        n = _count(rspec.get("replicas"), 1, f"{where}.replicas")
+        least, most = n, 0
+        if isinstance(elastic, Mapping) and str(rtype).lower() == "worker":
+            low = elastic.get("minReplicas", elastic.get("maxReplicas"))
+            high = elastic.get("maxReplicas", elastic.get("minReplicas"))
+            least = _count(low, n, "spec.elasticPolicy.minReplicas")
+            most = _count(high, n, "spec.elasticPolicy.maxReplicas")
+            if most < least:
+                raise PodSpecError(f"spec.elasticPolicy: maxReplicas {most} is below minReplicas {least}")
+        roles.append(_role(str(rtype), least, rspec.get("template"), f"{where}.template", most))
+    return roles
+
+
+def _jobset_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
+    """``spec.replicatedJobs[]``: ``replicas`` Jobs (JobSet's default: 1) of ``template.spec.parallelism``
+    pods each (a Job's default: 1), as the JobSet controller counts a Job's pods."""
+    jobs = spec.get("replicatedJobs")
+    if not isinstance(jobs, list) or not jobs:
+        raise PodSpecError("spec.replicatedJobs: no replicated jobs")
+    roles = []
+    for i, rjob in enumerate(jobs):
+        where = f"spec.replicatedJobs[{i}]"
+        if not isinstance(rjob, Mapping):
+            raise PodSpecError(f"{where}: expected a replicated job")
+        template = rjob.get("template")
+        job = template.get("spec") if isinstance(template, Mapping) else None
+        if not isinstance(job, Mapping):
+            raise PodSpecError(f"{where}.template.spec: no Job spec")
+        n = _count(rjob.get("replicas"), 1, f"{where}.replicas")
+        per_job = _count(job.get("parallelism"), 1, f"{where}.template.spec.parallelism")
+        name = str(rjob.get("name") or i)
+        roles.append(_role(name, n * per_job, job.get("template"), f"{where}.template.spec.template"))
+    return roles
+
+
+def _lws_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
+    """One group of ``spec.leaderWorkerTemplate``: its leader (``leaderTemplate``, else the worker
+    template) and ``size`` - 1 workers (LWS's default size: 1, the leader alone)."""
+    lwt = spec.get("leaderWorkerTemplate")
+    if not isinstance(lwt, Mapping):
+        raise PodSpecError("spec.leaderWorkerTemplate: missing")
+    size = _count(lwt.get("size"), 1, "spec.leaderWorkerTemplate.size")
+    if size < 1:
+        raise PodSpecError("spec.leaderWorkerTemplate.size: 0 is below 1 (the leader)")
+    worker = lwt.get("workerTemplate")
+    leader = lwt.get("leaderTemplate") or worker
+    where = "spec.leaderWorkerTemplate"
+    return [
+        _role("leader", 1, leader, f"{where}.{'leaderTemplate' if lwt.get('leaderTemplate') else 'workerTemplate'}"),
+        _role("worker", size - 1, worker, f"{where}.workerTemplate"),
+    ]
+
+
+_OWNER_ROLES = {"pytorchjob": _pytorchjob_roles, "jobset": _jobset_roles, "leaderworkerset": _lws_roles}
+
+
+def owner_gang_size(spec: GroupSpec, resource: str) -> GroupSpec:
+    """An owner object's gang: its roles whose pods ask ``resource`` (pods asking none never reach the
+    extender), all asking the same devices and shape; ``problem`` says why not.
+
+    >>> role = GroupRole("Worker", 2, (("kube-icl.io/accelerator", 4),), "ring", most=4)
+    >>> owner_gang_size(GroupSpec(None, roles=(GroupRole("Master", 1, ()), role)), "kube-icl.io/accelerator")
+    ... # doctest: +ELLIPSIS
+    GroupSpec(size=2, topology_key='', max_size=4, ...)
+    """
+    if spec.problem or not spec.roles:
+        return spec
+    members = [r for r in spec.roles if r.count(resource) > 0 and max(r.members, r.most) > 0]
+    if not members:
+        names = ", ".join(r.name for r in spec.roles)
+        return dataclasses.replace(spec, problem=f"none of its pods ({names}) asks {resource}")
+    if len({(r.count(resource), r.shape) for r in members}) > 1:
+        said = ", ".join(f"{r.name} {r.count(resource)} in shape {r.shape}" for r in members)
+        return dataclasses.replace(
+            spec,
+            problem=f"its pods ask different devices ({said}): one gang shape cannot hold them; ask the "
+            f"same count and {ANN_SHAPE} in each, or name gangs with annotation {ANN_GANG}",
+        )
+    least = sum(r.members for r in members)
+    most = sum(max(r.most, r.members) for r in members)
+    if not 1 <= least <= _MAX_GANG or most > _MAX_GANG:
+        return dataclasses.replace(spec, problem=f"a gang of {least}..{most} members is outside 1..{_MAX_GANG}")
+    return dataclasses.replace(spec, size=least, max_size=most if most > least else 0)
 
 
 def _gang(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> GangRef | None:
@@ -415,7 +611,24 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
         parts = [workload, pod_group, str(wref.get("podGroupReplicaKey") or "")]
         key = "workload:" + "/".join(p for p in parts if p)
         return GangRef(namespace, key, size, "spec.workloadRef", GroupRef("workload", workload, pod_group))
+    for owner in OWNER_KINDS:
+        name = labels.get(owner.name_label)
+        if not name or (owner.controller_kind and not _controlled_by(meta, owner.controller_kind)):
+            continue
+        gang, source = f"{owner.kind}:{name}", f"label {owner.name_label}"
+        if owner.group_label:
+            found = _index(meta, owner.group_label)
+            if found is None:
+                raise PodSpecError(f"{source}={name!r}: needs label {owner.group_label}, its group's index")
+            gang += f"/{found[0]}"
+        return GangRef(namespace, gang, size, source, GroupRef(owner.kind, str(name)))
     return None
+
+
+def _controlled_by(meta: Mapping[str, Any], kind: str) -> bool:
+    """Whether the pod's controller ownerReference names an object of ``kind``."""
+    refs = meta.get("ownerReferences") or ()
+    return any(isinstance(r, Mapping) and r.get("controller") and r.get("kind") == kind for r in refs)
 
 
 def _index(meta: Mapping[str, Any], key: str, *, annotation: bool = False) -> tuple[int, str] | None:

@@ -33,10 +33,20 @@ from scheduler.host import Host
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.ledger import PodChange
 from scheduler.nodefit import FAILED_PLACEMENT, FitMemory, LinkedRanker
-from scheduler.podspec import ANN_GANG_SIZE, ANN_SHAPE, GroupSpec, PodInfo, PodSpecError, pod_info
+from scheduler.podspec import (
+    ANN_GANG_SIZE,
+    ANN_SHAPE,
+    OWNER_DISPLAY,
+    GroupSpec,
+    PodInfo,
+    PodSpecError,
+    owner_gang_size,
+    pod_info,
+)
 from scheduler.sharing import LiveShareRanker
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape, ShapeError, parse_shape
+from topology.contract import DEFAULT_RESOURCE
 
 __all__ = [
     "ADMITTED",
@@ -379,15 +389,18 @@ class FairShare:
 
 
 class GangSize:
-    """A member of a gang named by a native group object (PodGroup, Workload): the size it sets when the
-    pod has no size annotation, and its topology key as the tier the gang must stay within when the pod
-    has no kube-icl.io/gang-required-tier; read once per 30 s; the member cannot be placed without a size."""
+    """A member of a gang named by a native group object (PodGroup, Workload) or by its owner (PyTorchJob,
+    JobSet, LeaderWorkerSet: its pods that ask the resource, :func:`scheduler.podspec.owner_gang_size`):
+    the size it sets when the pod has no size annotation, and its topology key as the tier the gang must
+    stay within when the pod has no kube-icl.io/gang-required-tier; read once per 30 s; the member cannot
+    be placed without a size."""
 
     name = "GangSize"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNRESOLVABLE: Outcome("invalid", "GangNotPlaced")}
 
-    def __init__(self, api: KubeAPI | None) -> None:
+    def __init__(self, api: KubeAPI | None, resource: str = DEFAULT_RESOURCE) -> None:
         self.api = api
+        self.resource = resource  # an owner object's members are its pods asking this resource
         # (kind, namespace, name, pod group) -> (what the object says, None when absent; when it was read)
         self.group_sizes: dict[tuple[str, str, str, str], tuple[GroupSpec | None, float]] = {}
 
@@ -398,7 +411,8 @@ class GangSize:
         return Status(Code.UNRESOLVABLE, why) if why else OK
 
     def resolve_size(self, info: PodInfo) -> tuple[PodInfo, str]:
-        """Complete the gang from its native group object (PodGroup, Workload): size and topology key; cached 30 s."""
+        """Complete the gang from its native group object (PodGroup, Workload) or owner (PyTorchJob, JobSet,
+        LeaderWorkerSet): size and topology key; cached 30 s."""
         gang = info.gang
         assert gang is not None
         group = gang.group
@@ -416,7 +430,12 @@ class GangSize:
                 return info, f"gang {gang.name!r}: cannot read its {group.kind} object: {exc.message}"
             hit = (read, now)
             self.group_sizes[key] = hit
-        spec = hit[0] or GroupSpec(None)
+        spec = owner_gang_size(hit[0], self.resource) if hit[0] is not None else GroupSpec(None)
+        owner = OWNER_DISPLAY.get(group.kind)
+        if owner is not None and not gang.size and (hit[0] is None or spec.problem):
+            where = f"{owner} {gang.namespace}/{group.name}"
+            why = spec.problem or "is not found"
+            return info, f"gang {gang.name!r} (from {gang.source}): {where}: {why}; or set annotation {ANN_GANG_SIZE}"
         if not gang.size and spec.size is not None and gang.max_size and gang.max_size < spec.size:
             return info, (
                 f"gang {gang.name!r}: annotation kube-icl.io/gang-max {gang.max_size} is below the "

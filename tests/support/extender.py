@@ -378,6 +378,17 @@ class FakeAPIServer:
             self.pods[key] = pod
             return copy.deepcopy(self._bump("pods", kind, pod))
 
+    def put_object(self, obj: JsonObj) -> str:
+        """Serve a namespaced custom object (a PodGroup, a PyTorchJob, a JobSet, ...) at the REST path its
+        ``apiVersion``, ``kind`` and ``metadata`` name, as a GET by the API server answers it; returns the path."""
+        group, _, version = str(obj["apiVersion"]).rpartition("/")
+        plural = str(obj["kind"]).lower() + "s"  # the resource name of every kind it serves
+        meta = obj["metadata"]
+        path = f"/apis/{group}/{version}/namespaces/{meta.get('namespace', 'default')}/{plural}/{meta['name']}"
+        with self.lock:
+            self.objects[path] = copy.deepcopy(obj)
+        return path
+
     def pod(self, namespace: str, name: str) -> JsonObj | None:
         with self.lock:
             pod = self.pods.get((namespace, name))
