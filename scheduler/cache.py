@@ -193,8 +193,15 @@ class ClusterCache:
             if self._workload.charge(uid, info):
                 self.generation += 1  # the share policy's workload changed
             was_bad = ledger.bad_pods.pop(uid, None) is not None
-            if info.count == 0 and info.milli == 0 and info.gang is None and not was_bad and not ledger.tracked(uid):
-                return  # asks for no device, names no gang, never held any: nothing to do (most pods)
+            if (
+                info.count == 0
+                and info.milli == 0
+                and info.gang is None
+                and not info.gated
+                and not was_bad
+                and not ledger.tracked(uid)
+            ):
+                return  # asks for no device, names no gang, waits behind no gate of ours: nothing to do (most pods)
             change = ledger.apply(info)
             self.generation += 1
             self._tell_taken()

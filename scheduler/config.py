@@ -20,6 +20,7 @@ Example::
     decideCpuPods: false        # true: pods asking no device are placed by the share policy too
     schedulerName: kube-icl     # the profile whose pods the extender serves (decideCpuPods counts them)
     events: {enabled: true, onBind: false}
+    queueHolds: filter          # or gate: a held pod waits behind a scheduling gate, never Unschedulable
     queues:
       research: {weight: 2}
       batch: {weight: 1, quota: 64}
@@ -116,6 +117,10 @@ class ExtenderConfig:
     # node label keys of the network tiers above the link domain, lowest first (topology.parse_tiers)
     tiers: tuple[str, ...] = ()
     fair_share: bool = True
+    # how a pod its queue holds back waits (docs/scheduler.md, "Holds as scheduling gates"): "filter", the
+    # filter fails every node (kube-scheduler marks the pod Unschedulable); "gate", behind the scheduling
+    # gate the chart's admission policy adds, which the lease holder removes when the queue admits the pod
+    queue_holds: str = "filter"
     queues: Mapping[str, QueueConfig] = field(default_factory=dict)
     default_queue_weight: float = 1.0
     events: bool = True
@@ -150,6 +155,7 @@ _TOP_KEYS = {
     "gangTimeoutSeconds",
     "tiers",
     "fairShare",
+    "queueHolds",
     "queues",
     "defaultQueueWeight",
     "events",
@@ -217,6 +223,15 @@ def is_loopback(host: str) -> bool:
 def _pod_selection(value: Any) -> str:
     if value not in ("all", "labelled"):
         raise ConfigError(f"kube.podSelection: {value!r} is not 'all' or 'labelled'")
+    return str(value)
+
+
+def _queue_holds(value: Any) -> str:
+    if value not in ("filter", "gate"):
+        raise ConfigError(
+            f"queueHolds: {value!r} is not 'filter' (the filter refuses every node) or 'gate' (the pod waits "
+            "behind the scheduling gate kube-icl.io/queue)"
+        )
     return str(value)
 
 
@@ -290,6 +305,8 @@ def parse_config(raw: Any) -> ExtenderConfig:
             raise ConfigError(str(exc)) from None
     if "fairShare" in top:
         kw["fair_share"] = _bool(top["fairShare"], "fairShare")
+    if "queueHolds" in top:
+        kw["queue_holds"] = _queue_holds(top["queueHolds"])
     if "defaultQueueWeight" in top:
         kw["default_queue_weight"] = _num(top["defaultQueueWeight"], "defaultQueueWeight", strict=True)
     queues: dict[str, QueueConfig] = {}

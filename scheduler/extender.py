@@ -38,6 +38,7 @@ from scheduler.events import EventRecorder
 from scheduler.framework import CycleState, NodeAnswer
 from scheduler.gang import GangManager
 from scheduler.gangrecords import GangRecords
+from scheduler.gates import QueueGates
 from scheduler.ha import LeaseElector
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.metrics import Metrics
@@ -137,6 +138,10 @@ class Extender:
             lease_wait_s=self._lease_wait_s,
         )
         self.metrics.attach_state(self._queue_metrics, self.ranker.free_shapes)
+        # queueHolds: gate: the lease holder lets queued pods go by removing their scheduling gate
+        self.gates: QueueGates | None = None
+        if cfg.queue_holds == "gate":
+            self.gates = QueueGates(cache, cfg, self._fair, self.gangs, api, self.leading)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -146,11 +151,15 @@ class Extender:
             self._background.start()
         if self.leader is not None:
             self.leader.start()
+        if self.gates is not None and self.api is not None:
+            self.gates.start()
 
     def stop(self, *, release: bool = True) -> None:
         """Stop; a graceful stop lets binds in flight end, then hands the Lease to the next replica."""
         with self._inflight_cv:
             self._inflight_cv.wait_for(lambda: self._inflight == 0, timeout=self.cfg.kube.request_timeout_s)
+        if self.gates is not None:
+            self.gates.stop()
         if self.leader is not None:
             self.leader.stop(release=release)
         self._background.stop()
@@ -201,6 +210,10 @@ class Extender:
             len(stale),
         )
 
+    def leading(self) -> bool:
+        """Whether this replica holds the extender Lease now (always, without leader election)."""
+        return self.leader is None or self.leader.leading
+
     def holder(self) -> str:
         return self.leader.identity if self.leader is not None else self.cfg.event_component
 
@@ -238,6 +251,8 @@ class Extender:
 
     def held_back(self, state: CycleState) -> bool:
         """Whether fair share holds the pod back now (preempt: a held-back pod never preempts)."""
+        if self.cfg.queue_holds == "gate":
+            return self._fair.over_quota(state.info) is not None
         return self._fair.hold_back(state.info) is not None
 
     # ------------------------------------------------------------------ prioritize
@@ -374,7 +389,7 @@ class Extender:
         if self._unsure:
             self._settle_unsure()
         self.metrics.unsure_binds.set(len(self._unsure))
-        self.metrics.lease_holder.set(1 if self.leader is None or self.leader.leading else 0)
+        self.metrics.lease_holder.set(1 if self.leading() else 0)
 
     def gang_event(self, outcome: str, key: str) -> None:
         self.metrics.gang_events.labels(outcome).inc()

@@ -67,12 +67,14 @@ def admit(
     waiting: Mapping[str, str],
     *,
     surplus: bool = False,
+    quota_only: bool = False,
 ) -> HoldBack | None:
     """``None`` when a pod of ``queue`` asking for ``count`` devices may go now, else why not.
 
     ``waiting`` maps each other queue that has a pending pod which would fit now to a
     short description of that pod (for the message). A ``surplus`` pod (an elastic gang's
-    member above its minimum) is held back while any other queue waits, whatever the shares.
+    member above its minimum) is held back while any other queue waits, whatever the shares;
+    ``quota_only``: only the quota is judged.
     """
     qcfg = cfg.queue(queue)
     held = _total(used.get(queue))
@@ -80,7 +82,7 @@ def admit(
         return HoldBack(
             f"queue {queue!r} is at its quota: {held} of {qcfg.quota} devices in use, this pod asks for {count}"
         )
-    if not cfg.fair_share:
+    if quota_only or not cfg.fair_share:
         return None
     mine = dominant_share(used.get(queue, {}), capacity, qcfg.weight)
     for other, pod in sorted(waiting.items()):

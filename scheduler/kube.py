@@ -19,6 +19,8 @@ Paths used (all core/v1 or policy/v1):
 - ``GET  /api/v1/namespaces/NS/pods/NAME``
 - ``POST /api/v1/namespaces/NS/pods/NAME/binding`` (carrying the ``kube-icl.io/devices`` annotation,
   which the API server copies onto the pod in the same write that sets ``spec.nodeName``)
+- ``PATCH /api/v1/namespaces/NS/pods/NAME`` (a merge patch of ``kube-icl.io/gang-layout``; with
+  ``queueHolds: gate``, a JSON patch removing the queue gate from ``spec.schedulingGates``)
 - ``POST /api/v1/namespaces/NS/pods/NAME/eviction``
 - ``POST /api/v1/namespaces/NS/events``
 - ``GET  /apis/scheduling.x-k8s.io/...podgroups/NAME`` and the upstream ``scheduling.k8s.io``
@@ -45,7 +47,7 @@ from typing import Any, Literal, Protocol
 
 import kubeauth
 from kubeauth import SA_DIR, Credentials, Snapshot
-from scheduler.podspec import GroupSpec, group_spec
+from scheduler.podspec import GATE_QUEUE, GroupSpec, group_spec
 
 __all__ = [
     "GROUP_PATHS",
@@ -55,6 +57,7 @@ __all__ = [
     "RestKubeAPI",
     "binding_body",
     "eviction_body",
+    "ungate_patch",
 ]
 
 Resource = Literal["nodes", "pods"]
@@ -111,6 +114,12 @@ class KubeAPI(Protocol):
 
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
         """Merge-patch the pod's annotations; ``uid`` guards against a new pod of the same name."""
+        ...
+
+    def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...]) -> None:
+        """Remove kube-icl's queue gate: a JSON patch that tests the uid and that ``spec.schedulingGates``
+        are still ``gates``, then writes them without :data:`scheduler.podspec.GATE_QUEUE` (the API server
+        lets gates be removed, never added); 422 when the test fails (the pod changed meanwhile)."""
         ...
 
     def create_event(self, namespace: str, event: JsonObj) -> None: ...
@@ -188,6 +197,19 @@ def binding_body(
         "metadata": meta,
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
+
+
+def ungate_patch(uid: str, gates: tuple[str, ...]) -> builtins.list[JsonObj]:
+    """The JSON patch (RFC 6902) of :meth:`KubeAPI.ungate_pod`.
+
+    >>> ungate_patch("u1", ("a", "kube-icl.io/queue"))[2]
+    {'op': 'replace', 'path': '/spec/schedulingGates', 'value': [{'name': 'a'}]}
+    """
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in gates]},
+        {"op": "replace", "path": "/spec/schedulingGates", "value": [{"name": g} for g in gates if g != GATE_QUEUE]},
+    ]
 
 
 def eviction_body(namespace: str, name: str, uid: str) -> JsonObj:
@@ -452,7 +474,11 @@ class RestKubeAPI:
         raise KubeError(0, f"{method} {path}: no response")  # pragma: no cover
 
     def _request(
-        self, method: str, path: str, body: JsonObj | None = None, content_type: str = "application/json"
+        self,
+        method: str,
+        path: str,
+        body: JsonObj | builtins.list[JsonObj] | None = None,
+        content_type: str = "application/json",
     ) -> Any:
         payload = None if body is None else json.dumps(body).encode()
         snap = self.credentials.snapshot()
@@ -604,6 +630,14 @@ class RestKubeAPI:
             f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}",
             {"metadata": {"uid": uid, "annotations": dict(annotations)}},
             "application/merge-patch+json",
+        )
+
+    def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...]) -> None:
+        self._request(
+            "PATCH",
+            f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}",
+            ungate_patch(uid, gates),
+            "application/json-patch+json",
         )
 
     def create_event(self, namespace: str, event: JsonObj) -> None:

@@ -143,7 +143,7 @@ class PodLedger:
         """Apply a pod read from the API server; what it meant for a gang, if anything."""
         uid = info.uid
         self._dirty.add(uid)
-        if info.count == 0 and info.milli == 0 and info.gang is None:
+        if info.count == 0 and info.milli == 0 and info.gang is None and not info.gated:
             self.pods.pop(uid, None)
             self.release(uid)
             return None
@@ -404,6 +404,10 @@ class PodLedger:
         with self.lock:
             self._usage.settle(self.pods, self.allocated)
             return self._usage.pending(other_than)
+
+    def gated(self) -> list[PodInfo]:
+        with self.lock:
+            return [p for p in self.pods.values() if p.gated and not p.node_name and p.uid not in self.allocated]
 
     def used_by_queue(self) -> dict[str, dict[str, int]]:
         with self.lock:

@@ -176,6 +176,10 @@ class PodLister(Protocol):
         """Pods that ask for devices and have no node yet; with ``other_than``, only those of other queues."""
         ...
 
+    def gated(self) -> list[PodInfo]:
+        """Pods with no node yet that wait behind kube-icl's queue gate (a walk over the kept pods)."""
+        ...
+
     def used_by_queue(self) -> dict[str, dict[str, int]]:
         """Devices held per queue and pool (topology fingerprint), assumed binds included."""
         ...

@@ -24,6 +24,7 @@ from topology.contract import (
     ANN_SHAPE,
     ANN_TOPOLOGY,
     DEFAULT_SHARED_RESOURCE,
+    GATE_QUEUE,
     LABEL_LINK_COORDS,
     LABEL_LINK_DOMAIN,
     MILLI_PER_DEVICE,
@@ -41,6 +42,7 @@ __all__ = [
     "ANN_QUEUE",
     "ANN_SHAPE",
     "ANN_TOPOLOGY",
+    "GATE_QUEUE",
     "LABEL_LINK_COORDS",
     "LABEL_LINK_DOMAIN",
     "GangRef",
@@ -237,6 +239,12 @@ class PodInfo:
     milli: int = 0  # a share of one device, in milli-devices (1..999) of the shared resource; 0: none
     scheduler_name: str = ""  # spec.schedulerName ("" when absent)
     rank: Rank | None = None  # a gang member's index from its job controller; None: placed in ring order
+    gates: tuple[str, ...] = ()  # the names in spec.schedulingGates, in order
+
+    @property
+    def gated(self) -> bool:
+        """The pod waits behind kube-icl's queue gate (:data:`GATE_QUEUE`)."""
+        return GATE_QUEUE in self.gates
 
     @classmethod
     def pending(
@@ -763,7 +771,13 @@ def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAU
         milli=milli,
         scheduler_name=str(spec.get("schedulerName") or ""),
         rank=pod_rank(meta, spec, gang),
+        gates=_gates(spec),
     )
+
+
+def _gates(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of ``spec.schedulingGates`` (entries without a name are the API server's to refuse)."""
+    return tuple(str(g["name"]) for g in spec.get("schedulingGates") or () if isinstance(g, Mapping) and g.get("name"))
 
 
 def _unschedulable(status: Mapping[str, Any]) -> bool:

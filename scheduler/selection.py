@@ -24,6 +24,9 @@ not. Pods created before the binding existed are not covered by it: the first st
 after the binding appeared lists every pod (an audit); only when no pod that needs the
 label lacks it does it record the binding's uid (a Lease annotation in the extender's
 namespace), and later starts list only labelled pods. See docs/scheduler.md, "Scale".
+
+With ``queueHolds: gate`` a third policy (:func:`gate_policies`) creates the same pods behind the
+queue's scheduling gate (docs/scheduler.md, "Holds as scheduling gates").
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 from scheduler.podspec import (
     ANN_GANG,
+    GATE_QUEUE,
     LABEL_LIGHT_GROUP,
     LABEL_SCHED_PLUGINS_GROUP,
     LABEL_SCHED_PLUGINS_GROUP_OLD,
@@ -42,9 +46,12 @@ __all__ = [
     "AUDIT_ANNOTATION",
     "AUDIT_LEASE",
     "BINDING_NAME",
+    "GATE_POLICY_NAME",
     "LABEL",
     "LABEL_SELECTOR",
     "POLICY_NAME",
+    "gate_policies",
+    "gate_predicate",
     "guard_problem",
     "needs_label",
     "policies",
@@ -171,6 +178,46 @@ def policies(resource: str) -> list[dict[str, Any]]:
             "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": meta,
             "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
+        },
+    ]
+
+
+GATE_POLICY_NAME = "kube-icl-queue-gate"  # queueHolds: gate: the mutating policy and binding that add the gate
+
+
+def gate_predicate(resource: str) -> str:
+    """The CEL condition "create this pod behind the queue gate": it needs the label (:func:`predicate`)
+    and names no node (the API server refuses scheduling gates on a pod created with ``spec.nodeName``)."""
+    return f"!has(object.spec.nodeName) && ({predicate(resource)})"
+
+
+def gate_policies(resource: str) -> list[dict[str, Any]]:
+    """The MutatingAdmissionPolicy and its binding that create every pod the extender manages behind the
+    scheduling gate :data:`scheduler.podspec.GATE_QUEUE` (``queueHolds: gate``), as the chart ships them.
+    CREATE only: the API server lets a pod's gates be removed, never added, so the gate loop's patch
+    must not bring it back. ``schedulingGates`` is a list keyed by name: the apply keeps other gates."""
+    api = "admissionregistration.k8s.io/v1"
+    meta = {"name": GATE_POLICY_NAME, "labels": {"app.kubernetes.io/part-of": "kube-icl"}}
+    rules = [{**_RULES[0], "operations": ["CREATE"]}]
+    gate = f'Object{{spec: Object.spec{{schedulingGates: [Object.spec.schedulingGates{{name: "{GATE_QUEUE}"}}]}}}}'
+    return [
+        {
+            "apiVersion": api,
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": meta,
+            "spec": {
+                "matchConstraints": {"resourceRules": rules},
+                "matchConditions": [{"name": "queued-pod", "expression": gate_predicate(resource)}],
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "IfNeeded",
+                "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": gate}}],
+            },
+        },
+        {
+            "apiVersion": api,
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": meta,
+            "spec": {"policyName": GATE_POLICY_NAME},
         },
     ]
 

@@ -19,7 +19,7 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Container, Mapping
 from typing import Any, ClassVar, Protocol
 
 from scheduler import fairshare
@@ -310,7 +310,10 @@ class FairShare:
     def pre_filter(self, state: CycleState) -> Status:
         if state.read(ADMITTED):
             return OK
-        hold = self.hold_back(state.info)
+        # With gates, the gate loop (scheduler.gates) admitted this pod by the same rule when it removed
+        # the gate; only a quota another admission filled meanwhile still stops it here.
+        gate = self.cfg.queue_holds == "gate"
+        hold = self.over_quota(state.info) if gate else self.hold_back(state.info)
         if hold is None:
             return OK
         # kube-scheduler marks the pod Unschedulable for this answer too; remembered so that the
@@ -318,9 +321,22 @@ class FairShare:
         self.fits.hold(state.info.uid)
         return Status(Code.UNRESOLVABLE, hold.reason)
 
-    def hold_back(self, info: PodInfo) -> fairshare.HoldBack | None:
-        """Why the pod's queue must wait, or ``None`` when it may go."""
-        used = self.cache.pods.used_by_queue()
+    def over_quota(self, info: PodInfo) -> fairshare.HoldBack | None:
+        """Why the pod's queue's quota stops it now, or ``None``."""
+        if self.cfg.queue(info.queue).quota is None:
+            return None
+        used, capacity = self.cache.pods.used_by_queue(), self.cache.nodes.capacity()
+        return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, {}, quota_only=True)
+
+    def hold_back(
+        self, info: PodInfo, used: Mapping[str, Mapping[str, int]] | None = None, admitted: Container[str] = ()
+    ) -> fairshare.HoldBack | None:
+        """Why the pod's queue must wait, or ``None`` when it may go. The gate loop passes ``used``, the
+        devices held per queue and pool with the pods it let go counted in (default: the cache's), and
+        ``admitted``, the uids of the pending pods it let go, which hold nobody back (they wait for a
+        node, not for their queue)."""
+        if used is None:
+            used = self.cache.pods.used_by_queue()
         capacity = self.cache.nodes.capacity()
         qcfg = self.cfg.queue(info.queue)
         if qcfg.quota is None and not self.cfg.fair_share:
@@ -330,10 +346,10 @@ class FairShare:
             mine = fairshare.dominant_share(used.get(info.queue, {}), capacity, qcfg.weight)
             if self.gangs.is_surplus(info):
                 # Above its gang's minimum: joins only while no other queue has a pod waiting that fits.
-                waiting = self._waiting_below(info, float("inf"), used, capacity, surplus=True)
+                waiting = self._waiting_below(info, float("inf"), used, capacity, admitted, surplus=True)
                 return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting, surplus=True)
             if mine > 0:
-                waiting = self._waiting_below(info, mine, used, capacity)
+                waiting = self._waiting_below(info, mine, used, capacity, admitted)
         return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting)
 
     def _waiting_below(
@@ -342,6 +358,7 @@ class FairShare:
         mine: float,
         used: Mapping[str, Mapping[str, int]],
         capacity: Mapping[str, int],
+        admitted: Container[str] = (),
         *,
         surplus: bool = False,
     ) -> dict[str, str]:
@@ -352,7 +369,7 @@ class FairShare:
         lower: dict[str, list[PodInfo]] = {}
         below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue, not per pod)
         for p in self.cache.pods.pending(other_than=info.queue):
-            if p.uid == info.uid:
+            if p.uid == info.uid or p.uid in admitted:
                 continue
             if p.unschedulable and not self.fits.held_back(p.uid):
                 # kube-scheduler could not place it, and not because we held it back: it holds nobody back.
@@ -367,6 +384,9 @@ class FairShare:
                 continue  # our last filter for it found no node either
             if p.gang is not None and self.gangs.is_surplus(p):
                 continue  # a member above its gang's minimum yields to every other pod: it holds nobody back
+            quota = self.cfg.queue(p.queue).quota
+            if quota is not None and sum(used.get(p.queue, {}).values()) + p.count > quota:
+                continue  # its own queue's quota stops it: it holds nobody back
             lower.setdefault(p.queue, []).append(p)
         if not lower:
             return {}

@@ -52,6 +52,7 @@ from topology.contract import (
     ANN_QUEUE,
     ANN_SHAPE,
     ANN_TOPOLOGY,
+    GATE_QUEUE,
 )
 
 __all__ = [
@@ -260,6 +261,19 @@ class LocalAPI:
         obj = self.pods.get((namespace, name))
         if obj is not None:
             obj["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...]) -> None:
+        obj = self.pods.get((namespace, name))
+        if obj is None or obj["metadata"]["uid"] != uid:
+            raise KubeError(404, f"pods {name!r} not found")
+        have = tuple(g.get("name") for g in obj["spec"].get("schedulingGates") or ())
+        if have != gates:
+            raise KubeError(422, f"pod {name}: spec.schedulingGates changed")
+        obj = self._stamp(copy.deepcopy(obj))
+        obj["spec"]["schedulingGates"] = [{"name": g} for g in gates if g != GATE_QUEUE]
+        self.pods[(namespace, name)] = obj
+        self.note("pod", copy.deepcopy(obj))
+        self.cache.upsert_pod(obj)
 
     def create_event(self, namespace: str, event: JsonObj) -> None:
         return None

@@ -43,6 +43,7 @@ __all__ = [
     "ENV_MPS_THREAD_PERCENTAGE",
     "GANG_LAYOUT_INDEX_VERSION",
     "GANG_LAYOUT_VERSION",
+    "GATE_QUEUE",
     "LABEL_LINK_COORDS",
     "LABEL_LINK_DOMAIN",
     "LABEL_LINK_DOMAIN_KIND",
@@ -76,6 +77,9 @@ ANN_GANG_MAX = "kube-icl.io/gang-max"  # elastic gang: members up to this many j
 ANN_GANG_TIER = "kube-icl.io/gang-required-tier"
 ANN_GANG_LAYOUT = "kube-icl.io/gang-layout"  # written by the extender: the member's place in its gang (JSON)
 ANN_QUEUE = "kube-icl.io/queue"
+# the scheduling gate a pod waits behind while its queue holds it (extender config queueHolds: gate); the
+# chart's admission policy adds it at creation, the extender's leader removes it when the queue admits the pod
+GATE_QUEUE = "kube-icl.io/queue"
 ANN_DEVICES = "kube-icl.io/devices"
 # Shared (fractional) devices, see docs/scheduler.md "Shared devices": a pod asks DEFAULT_SHARED_RESOURCE
 # in milli-devices (1..999); the plugin advertises MILLI_PER_DEVICE replicas "<device>::<k>" per device,

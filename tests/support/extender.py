@@ -2,7 +2,7 @@
 
 For tests and benchmarks only. It keeps Nodes and Pods as upstream JSON, hands
 out increasing resourceVersions, streams watch events with chunked encoding
-(as the real server does), applies JSON merge patches (RFC 7386), applies a
+(as the real server does), applies JSON merge patches (RFC 7386) and JSON patches (RFC 6902), applies a
 Binding as kube-apiserver does (:func:`apply_binding`: ``spec.nodeName``, the
 Binding's annotations and labels, the ``PodScheduled`` condition, in one write),
 turns an Eviction into a delete, and stores Events.
@@ -28,7 +28,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scheduler.podspec import GroupSpec
 
-__all__ = ["BindingRejected", "FakeAPIServer", "LeaseStore", "RecordedRequest", "apply_binding", "merge_patch"]
+__all__ = [
+    "BindingRejected",
+    "FakeAPIServer",
+    "LeaseStore",
+    "PatchFailed",
+    "RecordedRequest",
+    "apply_binding",
+    "json_patch",
+    "merge_patch",
+]
 
 JsonObj = dict[str, Any]
 
@@ -43,6 +52,52 @@ def merge_patch(target: Any, patch: Any) -> Any:
             out.pop(key, None)
         else:
             out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+JSON_PATCH = "application/json-patch+json"
+
+
+class PatchFailed(Exception):
+    """A JSON patch that does not apply (a failed ``test``, a missing path, an unknown op)."""
+
+
+def json_patch(target: JsonObj, ops: Any) -> JsonObj:
+    """RFC 6902 JSON patch, the ops kube-icl sends (``test``, ``replace``, ``add``, ``remove``) on object
+    paths; ``target`` is not changed. kube-apiserver answers a patch that fails with 422, and refuses
+    adding a scheduling gate to an existing pod (only removing one is allowed)."""
+    if not isinstance(ops, list):
+        raise PatchFailed("a JSON patch is a list of operations")
+    out = copy.deepcopy(target)
+    for op in ops:
+        keys = [k.replace("~1", "/").replace("~0", "~") for k in str(op.get("path", "")).split("/")[1:]]
+        if not keys:
+            raise PatchFailed(f"path {op.get('path')!r}: expected /a/b")
+        parent: Any = out
+        for key in keys[:-1]:
+            if not isinstance(parent, dict) or key not in parent:
+                raise PatchFailed(f"path {op['path']!r} does not exist")
+            parent = parent[key]
+        last, kind = keys[-1], op.get("op")
+        if not isinstance(parent, dict):
+            raise PatchFailed(f"path {op['path']!r} does not exist")
+        if kind == "test":
+            if parent.get(last) != op.get("value"):
+                raise PatchFailed(f"testing value {op['path']} failed")
+        elif kind in ("replace", "add"):
+            if kind == "replace" and last not in parent:
+                raise PatchFailed(f"path {op['path']!r} does not exist")
+            parent[last] = copy.deepcopy(op.get("value"))
+        elif kind == "remove":
+            if last not in parent:
+                raise PatchFailed(f"path {op['path']!r} does not exist")
+            del parent[last]
+        else:
+            raise PatchFailed(f"op {kind!r} is not supported here")
+    before = [g.get("name") for g in (target.get("spec") or {}).get("schedulingGates") or ()]
+    after = [g.get("name") for g in (out.get("spec") or {}).get("schedulingGates") or ()]
+    if any(g not in before for g in after):
+        raise PatchFailed("spec.schedulingGates: Forbidden: only deletion is allowed, but found new scheduling gate")
     return out
 
 
@@ -608,6 +663,13 @@ class FakeAPIServer:
                 raise _ApiError(404, "NotFound", f'pods "{name}" not found')
             if method == "GET" and sub is None:
                 return 200, copy.deepcopy(pod)
+            if method == "PATCH" and sub is None and content_type.split(";")[0].strip() == JSON_PATCH:
+                try:
+                    patched = json_patch(pod, body)
+                except PatchFailed as exc:
+                    raise _ApiError(422, "Invalid", str(exc)) from None
+                self.pods[(ns, name)] = patched
+                return 200, copy.deepcopy(self._bump("pods", "MODIFIED", patched))
             if method == "PATCH" and sub is None:
                 if content_type.split(";")[0].strip() != "application/merge-patch+json":
                     raise _ApiError(
@@ -693,8 +755,9 @@ def pod_obj(
     priority: int = 0,
     resource: str = "kube-icl.io/accelerator",
     scheduler_name: str = "kube-icl",
+    gates: tuple[str, ...] = (),
 ) -> JsonObj:
-    """A ``v1.Pod`` asking for ``count`` devices of ``resource`` in ``shape``."""
+    """A ``v1.Pod`` asking for ``count`` devices of ``resource`` in ``shape``, behind ``gates``."""
     ann = dict(annotations or {})
     if shape is not None:
         ann["kube-icl.io/shape"] = shape
@@ -708,6 +771,8 @@ def pod_obj(
     }
     if node:
         spec["nodeName"] = node
+    if gates:
+        spec["schedulingGates"] = [{"name": g} for g in gates]
     return {
         "kind": "Pod",
         "apiVersion": "v1",
@@ -922,6 +987,19 @@ class MemoryKubeAPI:
             if pod["metadata"].get("uid") != uid:
                 raise self._error(409, f"pod {namespace}/{name} has another uid")
             pod["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...]) -> None:
+        from scheduler.kube import ungate_patch
+
+        with self.lock:
+            self._maybe_fail("ungate", namespace, name)
+            pod = self.pods.get((namespace, name))
+            if pod is None:
+                raise self._error(404, f'pods "{name}" not found')
+            try:
+                self.pods[(namespace, name)] = json_patch(pod, ungate_patch(uid, gates))
+            except PatchFailed as exc:
+                raise self._error(422, str(exc)) from None
 
     def create_event(self, namespace: str, event: JsonObj) -> None:
         with self.lock:
