@@ -126,38 +126,42 @@ _RULES = [
 ]
 
 
-def policies(resource: str) -> list[dict[str, Any]]:
-    """The two admission policies and their bindings (admissionregistration.k8s.io/v1), as the chart ships them."""
-    api = "admissionregistration.k8s.io/v1"
-    meta = {"name": POLICY_NAME, "labels": {"app.kubernetes.io/part-of": "kube-icl"}}
+_API = "admissionregistration.k8s.io/v1"
+
+
+def _meta(name: str) -> dict[str, Any]:
+    return {"name": name, "labels": {"app.kubernetes.io/part-of": "kube-icl"}}
+
+
+def _mutating(name: str, rules: list[dict[str, Any]], condition: tuple[str, str], apply: str) -> list[dict[str, Any]]:
+    """A MutatingAdmissionPolicy that applies ``apply`` to the pods matching ``condition`` (name, CEL), and
+    its binding."""
+    meta = _meta(name)
     return [
         {
-            "apiVersion": api,
+            "apiVersion": _API,
             "kind": "MutatingAdmissionPolicy",
             "metadata": meta,
             "spec": {
-                "matchConstraints": {"resourceRules": _RULES},
-                "matchConditions": [{"name": "needs-label", "expression": predicate(resource)}],
+                "matchConstraints": {"resourceRules": rules},
+                "matchConditions": [{"name": condition[0], "expression": condition[1]}],
                 "failurePolicy": "Fail",
                 "reinvocationPolicy": "IfNeeded",
-                "mutations": [
-                    {
-                        "patchType": "ApplyConfiguration",
-                        "applyConfiguration": {
-                            "expression": f'Object{{metadata: Object.metadata{{labels: {{"{LABEL}": "true"}}}}}}'
-                        },
-                    }
-                ],
+                "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": apply}}],
             },
         },
+        {"apiVersion": _API, "kind": "MutatingAdmissionPolicyBinding", "metadata": meta, "spec": {"policyName": name}},
+    ]
+
+
+def policies(resource: str) -> list[dict[str, Any]]:
+    """The two admission policies and their bindings (admissionregistration.k8s.io/v1), as the chart ships them."""
+    meta = _meta(POLICY_NAME)
+    label = f'Object{{metadata: Object.metadata{{labels: {{"{LABEL}": "true"}}}}}}'
+    return [
+        *_mutating(POLICY_NAME, _RULES, ("needs-label", predicate(resource)), label),
         {
-            "apiVersion": api,
-            "kind": "MutatingAdmissionPolicyBinding",
-            "metadata": meta,
-            "spec": {"policyName": POLICY_NAME},
-        },
-        {
-            "apiVersion": api,
+            "apiVersion": _API,
             "kind": "ValidatingAdmissionPolicy",
             "metadata": meta,
             "spec": {
@@ -174,7 +178,7 @@ def policies(resource: str) -> list[dict[str, Any]]:
             },
         },
         {
-            "apiVersion": api,
+            "apiVersion": _API,
             "kind": "ValidatingAdmissionPolicyBinding",
             "metadata": meta,
             "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
@@ -196,30 +200,9 @@ def gate_policies(resource: str) -> list[dict[str, Any]]:
     scheduling gate :data:`scheduler.podspec.GATE_QUEUE` (``queueHolds: gate``), as the chart ships them.
     CREATE only: the API server lets a pod's gates be removed, never added, so the gate loop's patch
     must not bring it back. ``schedulingGates`` is a list keyed by name: the apply keeps other gates."""
-    api = "admissionregistration.k8s.io/v1"
-    meta = {"name": GATE_POLICY_NAME, "labels": {"app.kubernetes.io/part-of": "kube-icl"}}
     rules = [{**_RULES[0], "operations": ["CREATE"]}]
     gate = f'Object{{spec: Object.spec{{schedulingGates: [Object.spec.schedulingGates{{name: "{GATE_QUEUE}"}}]}}}}'
-    return [
-        {
-            "apiVersion": api,
-            "kind": "MutatingAdmissionPolicy",
-            "metadata": meta,
-            "spec": {
-                "matchConstraints": {"resourceRules": rules},
-                "matchConditions": [{"name": "queued-pod", "expression": gate_predicate(resource)}],
-                "failurePolicy": "Fail",
-                "reinvocationPolicy": "IfNeeded",
-                "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression": gate}}],
-            },
-        },
-        {
-            "apiVersion": api,
-            "kind": "MutatingAdmissionPolicyBinding",
-            "metadata": meta,
-            "spec": {"policyName": GATE_POLICY_NAME},
-        },
-    ]
+    return _mutating(GATE_POLICY_NAME, rules, ("queued-pod", gate_predicate(resource)), gate)
 
 
 def guard_problem(policy: Mapping[str, Any] | None, binding: Mapping[str, Any] | None, resource: str) -> str:
