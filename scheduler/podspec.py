@@ -573,6 +573,15 @@ def _gang(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> G
     return dataclasses.replace(ref, max_size=top)
 
 
+def _group_size(group: str, group_label: str, source: Mapping[str, Any], kind: str, key: str) -> int:
+    """The member count of a group named by ``group_label``, from ``source[key]`` (its ``kind``: label or
+    annotation)."""
+    where = f"{kind} {key}"
+    if source.get(key) is None:
+        raise PodSpecError(f"gang {group!r} (label {group_label}) needs {where}")
+    return _size(source[key], where)
+
+
 def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> GangRef | None:
     ann = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
@@ -592,10 +601,7 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
         return GangRef(namespace, str(ann[ANN_GANG]), size, "annotation")
     if labels.get(LABEL_KUEUE_GROUP):
         group = str(labels[LABEL_KUEUE_GROUP])
-        if not size:
-            if ann.get(ANN_KUEUE_TOTAL) is None:
-                raise PodSpecError(f"gang {group!r} (label {LABEL_KUEUE_GROUP}) needs annotation {ANN_KUEUE_TOTAL}")
-            size = _size(ann[ANN_KUEUE_TOTAL], f"annotation {ANN_KUEUE_TOTAL}")
+        size = size or _group_size(group, LABEL_KUEUE_GROUP, ann, "annotation", ANN_KUEUE_TOTAL)
         return GangRef(namespace, group, size, f"label {LABEL_KUEUE_GROUP}")
     for label in (LABEL_SCHED_PLUGINS_GROUP, LABEL_SCHED_PLUGINS_GROUP_OLD):
         if labels.get(label):
@@ -604,10 +610,7 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
             return GangRef(namespace, f"podgroup:{group}", size, f"label {label}", ref)
     if labels.get(LABEL_LIGHT_GROUP):
         group = str(labels[LABEL_LIGHT_GROUP])
-        if not size:
-            if labels.get(LABEL_LIGHT_MIN) is None:
-                raise PodSpecError(f"gang {group!r} (label {LABEL_LIGHT_GROUP}) needs label {LABEL_LIGHT_MIN}")
-            size = _size(labels[LABEL_LIGHT_MIN], f"label {LABEL_LIGHT_MIN}")
+        size = size or _group_size(group, LABEL_LIGHT_GROUP, labels, "label", LABEL_LIGHT_MIN)
         return GangRef(namespace, f"podgroup:{group}", size, f"label {LABEL_LIGHT_GROUP}")
     sched_group = spec.get("schedulingGroup")
     if isinstance(sched_group, Mapping) and sched_group.get("podGroupName"):
