@@ -87,6 +87,8 @@ class QueueGates:
             capacity = self.cache.nodes.capacity()
         out = [p for p in gated if p.count == 0 or (p.gang is not None and self.gangs.admitted(p))]
         chosen = {p.uid for p in out}
+        # a pod let go holds no device yet, so its pool is unknown until it binds: it is charged to the
+        # largest pool meanwhile, which counts it against its queue without knowing where it will land
         pool = max(capacity, key=lambda k: (capacity[k], k)) if capacity else ""
         admitted = set(chosen)  # let go (now or before) and not bound yet: they wait for a node, not their queue
         for p in pending:
