@@ -41,6 +41,7 @@ __all__ = [
     "ConfigError",
     "ExtenderConfig",
     "KubeConfig",
+    "KueueConfig",
     "LeaderElectionConfig",
     "QueueConfig",
     "is_loopback",
@@ -53,6 +54,20 @@ DEFAULT_RESOURCE = "kube-icl.io/accelerator"
 
 class ConfigError(ValueError):
     """The configuration file has a bad key or value."""
+
+
+@dataclass(frozen=True, slots=True)
+class KueueConfig:
+    """Kueue mode (docs/deploy.md, "With Kueue"): Kueue owns quotas, admission and fair sharing; the
+    extender places, and answers Kueue's AdmissionChecks whose ``spec.controllerName`` is ``controller_name``
+    (a workload is Ready when its pod sets' shapes fit the free devices now, reserved for it)."""
+
+    enabled: bool = False
+    controller_name: str = "kube-icl.io/placement"
+    # how long an admitted workload's reservation waits for its pods: Kueue's waitForPodsReady timeout
+    reservation_s: float = 300.0
+    retry_after_s: int = 15  # requeueAfterSeconds of a Retry: Kueue tries the workload again after it
+    interval_s: float = 2.0  # how often the lease holder reads the workloads
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +138,7 @@ class ExtenderConfig:
     queue_holds: str = "filter"
     queues: Mapping[str, QueueConfig] = field(default_factory=dict)
     default_queue_weight: float = 1.0
+    kueue: KueueConfig = field(default_factory=KueueConfig)
     events: bool = True
     event_component: str = "kube-icl-extender"
     events_on_bind: bool = False  # a Normal DevicesAssigned event per bound pod (the annotation says the same)
@@ -158,6 +174,7 @@ _TOP_KEYS = {
     "queueHolds",
     "queues",
     "defaultQueueWeight",
+    "kueue",
     "events",
     "keepBestNodes",
     "decideCpuPods",
@@ -233,6 +250,40 @@ def _queue_holds(value: Any) -> str:
             "behind the scheduling gate kube-icl.io/queue)"
         )
     return str(value)
+
+
+def _kueue(raw: Any, top: Mapping[str, Any], queues: Mapping[str, QueueConfig]) -> KueueConfig:
+    """The ``kueue`` section; with ``enabled`` Kueue is the one queueing authority: kube-icl's fair share
+    is off (whatever ``fairShare`` says), and its own queues (``queues``, ``queueHolds: gate``) are
+    refused, not silently ignored."""
+    k = _map(raw, "kueue")
+    _check_keys(k, {"enabled", "controllerName", "reservationSeconds", "retryAfterSeconds", "intervalSeconds"}, "kueue")
+    d = KueueConfig()
+    out = KueueConfig(
+        enabled=_bool(k["enabled"], "kueue.enabled") if "enabled" in k else d.enabled,
+        controller_name=_str(k["controllerName"], "kueue.controllerName")
+        if "controllerName" in k
+        else d.controller_name,
+        reservation_s=_num(k["reservationSeconds"], "kueue.reservationSeconds", strict=True)
+        if "reservationSeconds" in k
+        else d.reservation_s,
+        retry_after_s=_int(k["retryAfterSeconds"], "kueue.retryAfterSeconds")
+        if "retryAfterSeconds" in k
+        else d.retry_after_s,
+        interval_s=_num(k["intervalSeconds"], "kueue.intervalSeconds", strict=True)
+        if "intervalSeconds" in k
+        else d.interval_s,
+    )
+    if out.enabled:
+        clash = ["queues"] if queues else []
+        if top.get("queueHolds", "filter") != "filter":
+            clash.append(f"queueHolds: {top['queueHolds']!r}")
+        if clash:
+            raise ConfigError(
+                "kueue.enabled: Kueue owns quotas, admission and fair sharing, so kube-icl's own queues are off; "
+                f"remove {', '.join(clash)}"
+            )
+    return out
 
 
 def parse_config(raw: Any) -> ExtenderConfig:
@@ -322,6 +373,10 @@ def parse_config(raw: Any) -> ExtenderConfig:
             quota=None if q.get("quota") is None else _int(q["quota"], f"{where}.quota"),
         )
     kw["queues"] = queues
+    if "kueue" in top:
+        kw["kueue"] = _kueue(top["kueue"], top, queues)
+        if kw["kueue"].enabled:
+            kw["fair_share"] = False
     events = _map(top.get("events"), "events")
     _check_keys(events, {"enabled", "component", "onBind"}, "events")
     if "enabled" in events:

@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from scheduler import fairshare
+from scheduler.admissioncheck import AdmissionChecks, KueueAPI
 from scheduler.background import Background, evict, write_layouts
-from scheduler.binding import Binding, Unsure
+from scheduler.binding import Binding, GangRecord, Unsure
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.decision import Classify, build_decision
@@ -122,6 +123,7 @@ class Extender:
         self._binding = Binding(api, cache, layouts, self._unsure, cfg.kube.request_timeout_s) if api else None
         named = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
         self.preemption = Preemption(cache, cfg, self.gangs, self, named)
+        self._record = GangRecord(self.gangs.book)
         self.cycle = build_profiles(
             cfg,
             cache,
@@ -136,12 +138,18 @@ class Extender:
             binding=self._binding,
             unsure=self._unsure,
             lease_wait_s=self._lease_wait_s,
+            record=self._record,
         )
         self.metrics.attach_state(self._queue_metrics, self.ranker.free_shapes)
         # queueHolds: gate: the lease holder lets queued pods go by removing their scheduling gate
         self.gates: QueueGates | None = None
         if cfg.queue_holds == "gate":
-            self.gates = QueueGates(cache, cfg, self._fair, self.gangs, api, self.leading)
+            self.gates = QueueGates(cache, cfg, self._fair, self.gangs, api, self.lead)
+        # kueue.enabled: the lease holder answers Kueue's AdmissionChecks, reserving each workload's shapes
+        self.admission_checks: AdmissionChecks | None = None
+        if cfg.kueue.enabled:
+            kueue = api if isinstance(api, KueueAPI) else None
+            self.admission_checks = AdmissionChecks(cache, cfg, self.gangs, kueue, self.lead, self._record.record)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -153,6 +161,8 @@ class Extender:
             self.leader.start()
         if self.gates is not None and self.api is not None:
             self.gates.start()
+        if self.admission_checks is not None and self.admission_checks.api is not None:
+            self.admission_checks.start()
 
     def stop(self, *, release: bool = True) -> None:
         """Stop; a graceful stop lets binds in flight end, then hands the Lease to the next replica."""
@@ -160,6 +170,8 @@ class Extender:
             self._inflight_cv.wait_for(lambda: self._inflight == 0, timeout=self.cfg.kube.request_timeout_s)
         if self.gates is not None:
             self.gates.stop()
+        if self.admission_checks is not None:
+            self.admission_checks.stop()
         if self.leader is not None:
             self.leader.stop(release=release)
         self._background.stop()

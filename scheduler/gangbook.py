@@ -113,12 +113,20 @@ class GangBook:
     # ------------------------------------------------------------------ reserve, claim, release
 
     def reserve(
-        self, info: PodInfo, shape: Shape, found: GangPlacement, now: float, numbers: Iterable[int] = ()
+        self,
+        info: PodInfo,
+        shape: Shape,
+        found: GangPlacement,
+        now: float,
+        numbers: Iterable[int] = (),
+        timeout_s: float | None = None,
     ) -> tuple[Reservation | None, str]:
         """Reserve the slots of ``found`` for ``info``'s gang, all or none; (None, why) when one cannot be.
 
         The slots are numbered ``numbers`` in the planner's order (by default 0, 1, ...): a member whose
-        rank is a slot's number takes that slot."""
+        rank is a slot's number takes that slot. The reservation waits ``timeout_s`` for its members
+        (default: the book's)."""
+        wait = self.timeout_s if timeout_s is None else timeout_s
         gang = info.gang
         assert gang is not None
         numbered = list(numbers) or list(range(len(found.members)))
@@ -144,9 +152,9 @@ class GangBook:
                 queue=info.queue,
                 slots=slots,
                 created=now,
-                deadline=now + self.timeout_s,
+                deadline=now + wait,
                 domain=found.domain,
-                expires_at=self.wall() + self.timeout_s,
+                expires_at=self.wall() + wait,
             )
             self.reservations[gang.key] = res
             log.info(

@@ -68,11 +68,12 @@ class GangPlanner:
         self._broken: set[str] = set()  # link domains whose inconsistent labels were reported ("" for all of them)
 
     def place(
-        self, gang: GangRef, shape: Shape, members: int, candidates: Iterable[str]
+        self, gang: GangRef, shape: Shape, members: int, candidates: Iterable[str], *, empty: bool = False
     ) -> tuple[GangPlacement | None, str]:
         """A placement of ``members`` x ``shape`` all at once on the usable nodes of ``candidates``, or
-        (None, why not)."""
-        got, why = self._inputs(gang, candidates, shape)
+        (None, why not). ``empty``: as if every healthy device were free (whether the gang can ever be
+        placed on these nodes, not whether it can now)."""
+        got, why = self._inputs(gang, candidates, shape, empty=empty)
         if got is None:
             return None, why
         found = place_gang(got.cluster, got.topologies, got.free, shape, members, self.policy, got.within)
@@ -103,7 +104,9 @@ class GangPlanner:
         tier = ranked[0][1]
         return {n for n, t in ranked if t == tier}, ""
 
-    def _inputs(self, gang: GangRef, candidates: Iterable[str], shape: Shape) -> tuple[_Inputs | None, str]:
+    def _inputs(
+        self, gang: GangRef, candidates: Iterable[str], shape: Shape, *, empty: bool = False
+    ) -> tuple[_Inputs | None, str]:
         """What a plan for ``gang`` reads: the cluster (:meth:`view`), the topologies and free devices of the
         usable nodes of ``candidates`` where ``shape`` may fit, and the level of the tier the gang names; (None,
         why) when the cluster has no such tier."""
@@ -111,10 +114,11 @@ class GangPlanner:
         free_by_node: dict[str, frozenset[str]] = {}
         views: Mapping[str, NodeView] = self.reader.usable_views(candidates)
         for name, view in views.items():
-            if len(view.free) - view.unattributed < shape.size:
+            free = view.topology.healthy_ids if empty else view.free
+            if len(free) - (0 if empty else view.unattributed) < shape.size:
                 continue
             topologies[name] = view.topology
-            free_by_node[name] = view.free
+            free_by_node[name] = free
         cluster = self.view()
         try:
             within = cluster.level_of(gang.tier) if gang.tier else None

@@ -18,7 +18,8 @@ known before they bind: they count on the largest pool), and hold nobody back (t
 node, not for their queue). A gated pod that asks for no whole device (a share, a gang member
 asking none) and a member of a gang that holds a reservation go at once: no queue decides them.
 
-Only the extender Lease's holder removes gates (a replica without leader election always does). It
+Only the extender Lease's holder removes gates (a replica without leader election always does); a
+replica with gated pods to let go takes the Lease when it is free, as a bind does. It
 runs on its own thread when the cache changes (a pod added, bound, ended or deleted, a node
 changed; polled every ``poll_s``) and every ``interval_s`` anyway. The filter then judges only the
 quota (:meth:`scheduler.steps.FairShare.over_quota`): a pod the loop let go is not held back for
@@ -56,7 +57,7 @@ class QueueGates:
         fair: FairShare,
         gangs: GangManager,
         api: KubeAPI | None,
-        leading: Callable[[], bool],
+        lead: Callable[[float], str],
         *,
         interval_s: float = 5.0,
         poll_s: float = 0.2,
@@ -66,7 +67,7 @@ class QueueGates:
         self.fair = fair
         self.gangs = gangs
         self.api = api
-        self.leading = leading
+        self.lead = lead
         self.interval_s = interval_s
         self.poll_s = poll_s
         self._sent: dict[str, PodInfo] = {}  # uid -> pods whose gate was removed, until the cache shows it
@@ -132,12 +133,19 @@ class QueueGates:
 
     def run_once(self) -> int | None:
         """Remove the gate of every pod :meth:`choose` lets go; how many, or ``None`` when this replica
-        does not hold the lease (it decides nothing then)."""
+        does not hold the lease (it decides nothing then). With pods to let go it takes the lease when
+        it is free (``lead``), as a bind does: gated pods never reach kube-scheduler's verbs, so waiting
+        for a verb to take it would hold them forever."""
         api = self.api
-        if api is None or not self.leading():
+        if api is None:
+            return None
+        chosen = self.choose()
+        if not chosen:
+            return 0
+        if self.lead(0.0):
             return None
         done = 0
-        for p in self.choose():
+        for p in chosen:
             try:
                 api.ungate_pod(p.namespace, p.name, p.uid, p.gates)
             except KubeError as exc:

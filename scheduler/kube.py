@@ -555,6 +555,24 @@ class RestKubeAPI:
             raise
         return obj
 
+    def list_objects(self, path: str) -> builtins.list[JsonObj]:
+        """Every object of the collection at ``path`` (a custom resource's, all namespaces), page by page."""
+        items: builtins.list[JsonObj] = []
+        cont = ""
+        while True:
+            query = {"limit": str(self.page_size)} | ({"continue": cont} if cont else {})
+            page = self._request("GET", f"{path}?{urllib.parse.urlencode(query)}")
+            items.extend(page.get("items") or [])
+            cont = (page.get("metadata") or {}).get("continue") or ""
+            if not cont:
+                return items
+
+    def apply_status(self, path: str, body: JsonObj, manager: str) -> None:
+        """Server-side apply to the status subresource: only the fields in ``body`` become ``manager``'s
+        (a map list's entries by key), forcing conflicts as a controller owning those fields does."""
+        query = urllib.parse.urlencode({"fieldManager": manager, "force": "true"})
+        self._request("PATCH", f"{path}/status?{query}", body, content_type="application/apply-patch+yaml")
+
     def watch(self, resource: Resource, resource_version: str, timeout_s: int) -> Iterator[tuple[str, JsonObj]]:
         query = {
             "watch": "1",

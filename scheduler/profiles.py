@@ -64,6 +64,7 @@ def build_profiles(
     binding: Binding | None,
     unsure: Mapping[str, Unsure],
     lease_wait_s: float,
+    record: GangRecord,
 ) -> Profiles:
     """Each pod kind's cycle over ``cache``, with the configuration's options.
 
@@ -73,7 +74,8 @@ def build_profiles(
     share's hold-back before a preemption, the gang sizes read from group objects); ``victims``: the
     victims preemption named; ``binding``: the Binding step (``None``: no API server, no bind);
     ``unsure``: the Bindings whose outcome is unknown, by pod uid; ``lease_wait_s``: how long a bind or a
-    gang's first filter waits for the lease."""
+    gang's first filter waits for the lease; ``record``: writes a gang reservation's record before its first
+    member binds (shared with Kueue's admission checks, which record a reservation when they make it)."""
 
     def fail(state: CycleState, status: Status) -> None:
         host.event(state.info, status.event, status.reason)
@@ -86,7 +88,6 @@ def build_profiles(
     cpu_pods = CpuPods(share_ranker, decision.fits, cfg.keep_best_nodes)
     not_ours = NotOurs()
     gang = Gang(gangs)
-    record = GangRecord(gangs.book)
     gang_pre = (held, GangAdmission(gangs), fair, gang_size, GangLease(host, lease_wait_s), gang)
     cycles = {
         PodKind.INVALID: Cycle(pre_filter=(read,), score=(not_ours,), pre_bind=(lease, Request()), on_failure=fail),

@@ -115,8 +115,22 @@ def test_only_the_lease_holder_removes_gates() -> None:
     c.add(_waiting("p", "q"))
     assert c.ext.leader is not None
     c.ext.leader.stop(release=True)
+    other = Extender(GATES, ClusterCache("kube-icl.io/accelerator"), c.api)
+    assert other.lead(1.0) == ""  # another replica holds the Lease now
     assert c.gates.run_once() is None
     assert c.gated() == ["p"]
+
+
+def test_a_replica_with_gated_pods_takes_the_free_lease_and_lets_them_go() -> None:
+    # kube-scheduler never calls the extender for a gated pod: the gate loop must not wait for a verb
+    # to make a Lease holder, or a cluster whose every device pod is gated would hold them forever
+    c = Cluster({"a": "ring:8"})
+    assert c.ext.leader is not None
+    c.ext.leader.stop(release=True)
+    assert not c.ext.leading()
+    c.add(_waiting("p", "q"))
+    assert c.ungate() == ["p"]
+    assert c.ext.leading()
 
 
 def test_the_filter_holds_back_a_pod_the_gates_let_go_only_for_its_quota() -> None:

@@ -65,6 +65,7 @@ __all__ = [
     "cache_key",
     "cache_root",
     "check_gomod",
+    "go_install",
     "load_versions",
     "missing_binaries",
     "missing_node_binaries",
@@ -550,6 +551,19 @@ def build(*, force: bool = False, check_proxy: bool = True) -> Path:
     return target_dir
 
 
+def go_install(package: str, version: str, ldflags: str, out: Path) -> None:
+    """``go install PACKAGE@VERSION`` into ``out``, outside any module, so that the package's own go.mod
+    (not a wrapper's) decides its dependencies."""
+    with tempfile.TemporaryDirectory(prefix=f"kube-icl-{out.name}-", dir=out.parent) as scratch:
+        flags = [f for f in os.environ.get("GOFLAGS", "").split() if not f.startswith("-mod=")]
+        env = {**os.environ, "GOBIN": scratch, "GOFLAGS": " ".join(flags)}
+        command = ["nice", "-n", "10", "go", "install", "-trimpath", f"-ldflags={ldflags}", f"{package}@{version}"]
+        result = subprocess.run(command, cwd=scratch, env=env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise BuildError(f"`go install {package}@{version}` failed:\n{result.stderr.strip()[-3000:]}")
+        os.replace(Path(scratch) / Path(package).name, out)
+
+
 def build_tools(*, force: bool = False) -> Path:
     """``go install`` the missing tools of :data:`TOOLS` at their pinned versions into :func:`tool_dir`."""
     versions = load_tool_versions()
@@ -567,23 +581,7 @@ def build_tools(*, force: bool = False) -> Path:
             _say(f"{tool.name}: go install {tool.package}@{version} (cold: a few minutes)")
             ldflags = "-s -w" + (f" -X {tool.version_symbol}={version}" if tool.version_symbol else "")
             started = time.monotonic()
-            with tempfile.TemporaryDirectory(prefix=f"kube-icl-{tool.name}-", dir=target_dir.parent) as scratch:
-                flags = [f for f in os.environ.get("GOFLAGS", "").split() if not f.startswith("-mod=")]
-                env = {**os.environ, "GOBIN": scratch, "GOFLAGS": " ".join(flags)}
-                # Outside any module, so the tool's own go.mod (not the wrapper's) decides its dependencies.
-                command = ["nice", "-n", "10", "go", "install", "-trimpath", f"-ldflags={ldflags}"]
-                result = subprocess.run(
-                    [*command, f"{tool.package}@{version}"],
-                    cwd=scratch,
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                if result.returncode != 0:
-                    raise BuildError(f"`go install {tool.package}@{version}` failed:\n{result.stderr.strip()[-3000:]}")
-                built = Path(scratch) / Path(tool.package).name
-                os.replace(built, target_dir / tool.name)
+            go_install(tool.package, version, ldflags, target_dir / tool.name)
             took = _format_duration(time.monotonic() - started)
             _say(f"{tool.name} {version}: done in {took}: {target_dir / tool.name}")
     return target_dir

@@ -922,6 +922,9 @@ class MemoryKubeAPI:
         self.before: dict[str, Callable[[], None]] = {}
         self.groups: dict[tuple[str, str, str], JsonObj] = {}  # (kind, namespace, name) -> group object
         self.leases = LeaseStore()
+        # custom objects by collection path (``/apis/<group>/<version>/<resource>``) and ``namespace/name``
+        # (``name`` when cluster-scoped), for Kueue's AdmissionChecks and Workloads
+        self.objects: dict[str, dict[str, JsonObj]] = {}
 
     def _maybe_fail(self, call: str, ns: str, name: str) -> None:
         self.calls.append((call, ns, name))
@@ -931,6 +934,37 @@ class MemoryKubeAPI:
         if self.fail.get(call, 0) > 0:
             self.fail[call] -= 1
             raise self._error(500, f"injected failure of {call} {ns}/{name}")
+
+    def list_objects(self, path: str) -> list[JsonObj]:
+        with self.lock:
+            return [copy.deepcopy(o) for _, o in sorted(self.objects.get(path, {}).items())]
+
+    def apply_status(self, path: str, body: JsonObj, manager: str) -> None:
+        """Server-side apply of ``status`` as kube-apiserver merges it for Kueue's types: ``conditions``
+        and ``admissionChecks`` are map lists keyed by ``type`` and ``name`` (an applied entry replaces
+        the entry of its key, the others stay); other fields are replaced."""
+        parts = path.strip("/").split("/")
+        name = parts[-1]
+        if "namespaces" in parts:
+            i = parts.index("namespaces")
+            collection = "/" + "/".join(parts[:i] + parts[i + 2 : -1])
+            key = f"{parts[i + 1]}/{name}"
+        else:
+            collection, key = "/" + "/".join(parts[:-1]), name
+        self._maybe_fail("apply", collection, key)
+        with self.lock:
+            obj = self.objects.get(collection, {}).get(key)
+            if obj is None:
+                raise self._error(404, f"PATCH {path}/status: not found")
+            status = obj.setdefault("status", {})
+            for field_name, value in (body.get("status") or {}).items():
+                list_key = {"conditions": "type", "admissionChecks": "name"}.get(field_name)
+                if list_key is None:
+                    status[field_name] = copy.deepcopy(value)
+                    continue
+                merged = {e[list_key]: e for e in status.get(field_name) or []}
+                merged.update({e[list_key]: copy.deepcopy(e) for e in value})
+                status[field_name] = list(merged.values())
 
     def list(self, resource: str) -> tuple[list[JsonObj], str]:
         with self.lock:

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Build, or reuse from the cache, the job controllers of the platform-stack e2e tests.
+
+Kueue, the Kubeflow training-operator (PyTorchJob), JobSet, LeaderWorkerSet and Kubeflow Trainer v2
+(TrainJob), at the pins of ``tests/e2e/controllers.env``: each binary is ``go install PACKAGE@VERSION``
+(the controller's own go.mod decides its dependencies), and each controller's CRDs are copied from the
+same module version. They are cached in ``${ICL_E2E_CACHE:-~/.cache/kube-icl/e2e}/controllers-<hash>/``
+(``bin/<name>``, ``crds/<name>/*.yaml``), ``<hash>`` over the pins, the table below and the recipe.
+
+Standard library only, like ``build.py``::
+
+    python3 tests/e2e/ctlbuild.py          # build what is missing (make e2e-controllers)
+    python3 tests/e2e/ctlbuild.py --dir    # print where they are (or would be)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__:
+    from . import build
+else:  # run as a script by the Makefile
+    import build  # type: ignore[no-redef]
+
+__all__ = ["CONTROLLERS", "Controller", "build_controllers", "controllers_dir", "missing_controllers"]
+
+CONTROLLERS_FILE = build.HERE / "controllers.env"
+RECIPE = "go install -trimpath -ldflags='-s -w' <package>@<version>; crds copied from <module>@<version>; recipe 1"
+
+
+@dataclass(frozen=True, slots=True)
+class Controller:
+    """One controller: its binary, the Go main package and module it comes from, where the module keeps
+    its CRDs, and the controllers.env key of its version."""
+
+    name: str
+    package: str
+    module: str
+    crds: str
+    pin: str
+
+
+CONTROLLERS: tuple[Controller, ...] = (
+    Controller(
+        "kueue", "sigs.k8s.io/kueue/cmd/kueue", "sigs.k8s.io/kueue", "config/components/crd/bases", "KUEUE_VERSION"
+    ),
+    Controller(
+        "training-operator",
+        "github.com/kubeflow/training-operator/cmd/training-operator.v1",
+        "github.com/kubeflow/training-operator",
+        "manifests/base/crds",
+        "TRAINING_OPERATOR_VERSION",
+    ),
+    Controller("jobset", "sigs.k8s.io/jobset", "sigs.k8s.io/jobset", "config/components/crd/bases", "JOBSET_VERSION"),
+    Controller("lws", "sigs.k8s.io/lws/cmd", "sigs.k8s.io/lws", "config/crd/bases", "LWS_VERSION"),
+    Controller(
+        "trainer",
+        "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
+        "github.com/kubeflow/trainer/v2",
+        "manifests/base/crds",
+        "TRAINER_VERSION",
+    ),
+)
+
+
+def load_pins(path: Path = CONTROLLERS_FILE) -> dict[str, str]:
+    """Controller name -> pinned version; every controller of :data:`CONTROLLERS` must be pinned."""
+    values = build._read_env(path)
+    found: dict[str, str] = {}
+    for controller in CONTROLLERS:
+        pin = values.get(controller.pin)
+        if pin is None:
+            raise build.BuildError(f"{path}: {controller.pin} is missing")
+        if not build._SEMVER.match(pin):
+            raise build.BuildError(f"{path}: {controller.pin}={pin!r} is not a release version like v1.2.3")
+        found[controller.name] = pin
+    return found
+
+
+def controllers_dir() -> Path:
+    """``$ICL_E2E_CONTROLLERS_DIR`` if set, else ``<cache>/controllers-<hash>``."""
+    configured = os.environ.get("ICL_E2E_CONTROLLERS_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    digest = hashlib.sha256(CONTROLLERS_FILE.read_bytes() if CONTROLLERS_FILE.exists() else b"<missing>")
+    digest.update(RECIPE.encode())
+    for c in CONTROLLERS:
+        digest.update(f"{c.name}={c.package} {c.module} {c.crds}\n".encode())
+    return build.cache_root() / f"controllers-{digest.hexdigest()[:16]}"
+
+
+def missing_controllers(directory: Path | None = None) -> list[str]:
+    """Names of the controllers whose binary or CRDs are not in ``directory`` (default: :func:`controllers_dir`)."""
+    directory = controllers_dir() if directory is None else directory
+    return [
+        c.name
+        for c in CONTROLLERS
+        if not os.access(directory / "bin" / c.name, os.X_OK) or not any((directory / "crds" / c.name).glob("*.yaml"))
+    ]
+
+
+def _copy_crds(controller: Controller, version: str, out: Path) -> int:
+    """Copy the CRDs of ``controller``'s module at ``version`` into ``out``; how many."""
+    result = subprocess.run(
+        ["go", "mod", "download", "-json", f"{controller.module}@{version}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise build.BuildError(f"`go mod download {controller.module}@{version}` failed:\n{result.stderr.strip()}")
+    source = Path(json.loads(result.stdout)["Dir"]) / controller.crds
+    files = sorted(source.glob("*.yaml"))
+    crds = [f for f in files if "kind: CustomResourceDefinition" in f.read_text()]
+    if not crds:
+        raise build.BuildError(f"{controller.module}@{version}: no CRDs in {controller.crds}")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for crd in crds:
+        shutil.copyfile(crd, out / crd.name)
+    return len(crds)
+
+
+def build_controllers(*, force: bool = False) -> Path:
+    """Build the missing controllers and copy their CRDs; returns their directory."""
+    pins = load_pins()
+    entry = controllers_dir()
+    missing = [c for c in CONTROLLERS if force or c.name in missing_controllers(entry)]
+    if not missing:
+        build._say(f"controllers up to date: {entry}")
+        return entry
+    with build._locked(entry.with_suffix(".lock")):
+        (entry / "bin").mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        for index, controller in enumerate(missing, start=1):
+            if not force and controller.name not in missing_controllers(entry):
+                continue  # built meanwhile
+            version = pins[controller.name]
+            prefix = f"[{index}/{len(missing)}] {controller.name} {version}"
+            build._say(f"{prefix}: go install {controller.package} (cold: 2 to 9 minutes of CPU)")
+            began = time.monotonic()
+            build.go_install(controller.package, version, "-s -w", entry / "bin" / controller.name)
+            count = _copy_crds(controller, version, entry / "crds" / controller.name)
+            build._say(f"{prefix}: done in {build._format_duration(time.monotonic() - began)}, {count} CRDs")
+        shutil.copyfile(CONTROLLERS_FILE, entry / "controllers.env")
+        build._say(f"controllers built in {build._format_duration(time.monotonic() - started)}: {entry}")
+    return entry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--dir", action="store_true", help="print the controllers' directory and exit")
+    parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    args = parser.parse_args(argv)
+    if args.dir:
+        print(controllers_dir())
+        return 0
+    if shutil.which("go") is None:
+        build._say("Go toolchain not found: the job controllers are not built; their e2e tests will skip")
+        return 0
+    try:
+        build_controllers(force=args.force)
+    except build.BuildError as error:
+        build._say(f"error: {error}")
+        return 1
+    except KeyboardInterrupt:
+        build._say("interrupted")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
