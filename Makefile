@@ -29,7 +29,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) e2e-bins node-runtime browser protoc-tools image torch-venv
+unit: $(STAMP) e2e-bins e2e-controllers node-runtime browser protoc-tools image torch-venv
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -58,6 +58,12 @@ manifests:
 .PHONY: e2e-bins
 e2e-bins:
 	@$(PYTHON) tests/e2e/build.py
+
+## e2e-controllers: build the pinned job controllers of the platform-stack e2e tests (Kueue, training-operator,
+## JobSet, LWS, Trainer; tests/e2e/controllers.env) once, with their CRDs, cached outside the repository
+.PHONY: e2e-controllers
+e2e-controllers:
+	@$(PYTHON) tests/e2e/ctlbuild.py
 
 ## node-runtime: runc for the real node of the e2e tests (tests/e2e/realnode.py: kubelet + containerd, built by
 ## e2e-bins), from the distribution's packages when it is missing (as root)

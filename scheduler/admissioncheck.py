@@ -92,6 +92,7 @@ class WorkloadGang:
     shape: Shape
     members: int
     pod_sets: tuple[str, ...]  # the names of the pod sets that ask devices
+    selector: Mapping[str, str]  # the nodeSelector of those pod sets' templates, together
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,7 @@ def workload_gang(workload: Mapping[str, Any], resource: str) -> WorkloadGang | 
     owner = _controller(meta)
     counts = _counts(workload)
     found: list[tuple[str, PodInfo, int]] = []
+    selector: dict[str, str] = {}
     for ps in (workload.get("spec") or {}).get("podSets") or ():
         if not isinstance(ps, Mapping):
             continue
@@ -158,6 +160,11 @@ def workload_gang(workload: Mapping[str, Any], resource: str) -> WorkloadGang | 
             raise PodSpecError(f"pod set {name!r}: {exc}") from None
         if info.count > 0 and counts.get(name, 0) > 0:
             found.append((name, info, counts[name]))
+            for key, value in ((template.get("spec") or {}).get("nodeSelector") or {}).items():
+                if selector.setdefault(str(key), str(value)) != str(value):
+                    raise PodSpecError(
+                        f"pod set {name!r}: nodeSelector {key}={value!r} disagrees with another pod set's"
+                    )
     if not found:
         return None
     first = found[0][1]
@@ -182,7 +189,7 @@ def workload_gang(workload: Mapping[str, Any], resource: str) -> WorkloadGang | 
     except (ShapeError, TopologyError) as exc:
         raise PodSpecError(f"pod set {found[0][0]!r}: {exc}") from None
     info = dataclasses.replace(first, gang=dataclasses.replace(gang, size=members, max_size=0))
-    return WorkloadGang(info, shape, members, tuple(n for n, _, _ in found))
+    return WorkloadGang(info, shape, members, tuple(n for n, _, _ in found), selector)
 
 
 def _now_rfc3339() -> str:
@@ -235,7 +242,7 @@ class AdmissionChecks:
                 return Verdict(
                     "Ready", f"{what} reserved for gang {gang.name!r} on {_nodes(s.node for s in res.slots)}"
                 )
-            candidates = self.cache.nodes.node_names()
+            candidates = self.cache.nodes.selected(wanted.selector)
             found, why = self.gangs.planner.place(gang, shape, n, candidates)
             if found is None:
                 ever, never = self.gangs.planner.place(gang, shape, n, candidates, empty=True)

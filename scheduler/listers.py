@@ -110,6 +110,10 @@ class NodeLister(PlanReader, Protocol):
         """Whether the cache has a record of the node (its Node object, or a pod bound to it)."""
         ...
 
+    def selected(self, selector: Mapping[str, str]) -> list[str]:
+        """The nodes whose labels hold every ``key: value`` of ``selector`` (a pod's ``nodeSelector``)."""
+        ...
+
     def node_names(self) -> list[str]:
         """Every node the cache knows, ready or not, with a usable topology or not."""
         ...

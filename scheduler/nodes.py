@@ -427,6 +427,11 @@ class Nodes:
         with self.lock:
             return list(self.records)
 
+    def selected(self, selector: Mapping[str, str]) -> list[str]:
+        """The nodes whose labels hold every ``key: value`` of ``selector`` (a pod's ``nodeSelector``)."""
+        with self.lock:
+            return [n for n, rec in self.records.items() if all(rec.labels.get(k) == v for k, v in selector.items())]
+
     def topology_of(self, name: str) -> NodeTopology | None:
         rec = self.records.get(name)
         return rec.topology if rec is not None else None

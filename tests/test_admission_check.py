@@ -80,10 +80,12 @@ def pytorchjob_workload(name: str, workers: int, count: int = 4, shape: str = "r
 
 
 class Cluster:
-    def __init__(self, nodes: dict[str, str], cfg: ExtenderConfig = KUEUE) -> None:
+    def __init__(
+        self, nodes: dict[str, str], cfg: ExtenderConfig = KUEUE, labels: dict[str, dict[str, str]] | None = None
+    ) -> None:
         self.api = MemoryKubeAPI()
         for name, preset in nodes.items():
-            self.api.nodes[name] = node_obj(name, preset)
+            self.api.nodes[name] = node_obj(name, preset, labels=(labels or {}).get(name))
         self.cache = ClusterCache(R)
         Informer(self.api, self.cache).sync_once()
         self.ext = Extender(cfg, self.cache, self.api)
@@ -248,6 +250,23 @@ def test_rejected_when_the_shapes_can_never_exist_here() -> None:
     c.checks.run_once()
     assert c.state(bad)["state"] == "Rejected" and "kube-icl cannot place workload ml/" in c.state(bad)["message"]
     assert c.ext.gangs.book.reservations == {}
+
+
+def test_the_shapes_are_planned_on_the_nodes_the_pod_sets_select() -> None:
+    c = Cluster({"a": "full:8", "b": "full:8"}, labels={"a": {"pool": "x"}, "b": {"pool": "y"}})
+
+    def selecting(name: str, members: int) -> dict[str, Any]:
+        template = _template(4)
+        template["spec"]["nodeSelector"] = {"pool": "y"}
+        return workload(name, [("worker", members, template)])
+
+    fits, never = selecting("fits", 2), selecting("never", 3)
+    c.submit(fits)
+    c.submit(never)
+    c.checks.run_once()
+    assert c.state(fits)["state"] == "Ready"
+    assert {s.node for s in c.ext.gangs.book.reservations["ml/pytorchjob:fits"].slots} == {"b"}
+    assert c.state(never)["state"] == "Rejected", "3 rings of 4 never fit the 8 devices of pool y"
 
 
 def test_only_our_checks_on_workloads_with_quota_are_answered_and_ours_are_marked_active() -> None:
