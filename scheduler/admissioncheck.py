@@ -37,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
+from scheduler.events import event_body
 from scheduler.gang import GangManager
 from scheduler.kube import KubeError
 from scheduler.podspec import LABEL_JOBSET_NAME, LABEL_KUBEFLOW_JOB_NAME, PodInfo, PodSpecError, pod_info
@@ -55,7 +56,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KUEUE_API = "/apis/kueue.x-k8s.io/v1beta2"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_API = f"/apis/{KUEUE_GROUP}/v1beta2"
 CHECKS_PATH = f"{KUEUE_API}/admissionchecks"
 WORKLOADS_PATH = f"{KUEUE_API}/workloads"
 FIELD_MANAGER = "kube-icl-admission-check"
@@ -81,6 +83,8 @@ class KueueAPI(Protocol):
     def apply_status(self, path: str, body: dict[str, Any], manager: str) -> None:
         """Server-side apply ``body`` to the object's status subresource as field manager ``manager``."""
         ...
+
+    def create_event(self, namespace: str, event: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +221,7 @@ class AdmissionChecks:
         self.lead = lead
         self.record = record
         self.mine: dict[str, str] = {}  # workload uid -> the gang key reserved for it
+        self._told: dict[str, Verdict] = {}  # workload uid -> the answer its last Event said
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -291,6 +296,7 @@ class AdmissionChecks:
         for w in pending:
             verdict = self.decide(w)
             meta = w.get("metadata") or {}
+            self._tell(api, meta, verdict)
             for name in self._mine_pending(w, checks):
                 try:
                     self._answer(api, meta, name, verdict)
@@ -324,6 +330,9 @@ class AdmissionChecks:
             for w in workloads
             if _condition(w, "QuotaReserved") and not _condition(w, "Finished")
         }
+        alive = {str((w.get("metadata") or {}).get("uid")) for w in workloads}
+        for uid in [u for u in self._told if u not in alive]:
+            del self._told[uid]
         for uid, key in list(self.mine.items()):
             if uid in holding:
                 continue
@@ -332,6 +341,30 @@ class AdmissionChecks:
                 if self.gangs.book.starting(key):
                     self.gangs.book.release(key)
                     log.info("gang %s: its workload no longer holds quota; the reservation is released", key)
+
+    def _tell(self, api: KueueAPI, meta: Mapping[str, Any], verdict: Verdict) -> None:
+        """An Event on the Workload with the answer, once per change: Kueue resets a Rejected or Retry check
+        to Pending when it evicts the workload ("Previously: Rejected"), so the reason would be lost."""
+        uid = str(meta.get("uid") or "")
+        if self._told.get(uid) == verdict:
+            return
+        self._told[uid] = verdict
+        reason = {"Ready": "ShapesReserved", "Retry": "ShapesNotFree", "Rejected": "ShapesImpossible"}[verdict.state]
+        kind = "Normal" if verdict.state == "Ready" else "Warning"
+        body = event_body(
+            str(meta.get("namespace")),
+            str(meta.get("name")),
+            uid,
+            reason,
+            f"{verdict.state}: {verdict.message}",
+            kind,
+            FIELD_MANAGER,
+            about=(f"{KUEUE_GROUP}/v1beta2", "Workload"),
+        )
+        try:
+            api.create_event(str(meta.get("namespace")), body)
+        except KubeError as exc:
+            log.warning("workload %s/%s: event not posted: %s", meta.get("namespace"), meta.get("name"), exc)
 
     def _activate(self, api: KueueAPI, name: str) -> None:
         body = {

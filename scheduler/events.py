@@ -29,15 +29,22 @@ def _now() -> str:
 
 
 def event_body(
-    namespace: str, name: str, uid: str, reason: str, message: str, event_type: str, component: str
+    namespace: str,
+    name: str,
+    uid: str,
+    reason: str,
+    message: str,
+    event_type: str,
+    component: str,
+    about: tuple[str, str] = ("v1", "Pod"),
 ) -> dict[str, Any]:
-    """A core/v1 Event about a pod."""
+    """A core/v1 Event about a pod (or the object of ``about``: its apiVersion and kind)."""
     now = _now()
     return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
+        "involvedObject": {"apiVersion": about[0], "kind": about[1], "namespace": namespace, "name": name, "uid": uid},
         "reason": reason,
         "message": message[:1024],
         "type": event_type,

@@ -250,6 +250,11 @@ def test_rejected_when_the_shapes_can_never_exist_here() -> None:
     c.checks.run_once()
     assert c.state(bad)["state"] == "Rejected" and "kube-icl cannot place workload ml/" in c.state(bad)["message"]
     assert c.ext.gangs.book.reservations == {}
+    # Kueue resets a Rejected check to Pending when it deactivates the workload: the reason stays on an Event
+    said = [(e["involvedObject"]["kind"], e["reason"], e["message"]) for e in c.api.events]
+    assert ("Workload", "ShapesImpossible", "Rejected: " + state["message"]) in said
+    c.checks.run_once()
+    assert len(c.api.events) == len(said), "one Event per answer, not one per round"
 
 
 def test_the_shapes_are_planned_on_the_nodes_the_pod_sets_select() -> None:

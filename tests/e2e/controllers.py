@@ -12,7 +12,8 @@ cluster, with what a cluster would give them and the e2e control plane does not:
   the real node of ``realnode.py``).
 - **training-operator** (``--enable-scheme=pytorchjob``): the namespace ``kubeflow`` and the empty
   Secret ``training-operator-webhook-cert`` it reads at start; its webhook certificate at the fixed path
-  ``/tmp/k8s-webhook-server/serving-certs``, in its own mount namespace with a private ``/tmp``.
+  ``/tmp/k8s-webhook-server/serving-certs``, bind-mounted from the test's own directory in its own mount
+  namespace (the host keeps an empty directory there).
 
 Their admission webhooks are served but not registered with the API server (it would need a route to a
 Service): jobs are therefore created suspended, as Kueue's webhook would make them, and carry the
@@ -43,11 +44,11 @@ KUEUE_NAMESPACE = "kueue-system"
 NOT_BUILT = "the job controllers are not built (make e2e-controllers)"
 
 
-def require_controllers() -> Path:
-    """The built controllers' directory; skip (fail under ``ICL_E2E_REQUIRED=1``) when they are missing or
-    cannot run here."""
+def require_controllers(*names: str) -> Path:
+    """The built controllers' directory; skip (fail under ``ICL_E2E_REQUIRED=1``) when one of ``names`` is
+    missing or they cannot run here."""
     directory = ctlbuild.controllers_dir()
-    missing = ctlbuild.missing_controllers(directory)
+    missing = [name for name in ctlbuild.missing_controllers(directory) if name in names]
     why = ""
     if missing:
         why = f"{NOT_BUILT}: missing {', '.join(missing)}"
@@ -149,9 +150,9 @@ class JobControllers:
                 raise
         health = free_port()
         serving = "/tmp/k8s-webhook-server/serving-certs"
+        Path(serving).mkdir(parents=True, exist_ok=True)  # an empty mount point on the host
         script = (
-            "mount -t tmpfs tmpfs /tmp\n"
-            f"mkdir -p {serving} && cp {self.certs}/tls.crt {self.certs}/tls.key {serving}/\n"
+            f"mount --bind {self.certs} {serving}\n"
             f"exec {self.directory / 'bin' / 'training-operator'} --kubeconfig {self.plane.kubeconfig} "
             f"--leader-elect=false --metrics-bind-address=0 --health-probe-bind-address=127.0.0.1:{health} "
             f"--webhook-server-port={free_port()} --enable-scheme=pytorchjob\n"

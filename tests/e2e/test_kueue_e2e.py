@@ -14,8 +14,8 @@ The ClusterQueue (16 devices) with the check, its LocalQueue and the PyTorchJob 
   of its rank (replica index = RANK = position in ``kube-icl.io/gang-layout``), on a ring.
 - A second job over the ClusterQueue's quota waits suspended, with no pod, so none is ever marked
   ``Unschedulable`` (a watch over the whole module checks it); it runs when the first is deleted.
-- A job whose shape cannot exist here (a ring of 16 on nodes of 8) is Rejected with the reason and
-  deactivated by Kueue.
+- A job whose shape cannot exist here (a ring of 16 on nodes of 8) is Rejected and deactivated by Kueue;
+  the reason is on the Workload's Event (Kueue resets the check to Pending when it evicts).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _watch_marks(plane: ControlPlane, namespace: str, seen: dict[str, str], stop
 
 @pytest.fixture(scope="module")
 def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    directory = require_controllers()
+    directory = require_controllers("kueue", "training-operator")
     workdir = tmp_path_factory.mktemp("kueue")
     label = f"kueue-{uuid.uuid4().hex[:6]}"
     namespace = f"{label}-ns"
@@ -277,11 +277,18 @@ def test_a_job_over_its_queues_quota_waits_suspended_never_unschedulable(stack: 
 
 def test_a_job_whose_shape_cannot_exist_is_rejected_with_the_reason(stack: Stack) -> None:
     _create_job(stack, pytorchjob("huge", stack.label, workers=0, count=16))
-    rejected_check = wait_for(
-        lambda: (c := _check(_workload(stack, "huge"))).get("state") == "Rejected" and c, what="the check's Rejected"
+    wl = wait_for(
+        lambda: (w := _workload(stack, "huge")) and w.get("spec", {}).get("active") is False and w,
+        what="Kueue deactivating the workload",
     )
-    assert "can never be placed on this cluster" in rejected_check["message"]
-    wait_for(lambda: (_workload(stack, "huge") or {}).get("spec", {}).get("active") is False, what="deactivated")
+    # Kueue resets the check to Pending when it evicts ("Previously: Rejected"); the reason is on the Event
+    assert "Rejected" in _check(wl)["message"], wl
+    assert "kube-icl, were rejected" in next(c["message"] for c in wl["status"]["conditions"] if c["type"] == "Evicted")
+    events = stack.extender.plane.core.list_namespaced_event(
+        stack.namespace, field_selector=f"involvedObject.name={wl['metadata']['name']}"
+    ).items
+    said = [e.message for e in events if e.reason == "ShapesImpossible"]
+    assert said and "can never be placed on this cluster" in said[0] and "ring of 16" in said[0], said
     assert _suspended(stack, "huge") and _pods(stack, "huge") == []
     assert stack.marks == {}, f"pods marked Unschedulable: {stack.marks}"
     _gone(stack, "huge")
