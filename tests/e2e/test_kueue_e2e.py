@@ -278,11 +278,12 @@ def test_a_job_over_its_queues_quota_waits_suspended_never_unschedulable(stack: 
 def test_a_job_whose_shape_cannot_exist_is_rejected_with_the_reason(stack: Stack) -> None:
     _create_job(stack, pytorchjob("huge", stack.label, workers=0, count=16))
     wl = wait_for(
-        lambda: (w := _workload(stack, "huge")) and w.get("spec", {}).get("active") is False and w,
-        what="Kueue deactivating the workload",
+        lambda: (w := _workload(stack, "huge")) and w["spec"].get("active") is False and _condition(w, "Evicted") and w,
+        what="Kueue deactivating and evicting the workload",
     )
     # Kueue resets the check to Pending when it evicts ("Previously: Rejected"); the reason is on the Event
-    assert "Rejected" in _check(wl)["message"], wl
+    check = _check(wl)
+    assert check["state"] == "Rejected" or "Previously: Rejected" in check["message"], check
     assert "kube-icl, were rejected" in next(c["message"] for c in wl["status"]["conditions"] if c["type"] == "Evicted")
     events = stack.extender.plane.core.list_namespaced_event(
         stack.namespace, field_selector=f"involvedObject.name={wl['metadata']['name']}"
@@ -292,3 +293,61 @@ def test_a_job_whose_shape_cannot_exist_is_rejected_with_the_reason(stack: Stack
     assert _suspended(stack, "huge") and _pods(stack, "huge") == []
     assert stack.marks == {}, f"pods marked Unschedulable: {stack.marks}"
     _gone(stack, "huge")
+
+
+def test_admitted_workloads_never_wait_for_their_shapes_while_plain_pods_race_to_fill_the_cluster(
+    stack: Stack,
+) -> None:
+    """Six jobs of 2 x a ring of 4 (the ClusterQueue's quota raised so that quota never decides) and two
+    plain pods of a ring of 4 are created at once on 16 devices, until the cluster is full: every job
+    Kueue admits has both its pods Running, none ever marked Unschedulable, and no device is held twice."""
+    plane = stack.extender.plane
+    raised = next(o for o in _queues(stack.namespace) if o["kind"] == "ClusterQueue")
+    raised["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = 64
+    apply_objects(plane, stack.extender.config_path.parent, [raised], "raised-quota")
+    jobs = [f"race-{i}" for i in range(6)]
+    plain = [f"plain-{i}" for i in range(2)]
+    template = pytorchjob("x", stack.label, 0)["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+
+    def create(name: str) -> None:
+        if name in jobs:
+            _create_job(stack, pytorchjob(name, stack.label, workers=1))
+        else:
+            body = {"metadata": {"name": name, **template["metadata"]}, "spec": template["spec"]}
+            plane.core.create_namespaced_pod(stack.namespace, body)
+
+    order = [jobs[0], plain[0], jobs[1], jobs[2], plain[1], *jobs[3:]]
+    threads = [threading.Thread(target=create, args=(name,)) for name in order]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+    def held() -> dict[tuple[str, str], str]:
+        out: dict[tuple[str, str], str] = {}
+        for pod in plane.core.list_namespaced_pod(stack.namespace).items:
+            devices = (pod.metadata.annotations or {}).get("kube-icl.io/devices")
+            if pod.spec.node_name and devices:
+                for dev in devices.split(","):
+                    assert (pod.spec.node_name, dev) not in out, f"{dev} on {pod.spec.node_name} held twice"
+                    out[(pod.spec.node_name, dev)] = pod.metadata.name
+        return out
+
+    def full() -> list[str] | None:
+        """The admitted jobs, once the 16 devices are held and each admitted job runs both its pods."""
+        admitted = [j for j in jobs if _condition(_workload(stack, j), "Admitted")]
+        running = all(
+            len(pods := _pods(stack, j)) == 2 and all(p.status.phase == "Running" for p in pods) for j in admitted
+        )
+        return admitted if running and len(held()) == 16 else None
+
+    admitted = wait_for(full, what="the cluster full, every admitted job running", timeout=180)
+    job_pods = {p.metadata.name for j in jobs for p in _pods(stack, j)}
+    assert not set(stack.marks) & job_pods, f"an admitted job's pod was marked Unschedulable: {stack.marks}"
+    placed = [p for p in plain if plane.core.read_namespaced_pod(p, stack.namespace).spec.node_name]
+    print(f"race: {len(admitted)} of {len(jobs)} jobs admitted and running, {len(placed)} of {len(plain)} plain pods")
+    assert 8 * len(admitted) + 4 * len(placed) == 16
+    for j in jobs:
+        _gone(stack, j)
+    for p in plain:
+        plane.core.delete_namespaced_pod(p, stack.namespace, grace_period_seconds=0)
