@@ -26,6 +26,7 @@ its :class:`scheduler.host.Host`, queued under the cache lock and delivered once
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -37,7 +38,7 @@ from scheduler.gangplan import GangPlanner
 from scheduler.gangrecords import GangRecords
 from scheduler.host import Host, QuietHost
 from scheduler.layout import MemberLayouts
-from scheduler.podspec import GangRef, PodInfo
+from scheduler.podspec import GangRef, PodInfo, Rank, sized_rank
 from topology import DeviceRank, Shape
 
 __all__ = ["PRUNE_EVERY_S", "GangManager"]
@@ -74,6 +75,8 @@ class GangManager:
             wall=wall,
         )
         self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
+        self._ranks: dict[str, tuple[tuple[str, int, int], ...]] = {}  # gang key -> its owner's roles by rank
+        self.book.rank_of = self.rank_of
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         self._pruned_at = 0.0  # when limits and _ran last let go of gangs with no pod and no reservation left
@@ -96,6 +99,14 @@ class GangManager:
         if gang.size > 0:
             return gang.size, gang.maximum
         return self.limits.get(gang.key, (0, 0))
+
+    def rank_of(self, info: PodInfo) -> Rank | None:
+        """A member's rank: its own, else the one its JobSet indices give by its gang's roles as last read at
+        filter (a pod in the cache is not read with its owner)."""
+        gang = info.gang
+        if info.rank is not None or gang is None:
+            return info.rank
+        return sized_rank(info, dataclasses.replace(gang, ranks=gang.ranks or self._ranks.get(gang.key, ())))
 
     def is_elastic(self, gang: GangRef) -> bool:
         least, most = self.limits_of(gang)
@@ -141,7 +152,8 @@ class GangManager:
             return False
         with self.cache.lock:
             res = self.book.reservations.get(gang.key)
-            rank = info.rank.value if info.rank is not None else None
+            own = self.rank_of(info)
+            rank = own.value if own is not None else None
             return res is not None and (not self.is_elastic(gang) or bool(res.open_nodes(info.uid, rank)))
 
     # ------------------------------------------------------------------ filter
@@ -156,7 +168,8 @@ class GangManager:
         assert gang is not None
         now = self.cache.clock()
         elastic = gang.elastic
-        rank = info.rank.value if info.rank is not None else None
+        own = sized_rank(info, gang)
+        rank = own.value if own is not None else None
         with self.cache.lock:
             why = self._rank_refused(info)
             if why:
@@ -164,6 +177,7 @@ class GangManager:
             self.sweep(now)
             if gang.size > 0:
                 self.limits[gang.key] = (gang.size, gang.maximum)
+                self._ranks[gang.key] = gang.ranks
             res = self.book.reservations.get(gang.key)
             if res is not None:
                 if res.shape != str(shape) or res.count != info.count:
@@ -177,7 +191,7 @@ class GangManager:
                 if ranked is not None and ranked.pod_uid != info.uid:
                     holder = self.cache.pods.pod(ranked.pod_uid)
                     who = holder.key if holder is not None else f"uid {ranked.pod_uid}"
-                    return None, f"pod {info.key}: {info.rank}: its slot is claimed by pod {who}"
+                    return None, f"pod {info.key}: {own}: its slot is claimed by pod {who}"
                 if not elastic:
                     return None, f"gang {gang.name!r}: all {res.size} reserved slots are claimed"
             bound = self.members_bound(gang)
@@ -206,7 +220,7 @@ class GangManager:
                 return None, why
             numbers: list[int] = []
             if rank is not None:  # members carry ranks: the slots are numbered by the ranks still missing
-                taken = {p.rank.value for p in bound if p.rank is not None}
+                taken = {r.value for p in bound if (r := sized_rank(p, gang)) is not None}
                 numbers = [n for n in range(gang.size) if n not in taken][:remaining]
                 numbers = numbers if len(numbers) == remaining else []
             res, why = self.book.reserve(info, shape, found, now, numbers)
@@ -217,17 +231,18 @@ class GangManager:
     def _rank_refused(self, info: PodInfo) -> str:
         """Why this member's rank cannot be placed (lock held): beyond the gang's maximum, or another live
         member's rank too; "" when it can (or it has none)."""
-        gang, rank = info.gang, info.rank
+        gang, rank = info.gang, self.rank_of(info)
         if gang is None or rank is None:
             return ""
         most = gang.maximum or self.limits_of(gang)[1]
         if most and rank.value >= most:
             return f"pod {info.key}: {rank} is outside 0..{most - 1} of gang {gang.name!r}"
         for uid, p in self._members(gang.key):
-            if uid == info.uid or p.rank is None or p.rank.value != rank.value or p.terminal or p.deleting:
+            other = sized_rank(p, gang)
+            if uid == info.uid or other is None or other.value != rank.value or p.terminal or p.deleting:
                 continue
             return (
-                f"pod {info.key}: {rank} is also pod {p.key}'s ({p.rank.source}); "
+                f"pod {info.key}: {rank} is also pod {p.key}'s ({other.source}); "
                 f"gang {gang.name!r} takes one member per rank"
             )
         return ""
@@ -262,6 +277,7 @@ class GangManager:
         reserved = self.book.reservations
         for key in [k for k in self.limits.keys() | self._ran if k not in reserved and not self._members(k)]:
             self.limits.pop(key, None)
+            self._ranks.pop(key, None)
             self._ran.discard(key)
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:

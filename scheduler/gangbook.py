@@ -26,15 +26,11 @@ from typing import Any
 from scheduler.cache import ClusterCache
 from scheduler.gangrecords import GangRecords, Reservation, Slot
 from scheduler.host import Host
-from scheduler.podspec import PodInfo
+from scheduler.podspec import PodInfo, Rank
 from scheduler.wire import Record
 from topology import AllocationError, GangPlacement, Shape, TopologyError
 
 __all__ = ["GangBook"]
-
-
-def _rank(info: PodInfo) -> int | None:
-    return info.rank.value if info.rank is not None else None
 
 
 log = logging.getLogger(__name__)
@@ -60,6 +56,8 @@ class GangBook:
         self.records = records
         self.wall = wall
         self.reservations: dict[str, Reservation] = {}
+        # a member's rank (the gang core's, which resolves a JobSet member's from its gang's roles)
+        self.rank_of: Callable[[PodInfo], Rank | None] = lambda info: info.rank
         cache.on_reservation_taken(self._slot_taken)
 
     def tell(self, call: Callable[[], None]) -> None:
@@ -73,6 +71,10 @@ class GangBook:
 
     # ------------------------------------------------------------------ queries
 
+    def _rank(self, info: PodInfo) -> int | None:
+        rank = self.rank_of(info)
+        return rank.value if rank is not None else None
+
     def has_reservation(self, key: str) -> bool:
         return key in self.reservations
 
@@ -82,7 +84,7 @@ class GangBook:
             return None
         with self.cache.lock:
             res = self.reservations.get(info.gang.key)
-            return res.open_nodes(info.uid, _rank(info)) if res is not None else None
+            return res.open_nodes(info.uid, self._rank(info)) if res is not None else None
 
     def starting(self, key: str) -> bool:
         """The gang's reservation still has a slot nobody claimed (lock held): its minimum is not running yet."""
@@ -172,7 +174,7 @@ class GangBook:
             if res is None:
                 return None
             slot = next((s for s in res.slots if s.pod_uid == info.uid and s.node == node), None)
-            ranked = res.slot_of(_rank(info))
+            ranked = res.slot_of(self._rank(info))
             if slot is None and ranked is not None:
                 # a member with a rank takes exactly the slot of that number, or none
                 if ranked.pod_uid or ranked.node != node or not self.cache.nodes.is_reserved(ranked.owner, node):

@@ -28,7 +28,7 @@ from typing import Protocol
 from scheduler.cache import ClusterCache
 from scheduler.gangbook import GangBook
 from scheduler.gangplan import tiered
-from scheduler.podspec import GangRef, PodInfo
+from scheduler.podspec import GangRef, PodInfo, Rank
 from topology import COORDS_LABEL, DOMAIN_LABEL, ClusterView, TopologyError, ring_order
 from topology.contract import ORDER_INDEX, ORDER_RING, GangLayout, LayoutMember, format_gang_layout
 
@@ -110,6 +110,10 @@ class GangMembers(Protocol):
         """(minimum, maximum) of the gang."""
         ...
 
+    def rank_of(self, info: PodInfo) -> Rank | None:
+        """A member's rank, its JobSet's roles read (see :func:`scheduler.podspec.sized_rank`)."""
+        ...
+
 
 class MemberLayouts:
     """The ``kube-icl.io/gang-layout`` value of each member of a gang: its members in rank order along
@@ -138,7 +142,8 @@ class MemberLayouts:
             held = self.cache.pods.held(p.uid)
             assert held is not None  # a survivor holds devices
             node, devs = held
-            members[p.uid] = Member(p.name, node, devs, p.uid, p.rank.value if p.rank is not None else None)
+            rank = self.gangs.rank_of(p)
+            members[p.uid] = Member(p.name, node, devs, p.uid, rank.value if rank is not None else None)
         if extra is not None:
             members[extra.uid] = extra
         items = list(members.values())
@@ -185,7 +190,8 @@ class MemberLayouts:
         assert gang is not None
         with self.cache.lock:
             least, most = self.gangs.limits_of(gang)
-            mine = info.rank.value if info.rank is not None else None
+            own = self.gangs.rank_of(info)
+            mine = own.value if own is not None else None
             ordered, order = self._members(gang.key, Member(info.name, node, devices, info.uid or info.key, mine))
             rank = next(i for i, m in enumerate(ordered) if m.uid == (info.uid or info.key))
             where = self._where(ordered)

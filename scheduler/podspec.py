@@ -7,6 +7,7 @@ annotation and its value; callers turn it into a per-node failure and an Event.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +50,7 @@ __all__ = [
     "GroupRef",
     "GroupRole",
     "GroupSpec",
+    "JobSetIndex",
     "OwnerKind",
     "PodInfo",
     "PodSpecError",
@@ -62,6 +64,7 @@ __all__ = [
     "pod_info",
     "pod_rank",
     "requested_milli",
+    "sized_rank",
 ]
 
 # The wire names and the devices rule are the contract's (topology.contract), re-exported here.
@@ -82,6 +85,7 @@ LABEL_JOBSET_JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"  # the Job
 LABEL_JOBSET_GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"  # the JobSet's Jobs, all replicated jobs
 LABEL_JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"  # the Job's index within its replicated job
 LABEL_JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"  # the replicated job's Jobs
+LABEL_JOBSET_REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"  # ... and its name
 LABEL_JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # an Indexed Job's pod (also annotated)
 
 # The object a job controller made its pods from, whose spec sizes the gang (see :data:`OWNER_KINDS`).
@@ -121,6 +125,7 @@ class GroupRole:
     asks: tuple[tuple[str, int], ...]  # what each pod asks of every extended resource, by name
     shape: str = "any"  # its template's kube-icl.io/shape
     most: int = 0  # an elastic role's maximum; 0: rigid
+    jobs: int = 1  # the Jobs its members are split into (a JobSet replicated job's replicas)
 
     def count(self, resource: str) -> int:
         return dict(self.asks).get(resource, 0)
@@ -139,6 +144,8 @@ class GroupSpec:
     max_size: int = 0  # an elastic gang's maximum; 0: rigid
     roles: tuple[GroupRole, ...] = ()
     problem: str = ""
+    # the members' roles in rank order: (role name, its first rank, pods per Job); see JobSetIndex.rank_in
+    ranks: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +187,7 @@ class GangRef:
     # the tier the gang must stay within (kube-icl.io/gang-required-tier, or the group object's topology
     # key); "": none, the whole cluster
     tier: str = ""
+    ranks: tuple[tuple[str, int, int], ...] = ()  # its owner's roles in rank order (GroupSpec.ranks)
 
     @property
     def key(self) -> str:
@@ -196,7 +204,9 @@ class GangRef:
         key as the required tier when the pod names none (annotation kube-icl.io/gang-required-tier wins)."""
         size = self.size or (spec.size or 0)
         most = self.max_size or (spec.max_size if not self.size else 0)
-        return dataclasses.replace(self, size=size, tier=self.tier or spec.topology_key, max_size=most)
+        return dataclasses.replace(
+            self, size=size, tier=self.tier or spec.topology_key, max_size=most, ranks=spec.ranks
+        )
 
     @property
     def maximum(self) -> int:
@@ -239,6 +249,9 @@ class PodInfo:
     milli: int = 0  # a share of one device, in milli-devices (1..999) of the shared resource; 0: none
     scheduler_name: str = ""  # spec.schedulerName ("" when absent)
     rank: Rank | None = None  # a gang member's index from its job controller; None: placed in ring order
+    # a JobSet pod of a Job after the first whose gang is sized by its owner: its indices; its rank waits
+    # for the gang's size (:func:`sized_rank`)
+    jobset: JobSetIndex | None = None
     gates: tuple[str, ...] = ()  # the names in spec.schedulingGates, in order
 
     @property
@@ -497,7 +510,8 @@ def _jobset_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
         n = _count(rjob.get("replicas"), 1, f"{where}.replicas")
         per_job = _count(job.get("parallelism"), 1, f"{where}.template.spec.parallelism")
         name = str(rjob.get("name") or i)
-        roles.append(_role(name, n * per_job, job.get("template"), f"{where}.template.spec.template"))
+        role = _role(name, n * per_job, job.get("template"), f"{where}.template.spec.template")
+        roles.append(dataclasses.replace(role, jobs=n))
     return roles
 
 
@@ -548,7 +562,9 @@ def owner_gang_size(spec: GroupSpec, resource: str) -> GroupSpec:
     most = sum(max(r.most, r.members) for r in members)
     if not 1 <= least <= _MAX_GANG or most > _MAX_GANG:
         return dataclasses.replace(spec, problem=f"a gang of {least}..{most} members is outside 1..{_MAX_GANG}")
-    return dataclasses.replace(spec, size=least, max_size=most if most > least else 0)
+    firsts = itertools.accumulate((r.members for r in members), initial=0)
+    ranks = tuple((r.name, first, r.members // r.jobs) for r, first in zip(members, firsts, strict=False))
+    return dataclasses.replace(spec, size=least, max_size=most if most > least else 0, ranks=ranks)
 
 
 def _gang(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) -> GangRef | None:
@@ -699,26 +715,88 @@ def pod_rank(meta: Mapping[str, Any], spec: Mapping[str, Any], gang: GangRef | N
             return Rank(index + 1, f"{where}, {LABEL_KUBEFLOW_REPLICA_TYPE}='worker' after a master")
         return Rank(index, where)
     completion = _index(meta, LABEL_JOB_COMPLETION_INDEX, annotation=True)
+    if completion is None:
+        return None
+    jobset = _jobset_index(meta, completion)
+    if jobset is None:
+        return Rank(*completion)
+    if jobset.job == 0:
+        return Rank(jobset.completion, f"{jobset.job_where}, {jobset.completion_where}")
+    return jobset.rank(gang) if gang.size else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobSetIndex:
+    """Where a JobSet pod sits: its Job's index among the JobSet's ``jobs`` Jobs and its completion index
+    in the Job, with where each was read."""
+
+    job: int
+    jobs: int
+    completion: int
+    job_where: str
+    completion_where: str
+    jobs_where: str = ""
+    replicated_job: str = ""  # label jobset.sigs.k8s.io/replicatedjob-name
+    index_in_replicated_job: int = 0  # label jobset.sigs.k8s.io/job-index
+
+    def rank(self, gang: GangRef) -> Rank:
+        """Its rank in ``gang`` (sized): Job index x pods per Job + completion index."""
+        if gang.size % self.jobs:
+            raise PodSpecError(
+                f"{self.job_where}: gang {gang.name!r} of {gang.size} members does not split into "
+                f"{self.jobs_where} Jobs of equal size"
+            )
+        per_job = gang.size // self.jobs
+        where = f"{self.job_where} x {per_job} pods per Job + {self.completion_where}"
+        return Rank(self.job * per_job + self.completion, where)
+
+    def rank_in(self, ranks: tuple[tuple[str, int, int], ...]) -> Rank | None:
+        """Its rank in a gang sized by its JobSet (``GroupSpec.ranks``): its replicated job's first rank +
+        its Job's index in it x pods per Job + completion index; None when its replicated job is not there."""
+        for name, first, per_job in ranks:
+            if name == self.replicated_job:
+                value = first + self.index_in_replicated_job * per_job + self.completion
+                where = (
+                    f"replicated job {name!r} from rank {first}, {LABEL_JOBSET_JOB_INDEX}="
+                    f"{self.index_in_replicated_job} x {per_job} pods per Job + {self.completion_where}"
+                )
+                return Rank(value, where)
+        return None
+
+
+def _jobset_index(meta: Mapping[str, Any], completion: tuple[int, str]) -> JobSetIndex | None:
+    """A JobSet pod's indices (global Job index, else the replicated job's); None for a pod of no JobSet."""
     job = _index(meta, LABEL_JOBSET_JOB_GLOBAL_INDEX, annotation=True)
     jobs_key = LABEL_JOBSET_GLOBAL_REPLICAS
     if job is None:
         job, jobs_key = _index(meta, LABEL_JOBSET_JOB_INDEX, annotation=True), LABEL_JOBSET_REPLICAS
-    if completion is None:
+    if job is None:
         return None
-    index, where = completion
-    if job is None or job[0] == 0:
-        return Rank(index, where if job is None else f"{job[1]}, {where}")
+    if job[0] == 0:
+        return JobSetIndex(0, 1, completion[0], job[1], completion[1])
     jobs = _index(meta, jobs_key, annotation=True)
     if jobs is None or jobs[0] == 0:
         raise PodSpecError(f"{job[1]}: needs a positive {jobs_key} to number the JobSet's pods")
-    if not gang.size:
-        return None
-    if gang.size % jobs[0]:
-        raise PodSpecError(
-            f"{job[1]}: gang {gang.name!r} of {gang.size} members does not split into {jobs[1]} Jobs of equal size"
-        )
-    per_job = gang.size // jobs[0]
-    return Rank(job[0] * per_job + index, f"{job[1]} x {per_job} pods per Job + {where}")
+    labels = meta.get("labels") or {}
+    local = _index(meta, LABEL_JOBSET_JOB_INDEX, annotation=True)
+    return JobSetIndex(
+        job[0],
+        jobs[0],
+        completion[0],
+        job[1],
+        completion[1],
+        jobs[1],
+        str(labels.get(LABEL_JOBSET_REPLICATED_JOB) or ""),
+        local[0] if local is not None else 0,
+    )
+
+
+def sized_rank(info: PodInfo, gang: GangRef | None) -> Rank | None:
+    """The member's rank once its gang is read from its JobSet: :attr:`PodInfo.rank`, else the rank its
+    JobSet indices give by ``gang``'s roles (:attr:`GangRef.ranks`; None without them)."""
+    if info.rank is not None or info.jobset is None or gang is None or not gang.ranks:
+        return info.rank
+    return info.jobset.rank_in(gang.ranks)
 
 
 def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAULT_SHARED_RESOURCE) -> PodInfo:
@@ -773,9 +851,18 @@ def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAU
         mem_mib=mem,
         milli=milli,
         scheduler_name=str(spec.get("schedulerName") or ""),
-        rank=pod_rank(meta, spec, gang),
+        rank=(rank := pod_rank(meta, spec, gang)),
+        jobset=_deferred_index(meta, gang) if rank is None else None,
         gates=_gates(spec),
     )
+
+
+def _deferred_index(meta: Mapping[str, Any], gang: GangRef | None) -> JobSetIndex | None:
+    """The JobSet indices of a member whose rank waits for its gang's size (see :func:`pod_rank`)."""
+    if gang is None or gang.size:
+        return None
+    completion = _index(meta, LABEL_JOB_COMPLETION_INDEX, annotation=True)
+    return _jobset_index(meta, completion) if completion is not None else None
 
 
 def _gates(spec: Mapping[str, Any]) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ from scheduler.podspec import (
     PodSpecError,
     owner_gang_size,
     pod_info,
+    sized_rank,
 )
 from scheduler.sharing import LiveShareRanker
 from scheduler.wire import MAX_PRIORITY
@@ -467,7 +468,9 @@ class GangSize:
                 f"gang {gang.name!r} (from {gang.source}): {where} is missing or sets no gang size; "
                 f"create it or set annotation {ANN_GANG_SIZE}"
             )
-        return dataclasses.replace(info, gang=gang.with_group(spec)), ""
+        sized = dataclasses.replace(info, gang=gang.with_group(spec))
+        # a JobSet member of a Job after the first: its rank was waiting for the gang's size
+        return dataclasses.replace(sized, rank=sized_rank(sized, sized.gang)), ""
 
 
 class GangLease:

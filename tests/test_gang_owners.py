@@ -207,3 +207,43 @@ def test_a_jobsets_replicated_jobs_asking_no_devices_are_not_members(h: Extender
     h.fake.put_object(js)
     assert _filter(h, _load("jobset-node-pod.json"))["NodeNames"]
     assert h.extender.gangs.book.reservations["ml/jobset:llm"].size == 4
+
+
+def test_a_jobsets_members_bind_to_the_slots_of_their_ranks_counted_from_its_replicated_jobs(
+    h: ExtenderHarness,
+) -> None:
+    """A JobSet sized by its spec (no kube-icl annotation): the pods of its second Job learn their rank only
+    once the JobSet is read (replicated job's first rank + job-index x pods per Job + completion index),
+    and bind to the slot of that rank, whichever member comes first. Here the TrainJob's JobSet: its
+    dataset initializer asks no device, its trainer "node" Job 2 pods of 8."""
+    jobset = _load("jobset-of-trainjob.json")
+    node_job = jobset["spec"]["replicatedJobs"][1]
+    node_job["replicas"], node_job["template"]["spec"]["parallelism"] = 2, 1  # 2 Jobs x 1 pod: ranks 0, 1
+    four = {"limits": {R: "4"}, "requests": {R: "4"}}  # both slots on one node of 8: the rank picks the slot
+    node_job["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] = four
+    h.fake.put_object(jobset)
+    template = _load("jobset-node-pod.json")
+    template["spec"]["containers"][0]["resources"] = four
+    pods = []
+    for job in (1, 0):  # the second Job's pod first
+        pod = copy.deepcopy(template)
+        meta = pod["metadata"]
+        meta["name"], meta["uid"] = f"llm-node-{job}-0", f"uid-node-{job}"
+        for where in (meta["labels"], meta["annotations"]):
+            where.update(
+                {
+                    "jobset.sigs.k8s.io/job-global-index": str(job + 1),
+                    "jobset.sigs.k8s.io/job-index": str(job),
+                    "jobset.sigs.k8s.io/replicatedjob-replicas": "2",
+                    "jobset.sigs.k8s.io/global-replicas": "3",
+                    "batch.kubernetes.io/job-completion-index": "0",
+                }
+            )
+        pods.append(h.fake.put_pod(pod))
+    for pod in pods:
+        h.seen(lambda p=pod: h.cache.pods.pod(p["metadata"]["uid"]) is not None, "pod")
+        node, bound = h.schedule(pod, NODES)
+        assert node is not None, bound
+    res = h.extender.gangs.book.reservations["ml/jobset:llm"]
+    assert len({s.node for s in res.slots}) == 1
+    assert {s.pod_uid: s.number for s in res.slots} == {"uid-node-1": 1, "uid-node-0": 0}

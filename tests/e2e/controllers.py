@@ -23,6 +23,7 @@ gets a Workload, quota, admission checks, and is unsuspended when admitted.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -38,7 +39,7 @@ import yaml
 from . import ctlbuild
 from .harness import Component, ControlPlane, e2e_required, free_port, wait_for
 
-__all__ = ["JobControllers", "require_controllers"]
+__all__ = ["JobControllers", "apply_objects", "require_controllers", "start_controller_manager"]
 
 KUEUE_NAMESPACE = "kueue-system"
 NOT_BUILT = "the job controllers are not built (make e2e-controllers)"
@@ -69,6 +70,7 @@ class JobControllers:
         self.workdir = workdir
         self.directory = directory
         self.components: list[Component] = []
+        self.webhooks: list[tuple[str, str]] = []  # (kind, name) of the webhook configurations registered
         workdir.mkdir(parents=True, exist_ok=True)
         self.certs = workdir / "webhook-certs"
         self.certs.mkdir(exist_ok=True)
@@ -159,8 +161,65 @@ class JobControllers:
         )
         return self._start("training-operator", script, f"http://127.0.0.1:{health}/readyz")
 
+    def _manager_config(self, api_group: str, health: int, webhook_port: int) -> dict[str, Any]:
+        """The controller-runtime manager Configuration that JobSet and LWS share: no leader election, no
+        certificate management of their own, webhooks on loopback with the test's certificate."""
+        return {
+            "apiVersion": f"{api_group}/v1alpha1",
+            "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": False},
+            "webhook": {"port": webhook_port, "host": "127.0.0.1", "certDir": str(self.certs)},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health}"},
+        }
+
+    def start_manager(self, name: str, api_group: str) -> Component:
+        """JobSet (``config.jobset.x-k8s.io``) or LWS (``config.lws.x-k8s.io``), with their webhooks
+        registered with the API server at their loopback port (:meth:`register_webhooks`)."""
+        health, webhook_port = free_port(), free_port()
+        path = self.workdir / f"{name}-config.yaml"
+        path.write_text(yaml.safe_dump(self._manager_config(api_group, health, webhook_port), sort_keys=False))
+        binary = self.directory / "bin" / name
+        script = f"exec {binary} --config {path} --kubeconfig {self.plane.kubeconfig}\n"
+        component = self._start(name, script, f"http://127.0.0.1:{health}/readyz")
+        self.register_webhooks(name, webhook_port)
+        return component
+
+    def register_webhooks(self, name: str, port: int) -> None:
+        """Register the controller's webhook configurations (its kustomize directory: the manifests with
+        their patches applied) with each webhook's Service replaced by its loopback URL, trusted through
+        the test's CA. Each configuration is renamed ``<name>-<its name>`` (JobSet's and LWS's share
+        names) and deleted by :meth:`stop`."""
+        directory = self.directory / "webhooks" / name
+        kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+        objects = [
+            d
+            for f in kustomization.get("resources") or ()
+            for d in yaml.safe_load_all((directory / f).read_text())
+            if d and d.get("kind", "").endswith("WebhookConfiguration")
+        ]
+        for patch in kustomization.get("patches") or ():
+            target = patch.get("target") or {}
+            for obj in objects:
+                if obj["kind"] == target.get("kind") and obj["metadata"]["name"] == target.get("name"):
+                    for op in yaml.safe_load((directory / patch["path"]).read_text()):
+                        _json_patch(obj, op)
+        assert self.plane.pki is not None
+        ca = base64.b64encode(self.plane.pki.path("ca.crt").read_bytes()).decode()
+        for obj in objects:
+            obj["metadata"] = {"name": f"{name}-{obj['metadata']['name']}"}
+            for webhook in obj["webhooks"]:
+                path = webhook["clientConfig"]["service"]["path"]
+                webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+            self.webhooks.append((obj["kind"], obj["metadata"]["name"]))
+        apply_objects(self.plane, self.workdir, objects, f"{name}-webhooks")
+
     def stop(self) -> list[str]:
-        """Stop every controller; the names of those that had died before (their logs say why)."""
+        """Delete the webhook configurations, then stop every controller; the names of those that had died
+        before (their logs say why)."""
+        for kind, name in self.webhooks:
+            self.plane.kubectl("delete", kind.lower(), name, "--ignore-not-found", check=False)
         dead = [c.name for c in self.components if not c.running]
         for component in self.components:
             component.stop()
@@ -177,6 +236,50 @@ class JobControllers:
                 if not c.running:
                     raise RuntimeError(f"{c.name} exited:\n{c.log_tail()}")
             time.sleep(0.5)
+
+
+def _json_patch(obj: Any, op: dict[str, Any]) -> None:
+    """One RFC 6902 operation (``add``, ``replace``, ``remove``) on ``obj``, as kustomize applies a patch."""
+    *parents, last = [part.replace("~1", "/").replace("~0", "~") for part in op["path"].strip("/").split("/")]
+    for part in parents:
+        obj = obj[int(part)] if isinstance(obj, list) else obj[part]
+    if isinstance(obj, list):
+        index = len(obj) if last == "-" else int(last)
+        if op["op"] == "add":
+            obj.insert(index, op["value"])
+        elif op["op"] == "replace":
+            obj[index] = op["value"]
+        elif op["op"] == "remove":
+            del obj[index]
+        else:
+            raise ValueError(f"unsupported patch operation {op['op']!r}")
+    elif op["op"] in ("add", "replace"):
+        obj[last] = op["value"]
+    elif op["op"] == "remove":
+        del obj[last]
+    else:
+        raise ValueError(f"unsupported patch operation {op['op']!r}")
+
+
+def start_controller_manager(plane: ControlPlane, controllers: Iterable[str]) -> Component:
+    """kube-controller-manager with only ``controllers`` (``job-controller``, ``statefulset-controller``,
+    ``garbage-collector-controller``): what a job controller's own objects need to become pods."""
+    return Component(
+        "kube-controller-manager-jobs",
+        [
+            plane.binaries["kube-controller-manager"],
+            f"--kubeconfig={plane.kubeconfig}",
+            f"--authentication-kubeconfig={plane.kubeconfig}",
+            f"--authorization-kubeconfig={plane.kubeconfig}",
+            f"--controllers={','.join(controllers)}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={plane.workdir / 'kcm-jobs-certs'}",
+            "--v=1",
+        ],
+        plane.logs / "kube-controller-manager-jobs.log",
+    ).start()
 
 
 def apply_objects(plane: ControlPlane, workdir: Path, objects: list[dict[str, Any]], name: str) -> None:

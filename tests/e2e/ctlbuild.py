@@ -5,7 +5,8 @@ Kueue, the Kubeflow training-operator (PyTorchJob), JobSet, LeaderWorkerSet and 
 (TrainJob), at the pins of ``tests/e2e/controllers.env``: each binary is ``go install PACKAGE@VERSION``
 (the controller's own go.mod decides its dependencies), and each controller's CRDs are copied from the
 same module version. They are cached in ``${ICL_E2E_CACHE:-~/.cache/kube-icl/e2e}/controllers-<hash>/``
-(``bin/<name>``, ``crds/<name>/*.yaml``), ``<hash>`` over the pins, the table below and the recipe.
+(``bin/<name>``, ``crds/<name>/*.yaml``, ``webhooks/<name>/``: the kustomize directory of its webhook
+configurations, for those the tests register), ``<hash>`` over the pins, the table below and the recipe.
 
 Standard library only, like ``build.py``::
 
@@ -49,6 +50,7 @@ class Controller:
     module: str
     crds: str
     pin: str
+    webhooks: str = ""  # the kustomize directory of its webhook configurations ("": not registered in the tests)
 
 
 CONTROLLERS: tuple[Controller, ...] = (
@@ -62,8 +64,15 @@ CONTROLLERS: tuple[Controller, ...] = (
         "manifests/base/crds",
         "TRAINING_OPERATOR_VERSION",
     ),
-    Controller("jobset", "sigs.k8s.io/jobset", "sigs.k8s.io/jobset", "config/components/crd/bases", "JOBSET_VERSION"),
-    Controller("lws", "sigs.k8s.io/lws/cmd", "sigs.k8s.io/lws", "config/crd/bases", "LWS_VERSION"),
+    Controller(
+        "jobset",
+        "sigs.k8s.io/jobset",
+        "sigs.k8s.io/jobset",
+        "config/components/crd/bases",
+        "JOBSET_VERSION",
+        "config/components/webhook",
+    ),
+    Controller("lws", "sigs.k8s.io/lws/cmd", "sigs.k8s.io/lws", "config/crd/bases", "LWS_VERSION", "config/webhook"),
     Controller(
         "trainer",
         "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager",
@@ -96,7 +105,7 @@ def controllers_dir() -> Path:
     digest = hashlib.sha256(CONTROLLERS_FILE.read_bytes() if CONTROLLERS_FILE.exists() else b"<missing>")
     digest.update(RECIPE.encode())
     for c in CONTROLLERS:
-        digest.update(f"{c.name}={c.package} {c.module} {c.crds}\n".encode())
+        digest.update(f"{c.name}={c.package} {c.module} {c.crds} {c.webhooks}\n".encode())
     return build.cache_root() / f"controllers-{digest.hexdigest()[:16]}"
 
 
@@ -140,6 +149,13 @@ def _copy_crds(controller: Controller, source: Path, out: Path) -> int:
     return len(crds)
 
 
+def _copy_webhooks(controller: Controller, source: Path, out: Path) -> None:
+    """Copy the controller's webhook kustomize directory (configurations and their patches) into ``out``."""
+    shutil.rmtree(out, ignore_errors=True)
+    if controller.webhooks:
+        shutil.copytree(source / controller.webhooks, out)
+
+
 def _build(controller: Controller, source: Path, out: Path) -> None:
     """``go build`` the controller's main package in its own module."""
     package = "./" + controller.package.removeprefix(controller.module).strip("/")
@@ -174,6 +190,7 @@ def build_controllers(*, force: bool = False) -> Path:
                 source = _source(controller, version, Path(scratch))
                 _build(controller, source, entry / "bin" / controller.name)
                 count = _copy_crds(controller, source, entry / "crds" / controller.name)
+                _copy_webhooks(controller, source, entry / "webhooks" / controller.name)
             build._say(f"{prefix}: done in {build._format_duration(time.monotonic() - began)}, {count} CRDs")
         shutil.copyfile(CONTROLLERS_FILE, entry / "controllers.env")
         build._say(f"controllers built in {build._format_duration(time.monotonic() - started)}: {entry}")

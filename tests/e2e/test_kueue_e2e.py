@@ -33,8 +33,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import watch
 
-from .controllers import JobControllers, apply_objects, require_controllers
-from .harness import KWOK_TOLERATIONS, Component, ControlPlane, free_port, wait_for
+from .controllers import JobControllers, apply_objects, require_controllers, start_controller_manager
+from .harness import KWOK_TOLERATIONS, ControlPlane, wait_for
 from .scenario import (
     RESOURCE,
     ExtenderProcess,
@@ -61,25 +61,6 @@ class Stack:
     controllers: JobControllers
     custom: k8s.CustomObjectsApi
     marks: dict[str, str] = field(default_factory=dict)  # pod -> message of an Unschedulable mark seen
-
-
-def _garbage_collector(plane: ControlPlane) -> Component:
-    return Component(
-        "kube-controller-manager-gc",
-        [
-            plane.binaries["kube-controller-manager"],
-            f"--kubeconfig={plane.kubeconfig}",
-            f"--authentication-kubeconfig={plane.kubeconfig}",
-            f"--authorization-kubeconfig={plane.kubeconfig}",
-            "--controllers=garbage-collector-controller",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-            f"--cert-dir={plane.workdir / 'kcm-gc-certs'}",
-            "--v=1",
-        ],
-        plane.logs / "kube-controller-manager-gc.log",
-    ).start()
 
 
 def _queues(namespace: str) -> list[dict[str, Any]]:
@@ -135,7 +116,7 @@ def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     control_plane.core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
     specs = [NodeSpec(f"{label}-{i}", "full:8", labels=node_labels(label)) for i in range(2)]
     publish_nodes(control_plane, specs)
-    gc = _garbage_collector(control_plane)
+    gc = start_controller_manager(control_plane, ["garbage-collector-controller"])
     controllers = JobControllers(control_plane, workdir / "controllers", directory)
     settings = {"kueue": {"enabled": True, "reservationSeconds": 120, "retryAfterSeconds": 2, "intervalSeconds": 0.5}}
     extender = ExtenderProcess(control_plane, workdir, settings)
