@@ -7,6 +7,7 @@ annotation and its value; callers turn it into a per-node failure and an Event.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -240,6 +241,7 @@ class PodInfo:
     scheduler_name: str = ""  # spec.schedulerName ("" when absent)
     rank: Rank | None = None  # a gang member's index from its job controller; None: placed in ring order
     gates: tuple[str, ...] = ()  # the names in spec.schedulingGates, in order
+    started: float | None = None  # status.startTime (wall clock, seconds); None until the kubelet starts it
 
     @property
     def gated(self) -> bool:
@@ -775,7 +777,26 @@ def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAU
         scheduler_name=str(spec.get("schedulerName") or ""),
         rank=pod_rank(meta, spec, gang),
         gates=_gates(spec),
+        started=start_time(status),
     )
+
+
+def start_time(status: Mapping[str, Any]) -> float | None:
+    """``status.startTime`` as wall-clock seconds; None when absent or not an RFC 3339 time in UTC.
+
+    >>> start_time({"startTime": "2026-01-02T03:04:05Z"})
+    1767323045.0
+    >>> start_time({}) is None
+    True
+    """
+    raw = status.get("startTime")
+    if not isinstance(raw, str):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
 
 
 def _gates(spec: Mapping[str, Any]) -> tuple[str, ...]:
