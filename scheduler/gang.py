@@ -170,9 +170,17 @@ class GangManager:
                     return None, (
                         f"gang {gang.name!r} members disagree: reserved for {res.shape}, this pod asks for {shape}"
                     )
+                if self.book.waiting():
+                    self.book.settle()
                 nodes = res.open_nodes(info.uid, rank)
                 if nodes:
                     return nodes, ""
+                waiting = res.waiting_nodes()
+                if waiting:
+                    return None, (
+                        f"gang {gang.name!r}: its reserved slots on {','.join(waiting)} wait for the victims of its "
+                        "preemption to go"
+                    )
                 ranked = res.slot_of(rank)
                 if ranked is not None and ranked.pod_uid != info.uid:
                     holder = self.cache.pods.pod(ranked.pod_uid)
@@ -204,15 +212,26 @@ class GangManager:
             found, why = self.planner.place(gang, shape, remaining, candidates)
             if found is None:
                 return None, why
-            numbers: list[int] = []
-            if rank is not None:  # members carry ranks: the slots are numbered by the ranks still missing
-                taken = {p.rank.value for p in bound if p.rank is not None}
-                numbers = [n for n in range(gang.size) if n not in taken][:remaining]
-                numbers = numbers if len(numbers) == remaining else []
-            res, why = self.book.reserve(info, shape, found, now, numbers)
+            res, why = self.book.reserve(info, shape, found, now, self.slot_numbers(info, bound, remaining))
             if res is None:
                 return None, why
             return res.open_nodes(info.uid, rank), ""
+
+    def placed(self, gang: GangRef) -> list[PodInfo]:
+        """The members that count towards the gang's minimum: its survivors (elastic), its bound members (rigid)."""
+        with self.cache.lock:
+            return self.survivors(gang.key) if self.is_elastic(gang) else self.members_bound(gang)
+
+    @staticmethod
+    def slot_numbers(info: PodInfo, placed: list[PodInfo], remaining: int) -> list[int]:
+        """The numbers of the ``remaining`` slots to reserve when members carry ranks (``info`` does): the
+        ranks the ``placed`` members do not hold; [] otherwise (the slots are numbered 0, 1, ...)."""
+        gang = info.gang
+        if info.rank is None or gang is None:
+            return []
+        taken = {p.rank.value for p in placed if p.rank is not None}
+        numbers = [n for n in range(gang.size) if n not in taken][:remaining]
+        return numbers if len(numbers) == remaining else []
 
     def _rank_refused(self, info: PodInfo) -> str:
         """Why this member's rank cannot be placed (lock held): beyond the gang's maximum, or another live
