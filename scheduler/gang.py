@@ -74,6 +74,9 @@ class GangManager:
             wall=wall,
         )
         self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
+        # gang key -> the nodes kube-scheduler sent its latest member's filter (those its own filters pass:
+        # node selectors, taints, room); whole-gang preemption counts free room only there
+        self.asked: dict[str, frozenset[str]] = {}
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         self._pruned_at = 0.0  # when limits and _ran last let go of gangs with no pod and no reservation left
@@ -156,12 +159,14 @@ class GangManager:
         assert gang is not None
         now = self.cache.clock()
         elastic = gang.elastic
+        candidates = frozenset(candidates)
         rank = info.rank.value if info.rank is not None else None
         with self.cache.lock:
             why = self._rank_refused(info)
             if why:
                 return None, why
             self.sweep(now)
+            self.asked[gang.key] = candidates
             if gang.size > 0:
                 self.limits[gang.key] = (gang.size, gang.maximum)
             res = self.book.reservations.get(gang.key)
@@ -275,13 +280,16 @@ class GangManager:
         return expired
 
     def _prune(self, now: float) -> None:
-        """Forget the limits and the has-run mark of gangs with no pod in the cache and no reservation (lock held):
-        without it both grow by one entry per gang ever seen, for as long as the extender runs."""
+        """Forget the limits, the has-run mark and the nodes asked of gangs with no pod in the cache and no
+        reservation (lock held): without it they grow by one entry per gang ever seen, for as long as the extender runs."""
         self._pruned_at = now
         reserved = self.book.reservations
-        for key in [k for k in self.limits.keys() | self._ran if k not in reserved and not self._members(k)]:
+        for key in [
+            k for k in self.limits.keys() | self._ran | self.asked.keys() if k not in reserved and not self._members(k)
+        ]:
             self.limits.pop(key, None)
             self._ran.discard(key)
+            self.asked.pop(key, None)
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:
         """Fail a gang: drop its reservation and evict every remaining member."""

@@ -105,7 +105,7 @@ class GangPreemption:
             missing = least - len(self.gangs.placed(gang))
             if missing <= 0:
                 return None
-            inputs = self._inputs(info, shape, missing)
+            inputs = self._inputs(info, shape, missing, self.gangs.asked.get(gang.key, frozenset()) | set(proposed))
         budgets, covers = self.host.disruption_budgets(list(inputs.pods.values()))
         units = [
             VictimUnit(
@@ -147,15 +147,16 @@ class GangPreemption:
 
     # ------------------------------------------------------------------ inputs
 
-    def _inputs(self, info: PodInfo, shape: Shape, missing: int) -> _Inputs:
-        """The nodes, their free devices and the victim units a preemption for ``info``'s gang may take (lock
-        held). A node with devices held by pods whose devices are unknown is left out."""
+    def _inputs(self, info: PodInfo, shape: Shape, missing: int, eligible: frozenset[str]) -> _Inputs:
+        """The ``eligible`` nodes (those kube-scheduler sent the gang's latest filter or proposes victims on), their
+        free devices, and the victim units a preemption for ``info``'s gang may take there (lock held). A node
+        with devices held by pods whose devices are unknown is left out."""
         gang = info.gang
         assert gang is not None
         now = self.gangs.book.wall()
         used = self.cache.pods.used_by_queue()
         capacity = self.cache.nodes.capacity()
-        views = self.cache.nodes.usable_views(self.cache.nodes.node_names())
+        views = self.cache.nodes.usable_views(eligible)
         topologies: dict[str, NodeTopology] = {}
         free: dict[str, frozenset[str]] = {}
         where: dict[str, tuple[str, tuple[str, ...], str]] = {}  # candidate uid -> (node, devices, pool)

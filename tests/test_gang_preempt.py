@@ -14,7 +14,8 @@ import datetime
 import time
 from typing import Any
 
-from test_scheduler_policies import Cluster, _preempt
+from test_scheduler_policies import Cluster
+from test_scheduler_policies import _preempt as _preempt_only
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
@@ -53,6 +54,12 @@ def _evicted(c: Cluster) -> list[str]:
     c.ext.flush()
     c.ext.stop()
     return sorted(name for call, _ns, name in c.api.calls if call == "evict")
+
+
+def _preempt(c: Cluster, pod: dict[str, Any], victims: dict[str, list[str]]) -> dict[str, list[str]]:
+    """kube-scheduler's order: the pod's filter (which fails), then preempt with the victims it proposes."""
+    c.filter(pod)
+    return _preempt_only(c, pod, victims)
 
 
 def _uids(pods: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
