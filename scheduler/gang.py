@@ -281,7 +281,8 @@ class GangManager:
 
     def _prune(self, now: float) -> None:
         """Forget the limits, the has-run mark and the nodes asked of gangs with no pod in the cache and no
-        reservation (lock held): without it they grow by one entry per gang ever seen, for as long as the extender runs."""
+        reservation (lock held): without it they grow by one entry per gang ever seen, for as long as the
+        extender runs."""
         self._pruned_at = now
         reserved = self.book.reservations
         for key in [
