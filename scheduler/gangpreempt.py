@@ -291,7 +291,7 @@ class GangPreemption:
         node, answer = _one_node(by_node, proposed, slot.node if slot is not None else "")
         message = (
             f"gang {gang.name!r} needs {missing} x {shape.describe()} at once: {len(by_node)} node(s) freed in "
-            f"{cluster.unit_name(chosen.level, chosen.domain) if chosen.domain else 'one node'}, "
+            f"{cluster.unit_name(chosen.level, chosen.domain)}, "
             f"{sum(len(u.pods) for u in chosen.units)} victim(s) of priority {chosen.cost[1]} at most"
         )
         log.info("preempt %s: %s; answered %s, evicting the rest", info.key, message, node)
