@@ -312,7 +312,6 @@ class GangPreemption:
         """Write the reservation's record before anything is evicted: "" when written (or none is kept)."""
         book = self.gangs.book
         if not book.records.kept:
-            book.recorded(res)
             return ""
         why = book.records.write(res)
         if why:

@@ -30,8 +30,10 @@ best set found so far is returned (``exact`` False). Pure: no I/O, the inputs ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from topology.cluster import LEVEL_NODE, ClusterView, pack_node
 from topology.errors import TopologyError
@@ -212,7 +214,7 @@ def choose_gang_victims(
             if not domain.holds(mine):
                 continue
             mine.sort(key=lambda u: (u.priority, len(u.pods), u.devices, u.key))
-            found, done = _search(domain, mine, allowed, caps, best[0] if best else None, steps, max_steps)
+            found, done = _Search(domain, mine, allowed, caps, best[0] if best else None, steps, max_steps).run()
             exact = exact and done
             if found is not None and (best is None or found[0] < best[0]):
                 best = (found[0], key, found[1])
@@ -221,49 +223,273 @@ def choose_gang_victims(
     return None
 
 
-def _search(
-    domain: _Domain,
-    units: list[VictimUnit],
-    allowed: Mapping[str, int],
-    caps: Mapping[str, int],
-    bound: Cost | None,
-    steps: list[int],
-    max_steps: int,
-) -> tuple[tuple[Cost, tuple[VictimUnit, ...]] | None, bool]:
-    """The cheapest subset of ``units`` with which ``domain`` holds its members, if cheaper than ``bound``;
-    and whether the search ran to its end (``steps`` counts nodes across calls)."""
-    best: list[tuple[Cost, tuple[VictimUnit, ...]]] = []
-    limit = [bound]
-    complete = [True]
-    taken: dict[str, int] = {}
+_LOCAL_LIMIT = 10  # a node with more victim units than this tries only nested prefixes of them (inexact)
 
-    def go(i: int, chosen: list[VictimUnit]) -> None:
-        steps[0] += 1
-        if steps[0] > max_steps:
-            complete[0] = False
+
+class _Option(NamedTuple):
+    """Victims of one node's own units that free ``gain`` more placements, none of them needless."""
+
+    units: tuple[VictimUnit, ...]
+    gain: int
+    weight: int
+    devices: int
+    priority: int
+
+
+class _Search:
+    """Branch and bound over one domain: the units that span nodes (taken or not) first, then, node by node,
+    one option of each node's own units. Each node's options are the sets of its units in which every unit
+    is needed for the placements gained (computed once per kind of node); nodes of one kind are
+    interchangeable, so their options are taken in a non-decreasing order. A partial choice is dropped
+    when the remaining nodes cannot make up the members still missing, or when a lower bound on its
+    completion (its cost so far, the lowest priority that gains a placement, the fewest victims and
+    devices per placement of the nodes left) costs at least the best found."""
+
+    def __init__(
+        self,
+        domain: _Domain,
+        units: list[VictimUnit],
+        allowed: Mapping[str, int],
+        caps: Mapping[str, int],
+        bound: Cost | None,
+        steps: list[int],
+        max_steps: int,
+    ) -> None:
+        self.domain = domain
+        self.allowed = allowed
+        self.caps = caps
+        self.best: tuple[Cost, tuple[VictimUnit, ...]] | None = None
+        self.bound = bound
+        self.steps = steps
+        self.max_steps = max_steps
+        self.complete = True
+        self.taken: dict[str, int] = {}
+        inside = set(domain.nodes)
+        self.local: dict[str, list[VictimUnit]] = {n: [] for n in domain.nodes}
+        self.cross: list[VictimUnit] = []
+        for u in units:
+            where = {n for n, _d in u.freed if n in inside}
+            if len(where) == 1:
+                self.local[where.pop()].append(u)
+            else:
+                self.cross.append(u)
+        for n in self.local:
+            self.local[n].sort(key=_canonical)
+        self._capacity: dict[tuple[str, frozenset[str]], int] = {}
+        self._options: dict[tuple[object, ...], tuple[list[tuple[int, ...]], list[int], bool]] = {}
+
+    # ------------------------------------------------------------------ per node
+
+    def capacity(self, node: str, extra: frozenset[str]) -> int:
+        key = (node, extra)
+        got = self._capacity.get(key)
+        if got is None:
+            d = self.domain
+            topo = d.topologies[node]
+            got = 0
+            if d.shape.size <= len(topo.devices):
+                got = len(pack_node(topo, d.free[node] | extra, d.shape, d.members, d.policy))
+            self._capacity[key] = got
+        return got
+
+    def options(self, node: str, extra: frozenset[str]) -> list[_Option]:
+        """The node's options given ``extra`` devices freed by the spanning units, the empty one last."""
+        units = self.local[node]
+        d = self.domain
+        kind = (
+            id(d.topologies[node]),
+            d.free[node],
+            extra,
+            tuple((_canonical(u)[:-1], tuple(dv for _n, dv in u.freed if _n == node)) for u in units),
+        )
+        memo = self._options.get(kind)
+        if memo is None:
+            memo = self._enumerate(node, extra, units)
+            self._options[kind] = memo
+        subsets, gains, exact = memo
+        self.complete = self.complete and exact
+        out = [
+            _Option(
+                tuple(units[i] for i in idx),
+                gain,
+                sum(len(units[i].pods) for i in idx),
+                sum(units[i].devices for i in idx),
+                max((units[i].priority for i in idx), default=-1),
+            )
+            for idx, gain in zip(subsets, gains, strict=True)
+        ]
+        return out
+
+    def _enumerate(
+        self, node: str, extra: frozenset[str], units: list[VictimUnit]
+    ) -> tuple[list[tuple[int, ...]], list[int], bool]:
+        """Index sets of ``units`` in which every unit is needed for the gain, their gains; whether all were tried."""
+        own = [frozenset(dv for n, devs in u.freed if n == node for dv in devs) for u in units]
+        base = self.capacity(node, extra)
+        exact = len(units) <= _LOCAL_LIMIT
+        masks = range(1, 1 << len(units)) if exact else range(0)
+        cap: dict[int, int] = {0: base}
+        found: list[tuple[int, int]] = []  # (mask, gain)
+        for mask in masks:
+            freed = extra.union(*(own[i] for i in range(len(units)) if mask >> i & 1))
+            c = self.capacity(node, freed)
+            cap[mask] = c
+            if c > base and all(cap[mask & ~(1 << i)] < c for i in range(len(units)) if mask >> i & 1):
+                found.append((mask, c - base))
+        if not exact:  # nested prefixes of the units in their canonical order
+            prefix = set(extra)
+            last = base
+            for i in range(len(units)):
+                prefix |= own[i]
+                c = self.capacity(node, frozenset(prefix))
+                if c > last:
+                    found.append(((1 << (i + 1)) - 1, c - base))
+                    last = c
+        found.sort(key=lambda mg: (_option_key(units, mg[0], mg[1]), mg[0]))
+        subsets = [tuple(i for i in range(len(units)) if m >> i & 1) for m, _g in found] + [()]
+        return subsets, [g for _m, g in found] + [0], exact
+
+    # ------------------------------------------------------------------ search
+
+    def run(self) -> tuple[tuple[Cost, tuple[VictimUnit, ...]] | None, bool]:
+        self._cross(0, [], {})
+        return self.best, self.complete
+
+    def _tick(self) -> bool:
+        self.steps[0] += 1
+        if self.steps[0] > self.max_steps:
+            self.complete = False
+            return False
+        return True
+
+    def _limit(self) -> Cost | None:
+        return self.best[0] if self.best is not None else self.bound
+
+    def _fits_cap(self, units: Iterable[VictimUnit]) -> bool:
+        counts: dict[str, int] = {}
+        for u in units:
+            if u.group:
+                counts[u.group] = counts.get(u.group, 0) + 1
+        return all(self.taken.get(g, 0) + k <= self.caps.get(g, 0) for g, k in counts.items())
+
+    def _take(self, units: Iterable[VictimUnit], sign: int) -> None:
+        for u in units:
+            if u.group:
+                self.taken[u.group] = self.taken.get(u.group, 0) + sign
+
+    def _cross(self, i: int, chosen: list[VictimUnit], extra: dict[str, set[str]]) -> None:
+        """Take or leave each unit that spans nodes, then choose the nodes' options."""
+        if not self._tick():
             return
-        cost = cost_of(chosen, allowed)
-        if limit[0] is not None and cost >= limit[0]:
-            return  # every superset costs at least as much
-        if domain.holds(chosen):
-            best.append((cost, tuple(chosen)))
-            limit[0] = cost
-            return  # adding units only costs more
-        if i == len(units):
+        limit = self._limit()
+        if limit is not None and cost_of(chosen, self.allowed) >= limit:
             return
-        rest = [u for u in units[i:] if not u.group or taken.get(u.group, 0) < caps.get(u.group, 0)]
-        if not domain.holds([*chosen, *rest]):
+        if i == len(self.cross):
+            self._nodes(chosen, {n: frozenset(v) for n, v in extra.items()})
             return
-        unit = units[i]
-        if not unit.group or taken.get(unit.group, 0) < caps.get(unit.group, 0):
-            if unit.group:
-                taken[unit.group] = taken.get(unit.group, 0) + 1
+        unit = self.cross[i]
+        if self._fits_cap((unit,)):
+            added: dict[str, set[str]] = {}
+            for n, dv in unit.freed:
+                if n in self.local:
+                    added.setdefault(n, set()).update(d for d in dv if d not in extra.get(n, ()))
+            for n, dv in added.items():
+                extra.setdefault(n, set()).update(dv)
+            self._take((unit,), 1)
             chosen.append(unit)
-            go(i + 1, chosen)
+            self._cross(i + 1, chosen, extra)
             chosen.pop()
-            if unit.group:
-                taken[unit.group] -= 1
-        go(i + 1, chosen)
+            self._take((unit,), -1)
+            for n, dv in added.items():
+                extra[n] -= dv
+        self._cross(i + 1, chosen, extra)
 
-    go(0, [])
-    return (best[-1] if best else None), complete[0]
+    def _nodes(self, chosen: list[VictimUnit], extra: Mapping[str, frozenset[str]]) -> None:
+        d = self.domain
+        none = frozenset[str]()
+        base = sum(self.capacity(n, extra.get(n, none)) for n in d.nodes)
+        order: list[tuple[tuple[float, float], tuple[object, ...], str, list[_Option]]] = []
+        for n in d.nodes:
+            opts = self.options(n, extra.get(n, none))
+            useful = [o for o in opts if o.gain > 0]
+            kind = (
+                id(d.topologies[n]),
+                d.free[n],
+                extra.get(n, none),
+                tuple(_canonical(u)[:-1] for u in self.local[n]),
+            )
+            first = _ratio(useful[0]) if useful else (float("inf"), float("inf"))
+            order.append((first, kind, n, opts))
+        order.sort(key=lambda t: (t[0], repr(t[1]), t[2]))
+        nodes = [(kind, opts) for _first, kind, _n, opts in order if len(opts) > 1]
+        # suffix bounds: the most the nodes left can gain, the least priority, victims and devices per placement
+        count = len(nodes)
+        most = [0] * (count + 1)
+        prio = [float("inf")] * (count + 1)
+        per_w = [float("inf")] * (count + 1)
+        per_d = [float("inf")] * (count + 1)
+        for j in range(count - 1, -1, -1):
+            useful = [o for o in nodes[j][1] if o.gain > 0]
+            most[j] = most[j + 1] + max(o.gain for o in useful)
+            prio[j] = min(prio[j + 1], *(o.priority for o in useful))
+            per_w[j] = min(per_w[j + 1], *(o.weight / o.gain for o in useful))
+            per_d[j] = min(per_d[j + 1], *(o.devices / o.gain for o in useful))
+        bounds = (most, prio, per_w, per_d)
+        self._node(0, nodes, bounds, d.members - base, chosen, -1)
+
+    def _node(
+        self,
+        j: int,
+        nodes: list[tuple[tuple[object, ...], list[_Option]]],
+        bounds: tuple[list[int], list[float], list[float], list[float]],
+        missing: int,
+        chosen: list[VictimUnit],
+        previous: int,
+    ) -> None:
+        if not self._tick():
+            return
+        cost = cost_of(chosen, self.allowed)
+        limit = self._limit()
+        if missing <= 0:
+            if limit is None or cost < limit:
+                self.best = (cost, tuple(chosen))
+            return
+        most, prio, per_w, per_d = bounds
+        if j == len(nodes) or most[j] < missing:
+            return
+        if limit is not None:
+            least = (
+                cost[0],
+                max(cost[1], int(prio[j])),
+                cost[2] + math.ceil(missing * per_w[j] - 1e-9),
+                cost[3] + math.ceil(missing * per_d[j] - 1e-9),
+            )
+            if least >= limit:
+                return
+        kind, opts = nodes[j]
+        same = j > 0 and nodes[j - 1][0] == kind
+        for index, option in enumerate(opts):
+            if same and index < previous:
+                continue  # interchangeable with the node before: its options in a non-decreasing order
+            if not self._fits_cap(option.units):
+                continue
+            self._take(option.units, 1)
+            chosen.extend(option.units)
+            self._node(j + 1, nodes, bounds, missing - option.gain, chosen, index)
+            del chosen[len(chosen) - len(option.units) :]
+            self._take(option.units, -1)
+
+
+def _canonical(u: VictimUnit) -> tuple[object, ...]:
+    """What makes units interchangeable (all but the key, last), for ordering a node's units."""
+    return (u.priority, len(u.pods), u.devices, tuple(sorted((p.priority, p.budgets) for p in u.pods)), u.group, u.key)
+
+
+def _option_key(units: list[VictimUnit], mask: int, gain: int) -> tuple[object, ...]:
+    picked = [units[i] for i in range(len(units)) if mask >> i & 1]
+    weight = sum(len(u.pods) for u in picked)
+    return (max(u.priority for u in picked), weight / gain, sum(u.devices for u in picked) / gain, -gain)
+
+
+def _ratio(o: _Option) -> tuple[float, float]:
+    return (o.priority, o.weight / o.gain)
