@@ -30,6 +30,7 @@ best set found so far is returned (``exact`` False). Pure: no I/O, the inputs ar
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from topology.shapes import Shape
 
 __all__ = ["Cost", "GangVictims", "VictimPod", "VictimUnit", "budget_violations", "choose_gang_victims", "cost_of"]
 
-MAX_STEPS = 200_000  # search nodes per call; past it the best set found so far is answered
+MAX_STEPS = 20_000  # search nodes per call; past it the best set found so far is answered
 
 #: (budget violations, highest victim priority, victims weighted by gangs broken, devices freed)
 Cost = tuple[int, int, int, int]
@@ -107,7 +108,8 @@ def budget_violations(pods: Iterable[VictimPod], allowed: Mapping[str, int]) -> 
     """
     left = dict(allowed)
     out = 0
-    for pod in sorted(pods, key=lambda p: (-p.priority, p.key)):
+    covered = [p for p in pods if any(b in left for b in p.budgets)]  # the others violate nothing
+    for pod in sorted(covered, key=lambda p: (-p.priority, p.key)):
         violated = False
         for b in pod.budgets:
             if b in left:
@@ -237,13 +239,15 @@ class _Option(NamedTuple):
 
 
 class _Search:
-    """Branch and bound over one domain: the units that span nodes (taken or not) first, then, node by node,
-    one option of each node's own units. Each node's options are the sets of its units in which every unit
-    is needed for the placements gained (computed once per kind of node); nodes of one kind are
-    interchangeable, so their options are taken in a non-decreasing order. A partial choice is dropped
-    when the remaining nodes cannot make up the members still missing, or when a lower bound on its
-    completion (its cost so far, the lowest priority that gains a placement, the fewest victims and
-    devices per placement of the nodes left) costs at least the best found."""
+    """Branch and bound over one domain, node by node: at each node, the units that span nodes and first
+    touch it are taken or left, then one option of the node's own units. A node's options are the sets of
+    its units in which every unit is needed for the placements gained (computed once per kind of node);
+    nodes of one kind that no spanning unit touches are interchangeable, so their options are taken in a
+    non-decreasing order. A partial choice is dropped when the nodes left cannot make up the members still
+    missing, or when a lower bound on its completion costs at least the best found: its cost so far, and,
+    for the placements the devices freed so far do not give, the lowest priority, and the fewest victims
+    and devices per placement, of what is left to take (per option on a node no spanning unit touches,
+    per unit and the most it can gain elsewhere)."""
 
     def __init__(
         self,
@@ -264,19 +268,114 @@ class _Search:
         self.max_steps = max_steps
         self.complete = True
         self.taken: dict[str, int] = {}
+        self._capacity: dict[tuple[str, frozenset[str]], int] = {}
+        self._options: dict[tuple[object, ...], tuple[list[tuple[int, ...]], list[int], bool]] = {}
         inside = set(domain.nodes)
         self.local: dict[str, list[VictimUnit]] = {n: [] for n in domain.nodes}
-        self.cross: list[VictimUnit] = []
+        spanning: list[VictimUnit] = []
         for u in units:
             where = {n for n, _d in u.freed if n in inside}
             if len(where) == 1:
                 self.local[where.pop()].append(u)
             else:
-                self.cross.append(u)
+                spanning.append(u)
         for n in self.local:
             self.local[n].sort(key=_canonical)
-        self._capacity: dict[tuple[str, frozenset[str]], int] = {}
-        self._options: dict[tuple[object, ...], tuple[list[tuple[int, ...]], list[int], bool]] = {}
+        none = frozenset[str]()
+        self.base = {n: self.capacity(n, none) for n in domain.nodes}
+        touched = {n for u in spanning for n, _d in u.freed if n in inside}
+        # each node's most: every unit touching it gone
+        reach: dict[str, set[str]] = {n: set() for n in domain.nodes}
+        for u in (*spanning, *(v for vs in self.local.values() for v in vs)):
+            for n, devs in u.freed:
+                if n in reach:
+                    reach[n].update(devs)
+        self.most = {n: self.capacity(n, frozenset(reach[n])) for n in domain.nodes}
+        ranked = []
+        for n in domain.nodes:
+            opts = self.options(n, none)
+            useful = [o for o in opts if o.gain > 0]
+            best = min(((o.priority, o.weight / o.gain) for o in useful), default=(math.inf, math.inf))
+            kind: tuple[object, ...] = (
+                (n,) if n in touched else (id(domain.topologies[n]), domain.free[n], self._kinds(n))
+            )
+            ranked.append((best, repr(kind), n, kind))
+        ranked.sort(key=lambda t: (t[0], t[1], t[2]))
+        self.order = [n for _b, _r, n, _k in ranked if self.most[n] > self.base[n] or n in touched]
+        self.kind = {n: k for _b, _r, n, k in ranked}
+        position = {n: i for i, n in enumerate(self.order)}
+        self.spanning_at: dict[int, list[VictimUnit]] = {}
+        for u in spanning:
+            at = [position[n] for n, _d in u.freed if n in position]
+            if at:
+                self.spanning_at.setdefault(min(at), []).append(u)
+        self.touched = touched
+        self.touched_at = [i for i, n in enumerate(self.order) if n in touched]  # positions, ascending
+        self.touched_order = [self.order[i] for i in self.touched_at]
+        # suffix bounds over the order
+        count = len(self.order)
+        self.most_after = [0] * (count + 1)
+        self.base_after = [0] * (count + 1)
+        self.prio_after = [math.inf] * (count + 1)
+        self.per_w_after = [math.inf] * (count + 1)
+        self.per_d_after = [math.inf] * (count + 1)
+        for j in range(count - 1, -1, -1):
+            n = self.order[j]
+            self.most_after[j] = self.most_after[j + 1] + self.most[n]
+            self.base_after[j] = self.base_after[j + 1] + (self.base[n] if n not in touched else 0)
+            prio, per_w, per_d = self._rates(n, spanning_first=self.spanning_at.get(j, []))
+            self.prio_after[j] = min(self.prio_after[j + 1], prio)
+            self.per_w_after[j] = min(self.per_w_after[j + 1], per_w)
+            self.per_d_after[j] = min(self.per_d_after[j + 1], per_d)
+        self.outside = sum(self.base[n] for n in domain.nodes if n not in position)
+        # per priority: the most the nodes from each position on can hold with only units up to it gone
+        everything = [*spanning, *(v for vs in self.local.values() for v in vs)]
+        self.most_upto: dict[int, list[int]] = {}
+        self.free_after = [0] * (count + 1)  # with no unit gone
+        for j in range(count - 1, -1, -1):
+            self.free_after[j] = self.free_after[j + 1] + self.base[self.order[j]]
+        for prio in sorted({u.priority for u in everything}):
+            upto: dict[str, set[str]] = {n: set() for n in self.order}
+            for u in everything:
+                if u.priority <= prio:
+                    for n, devs in u.freed:
+                        if n in upto:
+                            upto[n].update(devs)
+            after = [0] * (count + 1)
+            for j in range(count - 1, -1, -1):
+                after[j] = after[j + 1] + self.capacity(self.order[j], frozenset(upto[self.order[j]]))
+            self.most_upto[prio] = after
+
+    def _kinds(self, node: str) -> tuple[object, ...]:
+        return tuple(
+            (_canonical(u)[:-1], tuple(d for n, dv in u.freed if n == node for d in dv)) for u in self.local[node]
+        )
+
+    def _rates(self, node: str, spanning_first: list[VictimUnit]) -> tuple[float, float, float]:
+        """The lowest priority, victims per placement and devices per placement of what may gain a placement
+        on ``node`` (its options, or, when spanning units touch it, its units each over the most it can gain),
+        and of the spanning units first met there."""
+        gains: list[tuple[float, float, float]] = []
+        if node not in self.touched:
+            gains += [
+                (o.priority, o.weight / o.gain, o.devices / o.gain)
+                for o in self.options(node, frozenset())
+                if o.gain > 0
+            ]
+        else:
+            gains += [self._unit_rate(u) for u in self.local[node]]
+        gains += [self._unit_rate(u) for u in spanning_first]
+        return (
+            min((g[0] for g in gains), default=math.inf),
+            min((g[1] for g in gains), default=math.inf),
+            min((g[2] for g in gains), default=math.inf),
+        )
+
+    def _unit_rate(self, u: VictimUnit) -> tuple[float, float, float]:
+        reach = sum(self.most[n] - self.base[n] for n in {n for n, _d in u.freed if n in self.most})
+        if reach <= 0:
+            return (math.inf, math.inf, math.inf)
+        return (u.priority, len(u.pods) / reach, u.devices / reach)
 
     # ------------------------------------------------------------------ per node
 
@@ -293,22 +392,17 @@ class _Search:
         return got
 
     def options(self, node: str, extra: frozenset[str]) -> list[_Option]:
-        """The node's options given ``extra`` devices freed by the spanning units, the empty one last."""
+        """The node's options given ``extra`` devices freed by spanning units, the empty one last."""
         units = self.local[node]
         d = self.domain
-        kind = (
-            id(d.topologies[node]),
-            d.free[node],
-            extra,
-            tuple((_canonical(u)[:-1], tuple(dv for _n, dv in u.freed if _n == node)) for u in units),
-        )
+        kind = (id(d.topologies[node]), d.free[node], extra, self._kinds(node))
         memo = self._options.get(kind)
         if memo is None:
             memo = self._enumerate(node, extra, units)
             self._options[kind] = memo
         subsets, gains, exact = memo
         self.complete = self.complete and exact
-        out = [
+        return [
             _Option(
                 tuple(units[i] for i in idx),
                 gain,
@@ -318,7 +412,6 @@ class _Search:
             )
             for idx, gain in zip(subsets, gains, strict=True)
         ]
-        return out
 
     def _enumerate(
         self, node: str, extra: frozenset[str], units: list[VictimUnit]
@@ -327,10 +420,9 @@ class _Search:
         own = [frozenset(dv for n, devs in u.freed if n == node for dv in devs) for u in units]
         base = self.capacity(node, extra)
         exact = len(units) <= _LOCAL_LIMIT
-        masks = range(1, 1 << len(units)) if exact else range(0)
         cap: dict[int, int] = {0: base}
         found: list[tuple[int, int]] = []  # (mask, gain)
-        for mask in masks:
+        for mask in range(1, 1 << len(units)) if exact else ():
             freed = extra.union(*(own[i] for i in range(len(units)) if mask >> i & 1))
             c = self.capacity(node, freed)
             cap[mask] = c
@@ -352,7 +444,7 @@ class _Search:
     # ------------------------------------------------------------------ search
 
     def run(self) -> tuple[tuple[Cost, tuple[VictimUnit, ...]] | None, bool]:
-        self._cross(0, [], {})
+        self._node(0, self.domain.members - self.outside, [], {}, -1)
         return self.best, self.complete
 
     def _tick(self) -> bool:
@@ -361,9 +453,6 @@ class _Search:
             self.complete = False
             return False
         return True
-
-    def _limit(self) -> Cost | None:
-        return self.best[0] if self.best is not None else self.bound
 
     def _fits_cap(self, units: Iterable[VictimUnit]) -> bool:
         counts: dict[str, int] = {}
@@ -377,105 +466,85 @@ class _Search:
             if u.group:
                 self.taken[u.group] = self.taken.get(u.group, 0) + sign
 
-    def _cross(self, i: int, chosen: list[VictimUnit], extra: dict[str, set[str]]) -> None:
-        """Take or leave each unit that spans nodes, then choose the nodes' options."""
-        if not self._tick():
-            return
-        limit = self._limit()
-        if limit is not None and cost_of(chosen, self.allowed) >= limit:
-            return
-        if i == len(self.cross):
-            self._nodes(chosen, {n: frozenset(v) for n, v in extra.items()})
-            return
-        unit = self.cross[i]
-        if self._fits_cap((unit,)):
-            added: dict[str, set[str]] = {}
-            for n, dv in unit.freed:
-                if n in self.local:
-                    added.setdefault(n, set()).update(d for d in dv if d not in extra.get(n, ()))
-            for n, dv in added.items():
-                extra.setdefault(n, set()).update(dv)
-            self._take((unit,), 1)
-            chosen.append(unit)
-            self._cross(i + 1, chosen, extra)
-            chosen.pop()
-            self._take((unit,), -1)
-            for n, dv in added.items():
-                extra[n] -= dv
-        self._cross(i + 1, chosen, extra)
-
-    def _nodes(self, chosen: list[VictimUnit], extra: Mapping[str, frozenset[str]]) -> None:
-        d = self.domain
-        none = frozenset[str]()
-        base = sum(self.capacity(n, extra.get(n, none)) for n in d.nodes)
-        order: list[tuple[tuple[float, float], tuple[object, ...], str, list[_Option]]] = []
-        for n in d.nodes:
-            opts = self.options(n, extra.get(n, none))
-            useful = [o for o in opts if o.gain > 0]
-            kind = (
-                id(d.topologies[n]),
-                d.free[n],
-                extra.get(n, none),
-                tuple(_canonical(u)[:-1] for u in self.local[n]),
-            )
-            first = _ratio(useful[0]) if useful else (float("inf"), float("inf"))
-            order.append((first, kind, n, opts))
-        order.sort(key=lambda t: (t[0], repr(t[1]), t[2]))
-        nodes = [(kind, opts) for _first, kind, _n, opts in order if len(opts) > 1]
-        # suffix bounds: the most the nodes left can gain, the least priority, victims and devices per placement
-        count = len(nodes)
-        most = [0] * (count + 1)
-        prio = [float("inf")] * (count + 1)
-        per_w = [float("inf")] * (count + 1)
-        per_d = [float("inf")] * (count + 1)
-        for j in range(count - 1, -1, -1):
-            useful = [o for o in nodes[j][1] if o.gain > 0]
-            most[j] = most[j + 1] + max(o.gain for o in useful)
-            prio[j] = min(prio[j + 1], *(o.priority for o in useful))
-            per_w[j] = min(per_w[j + 1], *(o.weight / o.gain for o in useful))
-            per_d[j] = min(per_d[j + 1], *(o.devices / o.gain for o in useful))
-        bounds = (most, prio, per_w, per_d)
-        self._node(0, nodes, bounds, d.members - base, chosen, -1)
-
     def _node(
-        self,
-        j: int,
-        nodes: list[tuple[tuple[object, ...], list[_Option]]],
-        bounds: tuple[list[int], list[float], list[float], list[float]],
-        missing: int,
-        chosen: list[VictimUnit],
-        previous: int,
+        self, j: int, missing: int, chosen: list[VictimUnit], extra: dict[str, frozenset[str]], previous: int
     ) -> None:
+        """Nodes ``j`` and after, ``missing`` placements still to find, ``extra`` devices freed on later nodes
+        by the spanning units taken."""
         if not self._tick():
             return
         cost = cost_of(chosen, self.allowed)
-        limit = self._limit()
+        limit = self.best[0] if self.best is not None else self.bound
         if missing <= 0:
             if limit is None or cost < limit:
                 self.best = (cost, tuple(chosen))
             return
-        most, prio, per_w, per_d = bounds
-        if j == len(nodes) or most[j] < missing:
+        if j == len(self.order) or self.most_after[j] < missing:
             return
+        if limit is not None and cost[0] >= limit[0]:
+            # the violations cannot fall: a cheaper completion takes no unit above the best's priority
+            levels = [p for p in self.most_upto if p <= limit[1]]
+            upto = self.most_upto[max(levels)] if levels else self.free_after
+            if upto[j] < missing:
+                return
         if limit is not None:
-            least = (
-                cost[0],
-                max(cost[1], int(prio[j])),
-                cost[2] + math.ceil(missing * per_w[j] - 1e-9),
-                cost[3] + math.ceil(missing * per_d[j] - 1e-9),
+            given = self.base_after[j] + sum(
+                self.capacity(n, extra.get(n, frozenset()))
+                for n in self.touched_order[bisect.bisect_left(self.touched_at, j) :]
             )
+            short = missing - given
+            if short > 0:
+                if math.isinf(self.per_w_after[j]):
+                    return  # nothing left to take gains a placement
+                least = (
+                    cost[0],
+                    max(cost[1], int(self.prio_after[j])),
+                    cost[2] + math.ceil(short * self.per_w_after[j] - 1e-9),
+                    cost[3] + math.ceil(short * self.per_d_after[j] - 1e-9),
+                )
+            else:
+                least = cost
             if least >= limit:
                 return
-        kind, opts = nodes[j]
-        same = j > 0 and nodes[j - 1][0] == kind
-        for index, option in enumerate(opts):
+        self._spanning(j, 0, missing, chosen, extra, previous)
+
+    def _spanning(
+        self,
+        j: int,
+        i: int,
+        missing: int,
+        chosen: list[VictimUnit],
+        extra: dict[str, frozenset[str]],
+        previous: int,
+    ) -> None:
+        """Take or leave the spanning units first met at node ``j`` (from the ``i``-th), then choose its option."""
+        here = self.spanning_at.get(j, [])
+        if i < len(here):
+            unit = here[i]
+            if self._fits_cap((unit,)):
+                added = dict(extra)
+                for n, devs in unit.freed:
+                    if n in self.local:
+                        added[n] = added.get(n, frozenset()) | frozenset(devs)
+                self._take((unit,), 1)
+                chosen.append(unit)
+                self._spanning(j, i + 1, missing, chosen, added, previous)
+                chosen.pop()
+                self._take((unit,), -1)
+            self._spanning(j, i + 1, missing, chosen, extra, previous)
+            return
+        node = self.order[j]
+        room = extra.get(node, frozenset())
+        base = self.capacity(node, room)
+        same = j > 0 and self.kind[self.order[j - 1]] == self.kind[node] and node not in self.touched
+        for index, option in enumerate(self.options(node, room)):
             if same and index < previous:
-                continue  # interchangeable with the node before: its options in a non-decreasing order
+                continue  # interchangeable with the node before: options in a non-decreasing order
             if not self._fits_cap(option.units):
                 continue
             self._take(option.units, 1)
             chosen.extend(option.units)
-            self._node(j + 1, nodes, bounds, missing - option.gain, chosen, index)
+            self._node(j + 1, missing - base - option.gain, chosen, extra, index)
             del chosen[len(chosen) - len(option.units) :]
             self._take(option.units, -1)
 
@@ -489,7 +558,3 @@ def _option_key(units: list[VictimUnit], mask: int, gain: int) -> tuple[object, 
     picked = [units[i] for i in range(len(units)) if mask >> i & 1]
     weight = sum(len(u.pods) for u in picked)
     return (max(u.priority for u in picked), weight / gain, sum(u.devices for u in picked) / gain, -gain)
-
-
-def _ratio(o: _Option) -> tuple[float, float]:
-    return (o.priority, o.weight / o.gain)
