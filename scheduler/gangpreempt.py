@@ -143,6 +143,12 @@ class GangPreemption:
             return {}
         if not chosen.units:
             return {}  # it fits as it is: the next filter places it
+        if not chosen.exact:
+            log.info(
+                "preempt %s: gang %s: the search for victims hit its bound; the best set found is used",
+                info.key,
+                gang.key,
+            )
         return self._reserve(state, gang, missing, chosen, inputs, proposed)
 
     # ------------------------------------------------------------------ inputs
