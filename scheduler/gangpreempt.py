@@ -294,6 +294,10 @@ class GangPreemption:
                     else:
                         by_node.setdefault(held[0], []).append(vp.key)
             slot = res.slot_of(info.rank.value if info.rank is not None else None)
+        for p in unplaced:
+            self._evict(p, info, gang)
+        if not by_node:
+            return {}  # the victims' devices went meanwhile: the slots are reserved as they are freed
         node, answer = _one_node(by_node, proposed, slot.node if slot is not None else "")
         message = (
             f"gang {gang.name!r} needs {missing} x {shape.describe()} at once: {len(by_node)} node(s) freed in "
@@ -306,8 +310,6 @@ class GangPreemption:
             for uid in uids:
                 if other != node:
                     self._evict(inputs.pods[uid], info, gang)
-        for p in unplaced:
-            self._evict(p, info, gang)
         return answer
 
     def _evict(self, victim: PodInfo, preemptor: PodInfo, gang: GangRef) -> None:
