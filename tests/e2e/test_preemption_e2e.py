@@ -195,10 +195,11 @@ def _group(run: Running, suffix: str, count: int) -> tuple[str, list[str]]:
     return group, names
 
 
-def _members(control_plane: ControlPlane, namespace: str, group: str) -> list[str]:
-    names = [f"w{i}" for i in range(3)]
+def _members(control_plane: ControlPlane, namespace: str, group: str, size: int = 3) -> list[str]:
+    names = [f"w{i}" for i in range(size)]
+    gang = {**GANG, "kube-icl.io/gang-size": str(size)}
     for name in names:
-        body = shaped_pod(name, group, {RESOURCE: "8", "cpu": "100m"}, shape="ring", priority=HIGH, annotations=GANG)
+        body = shaped_pod(name, group, {RESOURCE: "8", "cpu": "100m"}, shape="ring", priority=HIGH, annotations=gang)
         control_plane.core.create_namespaced_pod(namespace, cast(Any, body))
     return names
 
@@ -254,3 +255,35 @@ def test_a_gang_that_would_still_not_fit_evicts_nobody(
     assert all(not e.answered for e in running.exchanges[seen:] if set(e.proposed) & set(nodes))
     assert _left(control_plane, namespace) == {*low, "peer", *members}, "nobody evicted, nobody deleting"
     assert f"{namespace}/big" not in running.extender.ext.gangs.book.reservations
+
+
+def test_a_gang_leaves_the_pods_a_disruption_budget_protects_when_it_can(
+    control_plane: ControlPlane, running: Running, namespace: str
+) -> None:
+    """Three full nodes for a gang of two rings of 8: node 0 is held by one pod (the fewest victims), the
+    others by two each, all at one priority. A PodDisruptionBudget that allows no disruption covers node 0's
+    pod, so the gang takes nodes 1 and 2 (no violation before fewer victims, as kube-scheduler ranks them)."""
+    from kubernetes import client as k8s
+
+    group, nodes = _group(running, "pdb", 3)
+    whole = _pod("guarded", nodes[0], 8, "any", "100m", LOW)
+    whole["metadata"]["labels"] = {"guard": "yes"}
+    running.extender.create_bound(namespace, whole, nodes[0], "0,1,2,3,4,5,6,7")
+    for i, node in enumerate(nodes[1:], start=1):
+        _occupy(control_plane, running, namespace, node, {f"l{i}{half}": spec for half, spec in HALVES.items()})
+    control_plane.wait_pod_phase(namespace, "guarded", "Running")
+    policy = k8s.PolicyV1Api(control_plane.api_client)
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "guard"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"guard": "yes"}}},
+    }
+    policy.create_namespaced_pod_disruption_budget(namespace, cast(Any, budget))
+    # no kube-controller-manager here: the status its disruption controller would write, written by hand
+    status = {"currentHealthy": 1, "desiredHealthy": 1, "disruptionsAllowed": 0, "expectedPods": 1}
+    policy.patch_namespaced_pod_disruption_budget_status("guard", namespace, cast(Any, {"status": status}))
+    members = _members(control_plane, namespace, group, size=2)
+    where = {_bound(control_plane, namespace, name)[0] for name in members}
+    assert where == set(nodes[1:])
+    assert _left(control_plane, namespace) == {"guarded", *members}
