@@ -396,13 +396,14 @@ class Extender:
         self.metrics.gang_reservations.set(len(self.gangs.book.reservations))
 
     def evict_member(self, info: PodInfo, why: str) -> None:
-        self.event(info, "GangFailed", why)
-        api = self.api
-        if api is not None:
-            self._background.put(lambda: evict(api, info))
+        self._evict(info, "GangFailed", why)
 
     def preempt_victim(self, info: PodInfo, why: str) -> None:
-        self.event(info, "Preempted", why)
+        self._evict(info, "Preempted", why)
+
+    def _evict(self, info: PodInfo, reason: str, why: str) -> None:
+        """An Event on the pod saying why, then its eviction on the background worker."""
+        self.event(info, reason, why)
         api = self.api
         if api is not None:
             self._background.put(lambda: evict(api, info))

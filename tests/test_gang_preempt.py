@@ -10,6 +10,7 @@ covered by an exhausted PodDisruptionBudget is avoided while another choice exis
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from typing import Any
@@ -21,6 +22,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.extender import Extender
 from scheduler.informer import Informer
+from scheduler.wire import RECORD_ANNOTATION, Record, lease_record, read_record
 from tests.support.extender import pod_obj
 
 RACK = "example.com/rack"
@@ -191,3 +193,13 @@ def test_a_rigid_gang_victim_costs_all_its_members() -> None:
         if size == 3:
             c.add(pod_obj("lg-pending", 8, "ring", annotations=ann))
         assert set(_preempt(c, _member(c, "w0"), _uids(low))) == freed, size
+
+
+def test_a_records_waiting_slots_are_written_and_read_back_and_an_older_record_has_none() -> None:
+    slots = (("gang:ml/g#0", "a", ("0", "1")), ("gang:ml/g#1", "b", ("0", "1")))
+    record = Record("ml/g", 2, "ring:2", 2, "ml", "", 2000.0, slots, waiting=("gang:ml/g#1",))
+    lease = lease_record(record, "kube-system", "x", 1000.0)
+    assert read_record(lease) == record
+    older = lease_record(dataclasses.replace(record, waiting=()), "kube-system", "x", 1000.0)
+    assert "waiting" not in older["metadata"]["annotations"][RECORD_ANNOTATION]
+    assert read_record(older).waiting == ()
