@@ -22,10 +22,20 @@ member fails the whole gang). :func:`choose_gang_victims` picks the units:
    Ties keep the first domain by key, then the set found first. A unit in a ``group`` (an elastic
    gang's member) is taken at most ``limits[group]`` times (the members it may lose).
 
-The search is a branch and bound over each domain's units, exact: every component of the cost grows
-as units are added, so a set that costs as much as the best found is not extended, and a set whose
-remaining units cannot complete the domain is dropped. ``max_steps`` bounds it; past the bound the
-best set found so far is returned (``exact`` False). Pure: no I/O, the inputs are values.
+The search is a branch and bound over each domain, node by node (:class:`_Search`), exact: every
+component of the cost grows as units are added, so a partial choice that, with a lower bound for the
+placements it still lacks, costs as much as the best found is not extended, and one whose remaining
+nodes cannot hold the missing members is dropped. ``max_steps`` bounds it; past the bound the best set
+found so far is returned (``exact`` False). Pure: no I/O, the inputs are values.
+
+>>> from topology.presets import build_preset
+>>> from topology.shapes import parse_shape
+>>> ring = build_preset("ring:4")
+>>> units = [VictimUnit("a", (VictimPod("a", 1),), (("n0", ("0", "1")),)),
+...          VictimUnit("b", (VictimPod("b", 0),), (("n0", ("2", "3")),))]
+>>> found = choose_gang_victims(ClusterView(), {"n0": ring}, {"n0": {"0", "1"}}, units, parse_shape("ring", count=2), 2)
+>>> [u.key for u in found.units], found.cost
+(['b'], (0, 0, 1, 2))
 """
 
 from __future__ import annotations
