@@ -198,8 +198,9 @@ class GangBook:
 
     def _pod_changed(self, change: PodChange) -> None:
         """A pod that let go of devices may free a waiting slot's: reserve it before anyone else's filter."""
-        if self.reservations and self.waiting():
-            self.settle()
+        with self.cache.lock:
+            if self.reservations and self.waiting():
+                self.settle()
 
     def claim(self, info: PodInfo, node: str) -> Slot | None:
         """Take this member's slot on ``node`` and hold its devices for the pod; None if it has none."""
