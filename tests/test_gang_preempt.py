@@ -15,6 +15,8 @@ import datetime
 import time
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_scheduler_policies import Cluster
 from test_scheduler_policies import _preempt as _preempt_only
 
@@ -203,3 +205,75 @@ def test_a_records_waiting_slots_are_written_and_read_back_and_an_older_record_h
     older = lease_record(dataclasses.replace(record, waiting=()), "kube-system", "x", 1000.0)
     assert "waiting" not in older["metadata"]["annotations"][RECORD_ANNOTATION]
     assert read_record(older).waiting == ()
+
+
+@st.composite
+def full_clusters(draw: st.DrawFn) -> tuple[dict[str, list[tuple[str, int]]], int, int, int]:
+    """Nodes (ring:8) held by pods of 1, 2 or 4 devices (node -> [(devices, priority)]), and a gang: its
+    size, the devices of each member's ring, and its priority."""
+    nodes: dict[str, list[tuple[str, int]]] = {}
+    for i in range(draw(st.integers(2, 4))):
+        pods, start = [], 0
+        while start < 8:
+            size = draw(st.sampled_from((1, 2, 4)))
+            size = min(size, 8 - start)
+            if draw(st.integers(0, 4)):  # most devices held
+                pods.append(
+                    (",".join(str(d) for d in range(start, start + size)), draw(st.integers(0, 3) | st.just(9)))
+                )
+            start += size
+        nodes[f"n{i}"] = pods
+    return nodes, draw(st.integers(1, 3)), draw(st.sampled_from((2, 4, 8))), 5
+
+
+@settings(max_examples=100, deadline=None)
+@given(full_clusters())
+def test_a_gang_lands_whole_after_one_round_or_nobody_is_evicted(
+    case: tuple[dict[str, list[tuple[str, int]]], int, int, int],
+) -> None:
+    """Through the verbs, as kube-scheduler drives them: the first member's filter fails, its preempt names
+    victims; once those and the extender's evictions are gone, every member binds (the gang was never
+    evicted for in part). An empty answer evicts nobody. Only pods of a lower priority go."""
+    nodes, size, count, priority = case
+    c = Cluster(dict.fromkeys(nodes, "ring:8"), ExtenderConfig(fair_share=False))
+    pods: dict[str, dict[str, Any]] = {}
+    for node, held in nodes.items():
+        for j, (devices, prio) in enumerate(held):
+            name = f"lo-{node}-{j}"
+            pod = pod_obj(
+                name,
+                len(devices.split(",")),
+                "any",
+                node=node,
+                annotations={"kube-icl.io/devices": devices},
+                phase="Running",
+                priority=prio,
+            )
+            pod["status"]["startTime"] = _started(3600)
+            pods[name] = c.add(pod)
+    ann = {"kube-icl.io/gang": "g", "kube-icl.io/gang-size": str(size)}
+    members = [c.add(pod_obj(f"w{i}", count, "ring", priority=priority, annotations=ann)) for i in range(size)]
+    if c.filter(members[0]).node_names:
+        return  # it fits without anybody leaving
+    lower = {
+        n: [
+            p["metadata"]["uid"]
+            for p in pods.values()
+            if p["spec"]["nodeName"] == n and p["spec"]["priority"] < priority
+        ]
+        for n in nodes
+    }
+    proposed = {n: uids[:1] for n, uids in lower.items() if uids}  # kube-scheduler's own victims, one per node
+    answer = _preempt_only(c, members[0], proposed)
+    evicted = _evicted(c)
+    by_uid = {p["metadata"]["uid"]: name for name, p in pods.items()}
+    if not answer:
+        assert evicted == [] and "default/g" not in c.ext.gangs.book.reservations
+        return
+    ((node, uids),) = answer.items()
+    gone = set(evicted) | {by_uid[u] for u in uids}
+    assert all(pods[name]["spec"]["priority"] < priority for name in gone)
+    for name in gone:
+        c.api.pods.pop(("default", name), None)
+        c.cache.delete_pod(pods[name])
+    assert all(c.schedule(m) is not None for m in members), "the whole gang lands"
