@@ -205,6 +205,14 @@ class GangPreemption:
             members = [m for _u, m in self.cache.pods.gang_members(other.key) if not m.terminal and not m.deleting]
             done.update(m.uid for m in members)
             holding = [m for m in members if self.cache.pods.held(m.uid) is not None]
+            for m in holding:
+                if m.uid in where:
+                    continue
+                node, devs = self.cache.pods.held(m.uid) or ("", ())
+                topo = self.cache.nodes.topology_of(node)
+                pool = topo.fingerprint if topo is not None else ""
+                if topo is not None and self._may_take(info, shape, missing, m, pool, len(devs), used, capacity, now):
+                    where[m.uid] = (node, devs, pool)  # on a node the gang cannot use: taken with its gang
             if any(m.uid not in where for m in holding):
                 continue  # a member that may not be taken keeps its whole gang
             freed = tuple((where[m.uid][0], where[m.uid][1]) for m in holding)
@@ -296,15 +304,14 @@ class GangPreemption:
             slot = res.slot_of(info.rank.value if info.rank is not None else None)
         for p in unplaced:
             self._evict(p, info, gang)
-        if not by_node:
-            return {}  # the victims' devices went meanwhile: the slots are reserved as they are freed
-        node, answer = _one_node(by_node, proposed, slot.node if slot is not None else "")
+        inside = {n: uids for n, uids in by_node.items() if n in room}  # a node the member may be nominated to
+        node, answer = _one_node(inside, proposed, slot.node if slot is not None else "") if inside else ("", {})
         message = (
             f"gang {gang.name!r} needs {missing} x {shape.describe()} at once: {len(by_node)} node(s) freed in "
             f"{cluster.unit_name(chosen.level, chosen.domain)}, "
             f"{sum(len(u.pods) for u in chosen.units)} victim(s) of priority {chosen.cost[1]} at most"
         )
-        log.info("preempt %s: %s; answered %s, evicting the rest", info.key, message, node)
+        log.info("preempt %s: %s; answered %s, evicting the rest", info.key, message, node or "nobody")
         self.host.event(info, "GangPreempting", message, "Normal")
         for other, uids in sorted(by_node.items()):
             for uid in uids:

@@ -277,3 +277,26 @@ def test_a_gang_lands_whole_after_one_round_or_nobody_is_evicted(
         c.api.pods.pop(("default", name), None)
         c.cache.delete_pod(pods[name])
     assert all(c.schedule(m) is not None for m in members), "the whole gang lands"
+
+
+def test_a_rigid_gang_victim_with_a_member_where_the_preemptor_cannot_go_is_taken_whole() -> None:
+    """The low gang holds node a and node x, which the preemptor's filter never got (a node selector, say):
+    taking it frees a at priority 0, before node b's two pods of priority 1; its member on x goes too."""
+    c = Cluster({n: "ring:8" for n in "abx"}, ExtenderConfig(fair_share=False))
+    ann = {"kube-icl.io/gang": "low", "kube-icl.io/gang-size": "2", **FULL}
+    low = {}
+    for n in "ax":
+        pod = pod_obj(f"lg-{n}", 8, "ring", node=n, annotations=ann, phase="Running")
+        pod["status"]["startTime"] = _started(3600)
+        low[n] = c.add(pod)
+    halves = {}
+    for i, devices in enumerate(("0,1,2,3", "4,5,6,7")):
+        pod = pod_obj(f"b{i}", 4, "any", node="b", annotations={"kube-icl.io/devices": devices}, priority=1)
+        pod["status"].update({"phase": "Running", "startTime": _started(3600)})
+        halves[i] = c.add(pod)
+    member = _member(c, "w0", size=1)
+    c.filter(member)
+    c.ext.gangs.asked["default/g"] = frozenset("ab")  # what kube-scheduler would have sent
+    proposed = {"a": [low["a"]["metadata"]["uid"]], "b": [halves[0]["metadata"]["uid"], halves[1]["metadata"]["uid"]]}
+    assert _preempt_only(c, member, proposed) == {"a": [low["a"]["metadata"]["uid"]]}
+    assert _evicted(c) == ["lg-x"]
