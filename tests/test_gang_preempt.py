@@ -36,11 +36,26 @@ def _started(seconds_ago: float) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _low(c: Cluster, node: str, priority: int = 0, **kw: Any) -> dict[str, Any]:
-    """A pod holding all 8 devices of ``node``, running for an hour."""
-    pod = pod_obj(f"lo-{node}", 8, "ring", node=node, annotations=FULL, phase="Running", priority=priority, **kw)
+def _holder(
+    c: Cluster,
+    name: str,
+    node: str,
+    devices: str,
+    priority: int = 0,
+    annotations: dict[str, str] | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """A pod holding ``devices`` of ``node``, running for an hour."""
+    ann = {**(annotations or {}), "kube-icl.io/devices": devices}
+    count = len(devices.split(","))
+    pod = pod_obj(name, count, "any", node=node, annotations=ann, phase="Running", priority=priority, **kw)
     pod["status"]["startTime"] = _started(3600)
     return c.add(pod)
+
+
+def _low(c: Cluster, node: str, priority: int = 0, **kw: Any) -> dict[str, Any]:
+    """A pod holding all 8 devices of ``node``, running for an hour."""
+    return _holder(c, f"lo-{node}", node, FULL["kube-icl.io/devices"], priority, **kw)
 
 
 def _member(c: Cluster, name: str, size: int = 2, **kw: Any) -> dict[str, Any]:
@@ -189,9 +204,7 @@ def test_a_rigid_gang_victim_costs_all_its_members() -> None:
         ann = {"kube-icl.io/gang": "low", "kube-icl.io/gang-size": str(size)}
         low = {n: _low(c, n) for n in "cd"}
         for n in "ab":
-            pod = pod_obj(f"lg-{n}", 8, "ring", node=n, annotations={**ann, **FULL}, phase="Running")
-            pod["status"]["startTime"] = _started(3600)
-            low[n] = c.add(pod)
+            low[n] = _holder(c, f"lg-{n}", n, FULL["kube-icl.io/devices"], annotations=ann)
         if size == 3:
             c.add(pod_obj("lg-pending", 8, "ring", annotations=ann))
         assert set(_preempt(c, _member(c, "w0"), _uids(low))) == freed, size
@@ -239,18 +252,7 @@ def test_a_gang_lands_whole_after_one_round_or_nobody_is_evicted(
     pods: dict[str, dict[str, Any]] = {}
     for node, held in nodes.items():
         for j, (devices, prio) in enumerate(held):
-            name = f"lo-{node}-{j}"
-            pod = pod_obj(
-                name,
-                len(devices.split(",")),
-                "any",
-                node=node,
-                annotations={"kube-icl.io/devices": devices},
-                phase="Running",
-                priority=prio,
-            )
-            pod["status"]["startTime"] = _started(3600)
-            pods[name] = c.add(pod)
+            pods[f"lo-{node}-{j}"] = _holder(c, f"lo-{node}-{j}", node, devices, prio)
     ann = {"kube-icl.io/gang": "g", "kube-icl.io/gang-size": str(size)}
     members = [c.add(pod_obj(f"w{i}", count, "ring", priority=priority, annotations=ann)) for i in range(size)]
     if c.filter(members[0]).node_names:
@@ -283,17 +285,9 @@ def test_a_rigid_gang_victim_with_a_member_where_the_preemptor_cannot_go_is_take
     """The low gang holds node a and node x, which the preemptor's filter never got (a node selector, say):
     taking it frees a at priority 0, before node b's two pods of priority 1; its member on x goes too."""
     c = Cluster({n: "ring:8" for n in "abx"}, ExtenderConfig(fair_share=False))
-    ann = {"kube-icl.io/gang": "low", "kube-icl.io/gang-size": "2", **FULL}
-    low = {}
-    for n in "ax":
-        pod = pod_obj(f"lg-{n}", 8, "ring", node=n, annotations=ann, phase="Running")
-        pod["status"]["startTime"] = _started(3600)
-        low[n] = c.add(pod)
-    halves = {}
-    for i, devices in enumerate(("0,1,2,3", "4,5,6,7")):
-        pod = pod_obj(f"b{i}", 4, "any", node="b", annotations={"kube-icl.io/devices": devices}, priority=1)
-        pod["status"].update({"phase": "Running", "startTime": _started(3600)})
-        halves[i] = c.add(pod)
+    ann = {"kube-icl.io/gang": "low", "kube-icl.io/gang-size": "2"}
+    low = {n: _holder(c, f"lg-{n}", n, FULL["kube-icl.io/devices"], annotations=ann) for n in "ax"}
+    halves = {i: _holder(c, f"b{i}", "b", devices, 1) for i, devices in enumerate(("0,1,2,3", "4,5,6,7"))}
     member = _member(c, "w0", size=1)
     c.filter(member)
     c.ext.gangs.asked["default/g"] = frozenset("ab")  # what kube-scheduler would have sent
