@@ -198,8 +198,10 @@ class GangBook:
 
     def _pod_changed(self, change: PodChange) -> None:
         """A pod that let go of devices may free a waiting slot's: reserve it before anyone else's filter."""
+        if not self.reservations:
+            return  # the common case, read without the lock: every pod event comes through here
         with self.cache.lock:
-            if self.reservations and self.waiting():
+            if self.waiting():
                 self.settle()
 
     def claim(self, info: PodInfo, node: str) -> Slot | None:
