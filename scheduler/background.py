@@ -65,7 +65,8 @@ class Background:
 
 
 def evict(api: KubeAPI, info: PodInfo) -> None:
-    """Evict the pod (a member of a gang that failed); one already gone is not an error."""
+    """Evict the pod (a member of a gang that failed, a whole-gang preemption's victim); one already gone is not
+    an error."""
     try:
         api.evict_pod(info.namespace, info.name, info.uid)
     except KubeError as exc:

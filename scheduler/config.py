@@ -23,7 +23,7 @@ Example::
     queueHolds: filter          # or gate: a held pod waits behind a scheduling gate, never Unschedulable
     queues:
       research: {weight: 2}
-      batch: {weight: 1, quota: 64}
+      batch: {weight: 1, quota: 64, minRuntime: 600}   # its pods are no victims in their first 10 minutes
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ class QueueConfig:
     name: str
     weight: float = 1.0
     quota: int | None = None  # devices; None: no quota
+    # seconds a pod of this queue runs before it may be preempted (0: at once); keeps preemption from thrashing
+    min_runtime_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +213,13 @@ def _int(value: Any, where: str, *, minimum: int = 0, maximum: int | None = None
     if value < minimum or (maximum is not None and value > maximum):
         raise ConfigError(f"{where}: {value} is out of range")
     return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    """A duration in seconds: a number >= 0 (no unit suffix)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        raise ConfigError(f"{where}: expected a number of seconds >= 0 (like 600), got {value!r}")
+    return float(value)
 
 
 def _str(value: Any, where: str) -> str:
@@ -364,13 +373,14 @@ def parse_config(raw: Any) -> ExtenderConfig:
     for qname, qraw in _map(top.get("queues"), "queues").items():
         where = f"queues.{qname}"
         q = _map(qraw, where)
-        _check_keys(q, {"weight", "quota"}, where)
+        _check_keys(q, {"weight", "quota", "minRuntime"}, where)
         queues[str(qname)] = QueueConfig(
             name=str(qname),
             weight=_num(q["weight"], f"{where}.weight", strict=True)
             if "weight" in q
             else kw.get("default_queue_weight", 1.0),
             quota=None if q.get("quota") is None else _int(q["quota"], f"{where}.quota"),
+            min_runtime_s=_seconds(q["minRuntime"], f"{where}.minRuntime") if "minRuntime" in q else 0.0,
         )
     kw["queues"] = queues
     if "kueue" in top:

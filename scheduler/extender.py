@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from scheduler import fairshare
@@ -41,7 +41,7 @@ from scheduler.gang import GangManager
 from scheduler.gangrecords import GangRecords
 from scheduler.gates import QueueGates
 from scheduler.ha import LeaseElector
-from scheduler.kube import KubeAPI, KubeError
+from scheduler.kube import KubeAPI, KubeError, label_selector
 from scheduler.metrics import Metrics
 from scheduler.podspec import ANN_DEVICES, PodInfo, PodSpecError, format_devices, pod_info
 from scheduler.preempt import NamedVictims, Preemption
@@ -408,10 +408,44 @@ class Extender:
         self.metrics.gang_reservations.set(len(self.gangs.book.reservations))
 
     def evict_member(self, info: PodInfo, why: str) -> None:
-        self.event(info, "GangFailed", why)
+        self._evict(info, "GangFailed", why)
+
+    def preempt_victim(self, info: PodInfo, why: str) -> None:
+        self._evict(info, "Preempted", why)
+
+    def _evict(self, info: PodInfo, reason: str, why: str) -> None:
+        """An Event on the pod saying why, then its eviction on the background worker."""
+        self.event(info, reason, why)
         api = self.api
         if api is not None:
             self._background.put(lambda: evict(api, info))
+
+    def disruption_budgets(self, pods: Sequence[PodInfo]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+        """Read from the API server: each namespace's budgets, and the pods each selects (a list each)."""
+        budgets: dict[str, int] = {}
+        covers: dict[str, tuple[str, ...]] = {}
+        api = self.api
+        wanted = {p.uid for p in pods}
+        if api is None:
+            return budgets, covers
+        for namespace in sorted({p.namespace for p in pods}):
+            try:
+                for pdb in api.list_disruption_budgets(namespace):
+                    meta, status = pdb.get("metadata") or {}, pdb.get("status") or {}
+                    selector = label_selector((pdb.get("spec") or {}).get("selector"))
+                    if not selector:
+                        continue  # kube-scheduler counts no pod against a budget with an empty selector
+                    name = f"{namespace}/{meta.get('name', '')}"
+                    budgets[name] = int(status.get("disruptionsAllowed") or 0)
+                    disrupted = set(status.get("disruptedPods") or {})
+                    for pod in api.list_labelled_pods(namespace, selector):
+                        pmeta = pod.get("metadata") or {}
+                        uid = str(pmeta.get("uid") or "")
+                        if uid in wanted and pmeta.get("name") not in disrupted:
+                            covers[uid] = (*covers.get(uid, ()), name)
+            except (KubeError, TypeError, ValueError) as exc:
+                log.warning("cannot read the disruption budgets of namespace %s: %s", namespace, exc)
+        return budgets, covers
 
     def gang_resized(self, key: str) -> None:
         """Rewrite the layout annotation of every live member of an elastic gang (off the verbs' threads)."""

@@ -77,6 +77,9 @@ class GangManager:
         self.limits: dict[str, tuple[int, int]] = {}  # gang key -> (minimum, maximum) last seen at filter
         self._ranks: dict[str, tuple[tuple[str, int, int], ...]] = {}  # gang key -> its owner's roles by rank
         self.book.rank_of = self.rank_of
+        # gang key -> the nodes kube-scheduler sent its latest member's filter (those its own filters pass:
+        # node selectors, taints, room); whole-gang preemption counts free room only there
+        self.asked: dict[str, frozenset[str]] = {}
         self._evicted: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         self._pruned_at = 0.0  # when limits and _ran last let go of gangs with no pod and no reservation left
@@ -168,6 +171,7 @@ class GangManager:
         assert gang is not None
         now = self.cache.clock()
         elastic = gang.elastic
+        candidates = frozenset(candidates)
         own = sized_rank(info, gang)
         rank = own.value if own is not None else None
         with self.cache.lock:
@@ -175,6 +179,7 @@ class GangManager:
             if why:
                 return None, why
             self.sweep(now)
+            self.asked[gang.key] = candidates
             if gang.size > 0:
                 self.limits[gang.key] = (gang.size, gang.maximum)
                 self._ranks[gang.key] = gang.ranks
@@ -184,9 +189,17 @@ class GangManager:
                     return None, (
                         f"gang {gang.name!r} members disagree: reserved for {res.shape}, this pod asks for {shape}"
                     )
+                if self.book.waiting():
+                    self.book.settle()
                 nodes = res.open_nodes(info.uid, rank)
                 if nodes:
                     return nodes, ""
+                waiting = res.waiting_nodes()
+                if waiting:
+                    return None, (
+                        f"gang {gang.name!r}: its reserved slots on {','.join(waiting)} wait for the victims of its "
+                        "preemption to go"
+                    )
                 ranked = res.slot_of(rank)
                 if ranked is not None and ranked.pod_uid != info.uid:
                     holder = self.cache.pods.pod(ranked.pod_uid)
@@ -218,15 +231,25 @@ class GangManager:
             found, why = self.planner.place(gang, shape, remaining, candidates)
             if found is None:
                 return None, why
-            numbers: list[int] = []
-            if rank is not None:  # members carry ranks: the slots are numbered by the ranks still missing
-                taken = {r.value for p in bound if (r := sized_rank(p, gang)) is not None}
-                numbers = [n for n in range(gang.size) if n not in taken][:remaining]
-                numbers = numbers if len(numbers) == remaining else []
-            res, why = self.book.reserve(info, shape, found, now, numbers)
+            res, why = self.book.reserve(info, shape, found, now, self.slot_numbers(info, bound, remaining))
             if res is None:
                 return None, why
             return res.open_nodes(info.uid, rank), ""
+
+    def placed(self, gang: GangRef) -> list[PodInfo]:
+        """The members that count towards the gang's minimum: its survivors (elastic), its bound members (rigid)."""
+        with self.cache.lock:
+            return self.survivors(gang.key) if self.is_elastic(gang) else self.members_bound(gang)
+
+    def slot_numbers(self, info: PodInfo, placed: list[PodInfo], remaining: int) -> list[int]:
+        """The numbers of the ``remaining`` slots to reserve when members carry ranks (``info`` does): the
+        ranks the ``placed`` members do not hold; [] otherwise (the slots are numbered 0, 1, ...)."""
+        gang = info.gang
+        if gang is None or sized_rank(info, gang) is None:
+            return []
+        taken = {r.value for p in placed if (r := sized_rank(p, gang)) is not None}
+        numbers = [n for n in range(gang.size) if n not in taken][:remaining]
+        return numbers if len(numbers) == remaining else []
 
     def _rank_refused(self, info: PodInfo) -> str:
         """Why this member's rank cannot be placed (lock held): beyond the gang's maximum, or another live
@@ -271,14 +294,18 @@ class GangManager:
         return expired
 
     def _prune(self, now: float) -> None:
-        """Forget the limits and the has-run mark of gangs with no pod in the cache and no reservation (lock held):
-        without it both grow by one entry per gang ever seen, for as long as the extender runs."""
+        """Forget the limits, the has-run mark and the nodes asked of gangs with no pod in the cache and no
+        reservation (lock held): without it they grow by one entry per gang ever seen, for as long as the
+        extender runs."""
         self._pruned_at = now
         reserved = self.book.reservations
-        for key in [k for k in self.limits.keys() | self._ran if k not in reserved and not self._members(k)]:
+        for key in [
+            k for k in self.limits.keys() | self._ran | self.asked.keys() if k not in reserved and not self._members(k)
+        ]:
             self.limits.pop(key, None)
             self._ranks.pop(key, None)
             self._ran.discard(key)
+            self.asked.pop(key, None)
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:
         """Fail a gang: drop its reservation and evict every remaining member."""

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from scheduler.cache import ClusterCache
+from scheduler.cache import ClusterCache, PodChange
 from scheduler.gangrecords import GangRecords, Reservation, Slot
 from scheduler.host import Host
 from scheduler.podspec import PodInfo, Rank
@@ -59,6 +59,7 @@ class GangBook:
         # a member's rank (the gang core's, which resolves a JobSet member's from its gang's roles)
         self.rank_of: Callable[[PodInfo], Rank | None] = lambda info: info.rank
         cache.on_reservation_taken(self._slot_taken)
+        cache.on_pod_change(self._pod_changed)
 
     def tell(self, call: Callable[[], None]) -> None:
         """Tell the host (or the records) once the cache lock is released; now when it is not held. The gang
@@ -122,12 +123,16 @@ class GangBook:
         now: float,
         numbers: Iterable[int] = (),
         timeout_s: float | None = None,
+        *,
+        waiting: bool = False,
     ) -> tuple[Reservation | None, str]:
         """Reserve the slots of ``found`` for ``info``'s gang, all or none; (None, why) when one cannot be.
 
         The slots are numbered ``numbers`` in the planner's order (by default 0, 1, ...): a member whose
         rank is a slot's number takes that slot. The reservation waits ``timeout_s`` for its members
-        (default: the book's)."""
+        (default: the book's). ``waiting``: a slot whose devices are still held (by the victims of a
+        whole-gang preemption) waits for them instead, and is reserved in the cache as soon as they are
+        free (:meth:`settle`)."""
         wait = self.timeout_s if timeout_s is None else timeout_s
         gang = info.gang
         assert gang is not None
@@ -140,7 +145,13 @@ class GangBook:
             done: list[Slot] = []
             try:
                 for slot in slots:
-                    self.cache.reserve(slot.owner, slot.node, slot.devices)
+                    try:
+                        self.cache.reserve(slot.owner, slot.node, slot.devices)
+                    except AllocationError:
+                        if not waiting:
+                            raise
+                        slot.waiting = True
+                        continue
                     done.append(slot)
             except (AllocationError, TopologyError) as exc:
                 for slot in done:
@@ -160,10 +171,43 @@ class GangBook:
             )
             self.reservations[gang.key] = res
             log.info(
-                "gang %s: reserved %d slots on %s", gang.key, len(slots), ",".join(dict.fromkeys(s.node for s in slots))
+                "gang %s: reserved %d slots on %s%s",
+                gang.key,
+                len(slots),
+                ",".join(dict.fromkeys(s.node for s in slots)),
+                f" ({len(slots) - len(done)} waiting for preemption victims to go)" if len(done) < len(slots) else "",
             )
             self.event("reserved", gang.key)
             return res, ""
+
+    def settle(self) -> int:
+        """Reserve in the cache the waiting slots whose devices are free now (the victims gone); how many."""
+        settled = 0
+        with self.cache.lock:
+            for res in self.reservations.values():
+                for slot in res.slots:
+                    if not slot.waiting:
+                        continue
+                    try:
+                        self.cache.reserve(slot.owner, slot.node, slot.devices)
+                    except (AllocationError, TopologyError):
+                        continue
+                    slot.waiting = False
+                    settled += 1
+                    log.info("gang %s: slot %s on %s reserved, its victims are gone", res.key, slot.owner, slot.node)
+        return settled
+
+    def waiting(self) -> bool:
+        """Whether some slot waits for preemption victims to go (lock held)."""
+        return any(s.waiting for res in self.reservations.values() for s in res.slots)
+
+    def _pod_changed(self, change: PodChange) -> None:
+        """A pod that let go of devices may free a waiting slot's: reserve it before anyone else's filter."""
+        if not self.reservations:
+            return  # the common case, read without the lock: every pod event comes through here
+        with self.cache.lock:
+            if self.waiting():
+                self.settle()
 
     def claim(self, info: PodInfo, node: str) -> Slot | None:
         """Take this member's slot on ``node`` and hold its devices for the pod; None if it has none."""
@@ -298,6 +342,8 @@ class GangBook:
         """Release reservations that are complete or past their deadline; returns the expired keys."""
         expired = []
         with self.cache.lock:
+            if self.waiting():
+                self.settle()
             for res in list(self.reservations.values()):
                 claimed = [s for s in res.slots if s.pod_uid]
                 if len(claimed) == len(res.slots) and not any(self.cache.pods.is_assumed(s.pod_uid) for s in claimed):
@@ -375,8 +421,12 @@ class GangBook:
                 try:
                     self.cache.reserve(slot.owner, slot.node, slot.devices)
                 except (AllocationError, TopologyError) as exc:
-                    log.warning("gang %s: slot %s on %s cannot be reserved again: %s", key, slot.owner, slot.node, exc)
-                    continue
+                    if not isinstance(exc, AllocationError) or owner not in record.waiting:
+                        log.warning(
+                            "gang %s: slot %s on %s cannot be reserved again: %s", key, slot.owner, slot.node, exc
+                        )
+                        continue
+                    slot.waiting = True  # its preemption victims are still going
             slots.append(slot)
         return Reservation(
             key=key,

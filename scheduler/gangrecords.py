@@ -45,6 +45,8 @@ class Slot:
     node: str
     devices: tuple[str, ...]
     pod_uid: str = ""  # the member that claimed it
+    # its devices are still held by the victims of a whole-gang preemption: reserved in the cache once they are gone
+    waiting: bool = False
 
     @property
     def number(self) -> int:
@@ -71,14 +73,19 @@ class Reservation:
 
     def open_nodes(self, uid: str, rank: int | None = None) -> set[str]:
         """Nodes this member may go to: its own slot, else the unclaimed slot numbered ``rank`` (its rank),
-        else (no rank, or no slot of that number) any unclaimed slot."""
+        else (no rank, or no slot of that number) any unclaimed slot; a slot still waiting for its victims
+        to go is no place yet."""
         own = [s.node for s in self.slots if s.pod_uid == uid]
         if own:
             return set(own)
         ranked = self.slot_of(rank)
         if ranked is not None:
-            return set() if ranked.pod_uid else {ranked.node}
-        return {s.node for s in self.slots if not s.pod_uid}
+            return set() if ranked.pod_uid or ranked.waiting else {ranked.node}
+        return {s.node for s in self.slots if not s.pod_uid and not s.waiting}
+
+    def waiting_nodes(self) -> list[str]:
+        """The nodes of the slots still waiting for preemption victims to go, by name."""
+        return sorted({s.node for s in self.slots if s.waiting})
 
     def slot_of(self, rank: int | None) -> Slot | None:
         """The slot numbered ``rank``; None when ``rank`` is None or no slot has that number."""
@@ -93,7 +100,10 @@ class Reservation:
             "queue": self.queue,
             "domain": self.domain or None,
             "expiresInSeconds": round(max(0.0, self.deadline - now), 3),
-            "slots": [{"node": s.node, "devices": list(s.devices), "pod": s.pod_uid or None} for s in self.slots],
+            "slots": [
+                {"node": s.node, "devices": list(s.devices), "pod": s.pod_uid or None, "waiting": s.waiting}
+                for s in self.slots
+            ],
         }
 
     def record(self) -> Record:
@@ -107,6 +117,7 @@ class Reservation:
             domain=self.domain,
             expires_at=self.expires_at,
             slots=tuple((s.owner, s.node, s.devices) for s in self.slots),
+            waiting=tuple(s.owner for s in self.slots if s.waiting),
         )
 
 

@@ -12,7 +12,7 @@ cache lock (:meth:`scheduler.cachelock.CacheLock.defer`), and they run once the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from scheduler.framework import CycleState
@@ -63,6 +63,15 @@ class Host(Protocol):
         of the watch; the uids that are gone or terminating."""
         ...
 
+    def preempt_victim(self, info: PodInfo, why: str) -> None:
+        """Evict a victim of a whole-gang preemption on a node kube-scheduler did not pick (an Event says why)."""
+        ...
+
+    def disruption_budgets(self, pods: Sequence[PodInfo]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+        """The PodDisruptionBudgets that cover any of ``pods``: (budget -> disruptions it still allows, pod uid ->
+        the budgets that cover it); a pod the budget lists as disrupted already is not covered by it."""
+        ...
+
 
 class QuietHost:
     """A host that always leads and tells nobody anything: parts built without an extender."""
@@ -93,6 +102,12 @@ class QuietHost:
 
     def confirm(self, uids: Iterable[str]) -> set[str]:
         return set()
+
+    def preempt_victim(self, info: PodInfo, why: str) -> None:
+        return None
+
+    def disruption_budgets(self, pods: Sequence[PodInfo]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+        return {}, {}
 
 
 def _quiet_is_a_host(host: QuietHost) -> Host:

@@ -57,6 +57,7 @@ __all__ = [
     "RestKubeAPI",
     "binding_body",
     "eviction_body",
+    "label_selector",
     "ungate_patch",
 ]
 
@@ -148,6 +149,16 @@ class KubeAPI(Protocol):
 
     def list_leases(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]: ...
 
+    # policy/v1 PodDisruptionBudgets and the pods they cover, read when a gang preempts (kube-scheduler's count).
+
+    def list_disruption_budgets(self, namespace: str) -> builtins.list[JsonObj]:
+        """The namespace's PodDisruptionBudgets."""
+        ...
+
+    def list_labelled_pods(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
+        """The namespace's pods that match ``label_selector`` (the API server's syntax)."""
+        ...
+
 
 # Where each kind of native group object lives, newest API first.
 GROUP_PATHS: dict[str, tuple[str, ...]] = {
@@ -221,6 +232,27 @@ def eviction_body(namespace: str, name: str, uid: str) -> JsonObj:
     if uid:
         body["deleteOptions"] = {"preconditions": {"uid": uid}}
     return body
+
+
+def label_selector(selector: Mapping[str, Any] | None) -> str:
+    """A ``metav1.LabelSelector`` in the API server's query syntax; "" for an empty or missing one (which
+    kube-scheduler's PodDisruptionBudget count skips: it selects nothing there).
+
+    >>> label_selector({"matchLabels": {"app": "a"}, "matchExpressions": [
+    ...     {"key": "tier", "operator": "In", "values": ["x", "y"]}, {"key": "gpu", "operator": "Exists"}]})
+    'app=a,tier in (x,y),gpu'
+    >>> label_selector({})
+    ''
+    """
+    if not selector:
+        return ""
+    parts = [f"{k}={v}" for k, v in sorted((selector.get("matchLabels") or {}).items())]
+    for expr in selector.get("matchExpressions") or ():
+        key, op, values = expr.get("key", ""), expr.get("operator", ""), ",".join(expr.get("values") or ())
+        parts.append(
+            {"In": f"{key} in ({values})", "NotIn": f"{key} notin ({values})", "Exists": key}.get(op, f"!{key}")
+        )
+    return ",".join(parts)
 
 
 def _q(part: str) -> str:
@@ -700,6 +732,15 @@ class RestKubeAPI:
     def list_leases(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
         query = urllib.parse.urlencode({"labelSelector": label_selector})
         page = self._request("GET", f"{_LEASES.format(ns=_q(namespace))}?{query}")
+        return list(page.get("items") or [])
+
+    def list_disruption_budgets(self, namespace: str) -> builtins.list[JsonObj]:
+        page = self._request("GET", f"/apis/policy/v1/namespaces/{_q(namespace)}/poddisruptionbudgets")
+        return list(page.get("items") or [])
+
+    def list_labelled_pods(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
+        query = urllib.parse.urlencode({"labelSelector": label_selector})
+        page = self._request("GET", f"/api/v1/namespaces/{_q(namespace)}/pods?{query}")
         return list(page.get("items") or [])
 
 

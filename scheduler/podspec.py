@@ -7,6 +7,7 @@ annotation and its value; callers turn it into a per-node failure and an Event.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -253,6 +254,7 @@ class PodInfo:
     # for the gang's size (:func:`sized_rank`)
     jobset: JobSetIndex | None = None
     gates: tuple[str, ...] = ()  # the names in spec.schedulingGates, in order
+    started: float | None = None  # status.startTime (wall clock, seconds); None until the kubelet starts it
 
     @property
     def gated(self) -> bool:
@@ -854,6 +856,7 @@ def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAU
         rank=(rank := pod_rank(meta, spec, gang)),
         jobset=_deferred_index(meta, gang) if rank is None else None,
         gates=_gates(spec),
+        started=start_time(status),
     )
 
 
@@ -863,6 +866,24 @@ def _deferred_index(meta: Mapping[str, Any], gang: GangRef | None) -> JobSetInde
         return None
     completion = _index(meta, LABEL_JOB_COMPLETION_INDEX, annotation=True)
     return _jobset_index(meta, completion) if completion is not None else None
+
+
+def start_time(status: Mapping[str, Any]) -> float | None:
+    """``status.startTime`` as wall-clock seconds; None when absent or not an RFC 3339 time in UTC.
+
+    >>> start_time({"startTime": "2026-01-02T03:04:05Z"})
+    1767323045.0
+    >>> start_time({}) is None
+    True
+    """
+    raw = status.get("startTime")
+    if not isinstance(raw, str):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
 
 
 def _gates(spec: Mapping[str, Any]) -> tuple[str, ...]:

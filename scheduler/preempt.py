@@ -5,11 +5,11 @@ kube-scheduler proposes victims per node for its own filters (CPU, memory, devic
 out, but every node it names needs a non-empty list of pods on that node: kube-scheduler
 fails the whole preemption on an empty one. Its proposed victims are all kept; device
 holders of lower priority are added only where the shape still does not fit; fair share
-and elastic gangs' minimums limit who may be taken. A node where no allowed set of victims
-frees the shape is left out. A member of a gang that still misses members, on a cluster with
-network tiers, is answered only in one domain of the lowest tier that can hold the missing
-members (counting the nodes where a member fits now), so the gang frees a whole rack before
-spreading its victims over the cluster.
+and elastic gangs' minimums limit who may be taken, and a pod younger than its queue's
+``minRuntime`` is no victim. A node where no allowed set of victims frees the shape is left out. A
+member of a gang that still misses members is answered by whole-gang preemption
+(:mod:`scheduler.gangpreempt`): victims for all the missing members at once, in one domain of the
+lowest tier that can hold them, or nobody.
 
 Under informer lag (kube-scheduler's cache sees a victim gone before the extender's does) the
 victims this replica named are remembered (:class:`NamedVictims`) and, before an answer or a
@@ -38,6 +38,7 @@ from scheduler.cache import ClusterCache, share_free
 from scheduler.config import ExtenderConfig
 from scheduler.framework import CycleState, PodKind
 from scheduler.gang import GangManager
+from scheduler.gangpreempt import GangPreemption, runs_too_briefly
 from scheduler.host import Host
 from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
 from topology import Placer, Shape
@@ -207,6 +208,7 @@ class Preemption:
         self.gangs = gangs
         self.host = host
         self.named = named if named is not None else NamedVictims(cache)
+        self.whole_gang = GangPreemption(cache, cfg, gangs, host)
 
     def victims(self, state: CycleState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         proposed = {n: (tuple(dict.fromkeys(u)), pdb) for n, (u, pdb) in args.victim_uids().items() if u}
@@ -255,6 +257,10 @@ class Preemption:
         info, shape = state.info, state.shape
         if self.host.held_back(state):
             return {}  # a held-back pod never preempts
+        whole = self.whole_gang.answer(state, proposed)
+        if whole is not None:
+            return whole  # a gang that misses members: victims for all of them, or nobody
+        now = self.gangs.book.wall()
         used = self.cache.pods.used_by_queue()
         capacity = self.cache.nodes.capacity()
         out: dict[str, MetaVictims] = {}
@@ -309,6 +315,7 @@ class Preemption:
                     self.cfg,
                 )
             }
+            allowed -= {u for u in judged if u in pods and runs_too_briefly(pods[u], self.cfg, now)}
             if any(u not in allowed for u in taken if u in queues):
                 continue  # a victim the scheduler needs may not be taken: this node cannot be freed
             if self.elastic_victims(uids) is None:
@@ -333,36 +340,6 @@ class Preemption:
         spare_only = {n for n, v in out.items() if self.elastic_victims(tuple(p.uid for p in v.pods)) is True}
         if spare_only:
             out = {n: v for n, v in out.items() if n in spare_only}
-        return self._one_domain(state, out)
-
-    def _one_domain(self, state: CycleState, out: dict[str, MetaVictims]) -> dict[str, MetaVictims]:
-        """A gang member's victim nodes within one domain of the lowest network tier whose nodes (those where
-        a member fits now, and those the answer frees) can hold the gang's missing members: of those
-        domains the one that needs the fewest victim nodes, then by name. Unchanged when no tier is
-        configured, the pod is no gang member, or no domain of any tier can hold them."""
-        gang, shape = state.info.gang, state.shape
-        if gang is None or shape is None or len(out) <= 1 or not self.cache.nodes.tier_keys:
-            return out
-        missing = gang.size - len(self.gangs.members_bound(gang))
-        if missing <= 1:
-            return out
-        view = self.gangs.planner.view()
-        with self.cache.lock:
-            views = self.cache.nodes.usable_views(self.cache.nodes.node_names())
-        fits_now = {n for n, v in views.items() if n not in out and Placer.for_topology(v.topology).fits(shape, v.free)}
-        for level in range(2, view.top):
-            domains: dict[tuple[str, ...], tuple[int, int]] = {}
-            for n in (*out, *fits_now):
-                now, freed = domains.get(view.unit(n, level), (0, 0))
-                domains[view.unit(n, level)] = (now + (n in fits_now), freed + (n in out))
-            holding = [
-                (max(0, missing - now), key)
-                for key, (now, freed) in domains.items()
-                if freed and now + freed >= missing
-            ]
-            if holding:
-                _needed, chosen = min(holding)
-                return {n: v for n, v in out.items() if view.unit(n, level) == chosen}
         return out
 
     def _gang_survivors(self, state: CycleState, proposed: Mapping[str, tuple[tuple[str, ...], int]]) -> list[str]:

@@ -551,6 +551,8 @@ class Record:
     domain: str
     expires_at: float
     slots: tuple[tuple[str, str, tuple[str, ...]], ...]
+    # owners of the slots whose devices preemption victims still held when it was written (optional field)
+    waiting: tuple[str, ...] = ()
 
 
 def record_name(key: str) -> str:
@@ -579,6 +581,8 @@ def lease_record(record: Record, namespace: str, holder: str, created_at: float)
         "expiresAt": round(record.expires_at, 3),
         "slots": [{"owner": owner, "node": node, "devices": list(devices)} for owner, node, devices in record.slots],
     }
+    if record.waiting:
+        body["waiting"] = list(record.waiting)
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -622,6 +626,7 @@ def read_record(lease: Mapping[str, Any]) -> Record:
             slots=tuple(
                 (str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"])) for raw in body["slots"]
             ),
+            waiting=tuple(str(owner) for owner in body.get("waiting") or ()),
         )
     except KeyError as exc:
         what = "missing" if exc.args and exc.args[0] == RECORD_ANNOTATION else f"no field {exc.args[0]!r}"

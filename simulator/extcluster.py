@@ -299,6 +299,12 @@ class LocalAPI:
     def list_leases(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
         return []
 
+    def list_disruption_budgets(self, namespace: str) -> builtins.list[JsonObj]:
+        return []  # a trace has no disruption budgets
+
+    def list_labelled_pods(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
+        return []
+
 
 class Verbs(Protocol):
     """What :func:`schedule_pod` asks of the extender (:class:`scheduler.extender.Extender`)."""

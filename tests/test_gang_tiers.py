@@ -8,11 +8,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_scheduler_policies import Cluster, _preempt, gang_pod
+from test_scheduler_policies import Cluster, gang_pod
 from topo_strategies import forms_shape
 
 from scheduler.config import ExtenderConfig
-from tests.support.extender import pod_obj
 from topology import (
     COORDS_LABEL,
     DOMAIN_LABEL,
@@ -264,31 +263,3 @@ def test_the_extender_keeps_a_gang_in_one_rack_and_says_why_it_waits() -> None:
     unknown = c3.add(_gang("u0", 2, tier="pod", gang="other"))
     reason = next(iter(c3.filter(unknown).failed_nodes.values()))
     assert "'pod' is not one of this cluster's tiers" in reason and RACK in reason
-
-
-def test_a_gang_member_preempts_within_one_rack_before_spreading() -> None:
-    """Four full nodes in two racks, a gang of two at a higher priority: the victims offered are one
-    rack's; with a node of the second rack free already, that rack needs one victim node only."""
-    labels = {n: {RACK: "r0" if n in ("a", "b") else "r1"} for n in "abcd"}
-    cfg = ExtenderConfig(fair_share=False, tiers=(RACK,))
-    c = Cluster(dict.fromkeys(labels, "ring:8"), cfg, labels=labels)
-    full = {"kube-icl.io/devices": "0,1,2,3,4,5,6,7"}
-    low = {n: c.add(pod_obj(f"lo-{n}", 8, "ring", node=n, annotations=full, phase="Running")) for n in labels}
-    member = c.add(
-        pod_obj("w0", 8, "ring", priority=100, annotations={"kube-icl.io/gang": "g", "kube-icl.io/gang-size": "2"})
-    )
-    proposed = {n: [p["metadata"]["uid"]] for n, p in low.items()}
-    assert set(_preempt(c, member, proposed)) == {"a", "b"}, "one rack, the first by name"
-    plain = ExtenderConfig(fair_share=False)
-    c0 = Cluster(dict.fromkeys(labels, "ring:8"), plain, labels=labels)
-    low0 = {n: c0.add(pod_obj(f"lo-{n}", 8, "ring", node=n, annotations=full, phase="Running")) for n in labels}
-    member0 = c0.add(
-        pod_obj("w0", 8, "ring", priority=100, annotations={"kube-icl.io/gang": "g", "kube-icl.io/gang-size": "2"})
-    )
-    assert set(_preempt(c0, member0, {n: [p["metadata"]["uid"]] for n, p in low0.items()})) == set("abcd"), (
-        "without tiers every node is offered"
-    )
-    done = {**low["c"], "status": {**low["c"]["status"], "phase": "Succeeded"}}
-    c.add(done)  # c is free now
-    del proposed["c"]
-    assert set(_preempt(c, member, proposed)) == {"d"}, "r1 has c free: one victim node holds the gang there"

@@ -96,6 +96,12 @@ def test_bad_config_exits_2_with_the_key(tmp_path: Path) -> None:
         ({"keepBestNodes": -1}, "keepBestNodes"),
         ({"keepBestNodes": 2.5}, "keepBestNodes"),
         ({"events": {"onBind": 1}}, "events.onBind"),
+        (
+            {"queues": {"a": {"minRuntime": "10m"}}},
+            r"^queues\.a\.minRuntime: expected a number of seconds >= 0 \(like 600\), got '10m'$",
+        ),
+        ({"queues": {"a": {"minRuntime": -1}}}, r"^queues\.a\.minRuntime: .* got -1$"),
+        ({"queues": {"a": {"minRuntime": True}}}, "queues.a.minRuntime"),
     ],
 )
 def test_config_errors_name_the_key(raw: object, message: str) -> None:
@@ -108,7 +114,7 @@ def test_config_round_trip(tmp_path: Path) -> None:
     path.write_text(
         "listen: {host: 127.0.0.1, port: 9000, pathPrefix: /icl}\n"
         "weights: {fragmentation: 3, binpack: 1}\n"
-        "queues: {research: {weight: 2}, batch: {quota: 64}}\n"
+        "queues: {research: {weight: 2}, batch: {quota: 64, minRuntime: 600}}\n"
         "gangTimeoutSeconds: 30\n"
         "keepBestNodes: 16\n"
         "events: {onBind: true}\n"
@@ -120,3 +126,4 @@ def test_config_round_trip(tmp_path: Path) -> None:
     assert (cfg.fragmentation_weight, cfg.binpack_weight, cfg.gang_timeout_s) == (3.0, 1.0, 30.0)
     assert cfg.queue("research").weight == 2.0 and cfg.queue("batch").quota == 64
     assert cfg.queue("other").weight == 1.0 and cfg.queue("other").quota is None
+    assert (cfg.queue("batch").min_runtime_s, cfg.queue("research").min_runtime_s) == (600.0, 0.0)

@@ -925,6 +925,7 @@ class MemoryKubeAPI:
         # custom objects by collection path (``/apis/<group>/<version>/<resource>``) and ``namespace/name``
         # (``name`` when cluster-scoped), for Kueue's AdmissionChecks and Workloads
         self.objects: dict[str, dict[str, JsonObj]] = {}
+        self.budgets: dict[tuple[str, str], JsonObj] = {}  # (namespace, name) -> PodDisruptionBudget
 
     def _maybe_fail(self, call: str, ns: str, name: str) -> None:
         self.calls.append((call, ns, name))
@@ -1078,3 +1079,17 @@ class MemoryKubeAPI:
     def list_leases(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
         out: builtins.list[JsonObj] = self._lease("lease", lambda: self.leases.list(namespace, label_selector))
         return out
+
+    def list_disruption_budgets(self, namespace: str) -> builtins.list[JsonObj]:
+        with self.lock:
+            return [copy.deepcopy(b) for (ns, _n), b in sorted(self.budgets.items()) if ns == namespace]
+
+    def list_labelled_pods(self, namespace: str, label_selector: str) -> builtins.list[JsonObj]:
+        """Pods of ``namespace`` whose labels hold every ``key=value`` of the selector (all the tests use)."""
+        want = dict(part.split("=", 1) for part in label_selector.split(",") if "=" in part)
+        with self.lock:
+            return [
+                copy.deepcopy(p)
+                for (ns, _n), p in sorted(self.pods.items())
+                if ns == namespace and want.items() <= (p["metadata"].get("labels") or {}).items()
+            ]
