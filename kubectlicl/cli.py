@@ -33,9 +33,9 @@ examples:
   kubectl icl why train-0 -n ml             why a pod waits, by the extender's own decision, and what frees it
 
 The extender's config (queue weights and quotas, tiers, resource name) is read from the ConfigMap the
-chart labels app.kubernetes.io/component=extender, or the one --extender-config names; without either,
-from the flags. Install: pip install kube-icl puts kubectl-icl on the PATH (docs/deploy.md, "Operating
-kube-icl")."""
+chart labels app.kubernetes.io/part-of=kube-icl and app.kubernetes.io/component=extender, or the one
+--extender-config names; without either, from --queue and --default-queue-weight (with a warning).
+Install: pip install kube-icl puts kubectl-icl on the PATH (docs/deploy.md, "Operating kube-icl")."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +61,20 @@ def _queue(text: str) -> tuple[str, float, int | None]:
     return name, w, q
 
 
+def _weight(text: str) -> float:
+    try:
+        w = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number") from None
+    if not w > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number")
+    return w
+
+
+# the commands whose answer depends on the queues' weights and quotas: they say on stderr when the extender's
+# config could not be read (its queues then come from --queue and --default-queue-weight)
+QUOTA_COMMANDS = ("queues", "why")
+
 # The options every command takes, before or after the command's name: their defaults are SUPPRESS in
 # the parsers (a subparser's default would otherwise overwrite a value given before the command) and
 # filled in by main().
@@ -83,7 +97,8 @@ def _common() -> _Parser:
     common.add_argument(
         "--extender-config",
         metavar="NAMESPACE/NAME",
-        help="the extender's ConfigMap (default: the one labelled app.kubernetes.io/component=extender)",
+        help="the extender's ConfigMap (default: the one labelled app.kubernetes.io/part-of=kube-icl and "
+        "app.kubernetes.io/component=extender)",
     )
     common.add_argument(
         "--resource-name", help="the extended resource (default: the extender's, else kube-icl.io/accelerator)"
@@ -91,8 +106,27 @@ def _common() -> _Parser:
     return common
 
 
+def _queue_flags() -> _Parser:
+    """The queues' weights and quotas, for the commands whose answer depends on them, when the extender's
+    config cannot be read: one parser for all of them."""
+    flags = _Parser(add_help=False)
+    flags.add_argument(
+        "--queue",
+        action="append",
+        type=_queue,
+        default=[],
+        metavar="NAME=WEIGHT[:QUOTA]",
+        help="a queue's weight and quota when the extender's config cannot be read (repeatable)",
+    )
+    flags.add_argument(
+        "--default-queue-weight", type=_weight, default=1.0, help="weight of unlisted queues (default 1)"
+    )
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
+    queue_flags = _queue_flags()
     parser = _Parser(
         prog=PROG,
         description="kube-icl's view of the cluster: chips per node, gangs, queues, why a pod waits (read from the "
@@ -129,26 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     gangs.add_argument(
         "--lease-namespace", default="", help="where the reservation Leases are (default: the extender's, else all)"
     )
-    queues = sub.add_parser(
+    sub.add_parser(
         "queues",
-        parents=[common],
+        parents=[common, queue_flags],
         help="queues: weight, quota, devices held, dominant share, pending pods",
         description="Every configured queue and every queue a pod names: weight and quota (the extender's config), "
         "devices its pods hold per pool, the weighted dominant share the extender's fair share compares, and its "
         "pending pods.",
     )
-    queues.add_argument(
-        "--queue",
-        action="append",
-        type=_queue,
-        default=[],
-        metavar="NAME=WEIGHT[:QUOTA]",
-        help="a queue's weight and quota when the extender's config cannot be read (repeatable)",
-    )
-    queues.add_argument("--default-queue-weight", type=float, default=1.0, help="weight of unlisted queues (default 1)")
     why = sub.add_parser(
         "why",
-        parents=[common],
+        parents=[common, queue_flags],
         help="why a pod waits: the extender's answer per class of nodes, and what would let it run",
         description="Runs the extender's own decision (its cache and cycle, in this process, writing nothing) over "
         "the nodes, pods and gang reservations the API server shows, for this pod: the nodes it fits now, the "
@@ -222,7 +247,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
     cfg = settings.config
     if args.resource_name:
         cfg = dataclasses.replace(cfg, resource_name=args.resource_name)
-    if args.command == "queues" or args.extender_config:
+    if args.command in QUOTA_COMMANDS or args.extender_config:
         _warn(settings.warnings)
     now = time.time()
 
