@@ -73,7 +73,7 @@ def _weight(text: str) -> float:
 
 # the commands whose answer depends on the queues' weights and quotas: they say on stderr when the extender's
 # config could not be read (its queues then come from --queue and --default-queue-weight)
-QUOTA_COMMANDS = ("queues", "why")
+QUOTA_COMMANDS = ("queues", "why", "snapshot")
 
 # The options every command takes, before or after the command's name: their defaults are SUPPRESS in
 # the parsers (a subparser's default would otherwise overwrite a value given before the command) and
@@ -181,14 +181,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     why.add_argument("pod", metavar="POD", help="the pod's name")
     why.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
+    snapshot = sub.add_parser(
+        "snapshot",
+        parents=[common, queue_flags],
+        help="the extender's state as one versioned file (nodes, pods, gang records, config): YAML, or -o json",
+        description="Writes what the extender knows of the cluster (its config, the nodes with their topology and "
+        "labels, the pods running and pending, the gang reservation records, and a summary of who holds which "
+        "device and the pending queue in its order) as one apiVersion kube-icl.io/v1alpha1 kind Snapshot "
+        "document, for `kubectl icl whatif`, `icl sim --snapshot` and bug reports.",
+    )
+    snapshot.add_argument("--out", metavar="FILE", help="write to FILE (default: stdout)")
+    snapshot.add_argument(
+        "--anonymize", action="store_true", help="replace node, pod, namespace, gang and queue names by stable hashes"
+    )
     return parser
 
 
-def _fallback_config(args: argparse.Namespace) -> Any:
-    from scheduler.config import ExtenderConfig, QueueConfig
-
-    queues = {name: QueueConfig(name, weight, quota) for name, weight, quota in getattr(args, "queue", [])}
-    return ExtenderConfig(queues=queues, default_queue_weight=getattr(args, "default_queue_weight", 1.0))
+def _fallback_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The queue flags written as the extender's config (``extender.yaml``) would write them."""
+    queues: dict[str, Any] = {}
+    for name, weight, quota in getattr(args, "queue", []):
+        queues[name] = {"weight": weight, **({"quota": quota} if quota is not None else {})}
+    return {"queues": queues, "defaultQueueWeight": getattr(args, "default_queue_weight", 1.0)}
 
 
 def _print_doc(doc: dict[str, Any], output: str) -> None:
@@ -327,6 +341,32 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
         else:
             print(render.why_text(answer))
         return EXIT_ERROR if answer.error else EXIT_OK
+
+    if args.command == "snapshot":
+        from scheduler.snapshot import dump
+
+        from .snapshot import capture
+
+        raw_pods = reader.pods()
+        leases, lease_warnings = _leases(reader, cfg, settings.source, "")
+        state = read_state(cfg, reader.nodes(), raw_pods, leases, now=now)
+        _warn([*state.warnings, *lease_warnings])
+        raw_config = dict(settings.raw)
+        if args.resource_name:
+            raw_config["resourceName"] = args.resource_name
+        doc = capture(raw_config, settings.source, state, raw_pods, leases, hide_names=args.anonymize)
+        text = dump(doc, "json" if args.output == "json" else "yaml")
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as out:
+                out.write(text)
+            print(
+                f"wrote {args.out} ({len(doc['nodes'])} nodes, {len(doc['pods'])} pods, "
+                f"{len(doc['reservations'])} gang records)",
+                file=sys.stderr,
+            )
+        else:
+            print(text, end="")
+        return EXIT_OK
 
     # queues
     state = read_state(cfg, reader.nodes(), reader.pods(), now=now)

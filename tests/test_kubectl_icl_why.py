@@ -14,8 +14,9 @@ from kubectlicl.cluster import EXTENDER_SELECTOR
 from kubectlicl.render import why_doc, why_text
 from kubectlicl.state import read_state
 from kubectlicl.why import explain
-from scheduler.config import ExtenderConfig
+from scheduler.config import ExtenderConfig, parse_config
 from tests.support.extender import node_obj, pod_obj
+from tests.support.kubectl import ListedCluster
 
 
 def _held(name: str, node: str, devices: str) -> dict[str, object]:
@@ -75,42 +76,6 @@ def test_what_frees_a_shape_is_what_preemption_would_take_the_lower_priority_pod
     assert answer.freeing is not None and (answer.freeing.pods, answer.freeing.devices) == (("default/low",), 4)
 
 
-class _Cluster:
-    """What the API server lists, for ``kubectl icl`` run in process (stands in for
-    :class:`kubectlicl.cluster.Reader`: the same methods, answered from these objects)."""
-
-    def __init__(
-        self,
-        nodes: list[dict[str, Any]],
-        pods: list[dict[str, Any]],
-        configmaps: list[dict[str, Any]] | None = None,
-    ) -> None:
-        self._nodes, self._pods, self._configmaps = nodes, pods, configmaps or []
-
-    def __call__(self, kubeconfig: str | None, context: str | None = None) -> _Cluster:
-        return self
-
-    def close(self) -> None:
-        return None
-
-    def nodes(self, selector: str = "") -> list[dict[str, Any]]:
-        return self._nodes
-
-    def pods(self, namespace: str = "") -> list[dict[str, Any]]:
-        return [p for p in self._pods if not namespace or p["metadata"]["namespace"] == namespace]
-
-    def reservation_leases(self, namespace: str = "") -> list[dict[str, Any]]:
-        return []
-
-    def extender_configmaps(self, namespace: str = "") -> list[dict[str, Any]]:
-        # as the API server answers the label selector the reader sends: every label must match
-        want = dict(kv.split("=") for kv in EXTENDER_SELECTOR.split(","))
-        return [c for c in self._configmaps if want.items() <= (c["metadata"].get("labels") or {}).items()]
-
-    def configmap(self, namespace: str, name: str) -> dict[str, Any]:
-        raise AssertionError("not asked in these tests")
-
-
 def _configmap(labels: dict[str, str], queues: dict[str, Any]) -> dict[str, Any]:
     return {
         "metadata": {"name": "kube-icl-extender", "namespace": "kube-icl", "labels": labels},
@@ -132,7 +97,7 @@ def test_why_warns_when_the_extenders_configmap_is_missing_and_quotas_are_not_kn
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nodes, pods = _quota_case()
-    monkeypatch.setattr(cluster, "Reader", _Cluster(nodes, pods))
+    monkeypatch.setattr(cluster, "Reader", ListedCluster(nodes, pods))
     assert cli.main(["why", "r2"]) == 0
     err = capsys.readouterr().err
     assert f"warning: extender config not found (no ConfigMap labelled {EXTENDER_SELECTOR}); using flags" in err
@@ -143,7 +108,7 @@ def test_why_warns_when_a_hand_made_configmap_lacks_the_part_of_label(
 ) -> None:
     nodes, pods = _quota_case()
     hand_made = _configmap({"app.kubernetes.io/component": "extender"}, {"research": {"weight": 1, "quota": 4}})
-    monkeypatch.setattr(cluster, "Reader", _Cluster(nodes, pods, [hand_made]))
+    monkeypatch.setattr(cluster, "Reader", ListedCluster(nodes, pods, [hand_made]))
     assert cli.main(["why", "r2", "-o", "json"]) == 0
     captured = capsys.readouterr()
     assert "warning: extender config not found" in captured.err
@@ -154,7 +119,7 @@ def test_why_takes_quotas_from_the_queue_flags_when_the_config_cannot_be_read(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     nodes, pods = _quota_case()
-    monkeypatch.setattr(cluster, "Reader", _Cluster(nodes, pods))
+    monkeypatch.setattr(cluster, "Reader", ListedCluster(nodes, pods))
     assert cli.main(["why", "r2", "--queue", "research=2:4", "--default-queue-weight", "3", "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["fits"] == []
@@ -168,7 +133,7 @@ def test_why_reads_quotas_from_the_charts_configmap(
     nodes, pods = _quota_case()
     labels = dict(kv.split("=") for kv in EXTENDER_SELECTOR.split(","))
     chart = _configmap(labels, {"research": {"weight": 1, "quota": 4}})
-    monkeypatch.setattr(cluster, "Reader", _Cluster(nodes, pods, [chart]))
+    monkeypatch.setattr(cluster, "Reader", ListedCluster(nodes, pods, [chart]))
     assert cli.main(["why", "r2", "-o", "json"]) == 0
     captured = capsys.readouterr()
     assert "warning" not in captured.err
@@ -180,7 +145,7 @@ def test_the_queue_flags_are_one_parser_for_every_command_that_takes_them() -> N
     for command in (["queues"], ["why", "p"]):
         args = parser.parse_args([*command, "--queue", "a=2:8", "--queue", "b=0.5", "--default-queue-weight", "2"])
         assert args.queue == [("a", 2.0, 8), ("b", 0.5, None)] and args.default_queue_weight == 2.0
-        cfg = cli._fallback_config(args)
+        cfg = parse_config(cli._fallback_config(args))
         assert cfg.queue("a").quota == 8 and cfg.queue("b").weight == 0.5 and cfg.queue("c").weight == 2.0
 
 
