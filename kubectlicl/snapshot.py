@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from scheduler.podspec import PodInfo
-from scheduler.snapshot import Snapshot, anonymize, snapshot_document
+from scheduler.snapshot import Snapshot, anonymize, queue_order, snapshot_document
 
 from . import views
 from .state import State, read_state
@@ -22,10 +22,8 @@ __all__ = ["capture", "pending_order", "state_of"]
 
 
 def pending_order(state: State) -> list[PodInfo]:
-    """The pods that wait for devices (no node yet, not leaving), in kube-scheduler's queue order: the
-    highest priority first, then the oldest."""
-    waiting = [p for p in state.pods if not p.node_name and not p.deleting and (p.count or p.milli)]
-    return sorted(waiting, key=lambda p: (-p.priority, state.created.get(p.uid, ""), f"{p.namespace}/{p.name}"))
+    """The pods that wait for devices, in kube-scheduler's queue order (:func:`scheduler.snapshot.queue_order`)."""
+    return queue_order(state.pods, state.created)
 
 
 def _summary(state: State) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from scheduler.config import ConfigError, ExtenderConfig, parse_config
+from scheduler.podspec import PodInfo
 from scheduler.wire import RECORD_ANNOTATION, RECORD_LABEL, WireError, lease_record, read_record, written_at
 from topology.contract import ANN_GANG, ANN_QUEUE
 
@@ -44,6 +45,7 @@ __all__ = [
     "anonymize",
     "dump",
     "load_snapshot",
+    "queue_order",
     "snapshot_document",
 ]
 
@@ -151,6 +153,14 @@ def snapshot_document(
         "reservations": [_lease(lease) for lease in leases],
         "summary": copy.deepcopy(dict(summary or {})),
     }
+
+
+def queue_order(pods: Sequence[PodInfo], created: Mapping[str, str]) -> list[PodInfo]:
+    """The pods of ``pods`` that wait for devices (no node yet, not leaving), in kube-scheduler's queue order
+    (its PrioritySort): the highest priority first, then the oldest (``created``: uid -> creationTimestamp),
+    then by name."""
+    waiting = [p for p in pods if not p.node_name and not p.deleting and (p.count or p.milli)]
+    return sorted(waiting, key=lambda p: (-p.priority, created.get(p.uid, ""), p.namespace, p.name))
 
 
 def _hash(name: str) -> str:
