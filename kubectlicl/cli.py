@@ -31,6 +31,8 @@ examples:
   kubectl icl gangs -n ml                   gangs of namespace ml: members bound and pending, reservations
   kubectl icl queues -o json                queues: weight, quota, devices held, dominant share, pending
   kubectl icl why train-0 -n ml             why a pod waits, by the extender's own decision, and what frees it
+  kubectl icl whatif -f job.yaml -n ml      if submitted now: where, on which chips, whom it preempts, and when
+  kubectl icl snapshot --out state.yaml     the extender's state as one file (icl sim --snapshot replays it)
 
 The extender's config (queue weights and quotas, tiers, resource name) is read from the ConfigMap the
 chart labels app.kubernetes.io/part-of=kube-icl and app.kubernetes.io/component=extender, or the one
@@ -71,9 +73,19 @@ def _weight(text: str) -> float:
     return w
 
 
+def _fraction(text: str) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        f = -1.0
+    if not 0 <= f < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in [0, 1)")
+    return f
+
+
 # the commands whose answer depends on the queues' weights and quotas: they say on stderr when the extender's
 # config could not be read (its queues then come from --queue and --default-queue-weight)
-QUOTA_COMMANDS = ("queues", "why", "snapshot")
+QUOTA_COMMANDS = ("queues", "why", "snapshot", "whatif")
 
 # The options every command takes, before or after the command's name: their defaults are SUPPRESS in
 # the parsers (a subparser's default would otherwise overwrite a value given before the command) and
@@ -190,10 +202,35 @@ def build_parser() -> argparse.ArgumentParser:
         "device and the pending queue in its order) as one apiVersion kube-icl.io/v1alpha1 kind Snapshot "
         "document, for `kubectl icl whatif`, `icl sim --snapshot` and bug reports.",
     )
-    snapshot.add_argument("--out", metavar="FILE", help="write to FILE (default: stdout)")
+    snapshot.add_argument("--out", metavar="FILE", help="write to FILE (default: stdout; -o picks YAML or JSON)")
     snapshot.add_argument(
         "--anonymize", action="store_true", help="replace node, pod, namespace, gang and queue names by stable hashes"
     )
+    whatif = sub.add_parser(
+        "whatif",
+        parents=[common, queue_flags],
+        help="if these pods were submitted now: where they would go, whom they would preempt, when they would start",
+        description="Reads the cluster as `why` does and writes nothing. Now: the extender's own cycle, in this "
+        "process, for each pod of the file in order (a Pod, a Job's pods, a gang of pods with kube-icl annotations; "
+        "several documents at once): its node and devices, or the extender's reasons, the running pods whose end "
+        "frees its shape and the pods preemption would evict. When: time mode replays the cluster with these pods "
+        "last in the queue, the running pods ending by activeDeadlineSeconds, the annotation "
+        "kube-icl.io/expected-runtime or --default-runtime; three replays with every runtime x(1-spread), x1, "
+        "x(1+spread) give the earliest start as a range.",
+    )
+    whatif.add_argument("-f", "--filename", required=True, metavar="FILE", help="the pods or Jobs (- : stdin)")
+    whatif.add_argument("-n", "--namespace", default="default", help="of the pods that name none (default: default)")
+    whatif.add_argument(
+        "--spread", type=_fraction, default=0.5, help="runtimes replayed x(1-S), x1 and x(1+S) (default 0.5)"
+    )
+    whatif.add_argument(
+        "--default-runtime",
+        type=_weight,
+        default=3600.0,
+        metavar="S",
+        help="seconds a pod runs when neither activeDeadlineSeconds nor kube-icl.io/expected-runtime says (3600)",
+    )
+    whatif.add_argument("--no-when", action="store_true", help="only the answer now (no time-mode replay)")
     return parser
 
 
@@ -368,6 +405,9 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
             print(text, end="")
         return EXIT_OK
 
+    if args.command == "whatif":
+        return _whatif(args, reader, cfg, settings.source, now)
+
     # queues
     state = read_state(cfg, reader.nodes(), reader.pods(), now=now)
     queue_list = views.queue_views(state)
@@ -379,6 +419,51 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
         _print_doc(render.queue_docs(queue_list, settings.source), args.output)
     else:
         print(render.queues_table(queue_list))
+    return EXIT_OK
+
+
+def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: float) -> int:
+    from . import render
+    from .whatif import WhatIfError, decide_now, estimate_when, read_pods
+
+    if args.filename == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.filename, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        new = read_pods(text, args.filename, args.namespace, now)
+    except WhatIfError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    raw_pods = reader.pods()
+    listed = {f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in raw_pods}
+    clash = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in new]
+    clash = [key for key in clash if key in listed]
+    if clash:
+        print(f"error: {args.filename}: pod {clash[0]} exists in the cluster already", file=sys.stderr)
+        return EXIT_ERROR
+    nodes = reader.nodes()
+    leases, lease_warnings = _leases(reader, cfg, source, "")
+    answers, warnings = decide_now(cfg, nodes, raw_pods, leases, new, now=now)
+    _warn([*warnings, *lease_warnings])
+    whens = []
+    if not args.no_when:
+        try:
+            whens = estimate_when(
+                cfg, nodes, raw_pods, new, now=now, spread=args.spread, default_runtime=args.default_runtime
+            )
+        except ValueError as exc:  # a runtime annotation that is not seconds, no node time mode can run
+            print(f"error: when: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+    model = (
+        "activeDeadlineSeconds, else kube-icl.io/expected-runtime, else "
+        f"{args.default_runtime:g}s; runtimes x{1 - args.spread:g}, x1, x{1 + args.spread:g}"
+    )
+    if args.output in ("json", "yaml"):
+        _print_doc(render.whatif_doc(answers, whens, model), args.output)
+    else:
+        print(render.whatif_text(answers, whens))
     return EXIT_OK
 
 

@@ -17,8 +17,8 @@ The runtime model, per pod, in this order: ``spec.activeDeadlineSeconds`` when s
 pod then, so a running pod runs what is left of it), else the annotation ``kube-icl.io/expected-runtime``
 (seconds, counted the same way from the pod's start), else ``default_runtime`` seconds from the snapshot
 (a running pod) or from its start (a pending one). Every runtime is multiplied by ``scale`` (``kubectl icl
-whatif`` replays the same state with its low and high spread). A running pod past its stated runtime ends
-at once (:data:`MIN_REMAINING_S`).
+whatif`` replays the same state with its low and high spread), a deadline never above 1 (the kubelet ends
+the pod then). A running pod past its stated runtime ends at once (:data:`MIN_REMAINING_S`).
 
 Left out, and counted in :attr:`SnapStart.notes`: pods asking no device or a share of one (time mode's
 topology policies place whole devices), pods bound without ``kube-icl.io/devices`` (which chips they hold is
@@ -132,8 +132,9 @@ def from_snapshot(
     scale: float = 1.0,
     extra: Sequence[Mapping[str, Any]] = (),
 ) -> SnapStart:
-    """Time mode's start from ``snap``; ``extra`` pods (not in the cluster) join the end of the pending
-    queue in their order, ``scale`` multiplies every runtime. :class:`ValueError` naming the pod for a pod
+    """Time mode's start from ``snap``; ``extra`` pods (not in the cluster) join the pending queue in their
+    order, after every pod of their priority; ``scale`` multiplies every runtime (a deadline's only down to
+    it: the kubelet ends the pod at its deadline). :class:`ValueError` naming the pod for a pod
     the extender's reader refuses among ``extra``, or a runtime annotation that is not a number."""
     if not default_runtime > 0 or not scale > 0:
         raise ValueError(f"default runtime and scale must be > 0, got {default_runtime} and {scale}")
@@ -169,7 +170,7 @@ def from_snapshot(
             continue
         raws[info.uid] = pod
         infos.append(info)
-        # the extra pods come last in the queue whatever their priority: they are submitted after the snapshot
+        # the extra pods are submitted after the snapshot: the last of their priority in kube-scheduler's queue
         created[info.uid] = str(meta.get("creationTimestamp") or "") if i < len(snap.pods) else f"~{i:09d}"
     runtime_from: dict[str, str] = {}
 
@@ -182,13 +183,17 @@ def from_snapshot(
         runtime_from[_job_id(info)] = source
         if stated is None:
             return default_runtime * scale
+        if source == "deadline":
+            stated *= min(scale, 1.0)  # the kubelet ends the pod at its deadline: never later
+        else:
+            stated *= scale
         if not running:
-            return stated * scale
+            return stated
         started = _time((pod.get("status") or {}).get("startTime")) or _time(
             (pod.get("metadata") or {}).get("creationTimestamp")
         )
         elapsed = max(0.0, snap.captured_at - started) if started is not None else 0.0
-        return max(MIN_REMAINING_S, stated * scale - elapsed)
+        return max(MIN_REMAINING_S, stated - elapsed)
 
     running: list[tuple[Job, Alloc]] = []
     for info in infos:
