@@ -307,5 +307,6 @@ def estimate_when(
             rec = records.get(job) if job is not None else None
             if rec is None or rec.rejected:
                 never[key] = rec.rejected if rec is not None else "not a pod time mode places (no whole devices)"
-            starts[key].append((scale, rec.starts[0] if rec is not None and rec.starts else None))
+            wait = rec.wait if rec is not None else None  # from its own arrival, after the queue ahead of it
+            starts[key].append((scale, None if wait is None else round(wait, 3)))
     return [When(key, tuple(s), never.get(key, "")) for key, s in starts.items()]

@@ -56,8 +56,9 @@ DEFAULT_RUNTIME_S = 3600.0
 """A pod's runtime when neither ``activeDeadlineSeconds`` nor ``kube-icl.io/expected-runtime`` states one."""
 MIN_REMAINING_S = 1.0
 """What a running pod past its stated runtime still runs."""
-QUEUE_GAP_S = 0.001
-"""Between two pending pods' arrivals: kube-scheduler's queue order kept, time barely moved."""
+QUEUE_GAP_S = 1e-6
+"""Between two pending pods' arrivals: kube-scheduler's queue order kept, time barely moved (a second for a
+million pending pods); a job's wait counts from its own arrival."""
 
 
 @dataclass(frozen=True)
