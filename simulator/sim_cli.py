@@ -616,7 +616,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
         names = _policy_names(args, TIME_POLICIES, default)
     else:
         names = _policy_names(args, SHARE_POLICIES, share_default, " (--nodes has no node topologies)")
-    builtin = not args.cluster and not args.trace and not args.pods and not args.nodes
+    builtin = not args.cluster and not args.trace and not args.pods and not args.nodes and not args.snapshot
     failures = _failures(args.failures, args.repair, builtin)
     weights = _weights(args.weights) if args.weights else None
     queues = sorted(

@@ -275,6 +275,8 @@ class TimeRun:
         start = time.perf_counter()
         now = 0.0
         events = self.events
+        if self.running:  # jobs running from the start (a snapshot's): the first sample is theirs
+            self.sample(0.0)
         while events:
             t = events[0][0]
             if not self.running and not any(self.queues.values()) and self.done >= self.total_jobs:

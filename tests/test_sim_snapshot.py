@@ -149,3 +149,18 @@ def test_a_runtime_annotation_that_is_not_seconds_names_the_pod() -> None:
     odd = _running("odd", "n0", "0", annotations={"kube-icl.io/expected-runtime": "1h"})
     with pytest.raises(ValueError, match=r"pod default/odd: annotation kube-icl.io/expected-runtime: '1h' is not"):
         from_snapshot(load_snapshot(_snapshot([odd])))
+
+
+def test_the_running_pods_count_in_utilisation_from_the_start_and_no_failures_are_invented(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # one node, all 8 chips held for 600 s, nothing else: fully used all along
+    held = _running("held", "n0", "0,1,2,3,4,5,6,7", annotations={"kube-icl.io/expected-runtime": "700"})
+    snap = tmp_path / "snap.yaml"
+    snap.write_text(_snapshot([held]))
+    out = tmp_path / "out"
+    argv = ["sim", "--snapshot", str(snap), "--out", str(out), "--no-plots", "--no-progress", "--policies", "icl"]
+    assert main(argv) == 0
+    assert "failures/h per item: device 0.0, link 0.0, node 0.0" in " ".join(capsys.readouterr().out.split())
+    (row,) = csv.DictReader((out / "time_summary.csv").open())
+    assert float(row["utilisation_pct"]) == pytest.approx(100.0)
