@@ -299,7 +299,10 @@ def estimate_when(
     never: dict[str, str] = {}
     for scale in scales:
         start = from_snapshot(snap, default_runtime=default_runtime, scale=scale, extra=new)
-        result = run_time(start.spec, start.pending, cfg.policy, running=start.running, config=start.config)
+        watched = [start.job_of[k] for k in starts if k in start.job_of]
+        result = run_time(
+            start.spec, start.pending, cfg.policy, running=start.running, config=start.config, until_started=watched
+        )
         records = {r.job.id: r for r in result.records}
         for pod in new:
             key = _key(pod)

@@ -48,7 +48,7 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.factory import ExtenderConfig
@@ -145,6 +145,7 @@ def run_time(
     record: bool = False,
     running: Sequence[tuple[Job, Alloc]] = (),
     config: ExtenderConfig | None = None,
+    until_started: Collection[str] = (),
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -161,7 +162,8 @@ def run_time(
     gang may cross; ``network`` charges each gang the all-reduce cost of the tiers it crosses.
     ``running`` are jobs already running at time 0 where they run (a snapshot's running pods,
     ``simulator.snapstart``), each ending ``duration`` later; ``config`` is the extender's config for the
-    ``icl`` policies (a live cluster's), with the run's policy.
+    ``icl`` policies (a live cluster's), with the run's policy. With ``until_started`` (job ids) the run
+    stops once each of them has started or is rejected (``kubectl icl whatif`` asks no more).
     """
     if resize_s < 0:
         raise ValueError(f"resize_s: must be >= 0, got {resize_s}")
@@ -191,7 +193,7 @@ def run_time(
             raise ValueError(f"gang_tier: {exc}") from None
         label = pol.value
     run = TimeRun(c, label, jobs, seed, failures, weights, backfill, invalid_slowdown, resize_s, network, running)
-    result = run.run(progress)
+    result = run.run(progress, until_started)
     if extender is not None:
         result.log = extender.log
     return result
@@ -270,8 +272,12 @@ class TimeRun:
 
     # ---------------------------------------------------------------- the loop
 
-    def run(self, progress: Callable[[int, int], None] | None = None) -> TimeResult:
-        """Every event batch in time order, until the workload is done; the result."""
+    def run(
+        self, progress: Callable[[int, int], None] | None = None, until_started: Collection[str] = ()
+    ) -> TimeResult:
+        """Every event batch in time order, until the workload is done (or each job of ``until_started`` has
+        started or is rejected); the result."""
+        watched = [self.records[j] for j in until_started]
         start = time.perf_counter()
         now = 0.0
         events = self.events
@@ -299,6 +305,8 @@ class TimeRun:
             if self.elastic:
                 self.grow(t)
             self.sample(t)
+            if watched and all(r.starts or r.rejected for r in watched):
+                break
         self.result.horizon = now
         self.result.seconds = time.perf_counter() - start
         self.result.busy_device_seconds = {q: v / 1000.0 for q, v in self.busy_s.items()}

@@ -164,3 +164,23 @@ def test_the_running_pods_count_in_utilisation_from_the_start_and_no_failures_ar
     assert "failures/h per item: device 0.0, link 0.0, node 0.0" in " ".join(capsys.readouterr().out.split())
     (row,) = csv.DictReader((out / "time_summary.csv").open())
     assert float(row["utilisation_pct"]) == pytest.approx(100.0)
+
+
+def test_a_run_asked_for_some_jobs_stops_once_they_have_started() -> None:
+    held = _running("held", "n0", "0,1,2,3", annotations={"kube-icl.io/expected-runtime": "600"})
+    pods = [
+        held,
+        _pending("four", 4, "any", "2027-01-15T07:00:00Z"),
+        _pending("eight", 8, "ring", "2027-01-15T07:00:01Z"),
+    ]
+    start = from_snapshot(load_snapshot(_snapshot(pods)))
+    full = run_time(start.spec, start.pending, "icl", running=start.running, config=start.config)
+    assert all(r.starts for r in full.records)
+    early = run_time(
+        start.spec, start.pending, "icl", running=start.running, config=start.config, until_started=["default.four"]
+    )
+    assert {r.job.id: bool(r.starts) for r in early.records} == {
+        "default.held": True,
+        "default.four": True,
+        "default.eight": False,  # waits for both to end: not replayed
+    }
