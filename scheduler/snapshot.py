@@ -21,6 +21,7 @@ every snapshot), so a snapshot can be attached to a bug report.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -48,6 +49,11 @@ __all__ = [
     "queue_order",
     "snapshot_document",
 ]
+
+# libyaml's safe loader and dumper where PyYAML was built with it (tens of times faster on a large cluster's
+# snapshot), else the pure-Python ones: the same documents either way
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 API_VERSION = "kube-icl.io/v1alpha1"
 KIND = "Snapshot"
@@ -269,12 +275,21 @@ def _when(text: Any, where: str) -> float:
         raise SnapshotError(f"{where}: metadata.capturedAt: expected YYYY-MM-DDTHH:MM:SSZ, got {text!r}") from None
 
 
+def _decode(text: str) -> Any:
+    """JSON (a subset of YAML) read as JSON, tens of times faster on a large cluster's snapshot; anything
+    else, or JSON that is not valid, by the YAML reader (which says what is wrong, if anything)."""
+    if text.lstrip().startswith("{"):
+        with contextlib.suppress(ValueError):
+            return json.loads(text)
+    return yaml.load(text, Loader=_LOADER)
+
+
 def load_snapshot(text: str, where: str = "snapshot") -> Snapshot:
     """The snapshot in ``text`` (YAML or JSON); :class:`SnapshotError` naming ``where`` and the field when
     it is not one: another ``apiVersion`` or ``kind``, a list that is not one, an object without a name, a
     config the extender would refuse."""
     try:
-        doc = yaml.safe_load(text)
+        doc = _decode(text)
     except yaml.YAMLError as exc:
         raise SnapshotError(f"{where}: not YAML or JSON: {' '.join(str(exc).split())}") from None
     if not isinstance(doc, dict):
@@ -312,4 +327,4 @@ def dump(doc: Mapping[str, Any], output: str) -> str:
     """``doc`` as ``yaml`` (the default) or ``json`` text."""
     if output == "json":
         return json.dumps(doc, indent=2) + "\n"
-    return str(yaml.safe_dump(dict(doc), sort_keys=False, allow_unicode=True))
+    return str(yaml.dump(dict(doc), Dumper=_DUMPER, sort_keys=False, allow_unicode=True))
