@@ -4,7 +4,8 @@
 and ``icl sim --snapshot`` read it back. It holds the objects the extender reads, trimmed to the fields it
 reads (nothing else leaves the cluster: no container image, command, environment or volume):
 
-- ``config``: the extender's config as its ConfigMap holds it (``extender.yaml``), or as the flags gave it;
+- ``config``: the extender's config as its ConfigMap holds it (``extender.yaml``), or as the flags gave it,
+  without the keys that decide nothing (where it listens, its credentials and files, its leader election);
 - ``nodes``: Node objects: name, labels, annotations (the published topology), allocatable, Ready,
   unschedulable;
 - ``pods``: the pods that have not ended, running and pending: name, namespace, uid, labels, annotations,
@@ -132,6 +133,29 @@ def _lease(obj: Mapping[str, Any]) -> JsonObj:
     return {"metadata": _meta(obj, ("name", "namespace", "labels", "annotations")), "spec": dict(obj.get("spec") or {})}
 
 
+# the config's keys that decide nothing (where the extender listens, its credentials and files, its leader
+# election, its Events) stay behind: a snapshot carries no path or address of the cluster's
+_PLUMBING = (
+    "listen",
+    "probeListen",
+    "tls",
+    "allowInsecureRemote",
+    "debugState",
+    "leaderElection",
+    "maxBodyBytes",
+    "requestTimeoutSeconds",
+    "events",
+)
+
+
+def _deciding(config: Mapping[str, Any]) -> JsonObj:
+    out = {k: copy.deepcopy(v) for k, v in config.items() if k not in _PLUMBING}
+    kube = out.pop("kube", None)
+    if isinstance(kube, dict) and "podSelection" in kube:
+        out["kube"] = {"podSelection": kube["podSelection"]}
+    return out
+
+
 def _stamp(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
 
@@ -153,7 +177,7 @@ def snapshot_document(
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": {"capturedAt": _stamp(captured_at), "configFrom": source, "anonymized": False},
-        "config": copy.deepcopy(dict(config)),
+        "config": _deciding(config),
         "nodes": [_node(n) for n in nodes],
         "pods": [_pod(p) for p in pods],
         "reservations": [_lease(lease) for lease in leases],

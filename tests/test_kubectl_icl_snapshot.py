@@ -148,3 +148,17 @@ def test_the_command_writes_the_file_and_says_what_it_holds(
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "Snapshot" and doc["metadata"]["anonymized"] is True
     assert yaml.safe_load(dump(doc, "yaml")) == doc
+
+
+def test_the_config_keeps_what_decides_and_leaves_addresses_and_credentials_behind() -> None:
+    state, pods, leases = _state()
+    full = {
+        **CONFIG,
+        "listen": {"host": "0.0.0.0", "port": 8888},
+        "tls": {"cert": "/etc/kube-icl/tls.crt", "key": "/etc/kube-icl/tls.key"},
+        "kube": {"kubeconfig": "/etc/kube-icl/kubeconfig", "podSelection": "all"},
+        "leaderElection": {"namespace": "kube-icl"},
+    }
+    config = capture(full, "flags", state, pods, leases)["config"]
+    assert config == {**CONFIG, "kube": {"podSelection": "all"}}
+    assert parse_config(config).kube.pod_selection == "all"
