@@ -35,7 +35,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
 from scheduler.snapshot import Snapshot
-from simulator.extcluster import LocalAPI, preempt_pod, schedule_pod
+from simulator.extcluster import LocalAPI, dry_run_victims, preempt_pod, schedule_pod
 from simulator.snapstart import DEFAULT_RUNTIME_S, from_snapshot
 from simulator.timesim import run_time
 
@@ -187,7 +187,8 @@ def _proposal(
 ) -> tuple[dict[str, list[str]], dict[str, int]]:
     """kube-scheduler's preemption dry run, by device counts: per node, without the holders of lower
     priority, does the pod's count fit the node's healthy devices; then the more important of them are
-    reprieved while it still fits. (node -> victim uids, uid -> priority)."""
+    reprieved while it still fits (:func:`simulator.extcluster.dry_run_victims`). (node -> victim uids,
+    uid -> priority)."""
     cfg = state.config
     info = pod_info(pod, cfg.resource_name, cfg.shared_resource_name)
     proposal: dict[str, list[str]] = {}
@@ -198,22 +199,14 @@ def _proposal(
     for node, view in sorted(views.items()):
         holders = state.cache.pods.holding_on(node)
         priority.update({p.uid: p.priority for p in holders})
-        keep = [p for p in holders if p.priority >= info.priority]
-        lower = sorted((p for p in holders if p.priority < info.priority), key=lambda p: (-p.priority, p.uid))
         devices = len(view.topology.healthy_ids)
 
         def fits(kept: Sequence[PodInfo], devices: int = devices) -> bool:
             return sum(p.count for p in kept) + info.count <= devices
 
-        if not lower or not fits(keep):
-            continue
-        victims = []
-        for p in lower:  # the most important first: reprieved while the pod still fits
-            if fits([*keep, p]):
-                keep.append(p)
-            else:
-                victims.append(p.uid)
-        proposal[node] = victims
+        victims = dry_run_victims(holders, lambda p: p.priority, lambda p: p.uid, info.priority, fits)
+        if victims is not None:
+            proposal[node] = [p.uid for p in victims]
     return proposal, priority
 
 

@@ -23,7 +23,16 @@ from collections.abc import Mapping, Sequence
 
 from scheduler.factory import ClusterCache, ExtenderConfig, QueueConfig, build_extender
 from simulator.clusterspec import ClusterSpec, NodeSpec
-from simulator.extcluster import NAMESPACE, JsonObj, LocalAPI, member_pod, node_object, preempt_pod, schedule_pod
+from simulator.extcluster import (
+    NAMESPACE,
+    JsonObj,
+    LocalAPI,
+    dry_run_victims,
+    member_pod,
+    node_object,
+    preempt_pod,
+    schedule_pod,
+)
 from simulator.jobs import Job
 from simulator.timebase import Alloc, FailureItem, Member, Placed, Victim
 from simulator.toponodes import TopoNodes
@@ -216,9 +225,6 @@ class ExtenderModel(TopoNodes):
                 continue
             spec = self.nodes[node]
             devices = len(self.topo[node].healthy_ids)
-            pods = on_node.get(node, [])
-            keep = [p for p in pods if p[0] >= job.priority]
-            lower = sorted((p for p in pods if p[0] < job.priority), key=lambda p: (-p[0], p[1]))
 
             def fits(kept: list[tuple[int, str, Job]], spec: NodeSpec = spec, devices: int = devices) -> bool:
                 return (
@@ -227,16 +233,11 @@ class ExtenderModel(TopoNodes):
                     and sum(j.memory_mib for _, _, j in kept) + job.memory_mib <= spec.memory_mib
                 )
 
-            if not lower or not fits(keep):
+            victims = dry_run_victims(on_node.get(node, []), lambda p: p[0], lambda p: p[1], job.priority, fits)
+            if victims is None:
                 continue
-            victims = []
-            for p in lower:  # the most important first: reprieved while the pod still fits
-                if fits([*keep, p]):
-                    keep.append(p)
-                else:
-                    victims.append(p[1])
-                    priority[p[1]] = p[0]
-            proposal[node] = victims
+            priority.update({uid: prio for prio, uid, _ in victims})
+            proposal[node] = [uid for _, uid, _ in victims]
         if not proposal:
             return
         for here in on_node.values():
