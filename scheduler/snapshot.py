@@ -16,8 +16,9 @@ reads (nothing else leaves the cluster: no container image, command, environment
   kube-scheduler's order), for a person reading the file; never read back.
 
 Pure: documents in, documents out; the caller reads and writes files. With ``anonymize`` every node, pod,
-namespace, gang and queue name (and uid) is replaced by a stable hash (the same name gives the same hash in
-every snapshot), so a snapshot can be attached to a bug report.
+namespace, owner and queue name, every uid and every label and annotation value that names something is
+replaced by a stable hash (the same text gives the same hash in every snapshot), so a snapshot can be
+attached to a bug report.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +39,16 @@ import yaml
 from scheduler.config import ConfigError, ExtenderConfig, parse_config
 from scheduler.podspec import PodInfo
 from scheduler.wire import RECORD_ANNOTATION, RECORD_LABEL, WireError, lease_record, read_record, written_at
-from topology.contract import ANN_GANG, ANN_QUEUE
+from topology.contract import (
+    ANN_DEVICE_MILLI,
+    ANN_DEVICES,
+    ANN_GANG_LAYOUT,
+    ANN_GANG_TIER,
+    ANN_SHAPE,
+    ANN_TOPOLOGY,
+    LABEL_LINK_COORDS,
+    LABEL_LINK_DOMAIN_KIND,
+)
 
 __all__ = [
     "API_VERSION",
@@ -203,38 +214,71 @@ def _key(key: str) -> str:
     return f"{_hash(namespace)}/{_hash(name)}" if sep else _hash(key)
 
 
+# label and annotation values an anonymized snapshot keeps as they are: what decides placement and names
+# nothing (a topology, chip ids, a shape, a tier's key, link coordinates, numbers: sizes, indexes, runtimes);
+# every other value is hashed as names are, so labels that group pods or nodes still group them
+_KEPT_VALUES = (
+    ANN_TOPOLOGY,
+    ANN_SHAPE,
+    ANN_DEVICES,
+    ANN_DEVICE_MILLI,
+    ANN_GANG_TIER,
+    LABEL_LINK_COORDS,
+    LABEL_LINK_DOMAIN_KIND,
+)
+_NUMBER = re.compile(r"^[0-9][0-9.]*$")
+
+
+def _values(values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Labels or annotations with their values hashed, but those :data:`_KEPT_VALUES` names and numbers; the
+    extender's gang layout (names inside JSON) is left out: the extender writes it again."""
+    return {
+        k: v if k in _KEPT_VALUES or _NUMBER.match(str(v)) else _hash(str(v))
+        for k, v in (values or {}).items()
+        if k != ANN_GANG_LAYOUT
+    }
+
+
 def anonymize(doc: Mapping[str, Any]) -> JsonObj:
-    """``doc`` with every node, pod, namespace, owner, gang and queue name, and every uid, replaced by a
-    stable hash (topologies, device ids, shapes, counts, priorities and times are kept; so is the
-    ``kubernetes.io/hostname`` label, hashed as the node's name)."""
+    """``doc`` with every node, pod, namespace, owner and queue name, every uid, and every label and annotation
+    value that is not a topology, chip ids, a shape, a tier key, link coordinates or a number, replaced by a
+    stable hash (the same text, the same hash: labels that group still group); topologies, device ids, shapes,
+    counts, priorities and times are kept."""
     out: JsonObj = copy.deepcopy(dict(doc))
     h = _hash
     for node in out.get("nodes") or ():
         meta = node.setdefault("metadata", {})
         meta["name"] = h(str(meta.get("name", "")))
-        labels = meta.get("labels") or {}
-        if "kubernetes.io/hostname" in labels:
-            labels["kubernetes.io/hostname"] = h(str(labels["kubernetes.io/hostname"]))
+        for field in ("labels", "annotations"):
+            if field in meta:
+                meta[field] = _values(meta[field])
     for pod in out.get("pods") or ():
         meta = pod.setdefault("metadata", {})
         for field in ("name", "namespace", "uid"):
             if field in meta:
                 meta[field] = h(str(meta[field]))
+        for field in ("labels", "annotations"):
+            if field in meta:
+                meta[field] = _values(meta[field])
         for owner in meta.get("ownerReferences") or ():
             owner["name"], owner["uid"] = h(str(owner.get("name", ""))), h(str(owner.get("uid", "")))
-        ann = meta.get("annotations") or {}
-        for field in (ANN_GANG, ANN_QUEUE):
-            if field in ann:
-                ann[field] = h(str(ann[field]))
         spec = pod.setdefault("spec", {})
         if spec.get("nodeName"):
             spec["nodeName"] = h(str(spec["nodeName"]))
+        if spec.get("nodeSelector"):
+            spec["nodeSelector"] = _values(spec["nodeSelector"])
+        if spec.get("priorityClassName"):
+            spec["priorityClassName"] = h(str(spec["priorityClassName"]))
     out["reservations"] = [_anonymous_lease(lease) for lease in out.get("reservations") or ()]
     queues = (out.get("config") or {}).get("queues")
     if isinstance(queues, dict):
         out["config"]["queues"] = {h(str(q)): v for q, v in queues.items()}
     out["summary"] = {}  # its names would need the same treatment; it is never read back
-    out.setdefault("metadata", {})["anonymized"] = True
+    meta = out.setdefault("metadata", {})
+    kind, sep, where = str(meta.get("configFrom") or "").partition(" ")
+    if sep:
+        meta["configFrom"] = f"{kind} {_key(where)}"
+    meta["anonymized"] = True
     return out
 
 
@@ -254,6 +298,7 @@ def _anonymous_lease(lease: JsonObj) -> JsonObj:
         record,
         key=_key(record.key),
         queue=_hash(record.queue),
+        domain=_hash(record.domain),
         slots=tuple((_owner(o), _hash(n), d) for o, n, d in record.slots),
     )
     meta = lease.get("metadata") or {}

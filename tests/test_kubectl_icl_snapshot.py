@@ -85,12 +85,17 @@ def test_only_what_the_extender_reads_leaves_the_cluster() -> None:
 
 def test_anonymized_names_are_stable_hashes_and_the_state_keeps_its_shape() -> None:
     state, pods, leases = _state()
-    doc = capture(CONFIG, "flags", state, pods, leases, hide_names=True)
+    pods[1]["metadata"]["labels"] = {"training.kubeflow.org/job-name": "secret-project"}
+    pods[1]["metadata"]["annotations"]["kube-icl.io/gang-layout"] = '{"gang": "ml/train", "members": ["w0"]}'
+    doc = capture(CONFIG, "configmap kube-icl/kube-icl-extender", state, pods, leases, hide_names=True)
     text = dump(doc, "yaml")
-    for name in ("n1", "n2", "solo", "w0", "train", "research", "ml/"):
+    assert "kube-icl-extender" not in text and doc["metadata"]["configFrom"].startswith("configmap h")
+    assert "secret-project" not in text and "gang-layout" not in text
+    for name in ("n1", "n2", "solo", "w0", "train", "research", "ml/", "rack-1", "r1", "d1"):
         assert f" {name}\n" not in text and f"/{name}" not in text and f": {name}" not in text, name
     assert doc["metadata"]["anonymized"] is True
-    assert dump(capture(CONFIG, "flags", state, pods, leases, hide_names=True), "yaml") == text, "stable"
+    again = capture(CONFIG, "configmap kube-icl/kube-icl-extender", state, pods, leases, hide_names=True)
+    assert dump(again, "yaml") == text, "stable"
     hidden = state_of(load_snapshot(text))
     strips = sorted(render.strip(n) for n in views.node_summaries(hidden))
     assert strips == sorted(render.strip(n) for n in views.node_summaries(state))
