@@ -178,6 +178,15 @@ def test_the_command_answers_now_and_when_and_refuses_a_pod_that_exists(
     assert cli.main(["whatif", "-f", str(spec), "-n", "ml"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("pod ml/eight: 8 x ring\n  now: no room\n") and "  when: starts between in " in text
+    odd = _pod_doc("odd", 2, "any", expected_runtime="soon")
+    spec.write_text(yaml.safe_dump(odd))
+    assert cli.main(["whatif", "-f", str(spec), "-n", "ml"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("pod ml/odd: 2 x any\n  now: placed on a, devices ")
+    assert (
+        "warning: when: not replayed: pod ml/odd: annotation kube-icl.io/expected-runtime: 'soon' is not"
+        in captured.err
+    )
     spec.write_text(yaml.safe_dump(_pod_doc("held", 1, "any")))
     assert cli.main(["whatif", "-f", str(spec)]) == 1
     assert capsys.readouterr().err.endswith(f"error: {spec}: pod default/held exists in the cluster already\n")
