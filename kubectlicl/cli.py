@@ -424,6 +424,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
 
 def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: float) -> int:
     from . import render
+    from .cluster import ClusterError
     from .whatif import WhatIfError, decide_now, estimate_when, read_pods
 
     if args.filename == "-":
@@ -432,7 +433,14 @@ def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: f
         with open(args.filename, encoding="utf-8") as f:
             text = f.read()
     try:
-        new = read_pods(text, args.filename, args.namespace, now)
+        classes = reader.priority_classes()
+    except ClusterError as exc:
+        if exc.status is None:
+            raise
+        classes = []
+        _warn([f"priority classes not read ({exc}): pods without spec.priority count as priority 0"])
+    try:
+        new = read_pods(text, args.filename, args.namespace, now, classes)
     except WhatIfError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR

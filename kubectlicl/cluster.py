@@ -1,9 +1,10 @@
 """Reading the cluster for ``kubectl icl``: the user's own kubeconfig and RBAC, through :mod:`kubeauth`.
 
 Only GET and LIST requests to the API server, never the extender's debug endpoint: nodes (with a label
-selector), pods, the gang reservation Leases, and the extender's ConfigMap (for queue weights, quotas,
-tiers and the resource name). Lists are decoded as plain JSON (no client models), which is what the
-readers in :mod:`kubectlicl.views` take.
+selector), pods, the gang reservation Leases, the extender's ConfigMap (for queue weights, quotas,
+tiers and the resource name), and the PriorityClasses (``whatif``: the priority of the pods it is
+given). Lists are decoded as plain JSON (no client models), which is what the readers in
+:mod:`kubectlicl.views` take.
 """
 
 from __future__ import annotations
@@ -170,6 +171,18 @@ class Reader:
 
         where = f" in {namespace}" if namespace else ""
         return self._list(f"list leases -l {RECORD_LABEL}{where}", call)
+
+    def priority_classes(self) -> list[dict[str, Any]]:
+        """The PriorityClasses: the priority the API server gives a pod that names one (or none, the
+        global default's)."""
+        from kubernetes import client
+
+        def call(api: Any, token: str | None) -> Any:
+            return client.SchedulingV1Api(api).list_priority_class(
+                limit=500, _continue=token, _preload_content=False, _request_timeout=TIMEOUT_S
+            )
+
+        return self._list("list priorityclasses", call)
 
     def extender_configmaps(self, namespace: str = "") -> list[dict[str, Any]]:
         from kubernetes import client

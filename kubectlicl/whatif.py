@@ -108,10 +108,31 @@ def _objects(doc: Any, where: str) -> list[dict[str, Any]]:
     return [dict(doc)]
 
 
-def read_pods(text: str, where: str, namespace: str, now: float) -> list[dict[str, Any]]:
-    """The pods the documents in ``text`` would create, pending, in ``namespace`` unless they name one; each
-    read by the extender's own pod reader. :class:`WhatIfError` naming ``where``, the document and what is
-    wrong otherwise."""
+def _priority(pod: dict[str, Any], key: str, where: str, classes: Sequence[Mapping[str, Any]]) -> None:
+    """``spec.priority`` as the API server's Priority admission sets it: from the PriorityClass the pod
+    names (unknown: refused, as the API server refuses it), else from the global default one, else 0."""
+    spec = pod["spec"]
+    if spec.get("priority") is not None:
+        return
+    values = {str((c.get("metadata") or {}).get("name")): c for c in classes}
+    name = spec.get("priorityClassName")
+    if name:
+        found = values.get(str(name))
+        if found is None:
+            raise WhatIfError(f"{where}: pod {key}: spec.priorityClassName {name!r}: no such PriorityClass")
+    else:
+        found = next((c for c in classes if c.get("globalDefault")), None)
+        if found is not None:
+            spec["priorityClassName"] = (found.get("metadata") or {}).get("name")
+    spec["priority"] = int((found or {}).get("value") or 0)
+
+
+def read_pods(
+    text: str, where: str, namespace: str, now: float, classes: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """The pods the documents in ``text`` would create, pending, in ``namespace`` unless they name one, with
+    the priority their PriorityClass among ``classes`` gives them; each read by the extender's own pod
+    reader. :class:`WhatIfError` naming ``where``, the document and what is wrong otherwise."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
@@ -133,6 +154,7 @@ def read_pods(text: str, where: str, namespace: str, now: float) -> list[dict[st
         if key in seen:
             raise WhatIfError(f"{where}: pod {key} is given twice")
         seen.add(key)
+        _priority(pod, key, where, classes)
         try:
             pod_info(pod, "kube-icl.io/accelerator")  # the contract's checks; the resource name is the caller's
         except PodSpecError as exc:

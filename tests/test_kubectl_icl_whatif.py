@@ -194,3 +194,26 @@ def test_the_command_answers_now_and_when_and_refuses_a_pod_that_exists(
     assert cli.main(["whatif", "-f", str(spec)]) == 1
     err = capsys.readouterr().err
     assert err.endswith(f"error: {spec}: document 1: kind 'Deployment': allowed kinds are Pod, Job, List\n"), err
+
+
+def test_a_pods_priority_comes_from_its_priority_class_as_the_api_server_sets_it() -> None:
+    classes = [
+        {"metadata": {"name": "urgent"}, "value": 1000},
+        {"metadata": {"name": "batch"}, "value": 10, "globalDefault": True},
+    ]
+    named = _pod_doc("a", 1, "any")
+    del named["spec"]["priority"]
+    named["spec"]["priorityClassName"] = "urgent"
+    plain = _pod_doc("b", 1, "any")
+    del plain["spec"]["priority"]
+    given = _pod_doc("c", 1, "any", priority=5)
+    pods = read_pods(yaml.safe_dump_all([named, plain, given]), "f.yaml", "ml", NOW, classes)
+    assert [(p["spec"]["priority"], p["spec"].get("priorityClassName")) for p in pods] == [
+        (1000, "urgent"),
+        (10, "batch"),  # the global default's
+        (5, None),
+    ]
+    assert read_pods(yaml.safe_dump(plain), "f.yaml", "ml", NOW)[0]["spec"]["priority"] == 0, "no class: 0"
+    named["spec"]["priorityClassName"] = "vip"
+    with pytest.raises(WhatIfError, match=r"^f.yaml: pod ml/a: spec.priorityClassName 'vip': no such PriorityClass"):
+        read_pods(yaml.safe_dump(named), "f.yaml", "ml", NOW, classes)

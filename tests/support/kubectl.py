@@ -20,7 +20,9 @@ class ListedCluster:
         pods: list[dict[str, Any]],
         configmaps: list[dict[str, Any]] | None = None,
         leases: list[dict[str, Any]] | None = None,
+        classes: list[dict[str, Any]] | None = None,
     ) -> None:
+        self._classes = classes or []
         self._nodes, self._pods, self._configmaps, self._leases = nodes, pods, configmaps or [], leases or []
 
     def __call__(self, kubeconfig: str | None, context: str | None = None) -> ListedCluster:
@@ -42,6 +44,9 @@ class ListedCluster:
         # as the API server answers the label selector the reader sends: every label must match
         want = dict(kv.split("=") for kv in EXTENDER_SELECTOR.split(","))
         return [c for c in self._configmaps if want.items() <= (c["metadata"].get("labels") or {}).items()]
+
+    def priority_classes(self) -> list[dict[str, Any]]:
+        return self._classes
 
     def configmap(self, namespace: str, name: str) -> dict[str, Any]:
         raise AssertionError("not asked in these tests")
