@@ -366,3 +366,38 @@ def test_a_snapshot_of_the_live_cluster_reads_back_as_the_extender_holds_it(flee
     )  # fmt: skip
     assert sim.returncode == 0, sim.stderr
     assert "pending in queue order" in " ".join(sim.stdout.split())
+
+
+def test_whatif_names_the_victims_kube_scheduler_then_preempts_through_the_extender(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A pod of a higher PriorityClass that fits only by evicting a lower one: whatif names the victim and
+    the chips the pod then takes; created for real, kube-scheduler preempts that pod through the extender's
+    preempt verb and binds the new one there."""
+    import yaml
+
+    from .inprocess import ensure_priority_classes
+
+    plane, ring_node = fleet.plane, fleet.names[2]  # a ring of 8, chip 7 unhealthy: 7 usable
+    ensure_priority_classes(plane, {"kicl-whatif-high": 1000})
+    here = {**node_labels(fleet.label), "kubernetes.io/hostname": ring_node}
+    filler = pod_body("filler", 4, "any", selector=here)
+    urgent = pod_body("urgent", 6, "any", selector=here)
+    urgent["spec"]["priorityClassName"] = "kicl-whatif-high"
+    try:
+        create_pods(plane, fleet.namespace, [filler], workers=1)
+        assert wait_bound(plane, fleet.namespace, ["filler"])["filler"].node == ring_node
+        spec = tmp_path / "urgent.yaml"
+        spec.write_text(yaml.safe_dump(urgent))
+        doc = fleet.doc("whatif", "-f", str(spec), "-n", fleet.namespace, "--extender-config", fleet.configmap)
+        (now,) = [item["now"] for item in doc["items"]]
+        assert now["preempts"] == {"node": ring_node, "pods": [f"{fleet.namespace}/filler"]}, now
+        assert now["afterPreemption"] and now["node"] == ring_node and len(now["devices"]) == 6
+        create_pods(plane, fleet.namespace, [urgent], workers=1)
+        bound = wait_bound(plane, fleet.namespace, ["urgent"])["urgent"]
+        assert (bound.node, list(bound.devices or ())) == (now["node"], now["devices"])
+        assert "filler" not in _pods(plane, fleet.namespace), "the victim whatif named is the one preempted"
+    finally:
+        for name in ("urgent", "filler"):
+            with contextlib.suppress(Exception):
+                plane.core.delete_namespaced_pod(name, fleet.namespace, grace_period_seconds=0)
