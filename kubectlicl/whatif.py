@@ -24,7 +24,6 @@ not a confidence interval: the model knows no more than the runtimes it is told.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,7 @@ import yaml
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
-from scheduler.snapshot import Snapshot
+from scheduler.snapshot import Snapshot, stamp
 from simulator.extcluster import LocalAPI, dry_run_victims, preempt_pod, schedule_pod
 from simulator.snapstart import DEFAULT_RUNTIME_S, from_snapshot
 from simulator.timesim import run_time
@@ -142,12 +141,12 @@ def read_pods(
         pods += _objects(doc, f"{where}: document {k + 1}")
     if not pods:
         raise WhatIfError(f"{where}: no Pod or Job in it")
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    created = stamp(now)
     seen: set[str] = set()
     for i, pod in enumerate(pods):
         meta = pod.setdefault("metadata", {})
         meta.setdefault("namespace", namespace)
-        meta.update(uid=f"whatif-{i}", creationTimestamp=stamp)
+        meta.update(uid=f"whatif-{i}", creationTimestamp=created)
         pod.setdefault("spec", {})
         pod["status"] = {"phase": "Pending"}
         key = f"{meta['namespace']}/{meta['name']}"

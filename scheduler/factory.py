@@ -31,7 +31,7 @@ from scheduler.extender import Extender
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.podspec import GroupSpec, PodInfo, PodSpecError, parse_devices, pod_info
 from scheduler.sharing import ShareRanker, Target
-from scheduler.snapshot import Snapshot, SnapshotError, load_snapshot, queue_order
+from scheduler.snapshot import Snapshot, SnapshotError, load_snapshot, queue_order, seconds
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "parse_devices",
     "pod_info",
     "queue_order",
+    "seconds",
 ]
 
 

@@ -23,6 +23,7 @@ attached to a bug report.
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import copy
 import dataclasses
@@ -59,7 +60,9 @@ __all__ = [
     "dump",
     "load_snapshot",
     "queue_order",
+    "seconds",
     "snapshot_document",
+    "stamp",
 ]
 
 # libyaml's safe loader and dumper where PyYAML was built with it (tens of times faster on a large cluster's
@@ -167,8 +170,18 @@ def _deciding(config: Mapping[str, Any]) -> JsonObj:
     return out
 
 
-def _stamp(at: float) -> str:
+def stamp(at: float) -> str:
+    """Wall clock ``at`` as Kubernetes writes a time (RFC 3339, UTC, whole seconds)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def seconds(text: Any) -> float | None:
+    """A time as :func:`stamp` writes it (and Kubernetes writes ``creationTimestamp``, ``startTime``), as
+    wall clock; None when it is not one."""
+    try:
+        return float(calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return None
 
 
 def snapshot_document(
@@ -187,7 +200,7 @@ def snapshot_document(
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"capturedAt": _stamp(captured_at), "configFrom": source, "anonymized": False},
+        "metadata": {"capturedAt": stamp(captured_at), "configFrom": source, "anonymized": False},
         "config": _deciding(config),
         "nodes": [_node(n) for n in nodes],
         "pods": [_pod(p) for p in pods],
@@ -336,12 +349,10 @@ def _list(doc: Mapping[str, Any], field: str, where: str) -> tuple[JsonObj, ...]
 
 
 def _when(text: Any, where: str) -> float:
-    import calendar
-
-    try:
-        return float(calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        raise SnapshotError(f"{where}: metadata.capturedAt: expected YYYY-MM-DDTHH:MM:SSZ, got {text!r}") from None
+    at = seconds(text)
+    if at is None:
+        raise SnapshotError(f"{where}: metadata.capturedAt: expected YYYY-MM-DDTHH:MM:SSZ, got {text!r}")
+    return at
 
 
 def _decode(text: str) -> Any:

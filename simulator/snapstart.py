@@ -28,15 +28,13 @@ restored: a gang partly bound runs its bound members and queues its pending ones
 
 from __future__ import annotations
 
-import calendar
 import dataclasses
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.factory import ExtenderConfig, PodInfo, PodSpecError, Snapshot, pod_info, queue_order
+from scheduler.factory import ExtenderConfig, PodInfo, PodSpecError, Snapshot, pod_info, queue_order, seconds
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.jobs import Job
 from simulator.timebase import Alloc
@@ -76,13 +74,6 @@ class SnapStart:
     @property
     def last_submit(self) -> float:
         return max((j.submit for j in self.pending), default=0.0)
-
-
-def _time(text: Any) -> float | None:
-    try:
-        return float(calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ")))
-    except ValueError:
-        return None
 
 
 def _runtime(pod: Mapping[str, Any]) -> tuple[float | None, str]:
@@ -190,7 +181,7 @@ def from_snapshot(
             stated *= scale
         if not running:
             return stated
-        started = _time((pod.get("status") or {}).get("startTime")) or _time(
+        started = seconds((pod.get("status") or {}).get("startTime")) or seconds(
             (pod.get("metadata") or {}).get("creationTimestamp")
         )
         elapsed = max(0.0, snap.captured_at - started) if started is not None else 0.0
