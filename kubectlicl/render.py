@@ -387,6 +387,12 @@ def whatif_text(now: Sequence[Any], when: Sequence[Any]) -> str:
                     f"  when: starts {span} ({_start(nominal)} at the stated runtimes; replayed at runtimes {scales})"
                 )
         blocks.append("\n".join(lines))
+    if when and when[0].runtimes:
+        said = dict(when[0].runtimes)
+        blocks.append(
+            f"when: the running pods' runtimes: {said.get('deadline', 0)} from activeDeadlineSeconds, "
+            f"{said.get('annotation', 0)} from kube-icl.io/expected-runtime, {said.get('default', 0)} the default"
+        )
     return "\n\n".join(blocks)
 
 
@@ -417,4 +423,5 @@ def whatif_doc(now: Sequence[Any], when: Sequence[Any], runtime_model: str) -> d
                 },
             }
         )
-    return {"kind": "WhatIf", "runtimeModel": runtime_model, "items": items}
+    sources = dict(when[0].runtimes) if when else {}
+    return {"kind": "WhatIf", "runtimeModel": runtime_model, "runningRuntimesFrom": sources, "items": items}

@@ -24,6 +24,7 @@ not a confidence interval: the model knows no more than the runtimes it is told.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -181,6 +182,8 @@ class When:
     pod: str
     starts: tuple[tuple[float, float | None], ...]  # (runtime scale, start; None: not within the replay)
     never: str = ""  # why no node could ever run it (time mode's precheck)
+    # the running pods by where their runtime came from (deadline, annotation, default): how much is known
+    runtimes: tuple[tuple[str, int], ...] = ()
 
     @property
     def low(self) -> float | None:
@@ -311,8 +314,10 @@ def estimate_when(
     scales = sorted({1.0 - spread, 1.0, 1.0 + spread})
     starts: dict[str, list[tuple[float, float | None]]] = {_key(p): [] for p in new}
     never: dict[str, str] = {}
+    sources: Counter[str] = Counter()
     for scale in scales:
         start = from_snapshot(snap, default_runtime=default_runtime, scale=scale, extra=new)
+        sources = Counter(start.runtime_from[job.id] for job, _alloc in start.running)
         watched = [start.job_of[k] for k in starts if k in start.job_of]
         result = run_time(
             start.spec, start.pending, cfg.policy, running=start.running, config=start.config, until_started=watched
@@ -326,4 +331,5 @@ def estimate_when(
                 never[key] = rec.rejected if rec is not None else "not a pod time mode places (no whole devices)"
             wait = rec.wait if rec is not None else None  # from its own arrival, after the queue ahead of it
             starts[key].append((scale, None if wait is None else round(wait, 3)))
-    return [When(key, tuple(s), never.get(key, "")) for key, s in starts.items()]
+    runtimes = tuple(sorted(sources.items()))
+    return [When(key, tuple(s), never.get(key, ""), runtimes) for key, s in starts.items()]

@@ -178,6 +178,10 @@ def test_the_command_answers_now_and_when_and_refuses_a_pod_that_exists(
     assert cli.main(["whatif", "-f", str(spec), "-n", "ml"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("pod ml/eight: 8 x ring\n  now: no room\n") and "  when: starts between in " in text
+    assert text.endswith(
+        "when: the running pods' runtimes: 0 from activeDeadlineSeconds, 1 from kube-icl.io/expected-runtime, "
+        "0 the default\n"
+    )
     odd = _pod_doc("odd", 2, "any", expected_runtime="soon")
     spec.write_text(yaml.safe_dump(odd))
     assert cli.main(["whatif", "-f", str(spec), "-n", "ml"]) == 0
