@@ -126,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     target = next(p for p in pods if p["metadata"]["name"] == "wait-0")
     figures: dict[str, float] = {}
     figures["why"], _ = best(args.repeat, lambda: explain(read_state(cfg, nodes, pods, now=CAPTURED), target))
-    figures["whatif now"], (answers, _w) = best(  # type: ignore[misc]
-        args.repeat, lambda: decide_now(cfg, nodes, pods, [], new, now=CAPTURED)
-    )
+    figures["whatif now"], decided = best(args.repeat, lambda: decide_now(cfg, nodes, pods, [], new, now=CAPTURED))
     figures["whatif when"], whens = best(args.repeat, lambda: estimate_when(cfg, nodes, pods, new, now=CAPTURED))
 
     sizes: dict[str, int] = {}
@@ -141,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for output in ("json", "yaml"):
         figures[f"snapshot -o {output} + read back"], _ = best(args.repeat, lambda o=output: snapshot_round_trip(o))
-    (answer,) = answers
+    (answer,) = decided.answers  # type: ignore[attr-defined]
     (when,) = whens  # type: ignore[misc]
     print(
         f"{args.nodes} nodes, {len(pods)} pods ({args.nodes} holding chips, {args.pending} pending); "

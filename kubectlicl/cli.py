@@ -231,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a pod runs when neither activeDeadlineSeconds nor kube-icl.io/expected-runtime says (3600)",
     )
     whatif.add_argument("--no-when", action="store_true", help="only the answer now (no time-mode replay)")
+    whatif.add_argument(
+        "--draw", action="store_true", help="draw the nodes the pods go to, as kubectl icl nodes --draw, after"
+    )
     return parser
 
 
@@ -423,6 +426,8 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
 
 
 def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: float) -> int:
+    import dataclasses
+
     from . import render
     from .cluster import ClusterError
     from .whatif import WhatIfError, decide_now, estimate_when, read_pods
@@ -453,8 +458,9 @@ def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: f
         return EXIT_ERROR
     nodes = reader.nodes()
     leases, lease_warnings = _leases(reader, cfg, source, "")
-    answers, warnings = decide_now(cfg, nodes, raw_pods, leases, new, now=now)
-    _warn([*warnings, *lease_warnings])
+    decided = decide_now(cfg, nodes, raw_pods, leases, new, now=now)
+    answers = decided.answers
+    _warn([*decided.warnings, *lease_warnings])
     whens: list[Any] = []
     if not args.no_when:
         try:
@@ -469,8 +475,17 @@ def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: f
     )
     if args.output in ("json", "yaml"):
         _print_doc(render.whatif_doc(answers, whens, model), args.output)
-    else:
-        print(render.whatif_text(answers, whens))
+        return EXIT_OK
+    print(render.whatif_text(answers, whens))
+    if args.draw:
+        from . import views
+
+        touched = {a.node for a in answers if a.node}
+        after = dataclasses.replace(
+            decided.after, nodes=tuple(n for n in decided.after.nodes if n["metadata"]["name"] in touched)
+        )
+        print()
+        print(render.node_drawings(views.node_summaries(after, tiers=cfg.tiers)))
     return EXIT_OK
 
 

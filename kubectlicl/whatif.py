@@ -42,7 +42,7 @@ from simulator.timesim import run_time
 from .state import State, read_state
 from .why import Why, asks, explain, selected_nodes
 
-__all__ = ["KINDS", "Now", "WhatIfError", "When", "decide_now", "estimate_when", "read_pods"]
+__all__ = ["KINDS", "Decided", "Now", "WhatIfError", "When", "decide_now", "estimate_when", "read_pods"]
 
 KINDS = ("Pod", "Job", "List")
 JOB_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -176,6 +176,16 @@ class Now:
 
 
 @dataclass(frozen=True, slots=True)
+class Decided:
+    """What :func:`decide_now` found: an answer per new pod (in the file's order), the warnings of reading the
+    cluster, and the cluster as the extender's cache holds it after (the new pods placed, the victims gone)."""
+
+    answers: list[Now]
+    warnings: tuple[str, ...]
+    after: State
+
+
+@dataclass(frozen=True, slots=True)
 class When:
     """The earliest start time mode finds for one new pod, in seconds from now, per runtime scale."""
 
@@ -242,9 +252,10 @@ def decide_now(
     new: Sequence[Mapping[str, Any]],
     *,
     now: float,
-) -> tuple[list[Now], tuple[str, ...]]:
+) -> Decided:
     """The extender's answer for each of ``new``, in order, over the cluster of ``nodes``, ``pods`` and the
-    gang records among ``leases``, and the warnings of reading them; nothing leaves this process."""
+    gang records among ``leases``, the warnings of reading them, and the cluster after; nothing leaves this
+    process."""
     apis: list[LocalAPI] = []
 
     def api_for(cache: ClusterCache) -> LocalAPI:
@@ -288,7 +299,12 @@ def decide_now(
             Now(_key(current), what, node, devices, why, tuple(sorted(keys.get(u, u) for u in chosen[1])), chosen[0])
         )
     order = {_key(p): i for i, p in enumerate(new)}
-    return sorted(out, key=lambda a: order[a.pod]), state.warnings
+    after = dataclasses.replace(
+        state,
+        keys=keys,
+        created={**state.created, **{p["metadata"]["uid"]: p["metadata"]["creationTimestamp"] for p in new}},
+    )
+    return Decided(sorted(out, key=lambda a: order[a.pod]), state.warnings, after)
 
 
 def _queue_order(new: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -52,8 +52,9 @@ def test_a_pod_that_fits_is_placed_on_the_extenders_node_and_chips_and_the_next_
     nodes = [node_obj("a", "ring:8"), node_obj("b", "ring:8")]
     running = [_running("a1", "a", "0,1,2,3")]
     new = _new(_pod_doc("first", 4, "any"), _pod_doc("second", 4, "any"), _pod_doc("third", 4, "any"))
-    answers, warnings = decide_now(CFG, nodes, running, [], new, now=NOW)
-    assert not warnings
+    decided = decide_now(CFG, nodes, running, [], new, now=NOW)
+    answers = decided.answers
+    assert not decided.warnings
     placed = [(a.pod, a.node, a.devices) for a in answers]
     # bin-packing: the first fills a's free half, the next two share b
     assert placed[0] == ("ml/first", "a", ("4", "5", "6", "7"))
@@ -64,7 +65,7 @@ def test_a_gang_is_placed_whole_and_a_pod_that_fits_nowhere_says_the_extenders_r
     nodes = [node_obj("a", "ring:8"), node_obj("b", "ring:8")]
     gang = {"gang": "train", "gang_size": "2"}
     new = _new(_pod_doc("w0", 8, "ring", **gang), _pod_doc("w1", 8, "ring", **gang), _pod_doc("late", 2, "ring"))
-    answers, _ = decide_now(CFG, nodes, [], [], new, now=NOW)
+    answers = decide_now(CFG, nodes, [], [], new, now=NOW).answers
     w0, w1, late = answers
     assert {w0.node, w1.node} == {"a", "b"} and w0.devices == w1.devices == tuple(str(i) for i in range(8))
     assert late.node == "" and late.why is not None and late.victims == ()
@@ -75,12 +76,12 @@ def test_preemption_evicts_what_the_extender_picks_and_the_pod_is_then_placed() 
     nodes = [node_obj("a", "ring:8")]
     running = [_running("low", "a", "0,1,2,3"), _running("high", "a", "4,5", priority=50)]
     urgent = _pod_doc("urgent", 4, "any", priority=100, queue="default")  # the victims' queue
-    (answer,) = decide_now(CFG, nodes, running, [], _new(urgent), now=NOW)[0]
+    (answer,) = decide_now(CFG, nodes, running, [], _new(urgent), now=NOW).answers
     # kube-scheduler's dry run reprieves "high" (the pod's count fits without it); the extender agrees
     assert answer.victims == ("default/low",) and answer.victims_node == "a"
     assert answer.node == "a" and sorted(answer.devices) == ["0", "1", "2", "3"]
     # of another queue, under its share: the extender's fair share lets no victim go
-    (other,) = decide_now(CFG, nodes, running, [], _new(_pod_doc("other", 4, "any", priority=100)), now=NOW)[0]
+    (other,) = decide_now(CFG, nodes, running, [], _new(_pod_doc("other", 4, "any", priority=100)), now=NOW).answers
     assert other.victims == () and other.node == "" and other.why is not None
 
 
@@ -221,3 +222,18 @@ def test_a_pods_priority_comes_from_its_priority_class_as_the_api_server_sets_it
     named["spec"]["priorityClassName"] = "vip"
     with pytest.raises(WhatIfError, match=r"^f.yaml: pod ml/a: spec.priorityClassName 'vip': no such PriorityClass"):
         read_pods(yaml.safe_dump(named), "f.yaml", "ml", NOW, classes)
+
+
+def test_draw_shows_the_nodes_the_pods_go_to_with_their_chips_and_the_free_shapes_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    held = _running("held", "a", "0,1")
+    monkeypatch.setattr(cluster, "Reader", ListedCluster([node_obj("a", "ring:8"), node_obj("b", "ring:8")], [held]))
+    spec = tmp_path / "new.yaml"
+    spec.write_text(yaml.safe_dump(_pod_doc("four", 4, "any")))
+    assert cli.main(["whatif", "-f", str(spec), "-n", "ml", "--draw", "--no-when"]) == 0
+    out = capsys.readouterr().out
+    assert "pod ml/four: 4 x any\n  now: placed on a, devices " in out
+    # only the node it goes to is drawn, with both pods' chips: 2 left, a linked pair
+    assert "node/a: 6 busy, 0 reserved, 0 unhealthy, 2 free of 8; largest free ring 2" in out
+    assert "node/b" not in out and "  ml/four: " in out and "  default/held: 0,1" in out
