@@ -8,6 +8,7 @@ extender's server, informer or API client, and no product part imports it.
 - :mod:`kubectlicl.state`: the nodes, pods and gang records listed, fed into the extender's cache and gang book.
 - :mod:`kubectlicl.views`: views of nodes (chips busy, reserved, unhealthy, free), gangs, queues, read from there.
 - :mod:`kubectlicl.why`: ``kubectl icl why POD``, the extender's filter for one pod, and what frees its shape.
+- :mod:`kubectlicl.snapshot`: ``kubectl icl snapshot``, the state as one file (:mod:`scheduler.snapshot`), and back.
 - :mod:`kubectlicl.render`: tables, chip strips and drawings, JSON/YAML documents.
 - :mod:`kubectlicl.html`: ``kubectl icl nodes --html FILE``, one self-contained page of every node's chips.
 - :mod:`kubectlicl.cluster`: the API requests (lists only).

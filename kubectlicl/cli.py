@@ -31,11 +31,13 @@ examples:
   kubectl icl gangs -n ml                   gangs of namespace ml: members bound and pending, reservations
   kubectl icl queues -o json                queues: weight, quota, devices held, dominant share, pending
   kubectl icl why train-0 -n ml             why a pod waits, by the extender's own decision, and what frees it
+  kubectl icl whatif -f job.yaml -n ml      if submitted now: where, on which chips, whom it preempts, and when
+  kubectl icl snapshot --out state.yaml     the extender's state as one file (icl sim --snapshot replays it)
 
 The extender's config (queue weights and quotas, tiers, resource name) is read from the ConfigMap the
-chart labels app.kubernetes.io/component=extender, or the one --extender-config names; without either,
-from the flags. Install: pip install kube-icl puts kubectl-icl on the PATH (docs/deploy.md, "Operating
-kube-icl")."""
+chart labels app.kubernetes.io/part-of=kube-icl and app.kubernetes.io/component=extender, or the one
+--extender-config names; without either, from --queue and --default-queue-weight (with a warning).
+Install: pip install kube-icl puts kubectl-icl on the PATH (docs/deploy.md, "Operating kube-icl")."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +63,30 @@ def _queue(text: str) -> tuple[str, float, int | None]:
     return name, w, q
 
 
+def _weight(text: str) -> float:
+    try:
+        w = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number") from None
+    if not w > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number")
+    return w
+
+
+def _fraction(text: str) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        f = -1.0
+    if not 0 <= f < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in [0, 1)")
+    return f
+
+
+# the commands whose answer depends on the queues' weights and quotas: they say on stderr when the extender's
+# config could not be read (its queues then come from --queue and --default-queue-weight)
+QUOTA_COMMANDS = ("queues", "why", "snapshot", "whatif")
+
 # The options every command takes, before or after the command's name: their defaults are SUPPRESS in
 # the parsers (a subparser's default would otherwise overwrite a value given before the command) and
 # filled in by main().
@@ -83,7 +109,8 @@ def _common() -> _Parser:
     common.add_argument(
         "--extender-config",
         metavar="NAMESPACE/NAME",
-        help="the extender's ConfigMap (default: the one labelled app.kubernetes.io/component=extender)",
+        help="the extender's ConfigMap (default: the one labelled app.kubernetes.io/part-of=kube-icl and "
+        "app.kubernetes.io/component=extender)",
     )
     common.add_argument(
         "--resource-name", help="the extended resource (default: the extender's, else kube-icl.io/accelerator)"
@@ -91,12 +118,31 @@ def _common() -> _Parser:
     return common
 
 
+def _queue_flags() -> _Parser:
+    """The queues' weights and quotas, for the commands whose answer depends on them, when the extender's
+    config cannot be read: one parser for all of them."""
+    flags = _Parser(add_help=False)
+    flags.add_argument(
+        "--queue",
+        action="append",
+        type=_queue,
+        default=[],
+        metavar="NAME=WEIGHT[:QUOTA]",
+        help="a queue's weight and quota when the extender's config cannot be read (repeatable)",
+    )
+    flags.add_argument(
+        "--default-queue-weight", type=_weight, default=1.0, help="weight of unlisted queues (default 1)"
+    )
+    return flags
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
+    queue_flags = _queue_flags()
     parser = _Parser(
         prog=PROG,
-        description="kube-icl's view of the cluster: chips per node, gangs, queues, why a pod waits (read from the "
-        "API server).",
+        description="kube-icl's view of the cluster: chips per node, gangs, queues, why a pod waits, what new pods "
+        "would do now and when, a snapshot of it all (read from the API server; nothing written).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
@@ -129,26 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
     gangs.add_argument(
         "--lease-namespace", default="", help="where the reservation Leases are (default: the extender's, else all)"
     )
-    queues = sub.add_parser(
+    sub.add_parser(
         "queues",
-        parents=[common],
+        parents=[common, queue_flags],
         help="queues: weight, quota, devices held, dominant share, pending pods",
         description="Every configured queue and every queue a pod names: weight and quota (the extender's config), "
         "devices its pods hold per pool, the weighted dominant share the extender's fair share compares, and its "
         "pending pods.",
     )
-    queues.add_argument(
-        "--queue",
-        action="append",
-        type=_queue,
-        default=[],
-        metavar="NAME=WEIGHT[:QUOTA]",
-        help="a queue's weight and quota when the extender's config cannot be read (repeatable)",
-    )
-    queues.add_argument("--default-queue-weight", type=float, default=1.0, help="weight of unlisted queues (default 1)")
     why = sub.add_parser(
         "why",
-        parents=[common],
+        parents=[common, queue_flags],
         help="why a pod waits: the extender's answer per class of nodes, and what would let it run",
         description="Runs the extender's own decision (its cache and cycle, in this process, writing nothing) over "
         "the nodes, pods and gang reservations the API server shows, for this pod: the nodes it fits now, the "
@@ -156,14 +193,56 @@ def build_parser() -> argparse.ArgumentParser:
     )
     why.add_argument("pod", metavar="POD", help="the pod's name")
     why.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
+    snapshot = sub.add_parser(
+        "snapshot",
+        parents=[common, queue_flags],
+        help="the extender's state as one versioned file (nodes, pods, gang records, config): YAML, or -o json",
+        description="Writes what the extender knows of the cluster (its config, the nodes with their topology and "
+        "labels, the pods running and pending, the gang reservation records, and a summary of who holds which "
+        "device and the pending queue in its order) as one apiVersion kube-icl.io/v1alpha1 kind Snapshot "
+        "document, for `kubectl icl whatif`, `icl sim --snapshot` and bug reports.",
+    )
+    snapshot.add_argument("--out", metavar="FILE", help="write to FILE (default: stdout; -o picks YAML or JSON)")
+    snapshot.add_argument(
+        "--anonymize", action="store_true", help="replace node, pod, namespace, gang and queue names by stable hashes"
+    )
+    whatif = sub.add_parser(
+        "whatif",
+        parents=[common, queue_flags],
+        help="if these pods were submitted now: where they would go, whom they would preempt, when they would start",
+        description="Reads the cluster as `why` does and writes nothing. Now: the extender's own cycle, in this "
+        "process, for each pod of the file in order (a Pod, a Job's pods, a gang of pods with kube-icl annotations; "
+        "several documents at once): its node and devices, or the extender's reasons, the running pods whose end "
+        "frees its shape and the pods preemption would evict. When: time mode replays the cluster with these pods "
+        "last in the queue, the running pods ending by activeDeadlineSeconds, the annotation "
+        "kube-icl.io/expected-runtime or --default-runtime; three replays with every runtime x(1-spread), x1, "
+        "x(1+spread) give the earliest start as a range.",
+    )
+    whatif.add_argument("-f", "--filename", required=True, metavar="FILE", help="the pods or Jobs (- : stdin)")
+    whatif.add_argument("-n", "--namespace", default="default", help="of the pods that name none (default: default)")
+    whatif.add_argument(
+        "--spread", type=_fraction, default=0.5, help="runtimes replayed x(1-S), x1 and x(1+S) (default 0.5)"
+    )
+    whatif.add_argument(
+        "--default-runtime",
+        type=_weight,
+        default=3600.0,
+        metavar="S",
+        help="seconds a pod runs when neither activeDeadlineSeconds nor kube-icl.io/expected-runtime says (3600)",
+    )
+    whatif.add_argument("--no-when", action="store_true", help="only the answer now (no time-mode replay)")
+    whatif.add_argument(
+        "--draw", action="store_true", help="draw the nodes the pods go to, as kubectl icl nodes --draw, after"
+    )
     return parser
 
 
-def _fallback_config(args: argparse.Namespace) -> Any:
-    from scheduler.config import ExtenderConfig, QueueConfig
-
-    queues = {name: QueueConfig(name, weight, quota) for name, weight, quota in getattr(args, "queue", [])}
-    return ExtenderConfig(queues=queues, default_queue_weight=getattr(args, "default_queue_weight", 1.0))
+def _fallback_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The queue flags written as the extender's config (``extender.yaml``) would write them."""
+    queues: dict[str, Any] = {}
+    for name, weight, quota in getattr(args, "queue", []):
+        queues[name] = {"weight": weight, **({"quota": quota} if quota is not None else {})}
+    return {"queues": queues, "defaultQueueWeight": getattr(args, "default_queue_weight", 1.0)}
 
 
 def _print_doc(doc: dict[str, Any], output: str) -> None:
@@ -222,7 +301,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
     cfg = settings.config
     if args.resource_name:
         cfg = dataclasses.replace(cfg, resource_name=args.resource_name)
-    if args.command == "queues" or args.extender_config:
+    if args.command in QUOTA_COMMANDS or args.extender_config:
         _warn(settings.warnings)
     now = time.time()
 
@@ -303,6 +382,35 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
             print(render.why_text(answer))
         return EXIT_ERROR if answer.error else EXIT_OK
 
+    if args.command == "snapshot":
+        from scheduler.snapshot import dump
+
+        from .snapshot import capture
+
+        raw_pods = reader.pods()
+        leases, lease_warnings = _leases(reader, cfg, settings.source, "")
+        state = read_state(cfg, reader.nodes(), raw_pods, leases, now=now)
+        _warn([*state.warnings, *lease_warnings])
+        raw_config = dict(settings.raw)
+        if args.resource_name:
+            raw_config["resourceName"] = args.resource_name
+        doc = capture(raw_config, settings.source, state, raw_pods, leases, hide_names=args.anonymize)
+        text = dump(doc, "json" if args.output == "json" else "yaml")
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as out:
+                out.write(text)
+            print(
+                f"wrote {args.out} ({len(doc['nodes'])} nodes, {len(doc['pods'])} pods, "
+                f"{len(doc['reservations'])} gang records)",
+                file=sys.stderr,
+            )
+        else:
+            print(text, end="")
+        return EXIT_OK
+
+    if args.command == "whatif":
+        return _whatif(args, reader, cfg, settings.source, now)
+
     # queues
     state = read_state(cfg, reader.nodes(), reader.pods(), now=now)
     queue_list = views.queue_views(state)
@@ -314,6 +422,70 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
         _print_doc(render.queue_docs(queue_list, settings.source), args.output)
     else:
         print(render.queues_table(queue_list))
+    return EXIT_OK
+
+
+def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: float) -> int:
+    import dataclasses
+
+    from . import render
+    from .cluster import ClusterError
+    from .whatif import WhatIfError, decide_now, estimate_when, read_pods
+
+    if args.filename == "-":
+        text = sys.stdin.read()
+    else:
+        with open(args.filename, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        classes = reader.priority_classes()
+    except ClusterError as exc:
+        if exc.status is None:
+            raise
+        classes = []
+        _warn([f"priority classes not read ({exc}): pods without spec.priority count as priority 0"])
+    try:
+        new = read_pods(text, args.filename, args.namespace, now, classes)
+    except WhatIfError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    raw_pods = reader.pods()
+    listed = {f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in raw_pods}
+    clash = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in new]
+    clash = [key for key in clash if key in listed]
+    if clash:
+        print(f"error: {args.filename}: pod {clash[0]} exists in the cluster already", file=sys.stderr)
+        return EXIT_ERROR
+    nodes = reader.nodes()
+    leases, lease_warnings = _leases(reader, cfg, source, "")
+    decided = decide_now(cfg, nodes, raw_pods, leases, new, now=now)
+    answers = decided.answers
+    _warn([*decided.warnings, *lease_warnings])
+    whens: list[Any] = []
+    if not args.no_when:
+        try:
+            whens = estimate_when(
+                cfg, nodes, raw_pods, new, now=now, spread=args.spread, default_runtime=args.default_runtime
+            )
+        except ValueError as exc:  # a runtime annotation that is not seconds, no node time mode can run
+            _warn([f"when: not replayed: {exc}"])  # the answer now stands
+    model = (
+        "activeDeadlineSeconds, else kube-icl.io/expected-runtime, else "
+        f"{args.default_runtime:g}s; runtimes x{1 - args.spread:g}, x1, x{1 + args.spread:g}"
+    )
+    if args.output in ("json", "yaml"):
+        _print_doc(render.whatif_doc(answers, whens, model), args.output)
+        return EXIT_OK
+    print(render.whatif_text(answers, whens))
+    if args.draw:
+        from . import views
+
+        touched = {a.node for a in answers if a.node}
+        after = dataclasses.replace(
+            decided.after, nodes=tuple(n for n in decided.after.nodes if n["metadata"]["name"] in touched)
+        )
+        print()
+        print(render.node_drawings(views.node_summaries(after, tiers=cfg.tiers)))
     return EXIT_OK
 
 

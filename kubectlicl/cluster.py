@@ -1,15 +1,16 @@
 """Reading the cluster for ``kubectl icl``: the user's own kubeconfig and RBAC, through :mod:`kubeauth`.
 
 Only GET and LIST requests to the API server, never the extender's debug endpoint: nodes (with a label
-selector), pods, the gang reservation Leases, and the extender's ConfigMap (for queue weights, quotas,
-tiers and the resource name). Lists are decoded as plain JSON (no client models), which is what the
-readers in :mod:`kubectlicl.views` take.
+selector), pods, the gang reservation Leases, the extender's ConfigMap (for queue weights, quotas,
+tiers and the resource name), and the PriorityClasses (``whatif``: the priority of the pods it is
+given). Lists are decoded as plain JSON (no client models), which is what the readers in
+:mod:`kubectlicl.views` take.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ class ExtenderSettings:
     config: ExtenderConfig
     source: str  # where it came from: "configmap NS/NAME", or "flags" when none could be read
     warnings: tuple[str, ...] = field(default=())
+    raw: Mapping[str, Any] = field(default_factory=dict)  # the config as its YAML (extender.yaml) says it
 
 
 def _reason(exc: BaseException) -> str:
@@ -170,6 +172,18 @@ class Reader:
         where = f" in {namespace}" if namespace else ""
         return self._list(f"list leases -l {RECORD_LABEL}{where}", call)
 
+    def priority_classes(self) -> list[dict[str, Any]]:
+        """The PriorityClasses: the priority the API server gives a pod that names one (or none, the
+        global default's)."""
+        from kubernetes import client
+
+        def call(api: Any, token: str | None) -> Any:
+            return client.SchedulingV1Api(api).list_priority_class(
+                limit=500, _continue=token, _preload_content=False, _request_timeout=TIMEOUT_S
+            )
+
+        return self._list("list priorityclasses", call)
+
     def extender_configmaps(self, namespace: str = "") -> list[dict[str, Any]]:
         from kubernetes import client
 
@@ -199,37 +213,41 @@ class Reader:
         return self._request(f"get configmap {namespace}/{name}", call)
 
 
-def _config_of(cm: dict[str, Any]) -> ExtenderConfig:
+def _config_of(cm: dict[str, Any]) -> tuple[ExtenderConfig, dict[str, Any]]:
+    """The config a ConfigMap holds: parsed, and as its YAML says it."""
     meta = cm.get("metadata") or {}
     text = (cm.get("data") or {}).get(EXTENDER_KEY)
     where = f"configmap {meta.get('namespace')}/{meta.get('name')}"
     if text is None:
         raise ClusterError(f"{where}: no key {EXTENDER_KEY}")
     try:
-        return parse_config(yaml.safe_load(text) or {})
+        raw = yaml.safe_load(text) or {}
+        return parse_config(raw), raw
     except (ConfigError, yaml.YAMLError) as exc:
         raise ClusterError(f"{where}: {EXTENDER_KEY}: {str(exc).splitlines()[0]}") from None
 
 
-def extender_settings(reader: Reader, name: str, fallback: ExtenderConfig) -> ExtenderSettings:
+def extender_settings(reader: Reader, name: str, fallback: Mapping[str, Any]) -> ExtenderSettings:
     """The extender's config: from ``name`` (``NAMESPACE/NAME``) when given (an error if unreadable),
-    else the one ConfigMap the chart labels as the extender's, else ``fallback`` (built from flags) with
-    a warning saying why."""
+    else the one ConfigMap the chart labels as the extender's, else ``fallback`` (the flags, written as
+    the config's YAML keys) with a warning saying why."""
     if name:
         namespace, _, cm_name = name.partition("/")
         if not cm_name:
             raise ClusterError(f"--extender-config {name!r}: expected NAMESPACE/NAME")
-        cm = reader.configmap(namespace, cm_name)
-        return ExtenderSettings(_config_of(cm), f"configmap {name}")
+        config, raw = _config_of(reader.configmap(namespace, cm_name))
+        return ExtenderSettings(config, f"configmap {name}", raw=raw)
+    flags = parse_config(dict(fallback))
     try:
         found = reader.extender_configmaps()
     except ClusterError as exc:
         if exc.status is None:
             raise  # no answer at all: every other request would fail the same way
-        return ExtenderSettings(fallback, "flags", (f"extender config not read ({exc}); using flags",))
+        why = f"extender config not read ({exc}); using flags"
+        return ExtenderSettings(flags, "flags", (why,), dict(fallback))
     if not found:
-        why = f"no ConfigMap labelled {EXTENDER_SELECTOR}"
-        return ExtenderSettings(fallback, "flags", (f"extender config not found ({why}); using flags",))
+        why = f"extender config not found (no ConfigMap labelled {EXTENDER_SELECTOR}); using flags"
+        return ExtenderSettings(flags, "flags", (why,), dict(fallback))
     found.sort(key=lambda cm: (str(cm["metadata"].get("namespace")), str(cm["metadata"].get("name"))))
     cm = found[0]
     where = f"{cm['metadata'].get('namespace')}/{cm['metadata'].get('name')}"
@@ -237,4 +255,5 @@ def extender_settings(reader: Reader, name: str, fallback: ExtenderConfig) -> Ex
     if len(found) > 1:
         others = ", ".join(f"{c['metadata'].get('namespace')}/{c['metadata'].get('name')}" for c in found[1:])
         warnings = (f"several extender ConfigMaps; using {where} (others: {others}; pick with --extender-config)",)
-    return ExtenderSettings(_config_of(cm), f"configmap {where}", warnings)
+    config, raw = _config_of(cm)
+    return ExtenderSettings(config, f"configmap {where}", warnings, raw)

@@ -319,18 +319,25 @@ def why_text(answer: Any) -> str:
         lines.append(
             "  (if it still waits: kube-scheduler's own filters, CPU, memory, affinity or taints, refuse these)"
         )
+    return "\n".join(lines + _refusals(answer, "  "))
+
+
+def _refusals(answer: Any, indent: str) -> list[str]:
+    """The nodes refused by reason, and the running pods whose end frees the pod's shape."""
+    lines = []
     for cls in answer.classes:
         shown = ", ".join(cls.nodes[:3]) + (f" and {len(cls.nodes) - 3} more" if len(cls.nodes) > 3 else "")
         where = f"{len(cls.nodes)} node(s) ({shown})" if cls.nodes else "every node"
-        lines.append(f"  {where}: {cls.reason}")
+        lines.append(f"{indent}{where}: {cls.reason}")
     if answer.freeing is not None:
         f = answer.freeing
         lines.append(
-            f"  would run on {f.node} once {len(f.pods)} pod(s) end there ({f.devices} devices): {', '.join(f.pods)}"
+            f"{indent}would run on {f.node} once {len(f.pods)} pod(s) end there ({f.devices} devices): "
+            f"{', '.join(f.pods)}"
         )
     elif not answer.fits and not answer.bound:
-        lines.append("  no set of up to 4 running pods on one node frees its shape")
-    return "\n".join(lines)
+        lines.append(f"{indent}no set of up to 4 running pods on one node frees its shape")
+    return lines
 
 
 def why_doc(answer: Any) -> dict[str, Any]:
@@ -345,3 +352,76 @@ def why_doc(answer: Any) -> dict[str, Any]:
         if answer.freeing is None
         else {"node": answer.freeing.node, "pods": list(answer.freeing.pods), "devices": answer.freeing.devices},
     }
+
+
+def _start(seconds: float | None) -> str:
+    return "not within the replay" if seconds is None else ("now" if seconds < 1 else f"in {_age(seconds)}")
+
+
+def whatif_text(now: Sequence[Any], when: Sequence[Any]) -> str:
+    """``kubectl icl whatif``'s answer per pod: placed now (node, devices), or why not and whom preemption would
+    evict; and the earliest start time mode finds, as a range over the runtime scales."""
+    starts = {w.pod: w for w in when}
+    blocks = []
+    for answer in now:
+        lines = [f"pod {answer.pod}: {answer.asks}"]
+        if answer.node and not answer.victims:
+            lines.append(f"  now: placed on {answer.node}, devices {','.join(answer.devices)}")
+        else:
+            lines.append("  now: no room")
+            if answer.why is not None:
+                lines += _refusals(answer.why, "    ")
+            if answer.victims:
+                lines.append(f"    preemption evicts on {answer.victims_node}: {', '.join(answer.victims)}")
+                placed = f"on {answer.node}, devices {','.join(answer.devices)}" if answer.node else "nowhere"
+                lines.append(f"  now: placed after preemption {placed}")
+        w = starts.get(answer.pod)
+        if w is not None:
+            if w.never:
+                lines.append(f"  when: never: {w.never}")
+            else:
+                nominal = dict(w.starts).get(1.0)
+                scales = ", ".join(f"x{scale:g}" for scale, _ in w.starts)
+                span = _start(w.low) if w.low == w.high else f"between {_start(w.low)} and {_start(w.high)}"
+                lines.append(
+                    f"  when: starts {span} ({_start(nominal)} at the stated runtimes; replayed at runtimes {scales})"
+                )
+        blocks.append("\n".join(lines))
+    if when and when[0].runtimes:
+        said = dict(when[0].runtimes)
+        blocks.append(
+            f"when: the running pods' runtimes: {said.get('deadline', 0)} from activeDeadlineSeconds, "
+            f"{said.get('annotation', 0)} from kube-icl.io/expected-runtime, {said.get('default', 0)} the default"
+        )
+    return "\n\n".join(blocks)
+
+
+def whatif_doc(now: Sequence[Any], when: Sequence[Any], runtime_model: str) -> dict[str, Any]:
+    starts = {w.pod: w for w in when}
+    items = []
+    for answer in now:
+        w = starts.get(answer.pod)
+        items.append(
+            {
+                "pod": answer.pod,
+                "asks": answer.asks,
+                "now": {
+                    "placed": bool(answer.node),
+                    "afterPreemption": bool(answer.victims),
+                    "node": answer.node or None,
+                    "devices": list(answer.devices),
+                    "refused": None if answer.why is None else why_doc(answer.why)["refused"],
+                    "freeing": None if answer.why is None else why_doc(answer.why)["freeing"],
+                    "preempts": {"node": answer.victims_node, "pods": list(answer.victims)} if answer.victims else None,
+                },
+                "when": None
+                if w is None
+                else {
+                    "never": w.never or None,
+                    "earliestStartSeconds": {"low": w.low, "high": w.high},
+                    "byRuntimeScale": [{"scale": scale, "startSeconds": start} for scale, start in w.starts],
+                },
+            }
+        )
+    sources = dict(when[0].runtimes) if when else {}
+    return {"kind": "WhatIf", "runtimeModel": runtime_model, "runningRuntimesFrom": sources, "items": items}

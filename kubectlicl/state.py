@@ -15,7 +15,7 @@ with the extender's own reader (:func:`scheduler.wire.read_record`), and pods wi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,11 +81,14 @@ def read_state(
     leases: Sequence[Mapping[str, Any]] = (),
     *,
     now: float,
+    api_for: Callable[[ClusterCache], Any] | None = None,
 ) -> State:
     """Feed ``nodes``, ``pods`` and the gang records among ``leases`` into the extender's cache and gang
-    book, as of wall clock ``now`` (records that expire by then are not in force)."""
+    book, as of wall clock ``now`` (records that expire by then are not in force). ``api_for(cache)`` is
+    where the extender's binds go (``kubectl icl whatif``: an API server in memory that writes back into
+    this cache, never the cluster); without it the extender cannot bind."""
     cache = cache_for(cfg)
-    extender = build_extender(cfg, cache, wall=lambda: now)
+    extender = build_extender(cfg, cache, api_for(cache) if api_for is not None else None, wall=lambda: now)
     infos: list[PodInfo] = []
     warnings: list[str] = []
     for pod in pods:

@@ -25,7 +25,7 @@ from topology import Placer, Shape, ShapeError, TopologyError, parse_shape
 
 from .state import State
 
-__all__ = ["Freeing", "NodeClass", "Why", "explain"]
+__all__ = ["Freeing", "NodeClass", "Why", "asks", "explain", "selected_nodes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,21 @@ class Why:
     error: str = ""  # the pod cannot be read (its annotations break the contract)
 
 
+def selected_nodes(nodes: Sequence[Mapping[str, Any]], pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The nodes kube-scheduler would send the extender for ``pod``, and the others: kube-scheduler sends only
+    the nodes its own filters pass; the pod's nodeSelector is the one of them read here (affinity, taints and
+    resources stay kube-scheduler's: `kubectl describe pod`)."""
+    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    names = [str((n.get("metadata") or {}).get("name") or "") for n in nodes]
+    unselected = [
+        name
+        for name, node in zip(names, nodes, strict=True)
+        if any(((node.get("metadata") or {}).get("labels") or {}).get(k) != v for k, v in selector.items())
+    ]
+    left_out = set(unselected)
+    return [n for n in names if n not in left_out], unselected
+
+
 def explain(state: State, pod: Mapping[str, Any]) -> Why:
     """The extender's answer for ``pod`` over the nodes of ``state``, with its pods running and its gang
     reservations in force."""
@@ -68,18 +83,10 @@ def explain(state: State, pod: Mapping[str, Any]) -> Why:
     except PodSpecError as exc:
         return Why(key, bound, "", (), (), None, error=str(exc))
     if bound:  # placed already: the scheduler has nothing more to say about it
-        return Why(key, bound, _asks(info), (), (), None)
-    cache, extender, nodes = state.cache, state.extender, state.nodes
-    names = [str((n.get("metadata") or {}).get("name") or "") for n in nodes]
-    # kube-scheduler sends the extender only the nodes its own filters pass; the pod's nodeSelector is the one
-    # of them read here (affinity, taints and resources stay kube-scheduler's: `kubectl describe pod`)
+        return Why(key, bound, asks(info), (), (), None)
+    cache, extender = state.cache, state.extender
+    names, unselected = selected_nodes(state.nodes, pod)
     selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-    unselected = [
-        name
-        for name, node in zip(names, nodes, strict=True)
-        if any(((node.get("metadata") or {}).get("labels") or {}).get(k) != v for k, v in selector.items())
-    ]
-    names = [n for n in names if n not in set(unselected)]
     result = extender.filter(ExtenderArgs(pod=dict(pod), node_names=names))
     fits = tuple(result.node_names or ())
     failed: dict[str, str] = {**(result.failed_nodes or {}), **(result.failed_and_unresolvable_nodes or {})}
@@ -95,10 +102,11 @@ def explain(state: State, pod: Mapping[str, Any]) -> Why:
         NodeClass(reason, tuple(ns)) for reason, ns in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0]))
     )
     freeing = None if fits else _freeing(cache, info, names)
-    return Why(key, bound, _asks(info), fits, classes, freeing)
+    return Why(key, bound, asks(info), fits, classes, freeing)
 
 
-def _asks(info: PodInfo) -> str:
+def asks(info: PodInfo) -> str:
+    """What a pod asks, in words."""
     what = f"{info.count} x {info.shape}" if info.count else "no device"
     if info.milli:
         what = f"{info.milli} milli-devices of one device"

@@ -15,7 +15,8 @@ options.
 
 The simulator imports :mod:`scheduler` only through this module and :mod:`scheduler.livestate` (an
 import-linter contract in pyproject.toml): what it needs to feed a cache and ask the verbs is named
-here.
+here, and what it needs to start time mode from a snapshot of a live cluster (:mod:`scheduler.snapshot`,
+read with the extender's own pod reader).
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ import time
 from collections.abc import Callable
 
 from scheduler.cache import ClusterCache
-from scheduler.config import ExtenderConfig, QueueConfig
+from scheduler.config import ConfigError, ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.kube import KubeAPI, KubeError
-from scheduler.podspec import GroupSpec, parse_devices
+from scheduler.podspec import GroupSpec, PodInfo, PodSpecError, parse_devices, pod_info
 from scheduler.sharing import ShareRanker, Target
+from scheduler.snapshot import Snapshot, SnapshotError, load_snapshot, queue_order, seconds
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 
 __all__ = [
     "ClusterCache",
+    "ConfigError",
     "ExtenderArgs",
     "ExtenderBindingArgs",
     "ExtenderConfig",
@@ -42,12 +45,20 @@ __all__ = [
     "KubeError",
     "MetaPod",
     "MetaVictims",
+    "PodInfo",
+    "PodSpecError",
     "QueueConfig",
     "ShareRanker",
+    "Snapshot",
+    "SnapshotError",
     "Target",
     "build_extender",
     "cache_for",
+    "load_snapshot",
     "parse_devices",
+    "pod_info",
+    "queue_order",
+    "seconds",
 ]
 
 

@@ -14,6 +14,7 @@ verbs (built by :func:`scheduler.factory.build_extender`) for one pod.
 - :func:`schedule_pod` is kube-scheduler's part: filter over the nodes its own filters pass, prioritize
   the passing ones, the first of the best-scored in the cluster's order (kube-scheduler picks one of them
   at random), bind through the extender.
+- :func:`dry_run_victims` is kube-scheduler's preemption dry run on one node, for a caller's own fit test.
 - :func:`preempt_pod` is kube-scheduler's preemption (``DefaultPreemption``) after the extender's: the
   victims kube-scheduler proposes per node (its dry run, by the caller) go to the extender's preempt verb,
   and of the nodes it answers the one :func:`pick_victims` prefers is taken.
@@ -23,9 +24,9 @@ from __future__ import annotations
 
 import builtins
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from scheduler.factory import (
     ClusterCache,
@@ -61,6 +62,7 @@ __all__ = [
     "JsonObj",
     "LocalAPI",
     "Verbs",
+    "dry_run_victims",
     "member_pod",
     "node_object",
     "pick_victims",
@@ -69,6 +71,7 @@ __all__ = [
 ]
 
 JsonObj = dict[str, Any]
+T = TypeVar("T")
 NAMESPACE = "sim"
 """The namespace of every job's pods."""
 
@@ -353,6 +356,30 @@ def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
                 found = api.devices_of(meta["namespace"], meta["name"])
     api.note("try", meta["name"], meta["uid"], tuple(names), found)
     return Attempt(found, unresolvable, held)
+
+
+def dry_run_victims(
+    holders: Sequence[T],
+    priority: Callable[[T], int],
+    uid: Callable[[T], str],
+    at: int,
+    fits: Callable[[list[T]], bool],
+) -> list[T] | None:
+    """kube-scheduler's preemption dry run on one node (``selectVictimsOnNode``) for a pod of priority ``at``:
+    without the ``holders`` of lower priority, does the pod fit (``fits(kept)``); if so, the more important of
+    them are reprieved while it still fits, and the others are the victims. None when no holder is of lower
+    priority or the pod does not fit even without them."""
+    keep = [p for p in holders if priority(p) >= at]
+    lower = sorted((p for p in holders if priority(p) < at), key=lambda p: (-priority(p), uid(p)))
+    if not lower or not fits(keep):
+        return None
+    victims = []
+    for p in lower:  # the most important first: reprieved while the pod still fits
+        if fits([*keep, p]):
+            keep.append(p)
+        else:
+            victims.append(p)
+    return victims
 
 
 def pick_victims(

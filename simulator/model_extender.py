@@ -23,11 +23,21 @@ from collections.abc import Mapping, Sequence
 
 from scheduler.factory import ClusterCache, ExtenderConfig, QueueConfig, build_extender
 from simulator.clusterspec import ClusterSpec, NodeSpec
-from simulator.extcluster import NAMESPACE, JsonObj, LocalAPI, member_pod, node_object, preempt_pod, schedule_pod
+from simulator.extcluster import (
+    NAMESPACE,
+    JsonObj,
+    LocalAPI,
+    dry_run_victims,
+    member_pod,
+    node_object,
+    preempt_pod,
+    schedule_pod,
+)
 from simulator.jobs import Job
 from simulator.timebase import Alloc, FailureItem, Member, Placed, Victim
 from simulator.toponodes import TopoNodes
 from topology import Placer
+from topology.contract import ANN_DEVICES
 from topology.policy import PolicyName
 
 __all__ = ["ExtenderModel"]
@@ -47,6 +57,7 @@ class ExtenderModel(TopoNodes):
         weights: Mapping[str, float] | None,
         *,
         record: bool = False,
+        config: ExtenderConfig | None = None,
     ) -> None:
         super().__init__(spec, gang_tier)
         self.policy = policy
@@ -58,11 +69,17 @@ class ExtenderModel(TopoNodes):
         quiet = logging.getLogger("scheduler")
         if not quiet.handlers:
             quiet.addHandler(logging.NullHandler())
+        # a live cluster's config (a snapshot's: its queues, quotas, fair share, gang timeout) with this run's
+        # policy, else the spec's tiers and the weights given
         cfg = ExtenderConfig(
             policy=policy.value,
             tiers=spec.view.tier_keys,
             queues={q: QueueConfig(q, weight=w) for q, w in (weights or {}).items()},
         )
+        if config is not None:
+            # queue holds by scheduling gates need the leader's background loop, which time mode does not run:
+            # fair share and quotas hold pods back in the filter instead, as the default config does
+            cfg = dataclasses.replace(config, policy=policy.value, queue_holds=ExtenderConfig().queue_holds)
         cfg = dataclasses.replace(cfg, leader_election=dataclasses.replace(cfg.leader_election, enabled=False))
         self.resource = cfg.resource_name
         self.cache = ClusterCache(cfg.resource_name, clock=lambda: self.now)
@@ -129,6 +146,20 @@ class ExtenderModel(TopoNodes):
     def start(self, job: Job, alloc: Alloc) -> None:
         """Nothing to do: the extender's binds already hold the devices in its cache."""
 
+    def resume(self, job: Job, alloc: Alloc) -> None:
+        """The job's member pods are created bound, holding their devices, as the watch shows running pods."""
+        self.jobs[job.id] = job
+        for member, (node, devices) in enumerate(alloc.members):
+            uid = f"{job.id}.{member}.{next(self._uids)}"
+            pod = member_pod(job, member, uid, self.resource, self.gang_tier)
+            pod["spec"]["nodeName"] = node
+            pod["metadata"]["annotations"][ANN_DEVICES] = ",".join(devices)
+            pod["status"] = {"phase": "Running"}
+            self.uid_of[(job.id, member)] = uid
+            self.member_of[uid] = (job.id, member)
+            self.api.create_pod(pod)
+            self.bound.setdefault(job.id, {})[member] = (node, tuple(devices))
+
     def stop(self, job: Job, alloc: Alloc, *, failed: bool) -> None:
         """The job ended (``failed``: a failure or preemption stopped it): its members' pods end (succeeded,
         then deleted) or are deleted."""
@@ -194,9 +225,6 @@ class ExtenderModel(TopoNodes):
                 continue
             spec = self.nodes[node]
             devices = len(self.topo[node].healthy_ids)
-            pods = on_node.get(node, [])
-            keep = [p for p in pods if p[0] >= job.priority]
-            lower = sorted((p for p in pods if p[0] < job.priority), key=lambda p: (-p[0], p[1]))
 
             def fits(kept: list[tuple[int, str, Job]], spec: NodeSpec = spec, devices: int = devices) -> bool:
                 return (
@@ -205,16 +233,11 @@ class ExtenderModel(TopoNodes):
                     and sum(j.memory_mib for _, _, j in kept) + job.memory_mib <= spec.memory_mib
                 )
 
-            if not lower or not fits(keep):
+            victims = dry_run_victims(on_node.get(node, []), lambda p: p[0], lambda p: p[1], job.priority, fits)
+            if victims is None:
                 continue
-            victims = []
-            for p in lower:  # the most important first: reprieved while the pod still fits
-                if fits([*keep, p]):
-                    keep.append(p)
-                else:
-                    victims.append(p[1])
-                    priority[p[1]] = p[0]
-            proposal[node] = victims
+            priority.update({uid: prio for prio, uid, _ in victims})
+            proposal[node] = [uid for _, uid, _ in victims]
         if not proposal:
             return
         for here in on_node.values():

@@ -87,6 +87,9 @@ class KubeletModel(TopoNodes):
         for node, devs in alloc.members:
             self.take_devices(node, devs, job)
 
+    def resume(self, job: Job, alloc: Alloc) -> None:
+        self.start(job, alloc)
+
     def stop(self, job: Job, alloc: Alloc, *, failed: bool) -> None:
         for node, devs in alloc.members:
             self.give_devices(node, devs, job)

@@ -109,6 +109,10 @@ class ShareModel:
         for name, devs in alloc.members:
             self.cluster.allocate_devices(self.index[name], task, [int(d) for d in devs])
 
+    def resume(self, job: Job, alloc: Alloc) -> None:
+        """Shares start from no snapshot: a snapshot's pods hold whole devices of topology nodes."""
+        raise ValueError(f"job {job.id!r}: share: policies cannot start from running pods (a snapshot)")
+
     def stop(self, job: Job, alloc: Alloc, *, failed: bool) -> None:
         task = task_of(job)
         for name, devs in alloc.members:

@@ -205,7 +205,8 @@ def jain_index(values: Sequence[float]) -> float:
 
 def summarise(result: TimeResult) -> TimeSummary:
     """The metrics of a time run."""
-    recs = [r for r in result.records if not r.rejected]
+    workload = [r for r in result.records if not r.resumed]  # not the pods running before the run began
+    recs = [r for r in workload if not r.rejected]
     started = [r for r in recs if r.starts]
     waits = [w for r in started if (w := r.wait) is not None]
     jcts = [x for r in recs if (x := r.jct) is not None]
@@ -233,7 +234,7 @@ def summarise(result: TimeResult) -> TimeSummary:
     )
     return TimeSummary(
         policy=result.policy,
-        jobs=len(result.records),
+        jobs=len(workload),
         completed=len(jcts),
         placed=len(started),
         valid_pct=100.0 * valid / len(judged) if judged else math.nan,
@@ -248,7 +249,7 @@ def summarise(result: TimeResult) -> TimeSummary:
         share_error=100.0 * err,
         gang_failures=result.gang_failures,
         requeues=sum(r.requeues for r in recs),
-        rejected=len(result.records) - len(recs),
+        rejected=len(workload) - len(recs),
         gangs_linked_pct=100.0 * sum(1 for x in crossing if x <= LEVEL_LINK) / len(crossing) if crossing else math.nan,
         gangs_tier1_pct=100.0 * sum(1 for x in crossing if x <= 2) / len(crossing)
         if crossing and result.tiers

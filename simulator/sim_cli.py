@@ -9,6 +9,7 @@ hybrid cube-mesh) in three link domains with ring, mesh and gang jobs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import hashlib
 import logging
@@ -20,8 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from scheduler.factory import ExtenderConfig
     from simulator.jobs import Job
     from simulator.report import Report
+    from simulator.snapstart import SnapStart
     from simulator.timebase import FailureRates
     from topology.gpushare import GpuNodeSpec, TaskRequest
 
@@ -126,7 +129,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
     )
     p.add_argument("--trace", metavar="FILE", help="generic job file, CSV or JSON (see docs/simulator.md)")
     p.add_argument(
-        "--jobs", type=_number(int, 1), default=1500, metavar="N", help="synthetic jobs in time mode (default 1500)"
+        "--snapshot",
+        metavar="FILE",
+        help="time mode from a live cluster's state (kubectl icl snapshot): its nodes, running pods ending by the "
+        "runtime model, its pending queue in order, its extender config; then --trace or --jobs arrivals",
+    )
+    p.add_argument(
+        "--default-runtime",
+        type=_number(float, 0.0, strict=True),
+        default=3600.0,
+        metavar="S",
+        help="--snapshot: seconds a pod runs when neither activeDeadlineSeconds nor the annotation "
+        "kube-icl.io/expected-runtime says (default 3600)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=_number(int, 1),
+        default=None,
+        metavar="N",
+        help="synthetic jobs in time mode (default 1500; with --snapshot none unless given)",
     )
     p.add_argument(
         "--tasks", type=_number(int, 1), default=2000, metavar="N", help="synthetic tasks in fill mode (default 2000)"
@@ -338,7 +359,7 @@ def _mode(args: argparse.Namespace) -> str:
     if args.mode is not None:
         return str(args.mode)
     fill_inputs = bool(args.nodes or args.pods)
-    time_inputs = bool(args.trace or args.cluster)
+    time_inputs = bool(args.trace or args.cluster or args.snapshot)
     if fill_inputs and not time_inputs:
         return "fill"
     if time_inputs and not fill_inputs:
@@ -357,6 +378,10 @@ def _check_inputs(args: argparse.Namespace, mode: str) -> None:
             f"--pods {args.pods}: give the cluster to run it on: --nodes CSV (an openb node list, e.g. "
             "openb_node_list_gpu_node.csv, the trace's own cluster) or --cluster YAML"
         )
+    if args.snapshot and (args.nodes or args.cluster or args.pods):
+        raise UsageError("--snapshot gives the cluster and its pods; drop --nodes, --cluster and --pods")
+    if args.snapshot and mode != "time":
+        raise UsageError("--snapshot starts time mode; drop --mode fill/both")
     if args.policies and mode == "both":
         raise UsageError("--policies: fill and time mode have different policies; add --mode fill or --mode time")
 
@@ -495,6 +520,37 @@ def _run_fill(args: argparse.Namespace, report: Report) -> None:
             bar(k, total)
 
 
+def _snapshot(args: argparse.Namespace) -> SnapStart:
+    """Time mode's start from ``--snapshot``: a file that is not a snapshot is a :class:`UsageError`
+    naming the file and what is wrong."""
+    from scheduler.factory import SnapshotError, load_snapshot
+    from simulator.snapstart import from_snapshot
+
+    try:
+        text = Path(args.snapshot).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--snapshot: {exc}") from None
+    try:
+        return from_snapshot(load_snapshot(text, args.snapshot), default_runtime=args.default_runtime)
+    except SnapshotError as exc:
+        raise UsageError(f"--snapshot: {exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"--snapshot {args.snapshot}: {exc}") from None
+
+
+def _snapshot_config(start: SnapStart, weights: dict[str, float] | None) -> ExtenderConfig:
+    """The snapshot's extender config, with ``--weights`` over its queues' weights (their quotas kept)."""
+    from scheduler.factory import QueueConfig
+
+    cfg = start.config
+    if not weights:
+        return cfg
+    queues = dict(cfg.queues)
+    for name, w in weights.items():
+        queues[name] = QueueConfig(name, w, queues[name].quota if name in queues else None)
+    return dataclasses.replace(cfg, queues=queues)
+
+
 def _run_time(args: argparse.Namespace, report: Report) -> None:
     from simulator.clusterspec import ClusterSpec, builtin_cluster, load_cluster
     from simulator.jobs import read_jobs, synthetic_jobs, unknown_name
@@ -504,7 +560,11 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
     from topology import TopologyError
 
     cluster: ClusterSpec | list[GpuNodeSpec]
-    if args.nodes:
+    start = _snapshot(args) if args.snapshot else None
+    if start is not None:
+        cluster = start.spec
+        where = f"{Path(args.snapshot).name}: {cluster.describe()}"
+    elif args.nodes:
         from simulator.openb import read_nodes
 
         cluster = read_nodes(args.nodes)
@@ -524,9 +584,21 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
     elif args.trace:
         jobs = read_jobs(args.trace)
         what = Path(args.trace).name
-    else:
-        jobs = synthetic_jobs(args.jobs, args.seed, mean_interarrival=args.interarrival)
+    elif start is None or args.jobs:
+        jobs = synthetic_jobs(args.jobs or 1500, args.seed, mean_interarrival=args.interarrival)
         what = f"{len(jobs)} synthetic jobs (ring, mesh, any; gangs of 2 and 4; no --trace or --pods)"
+    else:
+        jobs, what = [], "no arrivals (no --trace or --jobs)"
+    if start is not None:
+        from simulator.snapstart import QUEUE_GAP_S
+
+        # the arrivals come after the pending queue: their clock starts when its last pod arrived
+        after = start.last_submit + QUEUE_GAP_S
+        jobs = [*start.pending, *(dataclasses.replace(j, submit=j.submit + after) for j in jobs)]
+        what = (
+            f"{len(start.running)} pods running (ending by the runtime model), {len(start.pending)} pending in "
+            f"queue order, then {what}" + "".join(f"; {note}" for note in start.notes)
+        )
     if args.elastic:
         from simulator.jobs import make_elastic
 
@@ -536,15 +608,21 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
         jobs = make_elastic(jobs, args.elastic, args.seed)
         what += f"; {sum(1 for j in jobs if j.elastic)} of {gangs} gangs made elastic (--elastic {args.elastic:g})"
     share_default = [p for p in SHARE_POLICIES if p != "share:spread"]
-    if isinstance(cluster, ClusterSpec):
+    if start is not None:
+        why = " (a snapshot's pods hold whole devices on topology nodes)"
+        names = _policy_names(args, TOPOLOGY_POLICIES, TOPOLOGY_POLICIES, why)
+    elif isinstance(cluster, ClusterSpec):
         default = share_default if args.pods else list(TOPOLOGY_POLICIES)
         names = _policy_names(args, TIME_POLICIES, default)
     else:
         names = _policy_names(args, SHARE_POLICIES, share_default, " (--nodes has no node topologies)")
-    builtin = not args.cluster and not args.trace and not args.pods and not args.nodes
+    builtin = not args.cluster and not args.trace and not args.pods and not args.nodes and not args.snapshot
     failures = _failures(args.failures, args.repair, builtin)
     weights = _weights(args.weights) if args.weights else None
-    queues = sorted({j.queue for j in jobs})
+    queues = sorted(
+        {j.queue for j in jobs}
+        | ({j.queue for j, _ in start.running} | set(start.config.queues) if start is not None else set())
+    )
     for q in weights or {}:
         if q not in queues:
             raise UsageError(f"--weights: {unknown_name('queue', q, queues)} (the workload's queues)")
@@ -587,6 +665,8 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
             progress=bar,
             gang_tier=args.gang_tier if name in TOPOLOGY_POLICIES else None,
             network=network if name in TOPOLOGY_POLICIES else None,
+            running=start.running if start is not None else (),
+            config=_snapshot_config(start, weights) if start is not None else None,
         )
         report.time_results[name] = res
         report.time_summaries[name] = summarise(res)

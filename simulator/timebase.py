@@ -127,6 +127,11 @@ class ClusterModel(Protocol):
         """``job`` runs on ``alloc`` (the placement :meth:`place` just returned)."""
         ...
 
+    def resume(self, job: Job, alloc: Alloc) -> None:
+        """``job`` already runs on ``alloc`` when the run begins (a snapshot's running pod, placed by no
+        decision of the run); it stops as any other. :class:`ValueError` where the model cannot hold it."""
+        ...
+
     def stop(self, job: Job, alloc: Alloc, *, failed: bool) -> None:
         """``job`` stops running on ``alloc``: it finished, or (``failed``) a failure or preemption ended it."""
         ...

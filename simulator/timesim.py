@@ -48,9 +48,10 @@ import itertools
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scheduler.factory import ExtenderConfig
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.jobs import Job
 from simulator.model_extender import ExtenderModel
@@ -85,6 +86,8 @@ class JobRecord:
     """The network model's communication share of the (last) run's time; None without a model or a gang."""
     requeues: int = 0
     rejected: str = ""
+    resumed: bool = False
+    """Already running when the run began (a snapshot's running pod): not a job of the workload."""
     elastic: bool = False  # ran as an elastic gang
     grows: int = 0
     shrinks: int = 0
@@ -140,6 +143,9 @@ def run_time(
     gang_tier: str | None = None,
     network: NetworkModel | None = None,
     record: bool = False,
+    running: Sequence[tuple[Job, Alloc]] = (),
+    config: ExtenderConfig | None = None,
+    until_started: Collection[str] = (),
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -154,6 +160,10 @@ def run_time(
     An elastic gang stalls ``resize_s`` after each grow or shrink (see the module doc).
     ``gang_tier`` (a level of ``spec.view``: ``link-domain``, a tier key, ...) is the highest level every
     gang may cross; ``network`` charges each gang the all-reduce cost of the tiers it crosses.
+    ``running`` are jobs already running at time 0 where they run (a snapshot's running pods,
+    ``simulator.snapstart``), each ending ``duration`` later; ``config`` is the extender's config for the
+    ``icl`` policies (a live cluster's), with the run's policy. With ``until_started`` (job ids) the run
+    stops once each of them has started or is rejected (``kubectl icl whatif`` asks no more).
     """
     if resize_s < 0:
         raise ValueError(f"resize_s: must be >= 0, got {resize_s}")
@@ -178,12 +188,12 @@ def run_time(
             if pol is PolicyName.KUBELET:
                 c = KubeletModel(spec, gang_tier)
             else:
-                c = extender = ExtenderModel(spec, pol, gang_tier, weights, record=record)
+                c = extender = ExtenderModel(spec, pol, gang_tier, weights, record=record, config=config)
         except TopologyError as exc:
             raise ValueError(f"gang_tier: {exc}") from None
         label = pol.value
-    run = TimeRun(c, label, jobs, seed, failures, weights, backfill, invalid_slowdown, resize_s, network)
-    result = run.run(progress)
+    run = TimeRun(c, label, jobs, seed, failures, weights, backfill, invalid_slowdown, resize_s, network, running)
+    result = run.run(progress, until_started)
     if extender is not None:
         result.log = extender.log
     return result
@@ -206,6 +216,7 @@ class TimeRun:
         invalid_slowdown: float,
         resize_s: float,
         network: NetworkModel | None,
+        running: Sequence[tuple[Job, Alloc]] = (),
     ) -> None:
         self.c = c
         self.backfill = backfill
@@ -214,13 +225,14 @@ class TimeRun:
         self.network = network
         self.failure_rates = failures
         self.rng = random.Random(seed)
-        self.records = {j.id: JobRecord(j) for j in jobs}
-        if len(self.records) != len(jobs):
+        everyone = [*(j for j, _ in running), *jobs]
+        self.records = {j.id: JobRecord(j) for j in everyone}
+        if len(self.records) != len(everyone):
             raise ValueError("jobs: ids must be unique")
         for j in jobs:
             self.records[j.id].rejected = c.precheck(j)
         qweights = dict(weights or {})
-        for j in jobs:
+        for j in everyone:
             qweights.setdefault(j.queue, 1.0)
         bad = {q: w for q, w in qweights.items() if not w > 0}
         if bad:
@@ -248,6 +260,8 @@ class TimeRun:
             if not self.records[j.id].rejected:
                 heapq.heappush(self.events, (j.submit, next(self.seq), "arrive", j.id, 0))
         self.last_submit = max((j.submit for j in jobs), default=0.0)
+        for job, alloc in running:
+            self.already_running(job, alloc)
         self.items = c.failure_items(failures) if failures.any else []
         for idx, (_, _, _, rate) in enumerate(self.items):
             heapq.heappush(self.events, (self.rng.expovariate(rate / 3600.0), next(self.seq), "fail", str(idx), 0))
@@ -258,11 +272,17 @@ class TimeRun:
 
     # ---------------------------------------------------------------- the loop
 
-    def run(self, progress: Callable[[int, int], None] | None = None) -> TimeResult:
-        """Every event batch in time order, until the workload is done; the result."""
+    def run(
+        self, progress: Callable[[int, int], None] | None = None, until_started: Collection[str] = ()
+    ) -> TimeResult:
+        """Every event batch in time order, until the workload is done (or each job of ``until_started`` has
+        started or is rejected); the result."""
+        watched = [self.records[j] for j in until_started]
         start = time.perf_counter()
         now = 0.0
         events = self.events
+        if self.running:  # jobs running from the start (a snapshot's): the first sample is theirs
+            self.sample(0.0)
         while events:
             t = events[0][0]
             if not self.running and not any(self.queues.values()) and self.done >= self.total_jobs:
@@ -285,6 +305,8 @@ class TimeRun:
             if self.elastic:
                 self.grow(t)
             self.sample(t)
+            if watched and all(r.starts or r.rejected for r in watched):
+                break
         self.result.horizon = now
         self.result.seconds = time.perf_counter() - start
         self.result.busy_device_seconds = {q: v / 1000.0 for q, v in self.busy_s.items()}
@@ -413,6 +435,20 @@ class TimeRun:
             if jid in self.elastic:
                 self.advance(jid, t)
             self.stop_job(jid, failed=True, t=t, preempted=True)
+
+    def already_running(self, job: Job, alloc: Alloc) -> None:
+        """``job`` runs on ``alloc`` from time 0, placed before the run (rigid: it ends ``duration`` later)."""
+        jid = job.id
+        self.c.resume(job, alloc)
+        self.running[jid] = alloc
+        self.held[jid] = _member_milli(job) * len(alloc.members)
+        self.in_use[job.queue] += self.held[jid]
+        rec = self.records[jid]
+        rec.starts.append(0.0)
+        rec.resumed = True
+        self.elastic.discard(jid)
+        self.judge(jid)
+        heapq.heappush(self.events, (job.duration, next(self.seq), "finish", jid, 0))
 
     def start(self, jid: str, placed: Placed, t: float) -> None:
         job = self.records[jid].job

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kubectlicl import cli, cluster
+from kubectlicl.cluster import EXTENDER_SELECTOR
 from kubectlicl.render import why_doc, why_text
 from kubectlicl.state import read_state
 from kubectlicl.why import explain
-from scheduler.config import ExtenderConfig
+from scheduler.config import ExtenderConfig, parse_config
 from tests.support.extender import node_obj, pod_obj
+from tests.support.kubectl import ListedCluster
 
 
 def _held(name: str, node: str, devices: str) -> dict[str, object]:
@@ -64,3 +74,83 @@ def test_what_frees_a_shape_is_what_preemption_would_take_the_lower_priority_pod
     answer = explain(read_state(ExtenderConfig(fair_share=False), nodes, [high, low, waiting], now=0.0), waiting)
     assert answer.fits == ()
     assert answer.freeing is not None and (answer.freeing.pods, answer.freeing.devices) == (("default/low",), 4)
+
+
+def _configmap(labels: dict[str, str], queues: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "kube-icl-extender", "namespace": "kube-icl", "labels": labels},
+        "data": {"extender.yaml": yaml.safe_dump({"queues": queues})},
+    }
+
+
+def _quota_case() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Queue research holds 4 devices; its next pod asks 2 more: within no quota, over a quota of 4."""
+    research = {"kube-icl.io/queue": "research"}
+    nodes = [node_obj("a", "ring:8")]
+    held = pod_obj(
+        "r1", 4, "any", node="a", annotations={**research, "kube-icl.io/devices": "0,1,2,3"}, phase="Running"
+    )
+    return nodes, [held, pod_obj("r2", 2, "ring", annotations=research)]
+
+
+def test_why_warns_when_the_extenders_configmap_is_missing_and_quotas_are_not_known(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = _quota_case()
+    monkeypatch.setattr(cluster, "Reader", ListedCluster(nodes, pods))
+    assert cli.main(["why", "r2"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: extender config not found (no ConfigMap labelled {EXTENDER_SELECTOR}); using flags" in err
+
+
+def test_why_warns_when_a_hand_made_configmap_lacks_the_part_of_label(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = _quota_case()
+    hand_made = _configmap({"app.kubernetes.io/component": "extender"}, {"research": {"weight": 1, "quota": 4}})
+    monkeypatch.setattr(cluster, "Reader", ListedCluster(nodes, pods, [hand_made]))
+    assert cli.main(["why", "r2", "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert "warning: extender config not found" in captured.err
+    assert json.loads(captured.out)["fits"] == ["a"], "without the config no quota is known: it fits"
+
+
+def test_why_takes_quotas_from_the_queue_flags_when_the_config_cannot_be_read(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = _quota_case()
+    monkeypatch.setattr(cluster, "Reader", ListedCluster(nodes, pods))
+    assert cli.main(["why", "r2", "--queue", "research=2:4", "--default-queue-weight", "3", "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fits"] == []
+    (refused,) = doc["refused"]
+    assert refused["nodes"] == ["a"] and "queue 'research' is at its quota: 4 of 4 devices" in refused["reason"]
+
+
+def test_why_reads_quotas_from_the_charts_configmap(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nodes, pods = _quota_case()
+    labels = dict(kv.split("=") for kv in EXTENDER_SELECTOR.split(","))
+    chart = _configmap(labels, {"research": {"weight": 1, "quota": 4}})
+    monkeypatch.setattr(cluster, "Reader", ListedCluster(nodes, pods, [chart]))
+    assert cli.main(["why", "r2", "-o", "json"]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err
+    assert "at its quota" in json.loads(captured.out)["refused"][0]["reason"]
+
+
+def test_the_queue_flags_are_one_parser_for_every_command_that_takes_them() -> None:
+    parser = cli.build_parser()
+    for command in (["queues"], ["why", "p"]):
+        args = parser.parse_args([*command, "--queue", "a=2:8", "--queue", "b=0.5", "--default-queue-weight", "2"])
+        assert args.queue == [("a", 2.0, 8), ("b", 0.5, None)] and args.default_queue_weight == 2.0
+        cfg = parse_config(cli._fallback_config(args))
+        assert cfg.queue("a").quota == 8 and cfg.queue("b").weight == 0.5 and cfg.queue("c").weight == 2.0
+
+
+def test_the_deploy_guide_names_every_label_the_tool_selects_the_extenders_configmap_by() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "deploy.md").read_text()
+    section = text[text.index("### `kubectl icl`") : text.index("### Dashboard and alerts")]
+    for label in EXTENDER_SELECTOR.split(","):
+        assert f"`{label}`" in section, f"docs/deploy.md, Operating kube-icl: the label {label} is not named"

@@ -27,6 +27,7 @@ from typing import Any
 __all__ = [
     "ANN_DEVICES",
     "ANN_DEVICE_MILLI",
+    "ANN_EXPECTED_RUNTIME",
     "ANN_GANG",
     "ANN_GANG_LAYOUT",
     "ANN_GANG_MAX",
@@ -60,6 +61,7 @@ __all__ = [
     "memory_mib",
     "parse_device_milli",
     "parse_devices",
+    "parse_expected_runtime",
     "parse_gang_layout",
     "parse_replica",
     "pod_requests",
@@ -90,6 +92,9 @@ ANN_DEVICE_MILLI = "kube-icl.io/device-milli"  # written by the extender's bind 
 ENV_DEVICE_FRACTION = "ICL_DEVICE_FRACTION"  # container env: the share, e.g. "0.250"
 ENV_DEVICE_MILLI = "ICL_DEVICE_MILLI"  # container env: the share in milli-devices, e.g. "250"
 ENV_MPS_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # honoured only where an MPS daemon runs
+# how long a pod is expected to run, in seconds, for the tools that look ahead (`kubectl icl whatif`, `icl sim
+# --snapshot`); the extender never reads it
+ANN_EXPECTED_RUNTIME = "kube-icl.io/expected-runtime"
 LABEL_LINK_DOMAIN = "kube-icl.io/link-domain"
 LABEL_LINK_COORDS = "kube-icl.io/link-coords"
 LABEL_LINK_DOMAIN_KIND = "kube-icl.io/link-domain-kind"  # optional: ring | mesh | torus
@@ -118,6 +123,25 @@ _SUFFIX = {
 
 class ContractError(ValueError):
     """A value on a Kubernetes object that breaks kube-icl's contract (names the field and the value)."""
+
+
+def parse_expected_runtime(value: str) -> float:
+    """``kube-icl.io/expected-runtime``: seconds the pod is expected to run, a positive number.
+
+    >>> parse_expected_runtime("5400")
+    5400.0
+    >>> parse_expected_runtime("1h")
+    Traceback (most recent call last):
+    ...
+    topology.contract.ContractError: annotation kube-icl.io/expected-runtime: '1h' is not a positive number of seconds
+    """
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ContractError(f"annotation {ANN_EXPECTED_RUNTIME}: {value!r} is not a positive number of seconds")
+    return seconds
 
 
 def parse_devices(value: str) -> tuple[str, ...]:

@@ -316,3 +316,88 @@ def test_why_answers_for_a_waiting_pod_as_the_running_extender_does(fleet: Fleet
     assert text.startswith(f"pod {fleet.namespace}/huge: 16 x ring") and "no set of up to 4 running pods" in text
     missing = fleet.icl("why", "nobody", "-n", fleet.namespace, check=False)
     assert missing.returncode == 1 and missing.stderr.startswith('error: pods "nobody" not found')
+
+
+def test_whatif_now_is_what_kube_scheduler_and_the_extender_then_do(fleet: Fleet, tmp_path: Path) -> None:
+    """``kubectl icl whatif -f`` for a pod, then the same pod created for real: the real kube-scheduler with the
+    running extender binds it to the node and chips whatif named; and whatif wrote nothing."""
+    import yaml
+
+    body = pod_body("next", 4, "any", selector=node_labels(fleet.label))
+    spec = tmp_path / "next.yaml"
+    spec.write_text(yaml.safe_dump(body))
+    before = sorted(_pods(fleet.plane, fleet.namespace))
+    doc = fleet.doc("whatif", "-f", str(spec), "-n", fleet.namespace, "--extender-config", fleet.configmap)
+    (item,) = doc["items"]
+    assert item["pod"] == f"{fleet.namespace}/next" and item["now"]["placed"], item
+    assert item["when"]["earliestStartSeconds"] == {"low": 0.0, "high": 0.0}, "it fits now: it starts now"
+    assert sorted(_pods(fleet.plane, fleet.namespace)) == before, "whatif created nothing"
+    try:
+        create_pods(fleet.plane, fleet.namespace, [body], workers=1)
+        bound = wait_bound(fleet.plane, fleet.namespace, ["next"])["next"]
+        assert (bound.node, list(bound.devices or ())) == (item["now"]["node"], item["now"]["devices"])
+    finally:
+        with contextlib.suppress(Exception):
+            fleet.plane.core.delete_namespaced_pod("next", fleet.namespace, grace_period_seconds=0)
+
+
+def test_a_snapshot_of_the_live_cluster_reads_back_as_the_extender_holds_it(fleet: Fleet, tmp_path: Path) -> None:
+    """``kubectl icl snapshot`` of the real cluster, read back into the extender's cache: every chip of the
+    fleet's nodes in the state ``kubectl icl nodes`` shows; and ``icl sim --snapshot`` replays it."""
+    from kubectlicl import views
+    from kubectlicl.snapshot import state_of
+    from scheduler.snapshot import load_snapshot
+
+    out = tmp_path / "snap.yaml"
+    fleet.icl("snapshot", "--extender-config", fleet.configmap, "--out", str(out))
+    snap = load_snapshot(out.read_text(), str(out))
+    assert snap.source == f"configmap {fleet.configmap}"
+    chips = {
+        n.name: [(c.id, c.state, list(c.pods)) for c in n.chips]
+        for n in views.node_summaries(state_of(snap), shapes=False)
+        if n.name in fleet.names
+    }
+    live = fleet.doc("nodes", "-l", f"kube-icl.io/e2e={fleet.label}", "--extender-config", fleet.configmap)
+    assert chips == {i["name"]: [(d["id"], d["state"], d["pods"]) for d in i["devices"]] for i in live["items"]}
+    icl = Path(_script()).with_name("icl")
+    sim = subprocess.run(
+        [str(icl), "sim", "--snapshot", str(out), "--policies", "icl", "--no-plots", "--out", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert sim.returncode == 0, sim.stderr
+    assert "pending in queue order" in " ".join(sim.stdout.split())
+
+
+def test_whatif_names_the_victims_kube_scheduler_then_preempts_through_the_extender(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A pod of a higher PriorityClass that fits only by evicting a lower one: whatif names the victim and
+    the chips the pod then takes; created for real, kube-scheduler preempts that pod through the extender's
+    preempt verb and binds the new one there."""
+    import yaml
+
+    from .inprocess import ensure_priority_classes
+
+    plane, ring_node = fleet.plane, fleet.names[2]  # a ring of 8, chip 7 unhealthy: 7 usable
+    ensure_priority_classes(plane, {"kicl-whatif-high": 1000})
+    here = {**node_labels(fleet.label), "kubernetes.io/hostname": ring_node}
+    filler = pod_body("filler", 4, "any", selector=here)
+    urgent = pod_body("urgent", 6, "any", selector=here)
+    urgent["spec"]["priorityClassName"] = "kicl-whatif-high"
+    try:
+        create_pods(plane, fleet.namespace, [filler], workers=1)
+        assert wait_bound(plane, fleet.namespace, ["filler"])["filler"].node == ring_node
+        spec = tmp_path / "urgent.yaml"
+        spec.write_text(yaml.safe_dump(urgent))
+        doc = fleet.doc("whatif", "-f", str(spec), "-n", fleet.namespace, "--extender-config", fleet.configmap)
+        (now,) = [item["now"] for item in doc["items"]]
+        assert now["preempts"] == {"node": ring_node, "pods": [f"{fleet.namespace}/filler"]}, now
+        assert now["afterPreemption"] and now["node"] == ring_node and len(now["devices"]) == 6
+        create_pods(plane, fleet.namespace, [urgent], workers=1)
+        bound = wait_bound(plane, fleet.namespace, ["urgent"])["urgent"]
+        assert (bound.node, list(bound.devices or ())) == (now["node"], now["devices"])
+        assert "filler" not in _pods(plane, fleet.namespace), "the victim whatif named is the one preempted"
+    finally:
+        for name in ("urgent", "filler"):
+            with contextlib.suppress(Exception):
+                plane.core.delete_namespaced_pod(name, fleet.namespace, grace_period_seconds=0)

@@ -1,0 +1,351 @@
+"""``kubectl icl whatif -f FILE``: what the extender would do with these pods if they were submitted now, and
+when they would start. Nothing is written to the cluster.
+
+*Now*: the cluster as ``why`` reads it (:func:`kubectlicl.state.read_state`: the extender's own cache, gang
+book and cycle, built by its factory, in this process) with the new pods added, pending, to an API server
+in memory (:class:`simulator.extcluster.LocalAPI`: its writes go back into that cache, never to the
+cluster). Each new pod, as kube-scheduler's queue takes them (the highest priority first, then the file's
+order), goes through kube-scheduler's part as time mode plays it (:func:`simulator.extcluster.schedule_pod`:
+the extender's filter over the nodes the pod's nodeSelector passes, its prioritize, its bind), so a gang's
+members and several pods see each other's placements. A pod placed says its node and devices. One not
+placed says the extender's reasons per node (as ``why``) and the running pods whose end would free its
+shape; where kube-scheduler's preemption finds victims through the extender's preempt verb
+(:func:`simulator.extcluster.preempt_pod`; kube-scheduler's dry run counts devices only, not CPU or memory),
+they are evicted here, in memory, and the pod tried again: it says the victims and where it then goes.
+
+*When*: time mode replays the same state (:mod:`simulator.snapstart`): the running pods end by the runtime
+model (``activeDeadlineSeconds``, the annotation ``kube-icl.io/expected-runtime``, else the default), the
+pending pods keep kube-scheduler's queue order, the new pods come last, the extender's config and policy
+decide. It is replayed three times, every stated runtime multiplied by ``1 - spread``, 1 and ``1 + spread``
+(a deadline is an upper bound: never stretched), and the earliest start is the range of the three answers,
+not a confidence interval: the model knows no more than the runtimes it is told.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from scheduler.cache import ClusterCache
+from scheduler.config import ExtenderConfig
+from scheduler.podspec import PodInfo, PodSpecError, pod_info
+from scheduler.snapshot import Snapshot, stamp
+from simulator.extcluster import LocalAPI, dry_run_victims, preempt_pod, schedule_pod
+from simulator.snapstart import DEFAULT_RUNTIME_S, from_snapshot
+from simulator.timesim import run_time
+
+from .state import State, read_state
+from .why import Why, asks, explain, selected_nodes
+
+__all__ = ["KINDS", "Decided", "Now", "WhatIfError", "When", "decide_now", "estimate_when", "read_pods"]
+
+KINDS = ("Pod", "Job", "List")
+JOB_INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+class WhatIfError(ValueError):
+    """The file cannot be read as pods; the message names the file, the document and the field."""
+
+
+def _count(spec: Mapping[str, Any], field: str, where: str, default: int) -> int:
+    value = spec.get(field, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise WhatIfError(f"{where}: spec.{field}: expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _job_pods(job: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
+    """The pods a Job's controller creates at once: ``parallelism`` of them (at most ``completions``),
+    named ``<job>-<index>``, an Indexed Job's carrying their completion index."""
+    spec = job.get("spec") or {}
+    template = spec.get("template")
+    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+        raise WhatIfError(f"{where}: spec.template: a Job needs a pod template with a spec")
+    name = str((job.get("metadata") or {}).get("name") or "")
+    parallelism = _count(spec, "parallelism", where, 1)
+    completions = spec.get("completions")
+    many = parallelism if completions is None else min(parallelism, _count(spec, "completions", where, 1))
+    indexed = spec.get("completionMode") == "Indexed"
+    tmeta = template.get("metadata") or {}
+    pods = []
+    for i in range(many):
+        labels = {**(tmeta.get("labels") or {}), "job-name": name, "batch.kubernetes.io/job-name": name}
+        annotations = dict(tmeta.get("annotations") or {})
+        if indexed:
+            labels[JOB_INDEX] = annotations[JOB_INDEX] = str(i)
+        meta = {"name": f"{name}-{i}", "labels": labels, "annotations": annotations}
+        namespace = (job.get("metadata") or {}).get("namespace")
+        if namespace:
+            meta["namespace"] = namespace
+        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": dict(template["spec"])})
+    return pods
+
+
+def _objects(doc: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(doc, dict):
+        raise WhatIfError(f"{where}: expected a Kubernetes object (a mapping), got {type(doc).__name__}")
+    kind = doc.get("kind")
+    if kind == "List":
+        items = doc.get("items")
+        if not isinstance(items, list):
+            raise WhatIfError(f"{where}: items: expected a list")
+        return [pod for i, item in enumerate(items) for pod in _objects(item, f"{where}: items[{i}]")]
+    if kind not in KINDS:
+        raise WhatIfError(f"{where}: kind {kind!r}: allowed kinds are {', '.join(KINDS)}")
+    if not (doc.get("metadata") or {}).get("name"):
+        raise WhatIfError(f"{where}: {kind} without metadata.name")
+    if kind == "Job":
+        return _job_pods(doc, where)
+    if (doc.get("spec") or {}).get("nodeName"):
+        raise WhatIfError(f"{where}: spec.nodeName is set: whatif asks where the scheduler would put the pod")
+    return [dict(doc)]
+
+
+def _priority(pod: dict[str, Any], key: str, where: str, classes: Sequence[Mapping[str, Any]]) -> None:
+    """``spec.priority`` as the API server's Priority admission sets it: from the PriorityClass the pod
+    names (unknown: refused, as the API server refuses it), else from the global default one, else 0."""
+    spec = pod["spec"]
+    if spec.get("priority") is not None:
+        return
+    values = {str((c.get("metadata") or {}).get("name")): c for c in classes}
+    name = spec.get("priorityClassName")
+    if name:
+        found = values.get(str(name))
+        if found is None:
+            raise WhatIfError(f"{where}: pod {key}: spec.priorityClassName {name!r}: no such PriorityClass")
+    else:
+        found = next((c for c in classes if c.get("globalDefault")), None)
+        if found is not None:
+            spec["priorityClassName"] = (found.get("metadata") or {}).get("name")
+    spec["priority"] = int((found or {}).get("value") or 0)
+
+
+def read_pods(
+    text: str, where: str, namespace: str, now: float, classes: Sequence[Mapping[str, Any]] = ()
+) -> list[dict[str, Any]]:
+    """The pods the documents in ``text`` would create, pending, in ``namespace`` unless they name one, with
+    the priority their PriorityClass among ``classes`` gives them; each read by the extender's own pod
+    reader. :class:`WhatIfError` naming ``where``, the document and what is wrong otherwise."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise WhatIfError(f"{where}: not YAML or JSON: {' '.join(str(exc).split())}") from None
+    pods: list[dict[str, Any]] = []
+    for k, doc in enumerate(docs):
+        pods += _objects(doc, f"{where}: document {k + 1}")
+    if not pods:
+        raise WhatIfError(f"{where}: no Pod or Job in it")
+    created = stamp(now)
+    seen: set[str] = set()
+    for i, pod in enumerate(pods):
+        meta = pod.setdefault("metadata", {})
+        meta.setdefault("namespace", namespace)
+        meta.update(uid=f"whatif-{i}", creationTimestamp=created)
+        pod.setdefault("spec", {})
+        pod["status"] = {"phase": "Pending"}
+        key = f"{meta['namespace']}/{meta['name']}"
+        if key in seen:
+            raise WhatIfError(f"{where}: pod {key} is given twice")
+        seen.add(key)
+        _priority(pod, key, where, classes)
+        try:
+            pod_info(pod, "kube-icl.io/accelerator")  # the contract's checks; the resource name is the caller's
+        except PodSpecError as exc:
+            raise WhatIfError(f"{where}: pod {key}: {exc}") from None
+    return pods
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    """The extender's answer for one new pod now."""
+
+    pod: str  # namespace/name
+    asks: str  # what it asks, in words
+    node: str  # where it is placed ("" when it is not)
+    devices: tuple[str, ...]
+    why: Why | None  # when not placed: the extender's reasons, and what frees its shape
+    victims: tuple[str, ...] = ()  # the pods preemption evicts for it (namespace/name); it is then placed
+    victims_node: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What :func:`decide_now` found: an answer per new pod (in the file's order), the warnings of reading the
+    cluster, and the cluster as the extender's cache holds it after (the new pods placed, the victims gone)."""
+
+    answers: list[Now]
+    warnings: tuple[str, ...]
+    after: State
+
+
+@dataclass(frozen=True, slots=True)
+class When:
+    """The earliest start time mode finds for one new pod, in seconds from now, per runtime scale."""
+
+    pod: str
+    starts: tuple[tuple[float, float | None], ...]  # (runtime scale, start; None: not within the replay)
+    never: str = ""  # why no node could ever run it (time mode's precheck)
+    # the running pods by where their runtime came from (deadline, annotation, default): how much is known
+    runtimes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def low(self) -> float | None:
+        known = [s for _, s in self.starts if s is not None]
+        return min(known) if known else None
+
+    @property
+    def high(self) -> float | None:
+        known = [s for _, s in self.starts if s is not None]
+        return max(known) if known and len(known) == len(self.starts) else None
+
+
+def _key(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _without_leader(cfg: ExtenderConfig) -> ExtenderConfig:
+    """The config with no leader election: this process answers alone, and writes nothing."""
+    return dataclasses.replace(cfg, leader_election=dataclasses.replace(cfg.leader_election, enabled=False))
+
+
+def _proposal(
+    state: State, pod: Mapping[str, Any], names: Sequence[str]
+) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """kube-scheduler's preemption dry run, by device counts: per node, without the holders of lower
+    priority, does the pod's count fit the node's healthy devices; then the more important of them are
+    reprieved while it still fits (:func:`simulator.extcluster.dry_run_victims`). (node -> victim uids,
+    uid -> priority)."""
+    cfg = state.config
+    info = pod_info(pod, cfg.resource_name, cfg.shared_resource_name)
+    proposal: dict[str, list[str]] = {}
+    priority: dict[str, int] = {}
+    if not info.count:
+        return proposal, priority
+    views = state.cache.nodes.usable_views(list(names))
+    for node, view in sorted(views.items()):
+        holders = state.cache.pods.holding_on(node)
+        priority.update({p.uid: p.priority for p in holders})
+        devices = len(view.topology.healthy_ids)
+
+        def fits(kept: Sequence[PodInfo], devices: int = devices) -> bool:
+            return sum(p.count for p in kept) + info.count <= devices
+
+        victims = dry_run_victims(holders, lambda p: p.priority, lambda p: p.uid, info.priority, fits)
+        if victims is not None:
+            proposal[node] = [p.uid for p in victims]
+    return proposal, priority
+
+
+def decide_now(
+    cfg: ExtenderConfig,
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    leases: Sequence[Mapping[str, Any]],
+    new: Sequence[Mapping[str, Any]],
+    *,
+    now: float,
+) -> Decided:
+    """The extender's answer for each of ``new``, in order, over the cluster of ``nodes``, ``pods`` and the
+    gang records among ``leases``, the warnings of reading them, and the cluster after; nothing leaves this
+    process."""
+    apis: list[LocalAPI] = []
+
+    def api_for(cache: ClusterCache) -> LocalAPI:
+        apis.append(LocalAPI(cache))
+        return apis[-1]
+
+    state = read_state(_without_leader(cfg), nodes, pods, leases, now=now, api_for=api_for)
+    (api,) = apis
+    # the API in memory holds the pods listed too: the extender reads a victim again before it names it
+    for listed in pods:
+        meta = listed.get("metadata") or {}
+        api.pods[(str(meta.get("namespace")), str(meta.get("name")))] = dict(listed)
+    for pod in new:
+        api.create_pod(dict(pod))
+    keys = {**state.keys, **{p["metadata"]["uid"]: _key(p) for p in new}}
+    by_uid = {v["metadata"].get("uid"): v["metadata"] for v in api.pods.values()}
+    out: list[Now] = []
+    for pod in _queue_order(new):
+        meta = pod["metadata"]
+        current = api.get_pod(meta["namespace"], meta["name"])
+        assert current is not None, "internal error: a new pod is gone from the API in memory"
+        names, _unselected = selected_nodes(state.nodes, current)
+        what = asks(pod_info(current, state.config.resource_name, state.config.shared_resource_name))
+        attempt = schedule_pod(state.extender, api, current, names)
+        if attempt.found is not None:
+            out.append(Now(_key(current), what, attempt.found[0], attempt.found[1], None))
+            continue
+        why = explain(state, current)
+        proposal, priority = _proposal(state, current, [n for n in names if n not in attempt.unresolvable])
+        chosen = preempt_pod(state.extender, api, current, proposal, priority) if proposal else None
+        if chosen is None:
+            out.append(Now(_key(current), what, "", (), why))
+            continue
+        # the victims go (here, in memory), and the pod is tried again, as kube-scheduler's next attempt
+        for uid in chosen[1]:
+            victim = by_uid[uid]
+            api.evict_pod(victim["namespace"], victim["name"], uid)
+        again = schedule_pod(state.extender, api, current, names)
+        node, devices = again.found if again.found is not None else ("", ())
+        out.append(
+            Now(_key(current), what, node, devices, why, tuple(sorted(keys.get(u, u) for u in chosen[1])), chosen[0])
+        )
+    order = {_key(p): i for i, p in enumerate(new)}
+    after = dataclasses.replace(
+        state,
+        keys=keys,
+        created={**state.created, **{p["metadata"]["uid"]: p["metadata"]["creationTimestamp"] for p in new}},
+    )
+    return Decided(sorted(out, key=lambda a: order[a.pod]), state.warnings, after)
+
+
+def _queue_order(new: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The new pods as kube-scheduler's queue takes them: the highest priority first, then in the file's order."""
+    return sorted(new, key=lambda p: -int((p.get("spec") or {}).get("priority") or 0))
+
+
+def estimate_when(
+    cfg: ExtenderConfig,
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    new: Sequence[Mapping[str, Any]],
+    *,
+    now: float,
+    spread: float = 0.5,
+    default_runtime: float = DEFAULT_RUNTIME_S,
+) -> list[When]:
+    """The earliest start of each of ``new`` when time mode replays the cluster from now with them last in
+    the queue, once per runtime scale ``1 - spread``, 1, ``1 + spread``."""
+    if not 0 <= spread < 1:
+        raise ValueError(f"spread: must be in [0, 1), got {spread}")
+    snap = Snapshot(now, "", False, {}, _without_leader(cfg), tuple(map(dict, nodes)), tuple(map(dict, pods)), ())
+    scales = sorted({1.0 - spread, 1.0, 1.0 + spread})
+    starts: dict[str, list[tuple[float, float | None]]] = {_key(p): [] for p in new}
+    never: dict[str, str] = {}
+    sources: Counter[str] = Counter()
+    for scale in scales:
+        start = from_snapshot(snap, default_runtime=default_runtime, scale=scale, extra=new)
+        sources = Counter(start.runtime_from[job.id] for job, _alloc in start.running)
+        watched = [start.job_of[k] for k in starts if k in start.job_of]
+        result = run_time(
+            start.spec, start.pending, cfg.policy, running=start.running, config=start.config, until_started=watched
+        )
+        records = {r.job.id: r for r in result.records}
+        for pod in new:
+            key = _key(pod)
+            job = start.job_of.get(key)
+            rec = records.get(job) if job is not None else None
+            if rec is None or rec.rejected:
+                never[key] = rec.rejected if rec is not None else "not a pod time mode places (no whole devices)"
+            wait = rec.wait if rec is not None else None  # from its own arrival, after the queue ahead of it
+            starts[key].append((scale, None if wait is None else round(wait, 3)))
+    runtimes = tuple(sorted(sources.items()))
+    return [When(key, tuple(s), never.get(key, ""), runtimes) for key, s in starts.items()]
