@@ -59,6 +59,12 @@ manifests:
 e2e-bins:
 	@$(PYTHON) tests/e2e/build.py
 
+## test-matrix: the chart, plugin, extender, gang and DRA e2e subsets on each older maintained minor
+## (tests/e2e/matrix/<minor>/), building each control plane once (about 25 min cold), cached by hash
+.PHONY: test-matrix
+test-matrix: $(STAMP) e2e-bins
+	$(PYTHON) tests/e2e/matrix.py --build --record
+
 ## e2e-controllers: build the pinned job controllers of the platform-stack e2e tests (Kueue, training-operator,
 ## JobSet, LWS, Trainer; tests/e2e/controllers.env) once, with their CRDs, cached outside the repository
 .PHONY: e2e-controllers

@@ -76,11 +76,15 @@ __all__ = [
 ]
 
 HERE = Path(__file__).resolve().parent
-VERSIONS_FILE = HERE / "versions.env"
+# The pins of the minor under test: this directory's versions.env and gomod/ by default, or an older
+# maintained minor's under tests/e2e/matrix/<minor>/ (``ICL_E2E_MINOR=1.36``; ``make test-matrix``).
+MINOR = os.environ.get("ICL_E2E_MINOR", "")
+MINOR_DIR = HERE / "matrix" / MINOR if MINOR else HERE
+VERSIONS_FILE = MINOR_DIR / "versions.env"
 TOOLS_FILE = HERE / "tools.env"
 NODE_FILE = HERE / "node.env"
 PAUSE_SOURCE = HERE / "pause" / "main.go"
-GOMOD_DIR = HERE / "gomod"
+GOMOD_DIR = MINOR_DIR / "gomod"
 # Bump when the way binaries are built changes, so that cached ones are rebuilt.
 RECIPE = "go build -trimpath -ldflags='-s -w -X <version>'; recipe 2"
 TOOLS_RECIPE = "GOBIN=<dir> go install -trimpath -ldflags='-s -w -X <version>' <package>@<version>; recipe 1"

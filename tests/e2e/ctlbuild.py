@@ -10,7 +10,8 @@ configurations, for those the tests register), ``<hash>`` over the pins, the tab
 
 Standard library only, like ``build.py``::
 
-    python3 tests/e2e/ctlbuild.py          # build what is missing (make e2e-controllers)
+    python3 tests/e2e/ctlbuild.py          # build what the tests run and is missing (make e2e-controllers)
+    python3 tests/e2e/ctlbuild.py --all    # also Trainer v2, which no test runs (its TrainJobs' pods are JobSet's)
     python3 tests/e2e/ctlbuild.py --dir    # print where they are (or would be)
 """
 
@@ -51,6 +52,7 @@ class Controller:
     crds: str
     pin: str
     webhooks: str = ""  # the kustomize directory of its webhook configurations ("": not registered in the tests)
+    tested: bool = True  # an e2e test runs it; the others are built only with --all
 
 
 CONTROLLERS: tuple[Controller, ...] = (
@@ -79,6 +81,7 @@ CONTROLLERS: tuple[Controller, ...] = (
         "github.com/kubeflow/trainer/v2",
         "manifests/base/crds",
         "TRAINER_VERSION",
+        tested=False,  # a TrainJob's pods are its JobSet's: the JobSet e2e covers them; built, not run
     ),
 )
 
@@ -168,11 +171,13 @@ def _build(controller: Controller, source: Path, out: Path) -> None:
     os.replace(f"{out}.tmp", out)
 
 
-def build_controllers(*, force: bool = False) -> Path:
-    """Build the missing controllers and copy their CRDs; returns their directory."""
+def build_controllers(*, force: bool = False, every: bool = False) -> Path:
+    """Build the missing controllers that a test runs (``every``: all of them) and copy their CRDs; returns
+    their directory."""
     pins = load_pins()
     entry = controllers_dir()
-    missing = [c for c in CONTROLLERS if force or c.name in missing_controllers(entry)]
+    wanted = [c for c in CONTROLLERS if every or c.tested]
+    missing = [c for c in wanted if force or c.name in missing_controllers(entry)]
     if not missing:
         build._say(f"controllers up to date: {entry}")
         return entry
@@ -201,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--dir", action="store_true", help="print the controllers' directory and exit")
     parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    parser.add_argument("--all", action="store_true", help="also the controllers no test runs (Trainer)")
     args = parser.parse_args(argv)
     if args.dir:
         print(controllers_dir())
@@ -209,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         build._say("Go toolchain not found: the job controllers are not built; their e2e tests will skip")
         return 0
     try:
-        build_controllers(force=args.force)
+        build_controllers(force=args.force, every=args.all)
     except build.BuildError as error:
         build._say(f"error: {error}")
         return 1
