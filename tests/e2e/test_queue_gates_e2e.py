@@ -8,9 +8,8 @@ sees one of them marked ``PodScheduled=False, reason=Unschedulable``; once the r
 deleted the gated two are let go and run. A pod that fits no node is let go and goes
 ``Unschedulable`` as before (the autoscaler's cue).
 
-The extender runs with ``leaderElection.enabled: false``: it takes its Lease only when kube-scheduler
-calls it, which it never does while every pod is gated (docs/scheduler.md, the limit under "Holds as
-scheduling gates").
+The extender runs with leader election on, as the chart runs it: kube-scheduler never calls it while
+every pod is gated, so the gate loop takes the free Lease itself before it removes a gate.
 """
 
 from __future__ import annotations
@@ -83,7 +82,7 @@ def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
     specs = [NodeSpec(f"{label}-0", "ring:8", labels=node_labels(label))]
     publish_nodes(control_plane, specs)
     workdir = tmp_path_factory.mktemp("gates")
-    settings = {"queueHolds": "gate", "queues": {queue: {"quota": QUOTA}}, "leaderElection": {"enabled": False}}
+    settings = {"queueHolds": "gate", "queues": {queue: {"quota": QUOTA}}}
     extender = ExtenderProcess(control_plane, workdir, settings).start()
     _apply_gate_policy(control_plane, workdir)
     try:
