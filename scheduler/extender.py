@@ -389,7 +389,14 @@ class Extender:
 
     def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         with self.metrics.answer("preempt") as answer:
-            result = self.preemption.victims(self._read.state(args.pod, []), args)
+            state = self._read.state(args.pod, [])
+            gang = state.info.gang
+            if gang is not None and gang.needs_group:
+                # kube-scheduler asks for victims before any filter of the gang ran when its own device
+                # count already fails every node: the gang's size (from its PodGroup or owner) is read
+                # here, or whole-gang preemption would not know how many members to free room for
+                state.info, _why = self.gang_size.resolve_size(state.info)
+            result = self.preemption.victims(state, args)
             answer.result = "victims" if result.node_name_to_meta_victims else "none"
         return result
 

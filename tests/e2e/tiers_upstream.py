@@ -67,8 +67,12 @@ __all__ = [
     "compare",
     "format_table",
     "highest_level",
+    "member_bodies",
+    "pinned_background",
+    "pod_group_body",
     "random_gangs",
     "tier_nodes",
+    "valid_devices",
 ]
 
 RACK = "example.com/rack"
@@ -216,7 +220,7 @@ def background_pods(seed: int, nodes: Sequence[str], count: int) -> list[tuple[s
     return [(rng.choice(nodes), *rng.choice([("any", 1), ("ring", 2)])) for _ in range(count)]
 
 
-def _pinned(
+def pinned_background(
     background: Sequence[tuple[str, str, int]], topologies: Mapping[str, NodeTopology], selector: Mapping[str, str]
 ) -> list[dict[str, Any]]:
     """The background pods, bound by ``spec.nodeName`` to their node with the lowest free device ids (what
@@ -258,7 +262,7 @@ def run_side(
     selector = {k: v for k, v in label.items() if k not in (RACK, BLOCK)}
     watch = BindWatch(plane, namespace)
     try:
-        bg = _pinned(background, topologies, selector)
+        bg = pinned_background(background, topologies, selector)
         create_pods(plane, namespace, bg, workers=1)
         wait_for(lambda: len(watch.bound_at) >= len(bg), what=f"{len(bg)} background pods seen bound", timeout=60)
         for gang in gangs:
@@ -299,7 +303,7 @@ def run_side(
             continue
         result.placed.append(gang.name)
         result.levels[gang.name] = highest_level((b.node for b in held), labels)
-        if all(_valid(b, devices.get(b.name), topologies) for b in held):
+        if all(valid_devices(b, devices.get(b.name), topologies) for b in held):
             result.valid.append(gang.name)
     progress(
         f"[{side}] {len(result.placed)}/{len(gangs)} gangs placed, {result.bound}/{len(bodies)} pods bound in "
@@ -310,7 +314,7 @@ def run_side(
     return result
 
 
-def _valid(pod: Bound, devices: tuple[str, ...] | None, topologies: Mapping[str, NodeTopology]) -> bool:
+def valid_devices(pod: Bound, devices: tuple[str, ...] | None, topologies: Mapping[str, NodeTopology]) -> bool:
     topo = topologies.get(pod.node)
     if devices is None or topo is None or len(devices) != pod.count or not all(d in topo.ids for d in devices):
         return False
