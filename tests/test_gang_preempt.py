@@ -294,3 +294,16 @@ def test_a_rigid_gang_victim_with_a_member_where_the_preemptor_cannot_go_is_take
     proposed = {"a": [low["a"]["metadata"]["uid"]], "b": [halves[0]["metadata"]["uid"], halves[1]["metadata"]["uid"]]}
     assert _preempt_only(c, member, proposed) == {"a": [low["a"]["metadata"]["uid"]]}
     assert _evicted(c) == ["lg-x"]
+
+
+def test_a_gang_sized_by_its_pod_group_gets_whole_gang_victims_before_any_filter_of_it_ran() -> None:
+    """kube-scheduler asks for victims without calling filter when its own device count fails every
+    node; the gang's size, on its PodGroup only, is read at preempt."""
+    c = _racks()
+    c.api.groups[("scheduler-plugins", "default", "pg")] = {"metadata": {"name": "pg"}, "spec": {"minMember": 2}}
+    low = {n: _low(c, n) for n in "abcd"}
+    labels = {"scheduling.x-k8s.io/pod-group": "pg"}
+    w0 = c.add(pod_obj("w0", 8, "ring", priority=100, labels=labels))
+    c.add(pod_obj("w1", 8, "ring", priority=100, labels=labels))
+    assert _preempt_only(c, w0, _uids(low)) == {"a": [low["a"]["metadata"]["uid"]]}
+    assert _evicted(c) == ["lo-b"], "victims for both members, in one rack"
