@@ -30,16 +30,17 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from scheduler.cache import ClusterCache, NodeRecord, PodChange
 from scheduler.gangbook import GangBook
 from scheduler.gangplan import GangPlanner
-from scheduler.gangrecords import GangRecords
+from scheduler.gangrecords import GangRecords, Reservation
 from scheduler.host import Host, QuietHost
 from scheduler.layout import MemberLayouts
 from scheduler.podspec import GangRef, PodInfo, Rank, sized_rank
 from topology import DeviceRank, Shape
+from topology.backfill import choose_domain
 
 __all__ = ["PRUNE_EVERY_S", "GangManager"]
 
@@ -61,9 +62,16 @@ class GangManager:
         records: GangRecords | None = None,
         *,
         wall: Callable[[], float] = time.time,
+        collect_after_s: float | None = None,
+        collect_priority: int | None = None,
     ) -> None:
         """``policy``: how gangs' members are ranked on a node; ``host``: told of evictions, gang events
-        and resizes (none: nobody); ``records``: where reservations are recorded (none: nowhere)."""
+        and resizes (none: nobody); ``records``: where reservations are recorded (none: nowhere);
+        ``collect_after_s``, ``collect_priority``: a gang that cannot be placed collects devices once it has
+        waited this long, or at once when its member's priority is at least this (None: never by that rule)."""
+        self.collect_after_s = collect_after_s
+        self.collect_priority = collect_priority
+        self.unplaced_since: dict[str, float] = {}  # gang key -> when a member's filter first found no place
         self.cache = cache
         self.host: Host = host if host is not None else QuietHost()
         self.planner = GangPlanner(cache.nodes, policy)
@@ -191,6 +199,8 @@ class GangManager:
                     )
                 if self.book.waiting():
                     self.book.settle()
+                if res.collecting:
+                    return self._collect(info, shape, res.size, candidates, now, res)
                 nodes = res.open_nodes(info.uid, rank)
                 if nodes:
                     return nodes, ""
@@ -230,11 +240,67 @@ class GangManager:
                 return None, ""
             found, why = self.planner.place(gang, shape, remaining, candidates)
             if found is None:
+                since = self.unplaced_since.setdefault(gang.key, now)
+                if self._collects(info, now - since):
+                    return self._collect(info, shape, remaining, candidates, now, None, bound)
                 return None, why
+            self.unplaced_since.pop(gang.key, None)
             res, why = self.book.reserve(info, shape, found, now, self.slot_numbers(info, bound, remaining))
             if res is None:
                 return None, why
             return res.open_nodes(info.uid, rank), ""
+
+    def _collects(self, info: PodInfo, waited: float) -> bool:
+        """Whether a gang that cannot be placed collects devices: its member's priority is at least the
+        configured one, or it has waited the configured time."""
+        if self.collect_priority is not None and info.priority >= self.collect_priority:
+            return True
+        return self.collect_after_s is not None and waited >= self.collect_after_s
+
+    def _collect(
+        self,
+        info: PodInfo,
+        shape: Shape,
+        members: int,
+        candidates: frozenset[str],
+        now: float,
+        res: Reservation | None,
+        bound: Sequence[PodInfo] = (),
+    ) -> tuple[set[str] | None, str]:
+        """Collect devices for ``members`` x ``shape`` of the member's gang (lock held): in the cheapest domain
+        (:func:`topology.backfill.choose_domain`), ``res``'s kept while no other is strictly cheaper than what
+        it still lacks. The member waits, unless every device of the target was free (then it is placed)."""
+        gang = info.gang
+        assert gang is not None
+        found, why = self.planner.targets(gang, shape, members, candidates)
+        costs = {domain: cost for domain, (_target, cost) in found.items()}
+        if res is not None:
+            held, total = res.devices_held()
+            costs[res.domain] = total - held
+        choice = choose_domain(costs, res.domain if res is not None else None)
+        if choice is None:
+            return None, why
+        if res is None or choice != res.domain:
+            if res is not None:
+                log.info(
+                    "gang %s: collects in %s instead of %s, which is cheaper to complete", gang.key, choice, res.domain
+                )
+                self.book.release(gang.key)
+            numbers = self.slot_numbers(info, list(bound), members) if res is None else [s.number for s in res.slots]
+            res, why = self.book.reserve(info, shape, found[choice][0], now, numbers, collecting=True)
+            if res is None:
+                return None, why
+            # on the background worker, after the deletion of the record of a domain given up (same Lease name)
+            self.book.tell(functools.partial(self.host.background, functools.partial(self._write_record, res)))
+        own = self.rank_of(info)
+        if not res.collecting:
+            return res.open_nodes(info.uid, own.value if own is not None else None), ""
+        return None, f"gang {gang.name!r} {res.collecting_state()}; its members bind once every device is held"
+
+    def _write_record(self, res: Reservation) -> None:
+        why = self.book.write_record(res)
+        if why:
+            log.warning("%s; a failover would start its collecting again", why)
 
     def placed(self, gang: GangRef) -> list[PodInfo]:
         """The members that count towards the gang's minimum: its survivors (elastic), its bound members (rigid)."""
@@ -300,12 +366,15 @@ class GangManager:
         self._pruned_at = now
         reserved = self.book.reservations
         for key in [
-            k for k in self.limits.keys() | self._ran | self.asked.keys() if k not in reserved and not self._members(k)
+            k
+            for k in self.limits.keys() | self._ran | self.asked.keys() | self.unplaced_since.keys()
+            if k not in reserved and not self._members(k)
         ]:
             self.limits.pop(key, None)
             self._ranks.pop(key, None)
             self._ran.discard(key)
             self.asked.pop(key, None)
+            self.unplaced_since.pop(key, None)
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:
         """Fail a gang: drop its reservation and evict every remaining member."""

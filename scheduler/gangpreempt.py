@@ -284,7 +284,7 @@ class GangPreemption:
         if res is None:
             log.info("preempt %s: %s", info.key, why)
             return {}
-        why = self._record(res)
+        why = self.gangs.book.write_record(res)
         if why:
             log.warning(
                 "preempt %s: gang %s: its reservation is not recorded, nobody is evicted: %s", info.key, gang.key, why
@@ -322,18 +322,6 @@ class GangPreemption:
     def _evict(self, victim: PodInfo, preemptor: PodInfo, gang: GangRef) -> None:
         why = f"preempted by gang {gang.name!r} (pod {preemptor.key}, priority {preemptor.priority})"
         self.gangs.book.tell(functools.partial(self.host.preempt_victim, victim, why))
-
-    def _record(self, res: Reservation) -> str:
-        """Write the reservation's record before anything is evicted: "" when written (or none is kept)."""
-        book = self.gangs.book
-        if not book.records.kept:
-            return ""
-        why = book.records.write(res)
-        if why:
-            return why
-        if not book.recorded(res):
-            book.records.delete(res.key)  # it ended while being written
-        return ""
 
     def _waiting(
         self, info: PodInfo, res: Reservation, proposed: Mapping[str, tuple[tuple[str, ...], int]]
