@@ -101,16 +101,21 @@ def _free_first(
     topo: NodeTopology, free: Collection[str], shape: Shape, placed: list[Placement], policy: DeviceRank
 ) -> list[Placement]:
     """The node's ``len(placed)`` placements re-packed to take free devices first: as many disjoint ones as fit
-    on the free devices, the rest on the healthy devices left; ``placed`` itself when that packs fewer."""
+    on the free devices, the rest on the healthy devices left; ``placed`` itself when that packs fewer or
+    needs more devices freed."""
     want = len(placed)
     first = pack_node(topo, free, shape, want, policy)
     if len(first) < want:
         used = {d for p in first for d in p.devices}
         rest = pack_node(topo, topo.healthy_ids - used, shape, want - len(first), policy)
         first = [*first, *rest]
-    if len(first) < want:
+
+    def busy(ps: list[Placement]) -> int:
+        return sum(d not in free for p in ps for d in p.devices)
+
+    if len(first) < want or busy(first) > busy(placed):
         return placed
-    return sorted(first, key=lambda p: sum(d not in free for d in p.devices))
+    return first
 
 
 def targets(
