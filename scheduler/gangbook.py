@@ -277,8 +277,8 @@ class GangBook:
         assert gang is not None
         with self.cache.lock:
             res = self.reservations.get(gang.key)
-            if res is None:
-                return None
+            if res is None or res.collecting:
+                return None  # a collecting gang's members bind once every slot is held
             slot = next((s for s in res.slots if s.pod_uid == info.uid and s.node == node), None)
             ranked = res.slot_of(self._rank(info))
             if slot is None and ranked is not None:

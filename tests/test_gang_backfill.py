@@ -144,6 +144,7 @@ def test_the_gang_binds_as_soon_as_its_held_devices_cover_its_shapes() -> None:
     c.filter(w0)
     _gone(c, held["a0"], held["a1"])
     assert "collecting: 8 of 16" in _reason(c.filter(w1), "a"), "no member binds before the whole gang is held"
+    assert "has no reserved slot on a" in c.bind(w0, "a"), "not even when asked to bind where a slot is held"
     _gone(c, held["b"])
     res = c.ext.gangs.book.reservations["default/g"]
     assert not res.collecting
