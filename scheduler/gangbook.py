@@ -107,6 +107,12 @@ class GangBook:
                         out.update({(slot.node, d): res.key for d in held})
         return out
 
+    def collecting(self, key: str) -> str:
+        """``collecting: 12 of 16 devices held in domain X`` while gang ``key`` collects; "" otherwise."""
+        with self.cache.lock:
+            res = self.reservations.get(key)
+            return res.collecting_state() if res is not None else ""
+
     def claims(self, key: str) -> dict[str, str]:
         """Slot owner -> uid of the member that claimed it, of the gang's reservation (empty when it has none)."""
         with self.cache.lock:
