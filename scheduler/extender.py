@@ -409,6 +409,8 @@ class Extender:
 
     def sweep(self) -> None:
         self.gangs.sweep(self.cache.clock())
+        # gangs none of whose members kube-scheduler lets reach the filter
+        self.gangs.collect_waiting(lambda: not self.lead(0.0))
         self.metrics.gang_reservations.set(len(self.gangs.book.reservations))
         if self._unsure:
             self._settle_unsure()

@@ -39,7 +39,7 @@ from scheduler.gangrecords import GangRecords, Reservation
 from scheduler.host import Host, QuietHost
 from scheduler.layout import MemberLayouts
 from scheduler.podspec import GangRef, PodInfo, Rank, sized_rank
-from topology import DeviceRank, Shape
+from topology import DeviceRank, Shape, ShapeError, parse_shape
 from topology.backfill import choose_domain
 
 __all__ = ["PRUNE_EVERY_S", "GangManager"]
@@ -296,6 +296,34 @@ class GangManager:
         if not res.collecting:
             return res.open_nodes(info.uid, own.value if own is not None else None), ""
         return None, f"gang {gang.name!r} {res.collecting_state()}; its members bind once every device is held"
+
+    def collect_waiting(self, lead: Callable[[], bool]) -> None:
+        """Plan, once each, the gangs with a pending member and no reservation, so that a due gang starts
+        collecting although none of its members reaches the filter: kube-scheduler's own filters reject every
+        node while the nodes' devices are all counted in use. The nodes are those kube-scheduler sent the
+        gang's latest member's filter, else every ready node (node selectors and taints are then not read).
+        Run by the sweep; ``lead()`` is asked only when some gang is to be planned (a decision: only the lease
+        holder makes one). Nothing without ``gangCollect``."""
+        if self.collect_after_s is None and self.collect_priority is None:
+            return
+        with self.cache.lock:
+            pending = [p for p in self.cache.pods.pending() if p.gang is not None and p.gang.size > 0 and not p.gated]
+            everywhere = frozenset(self.cache.nodes.ready_views())
+        firsts = {p.gang.key: p for p in reversed(pending) if p.gang is not None}
+        todo = [p for key, p in sorted(firsts.items()) if not self.book.has_reservation(key)]
+        if not todo or not lead():
+            return
+        for info in todo:
+            gang = info.gang
+            assert gang is not None
+            try:
+                shape = parse_shape(info.shape, count=info.count)
+            except ShapeError:
+                continue  # its filter says why
+            asked = self.asked.get(gang.key)
+            self.plan(info, shape, asked if asked is not None else everywhere)
+            if asked is None:
+                self.asked.pop(gang.key, None)  # whole-gang preemption counts only nodes kube-scheduler sent
 
     def _write_record(self, res: Reservation) -> None:
         why = self.book.write_record(res)

@@ -16,7 +16,7 @@ import pytest
 from test_scheduler_policies import Cluster
 
 from scheduler.cache import ClusterCache
-from scheduler.config import ConfigError, ExtenderConfig, parse_config
+from scheduler.config import ConfigError, ExtenderConfig, LeaderElectionConfig, parse_config
 from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.wire import RECORD_LABEL, read_record
@@ -197,3 +197,14 @@ def test_gang_collect_config_is_read_and_bad_values_are_named() -> None:
         parse_config({"gangCollect": {"after": 1}})
     with pytest.raises(ConfigError, match=r"gangCollect\.priority"):
         parse_config({"gangCollect": {"priority": "high"}})
+
+
+def test_a_gang_none_of_whose_members_reaches_the_filter_collects_from_the_sweep() -> None:
+    """kube-scheduler's own filters reject every full node, so no member's filter is ever asked."""
+    c = _cluster(leader_election=LeaderElectionConfig(enabled=False))  # the sole replica leads
+    _full(c)
+    _member(c, "w0")
+    _member(c, "w1")
+    c.ext.sweep()
+    assert c.ext.gangs.book.collecting("default/g") == f"collecting: 0 of 16 devices held in domain {R0}"
+    assert "default/g" not in c.ext.gangs.asked, "whole-gang preemption still counts only the nodes asked"
