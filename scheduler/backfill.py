@@ -66,13 +66,15 @@ class Backfill:
                     ends.append(stated_end(pod.started, pod.runtime, now))
         return expected_start(now, ends)
 
-    def lendable(self, info: PodInfo) -> dict[str, frozenset[str]]:
-        """Node -> the held devices ``info`` may use there: those of gangs it is no member of, that it ends
-        before the expected start of (none without a stated runtime)."""
-        if info.runtime is None or not self.book.reservations:
-            return {}
+    def standing(self, info: PodInfo) -> tuple[dict[str, frozenset[str]], dict[str, str]]:
+        """Node -> the held devices ``info`` may use there (those of gangs it is no member of and ends before
+        the expected start of; none without a stated runtime), and node -> why it may not use the others
+        held there, in one pass over the collecting gangs."""
+        if not self.book.reservations:
+            return {}, {}
         now = self.book.wall()
-        out: dict[str, frozenset[str]] = {}
+        lendable: dict[str, frozenset[str]] = {}
+        refused: dict[str, str] = {}
         with self.cache.lock:
             starts: dict[str, float] = {}
             for res, slot in self._held():
@@ -82,32 +84,19 @@ class Backfill:
                 if start is None:
                     start = starts[res.key] = self.start(res, now)
                 if may_backfill(now, info.runtime, start):
-                    out[slot.node] = out.get(slot.node, frozenset()) | frozenset(slot.held)
-        return out
-
-    def refused(self, info: PodInfo, node: str) -> str:
-        """Why ``info`` may not use the devices held on ``node`` ("" when none are held there for a gang it is
-        no member of, or it may use them all)."""
-        if not self.book.reservations:
-            return ""
-        now = self.book.wall()
-        with self.cache.lock:
-            for res, slot in self._held():
-                if slot.node != node or (info.gang is not None and info.gang.key == res.key):
-                    continue
-                start = self.start(res, now)
-                if may_backfill(now, info.runtime, start):
-                    continue
-                if info.runtime is None:
-                    ends = "it states no runtime (activeDeadlineSeconds or kube-icl.io/expected-runtime)"
-                else:
-                    ends = f"it runs {info.runtime:g}s, past the gang's expected start in {max(0.0, start - now):.0f}s"
-                return f"{len(slot.held)} devices here are held for gang {res.key} ({res.collecting_state()}); {ends}"
-        return ""
+                    lendable[slot.node] = lendable.get(slot.node, frozenset()) | frozenset(slot.held)
+                elif slot.node not in refused:
+                    if info.runtime is None:
+                        ends = "it states no runtime (activeDeadlineSeconds or kube-icl.io/expected-runtime)"
+                    else:
+                        ends = f"it runs {info.runtime:g}s, past the gang's expected start in {start - now:.0f}s"
+                    state = res.collecting_state()
+                    refused[slot.node] = f"{len(slot.held)} devices here are held for gang {res.key} ({state}); {ends}"
+        return lendable, refused
 
     def lend(self, info: PodInfo, node: str, devices: Iterable[str]) -> None:
         """``info`` takes ``devices`` on ``node``: the collecting gangs holding any let go of them (lock held;
-        the caller checked :meth:`lendable`)."""
+        the caller checked :meth:`standing`)."""
         taken = set(devices)
         with self.cache.lock:
             for _res, slot in self._held():

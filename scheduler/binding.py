@@ -191,7 +191,7 @@ class _Devices(_Reserve):
             if view is None:
                 return f"cannot bind to {node}: {why}"
             lender = self.lender()
-            extra = lender.lendable(info).get(node) if lender is not None else None
+            extra = lender.standing(info)[0].get(node) if lender is not None else None
             devices, why = self.pick(state, lent(view, extra) if extra else view)
             if not devices:
                 return why

@@ -197,8 +197,7 @@ class LinkedRanker:
         fits, every node's reason."""
         need = self.need(shape, info)
         skey = need[2]
-        lender = self.lender
-        lend = lender.lendable(info) if lender is not None else {}
+        lend, refused = self.lender.standing(info) if self.lender is not None else ({}, {})
         if keep > 0 and not lend:
             best = self.best_fitting(names, need, shape, keep)
             if best:
@@ -219,7 +218,7 @@ class LinkedRanker:
                 elif ev.unresolvable:
                     unresolvable[name] = ev.reason
                 else:
-                    held = lender.refused(info, name) if lender is not None else ""
+                    held = refused.get(name)
                     failed[name] = f"{ev.reason}; {held}" if held else ev.reason
                 continue
             why, hopeless = self.nodes.node_problem(name)
@@ -232,7 +231,7 @@ class LinkedRanker:
         need = self.need(shape, info)
         skey = need[2]
         evaluate = self.evaluate
-        lend = self.lender.lendable(info) if self.lender is not None else {}
+        lend = self.lender.standing(info)[0] if self.lender is not None else {}
         out: list[int] = []
         append = out.append
         for name in names:
