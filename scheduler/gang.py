@@ -285,12 +285,11 @@ class GangManager:
                 log.info(
                     "gang %s: collects in %s instead of %s, which is cheaper to complete", gang.key, choice, res.domain
                 )
-                self.book.release(gang.key)
+                self.book.release(gang.key, replaced=True)
             numbers = self.slot_numbers(info, list(bound), members) if res is None else [s.number for s in res.slots]
             res, why = self.book.reserve(info, shape, found[choice][0], now, numbers, collecting=True)
             if res is None:
                 return None, why
-            # on the background worker, after the deletion of the record of a domain given up (same Lease name)
             self.book.tell(functools.partial(self.host.background, functools.partial(self._write_record, res)))
         own = self.rank_of(info)
         if not res.collecting:
@@ -326,6 +325,9 @@ class GangManager:
                 self.asked.pop(gang.key, None)  # whole-gang preemption counts only nodes kube-scheduler sent
 
     def _write_record(self, res: Reservation) -> None:
+        """Write collecting ``res``'s record, unless it was replaced (or written) meanwhile."""
+        if self.book.unrecorded(res.key) is not res:
+            return
         why = self.book.write_record(res)
         if why:
             log.warning("%s; a failover would start its collecting again", why)

@@ -107,6 +107,15 @@ class GangBook:
                         out.update({(slot.node, d): res.key for d in held})
         return out
 
+    def held_for(self, key: str) -> dict[str, set[str]]:
+        """Node -> the devices collecting gang ``key`` holds there (lock held; empty when it does not collect)."""
+        res = self.reservations.get(key)
+        out: dict[str, set[str]] = {}
+        if res is not None and res.collecting:
+            for slot in res.slots:
+                out.setdefault(slot.node, set()).update(slot.held if slot.waiting else slot.devices)
+        return out
+
     def collecting(self, key: str) -> str:
         """``collecting: 12 of 16 devices held in domain X`` while gang ``key`` collects; "" otherwise."""
         with self.cache.lock:
@@ -331,12 +340,16 @@ class GangBook:
                 log.warning("gang %s: slot %s could not be re-reserved: %s", res.key, slot.owner, exc)
                 res.slots.remove(slot)
 
-    def release(self, key: str) -> bool:
-        """Drop gang ``key``'s reservation: its unclaimed slots' devices are free again; False if it has none."""
+    def release(self, key: str, *, replaced: bool = False) -> bool:
+        """Drop gang ``key``'s reservation: its unclaimed slots' devices are free again; False if it has none.
+        ``replaced``: a new reservation of the gang follows at once, whose record overwrites this one's (so it
+        is not deleted: a deletion queued now could land after the new record is written)."""
         with self.cache.lock:
             res = self.reservations.get(key)
             if res is None:
                 return False
+            if replaced:
+                res.persisted = False
             self._drop(res)
             return True
 

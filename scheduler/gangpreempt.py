@@ -100,7 +100,7 @@ class GangPreemption:
             return None
         with self.cache.lock:
             res = self.gangs.book.reservations.get(gang.key)
-            if res is not None:
+            if res is not None and not res.collecting:  # a collecting gang still preempts, counting what it holds
                 return self._waiting(info, res, proposed)
             missing = least - len(self.gangs.placed(gang))
             if missing <= 0:
@@ -163,6 +163,7 @@ class GangPreemption:
         used = self.cache.pods.used_by_queue()
         capacity = self.cache.nodes.capacity()
         views = self.cache.nodes.usable_views(eligible)
+        held = self.gangs.book.held_for(gang.key)  # what the gang collects is its own to use
         topologies: dict[str, NodeTopology] = {}
         free: dict[str, frozenset[str]] = {}
         where: dict[str, tuple[str, tuple[str, ...], str]] = {}  # candidate uid -> (node, devices, pool)
@@ -172,7 +173,7 @@ class GangPreemption:
             if here is None or view.unattributed:
                 continue
             topologies[name] = view.topology
-            room = set(view.free)
+            room = set(view.free) | held.get(name, set())
             for uid, devs in here.owners.items():
                 p = self.cache.pods.pod(uid)
                 if p is None:
@@ -280,6 +281,7 @@ class GangPreemption:
             return {}
         with self.cache.lock:
             numbers = self.gangs.slot_numbers(info, self.gangs.placed(gang), missing)
+            self.gangs.book.release(gang.key, replaced=True)  # its collection, if any: these slots replace it
             res, why = self.gangs.book.reserve(info, shape, found, self.cache.clock(), numbers, waiting=True)
         if res is None:
             log.info("preempt %s: %s", info.key, why)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from test_scheduler_policies import Cluster
+from test_scheduler_policies import _preempt as _preempt_only
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, ExtenderConfig, LeaderElectionConfig, parse_config
@@ -208,3 +209,27 @@ def test_a_gang_none_of_whose_members_reaches_the_filter_collects_from_the_sweep
     c.ext.sweep()
     assert c.ext.gangs.book.collecting("default/g") == f"collecting: 0 of 16 devices held in domain {R0}"
     assert "default/g" not in c.ext.gangs.asked, "whole-gang preemption still counts only the nodes asked"
+
+
+def test_a_collecting_gang_still_preempts_lower_priority_pods_counting_what_it_holds() -> None:
+    """Rack r0's pods are at the gang's priority, rack r1's below it: collecting started in r0 (the first by
+    name), and the preempt verb then frees rack r1 for the whole gang, the collection replaced by the
+    preemption's reservation and its record overwritten, not deleted."""
+    c = _cluster()
+    held = _full(c)
+    for name in ("a0", "a1", "b"):
+        held[name]["spec"]["priority"] = 100
+        c.add(held[name])
+    w0 = _member(c, "w0")
+    c.ext.start()
+    assert f"domain {R0}" in _reason(c.filter(w0), "a")
+    c.ext.flush()  # the collection's record is written
+    victims = {n: [held[n]["metadata"]["uid"]] for n in "cd"}
+    answer = _preempt_only(c, w0, victims)
+    assert list(answer) in (["c"], ["d"])
+    res = c.ext.gangs.book.reservations["default/g"]
+    assert not res.collecting and sorted(s.node for s in res.slots) == ["c", "d"]
+    c.ext.flush()
+    c.ext.stop()
+    (lease,) = c.api.list_leases("kube-system", f"{RECORD_LABEL}=true")
+    assert not read_record(lease).collecting and {n for _o, n, _d in read_record(lease).slots} == {"c", "d"}
