@@ -275,7 +275,7 @@ class GangBook:
         self.event("collected", res.key)
 
     def waiting(self) -> bool:
-        """Whether some slot waits for preemption victims to go (lock held)."""
+        """Whether some slot waits for preemption victims, or a collecting gang's holders, to go (lock held)."""
         return any(s.waiting for res in self.reservations.values() for s in res.slots)
 
     def _pod_changed(self, change: PodChange) -> None:
