@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -42,11 +43,13 @@ from scheduler.podspec import GangRef, PodInfo, Rank, sized_rank
 from topology import DeviceRank, Shape, ShapeError, parse_shape
 from topology.backfill import choose_domain
 
-__all__ = ["PRUNE_EVERY_S", "GangManager"]
+__all__ = ["PRUNE_EVERY_S", "REPLAN_COLLECTING_S", "GangManager"]
 
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY_S = 60.0  # how often sweep forgets what it kept of gangs that are gone
+# how often the sweep plans a collecting gang again (a cheaper domain?) when no member's filter did
+REPLAN_COLLECTING_S = 30.0
 
 
 class GangManager:
@@ -72,6 +75,7 @@ class GangManager:
         self.collect_after_s = collect_after_s
         self.collect_priority = collect_priority
         self.unplaced_since: dict[str, float] = {}  # gang key -> when a member's filter first found no place
+        self._planned: dict[str, float] = {}  # collecting gang key -> when it was last planned (cache clock)
         self.cache = cache
         self.host: Host = host if host is not None else QuietHost()
         self.planner = GangPlanner(cache.nodes, policy)
@@ -272,6 +276,7 @@ class GangManager:
         it still lacks. The member waits, unless every device of the target was free (then it is placed)."""
         gang = info.gang
         assert gang is not None
+        self._planned[gang.key] = now
         found, why = self.planner.targets(gang, shape, members, candidates)
         costs = {domain: cost for domain, (_target, cost) in found.items()}
         if res is not None:
@@ -299,8 +304,10 @@ class GangManager:
     def collect_waiting(self, lead: Callable[[], bool]) -> None:
         """Plan, once each, the gangs with a pending member and no reservation, so that a due gang starts
         collecting although none of its members reaches the filter: kube-scheduler's own filters reject every
-        node while the nodes' devices are all counted in use. The nodes are those kube-scheduler sent the
-        gang's latest member's filter, else every ready node (node selectors and taints are then not read).
+        node while the nodes' devices are all counted in use; and a collecting gang not planned for
+        :data:`REPLAN_COLLECTING_S`, so it moves to a domain that became cheaper. The nodes are those
+        kube-scheduler sent the gang's latest member's filter, else every ready node (node selectors and
+        taints are then not read).
         Run by the sweep; ``lead()`` is asked only when some gang is to be planned (a decision: only the lease
         holder makes one). Nothing without ``gangCollect``."""
         if self.collect_after_s is None and self.collect_priority is None:
@@ -308,8 +315,9 @@ class GangManager:
         with self.cache.lock:
             pending = [p for p in self.cache.pods.pending() if p.gang is not None and p.gang.size > 0 and not p.gated]
             everywhere = frozenset(self.cache.nodes.ready_views())
-        firsts = {p.gang.key: p for p in reversed(pending) if p.gang is not None}
-        todo = [p for key, p in sorted(firsts.items()) if not self.book.has_reservation(key)]
+            now = self.cache.clock()
+            firsts = {p.gang.key: p for p in reversed(pending) if p.gang is not None}
+            todo = [p for key, p in sorted(firsts.items()) if self._due_plan(key, now)]
         if not todo or not lead():
             return
         for info in todo:
@@ -323,6 +331,14 @@ class GangManager:
             self.plan(info, shape, asked if asked is not None else everywhere)
             if asked is None:
                 self.asked.pop(gang.key, None)  # whole-gang preemption counts only nodes kube-scheduler sent
+
+    def _due_plan(self, key: str, now: float) -> bool:
+        """Whether the sweep plans gang ``key`` (lock held): it has no reservation, or a collecting one that was
+        not planned for :data:`REPLAN_COLLECTING_S`."""
+        res = self.book.reservations.get(key)
+        if res is None:
+            return True
+        return res.collecting and now - self._planned.get(key, -math.inf) >= REPLAN_COLLECTING_S
 
     def _write_record(self, res: Reservation) -> None:
         """Write collecting ``res``'s record, unless it was replaced (or written) meanwhile."""
@@ -397,7 +413,11 @@ class GangManager:
         reserved = self.book.reservations
         for key in [
             k
-            for k in self.limits.keys() | self._ran | self.asked.keys() | self.unplaced_since.keys()
+            for k in self.limits.keys()
+            | self._ran
+            | self.asked.keys()
+            | self.unplaced_since.keys()
+            | self._planned.keys()
             if k not in reserved and not self._members(k)
         ]:
             self.limits.pop(key, None)
@@ -405,6 +425,7 @@ class GangManager:
             self._ran.discard(key)
             self.asked.pop(key, None)
             self.unplaced_since.pop(key, None)
+            self._planned.pop(key, None)
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:
         """Fail a gang: drop its reservation and evict every remaining member."""

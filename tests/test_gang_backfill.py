@@ -19,6 +19,7 @@ from test_scheduler_policies import _preempt as _preempt_only
 from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, ExtenderConfig, LeaderElectionConfig, parse_config
 from scheduler.extender import Extender
+from scheduler.gang import REPLAN_COLLECTING_S
 from scheduler.informer import Informer
 from scheduler.wire import RECORD_LABEL, read_record
 from tests.support.extender import pod_obj
@@ -233,3 +234,18 @@ def test_a_collecting_gang_still_preempts_lower_priority_pods_counting_what_it_h
     c.ext.stop()
     (lease,) = c.api.list_leases("kube-system", f"{RECORD_LABEL}=true")
     assert not read_record(lease).collecting and {n for _o, n, _d in read_record(lease).slots} == {"c", "d"}
+
+
+def test_the_sweep_moves_a_collection_to_a_cheaper_domain_at_most_every_replan_interval() -> None:
+    c = _cluster(leader_election=LeaderElectionConfig(enabled=False))
+    held = _full(c)
+    _member(c, "w0")
+    _member(c, "w1")
+    c.ext.sweep()
+    _gone(c, held["c"])  # rack r1 is now cheaper
+    c.clock.now += REPLAN_COLLECTING_S - 1
+    c.ext.sweep()
+    assert f"domain {R0}" in c.ext.gangs.book.collecting("default/g"), "not planned again yet"
+    c.clock.now += 1
+    c.ext.sweep()
+    assert c.ext.gangs.book.collecting("default/g") == f"collecting: 8 of 16 devices held in domain {RACK}=r1"
