@@ -13,6 +13,8 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_scheduler_policies import Cluster
 from test_scheduler_policies import _preempt as _preempt_only
 
@@ -249,3 +251,59 @@ def test_the_sweep_moves_a_collection_to_a_cheaper_domain_at_most_every_replan_i
     c.clock.now += 1
     c.ext.sweep()
     assert c.ext.gangs.book.collecting("default/g") == f"collecting: 8 of 16 devices held in domain {RACK}=r1"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    deadlines=st.lists(st.sampled_from((None, 5400, 10800)), min_size=4, max_size=4),
+    steps=st.lists(
+        st.one_of(st.tuples(st.just("pod"), st.sampled_from((None, 600, 3600, 20000))), st.tuples(st.just("end"))),
+        max_size=10,
+    ),
+)
+def test_held_devices_never_go_to_a_pod_that_outlives_the_gangs_expected_start(
+    deadlines: list[int | None], steps: list[tuple[Any, ...]]
+) -> None:
+    """Random holders' stated ends, random pods arriving (stated runtimes or none) and ending. Brute force at
+    each pod: the gang's expected start is the latest stated end (start + activeDeadlineSeconds) among the pods
+    on its target's devices; a pod placed on a held device states a runtime that ends by then."""
+    c = _cluster()
+    running: list[dict[str, Any]] = []
+    for i, (n, devs) in enumerate((("a", "0,1,2,3"), ("a", "4,5,6,7"), ("b", "0,1,2,3"), ("b", "4,5,6,7"))):
+        running.append(_holder(c, f"h{i}", n, devs, deadline=deadlines[i]))
+    for n in "cd":
+        _holder(c, n, n, "0,1,2,3,4,5,6,7")
+    w0 = _member(c, "w0")
+    c.filter(w0)
+    book = c.ext.gangs.book
+    target = {(s.node, d) for s in book.reservations["default/g"].slots for d in s.devices}
+    for i, step in enumerate(steps):
+        if book.collecting("default/g") == "":
+            break
+        if step[0] == "end" and running:
+            _gone(c, running.pop(0))
+            continue
+        if step[0] != "pod":
+            continue
+        now = time.time()
+        held = set(book.reserved_devices())
+        ends = []
+        for pod in c.api.pods.values():
+            devs = (pod["metadata"].get("annotations") or {}).get("kube-icl.io/devices")
+            node = pod["spec"].get("nodeName")
+            if devs and node and any((node, d) in target for d in devs.split(",")):
+                deadline = pod["spec"].get("activeDeadlineSeconds")
+                if deadline is not None:
+                    start = datetime.datetime.fromisoformat(pod["status"]["startTime"].replace("Z", "+00:00"))
+                    ends.append(start.timestamp() + deadline)
+        start_at = max([now, *ends])
+        extra = {} if step[1] is None else {"activeDeadlineSeconds": step[1]}
+        pod = _pod(c, f"p{i}", 4, **extra)
+        if c.schedule(pod) is None:
+            continue
+        pod["status"] = {"phase": "Running", "startTime": _started(0)}
+        c.add(pod)
+        node, devices = c.devices(pod)
+        if held & {(node, d) for d in devices}:
+            assert step[1] is not None and now + step[1] <= start_at + 1, (step, start_at - now)
+        running.append(pod)
