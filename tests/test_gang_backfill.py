@@ -3,7 +3,8 @@
 A gang that cannot be placed collects once it is due (``gangCollect``): every device of its target in
 the cheapest domain is held as it is freed, a pod that states a runtime ending before the gang's expected
 start may use held devices, any other pod is kept off them with the reason, the collection moves only to a
-strictly cheaper domain, survives a failover through its record, and the members bind once it is whole.
+strictly cheaper domain, survives a failover through its record, starts from the sweep when no member
+reaches the filter, gives way to whole-gang preemption, and the members bind once it is whole.
 """
 
 from __future__ import annotations
@@ -133,9 +134,7 @@ def test_a_pod_stating_no_runtime_or_outliving_the_expected_start_is_kept_off_he
     long = _pod(c, "long", 4)
     why = _reason(c.filter(long), "a")
     assert "4 devices here are held for gang default/g" in why and "it states no runtime" in why, why
-    late = c.add({**_pod(c, "late", 4), "metadata": {**long["metadata"], "name": "late", "uid": "late-uid"}})
-    late["metadata"]["annotations"]["kube-icl.io/expected-runtime"] = "7200"
-    c.add(late)
+    late = c.add(pod_obj("late", 4, "any", annotations={"kube-icl.io/expected-runtime": "7200"}))
     why = _reason(c.filter(late), "a")
     assert "it runs 7200s, past the gang's expected start" in why, why
     assert c.schedule(long) is None and c.schedule(late) is None
