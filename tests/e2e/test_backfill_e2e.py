@@ -2,13 +2,16 @@
 
 Two full nodes, each held by two pods of 4 devices at the gang's own priority (so kube-scheduler preempts
 nobody); a gang of two rings of 8 at a priority the extender's ``gangCollect.priority`` names collects at
-once. A holder's end frees 4 devices the gang now holds: a pod stating ``activeDeadlineSeconds`` shorter
-than the other holders' backfills onto them, a pod stating no runtime is kept off. Once every holder is gone
-the gang's members land on valid rings and the long pod still waits.
+once, from the extender's sweep (no member reaches its filter while every node is full by count). A holder's
+end frees 4 devices the gang now holds (``kubectl icl gangs`` says so): a pod stating
+``activeDeadlineSeconds`` shorter than the other holders' backfills onto them, a pod stating no runtime is
+kept off. Once every holder is gone the gang's members land on valid rings and the long pod still waits.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -21,6 +24,7 @@ from topology import Placer, build_preset, parse_shape
 
 from .harness import ControlPlane
 from .inprocess import InProcessExtender, ensure_priority_classes, extender_in_process, shaped_pod
+from .test_kubectl_icl_e2e import _script
 from .test_preemption_e2e import HALVES, PRESET, RESOURCE, _bound
 
 pytestmark = pytest.mark.e2e
@@ -71,6 +75,9 @@ def test_a_big_gang_collects_while_a_short_pod_backfills_and_a_long_one_is_kept_
 
     _delete(control_plane, extender, namespace, "h0a", holders.pop("h0a"))
     wait_for(lambda: "4 of 16" in book.collecting(key), timeout_s=30, what="the freed devices held")
+    gangs = _icl(control_plane, "gangs", "-n", namespace, "-o", "json")
+    (item,) = [g for g in gangs["items"] if g["gang"] == key]
+    assert item["reservation"]["collecting"] == "collecting: 4 of 16 devices held in domain cluster", item
     control_plane.core.create_namespaced_pod(
         namespace, cast(Any, _pod("short", group, 4, "any", activeDeadlineSeconds=600))
     )
@@ -97,6 +104,15 @@ def test_a_big_gang_collects_while_a_short_pod_backfills_and_a_long_one_is_kept_
     assert sorted(where.values()) == nodes
     pending = control_plane.core.read_namespaced_pod("long", namespace)
     assert not pending.spec.node_name, "the long pod never took the gang's devices"
+
+
+def _icl(control_plane: ControlPlane, *args: str) -> dict[str, Any]:
+    """``kubectl icl ARGS`` against the control plane, its JSON."""
+    command = [_script(), "--kubeconfig", str(control_plane.kubeconfig), *args]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
 
 
 def _unschedulable(pod: Any) -> bool:
