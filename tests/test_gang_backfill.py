@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_gang_preempt import _started
 from test_scheduler_policies import Cluster
 from test_scheduler_policies import _preempt as _preempt_only
 
@@ -29,11 +30,6 @@ from tests.support.extender import pod_obj
 
 RACK = "example.com/rack"
 R0 = f"{RACK}=r0"
-
-
-def _started(seconds_ago: float) -> str:
-    when = datetime.datetime.fromtimestamp(time.time() - seconds_ago, datetime.UTC)
-    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _cluster(**cfg: Any) -> Cluster:
