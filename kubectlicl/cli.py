@@ -295,7 +295,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
 
     from . import render, views
     from .cluster import extender_settings
-    from .state import read_state
+    from .state import read_state, reservations
 
     settings = extender_settings(reader, args.extender_config, _fallback_config(args))
     cfg = settings.config
@@ -339,7 +339,11 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
 
     if args.command == "gangs":
         leases, lease_warnings = _leases(reader, cfg, settings.source, args.lease_namespace)
-        state = read_state(cfg, [], reader.pods(args.namespace), leases, now=now)  # members and claims: no node needed
+        if any(listed.record.collecting for listed in reservations(leases)[0]):
+            # what a collecting gang holds is what is free on its nodes: every node and every pod are read
+            state = read_state(cfg, reader.nodes(), reader.pods(""), leases, now=now)
+        else:  # members and claims: no node needed
+            state = read_state(cfg, [], reader.pods(args.namespace), leases, now=now)
         gang_list = views.gang_views(state)
         if args.namespace:
             gang_list = [g for g in gang_list if g.key.partition("/")[0] == args.namespace]

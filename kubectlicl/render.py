@@ -198,6 +198,8 @@ def _size(g: GangView) -> str:
 def _reservation(g: GangView, now: float) -> str:
     if g.reservation is None:
         return "<none>"
+    if g.collecting:
+        return g.collecting
     claimed = sum(1 for s in g.slots if s.claimed_by)
     left = g.reservation.record.expires_at - now
     when = f"expires in {_age(left)}" if left > 0 else f"expired {_age(-left)} ago"
@@ -250,6 +252,7 @@ def gang_docs(gangs: Sequence[GangView], now: float | None = None) -> dict[str, 
                     "lease": res.lease,
                     "size": res.record.size,
                     "domain": res.record.domain or None,
+                    "collecting": g.collecting or None,
                     "expiresAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(res.record.expires_at)),
                     "expiresInSeconds": round(res.record.expires_at - now, 1),
                     "slots": [

@@ -92,6 +92,7 @@ class GangView:
     pending: tuple[str, ...]
     reservation: Listed | None  # the gang's record listed, in force or not
     slots: tuple[SlotView, ...]
+    collecting: str = ""  # "collecting: 12 of 16 devices held in domain X" while the gang collects
 
     @property
     def elastic(self) -> bool:
@@ -261,6 +262,7 @@ def gang_views(state: State) -> list[GangView]:
                 pending=tuple(p.key for p in group if not p.node_name),
                 reservation=listed,
                 slots=tuple(slots),
+                collecting=state.extender.gangs.book.collecting(key),
             )
         )
     return out

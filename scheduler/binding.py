@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+from scheduler.backfill import Backfill, lent
 from scheduler.cache import ClusterCache, NodeView
 from scheduler.config import ExtenderConfig
 from scheduler.decision import unlinked_devices
@@ -189,9 +190,13 @@ class _Devices(_Reserve):
             view, why = self.cache.nodes.node_view(node)
             if view is None:
                 return f"cannot bind to {node}: {why}"
-            devices, why = self.pick(state, view)
+            lender = self.lender()
+            extra = lender.standing(info)[0].get(node) if lender is not None else None
+            devices, why = self.pick(state, lent(view, extra) if extra else view)
             if not devices:
                 return why
+            if extra and lender is not None and extra & set(devices):
+                lender.lend(info, node, devices)  # backfill: the collecting gang lets go of what it takes
             self.cache.assume(uid, node, devices, info)
             state.write(DEVICES, Held(devices, assumed=True))
             return ""
@@ -199,6 +204,10 @@ class _Devices(_Reserve):
     def pick(self, state: CycleState, view: NodeView) -> tuple[tuple[str, ...], str]:
         """The devices on ``state.node`` (its ``view``), or ((), why not); called with the cache lock held."""
         raise NotImplementedError
+
+    def lender(self) -> Backfill | None:
+        """Who lends devices collecting gangs hold to pods that end before those gangs start (none here)."""
+        return None
 
 
 class LinkedDevices(_Devices):
@@ -211,6 +220,9 @@ class LinkedDevices(_Devices):
     def pick(self, state: CycleState, view: NodeView) -> tuple[tuple[str, ...], str]:
         assert state.shape is not None
         return self.ranker.pick(state.shape, state.node, view)
+
+    def lender(self) -> Backfill | None:
+        return self.ranker.lender
 
 
 class UnlinkedDevices(LinkedDevices):

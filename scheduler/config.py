@@ -14,6 +14,7 @@ Example::
     policy: icl                 # or icl-binpack; former names fragmentation, binpack still read
     weights: {fragmentation: 2, binpack: 1, stranding: 1}
     gangTimeoutSeconds: 120
+    gangCollect: {afterSeconds: 600, priority: 1000}   # a gang waiting this long (or at this priority) collects
     tiers: [example.com/rack, example.com/block]  # network tiers above the link domain, lowest first;
                                 # or a preset: topograph, gke, eks
     keepBestNodes: 64
@@ -131,6 +132,10 @@ class ExtenderConfig:
     binpack_weight: float = 1.0
     stranding_weight: float = 1.0
     gang_timeout_s: float = 120.0
+    # a gang that cannot be placed collects devices (docs/scheduler.md, "Reservation with backfill") once it
+    # has waited this long; None: only by priority (or never, with no priority either)
+    collect_after_s: float | None = None
+    collect_priority: int | None = None  # a gang member at or above this priority collects at once
     # node label keys of the network tiers above the link domain, lowest first (topology.parse_tiers)
     tiers: tuple[str, ...] = ()
     fair_share: bool = True
@@ -171,6 +176,7 @@ _TOP_KEYS = {
     "policy",
     "weights",
     "gangTimeoutSeconds",
+    "gangCollect",
     "tiers",
     "fairShare",
     "queueHolds",
@@ -358,6 +364,12 @@ def parse_config(raw: Any) -> ExtenderConfig:
         raise ConfigError("weights: at least one weight must be positive")
     if "gangTimeoutSeconds" in top:
         kw["gang_timeout_s"] = _num(top["gangTimeoutSeconds"], "gangTimeoutSeconds", strict=True)
+    collect = _map(top.get("gangCollect"), "gangCollect")
+    _check_keys(collect, {"afterSeconds", "priority"}, "gangCollect")
+    if "afterSeconds" in collect:
+        kw["collect_after_s"] = _seconds(collect["afterSeconds"], "gangCollect.afterSeconds")
+    if "priority" in collect:
+        kw["collect_priority"] = _int(collect["priority"], "gangCollect.priority", minimum=-(2**31), maximum=2**31 - 1)
     if "tiers" in top:
         try:
             kw["tiers"] = parse_tiers(top["tiers"])

@@ -30,6 +30,7 @@ from typing import Any
 
 from scheduler import fairshare
 from scheduler.admissioncheck import AdmissionChecks, KueueAPI
+from scheduler.backfill import Backfill
 from scheduler.background import Background, evict, write_layouts
 from scheduler.binding import Binding, GangRecord, Unsure
 from scheduler.cache import ClusterCache
@@ -88,7 +89,18 @@ class Extender:
         self.metrics = metrics or Metrics()
         cache.set_tier_keys(cfg.tiers)  # the network tiers gangs are placed by
         records = GangRecords(api, cfg.leader_election.namespace, self)
-        self.gangs = GangManager(cache, cfg.gang_timeout_s, self.decision.policy.rank, self, records, wall=wall)
+        self.gangs = GangManager(
+            cache,
+            cfg.gang_timeout_s,
+            self.decision.policy.rank,
+            self,
+            records,
+            wall=wall,
+            collect_after_s=cfg.collect_after_s,
+            collect_priority=cfg.collect_priority,
+        )
+        if cfg.collect_after_s is not None or cfg.collect_priority is not None:
+            self.ranker.lender = Backfill(self.gangs.book)  # pods that end in time may use what gangs collect
         self.leader: LeaseElector | None = None
         if api is not None and cfg.leader_election.enabled:
             self.leader = LeaseElector(
@@ -404,6 +416,8 @@ class Extender:
 
     def sweep(self) -> None:
         self.gangs.sweep(self.cache.clock())
+        # gangs none of whose members kube-scheduler lets reach the filter
+        self.gangs.collect_waiting(lambda: not self.lead(0.0))
         self.metrics.gang_reservations.set(len(self.gangs.book.reservations))
         if self._unsure:
             self._settle_unsure()

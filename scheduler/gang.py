@@ -29,23 +29,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from scheduler.cache import ClusterCache, NodeRecord, PodChange
 from scheduler.gangbook import GangBook
 from scheduler.gangplan import GangPlanner
-from scheduler.gangrecords import GangRecords
+from scheduler.gangrecords import GangRecords, Reservation
 from scheduler.host import Host, QuietHost
 from scheduler.layout import MemberLayouts
 from scheduler.podspec import GangRef, PodInfo, Rank, sized_rank
-from topology import DeviceRank, Shape
+from topology import DeviceRank, Shape, ShapeError, parse_shape
+from topology.backfill import choose_domain
 
-__all__ = ["PRUNE_EVERY_S", "GangManager"]
+__all__ = ["PRUNE_EVERY_S", "REPLAN_COLLECTING_S", "GangManager"]
 
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY_S = 60.0  # how often sweep forgets what it kept of gangs that are gone
+# how often the sweep plans a collecting gang again (a cheaper domain?) when no member's filter did
+REPLAN_COLLECTING_S = 30.0
 
 
 class GangManager:
@@ -61,9 +65,17 @@ class GangManager:
         records: GangRecords | None = None,
         *,
         wall: Callable[[], float] = time.time,
+        collect_after_s: float | None = None,
+        collect_priority: int | None = None,
     ) -> None:
         """``policy``: how gangs' members are ranked on a node; ``host``: told of evictions, gang events
-        and resizes (none: nobody); ``records``: where reservations are recorded (none: nowhere)."""
+        and resizes (none: nobody); ``records``: where reservations are recorded (none: nowhere);
+        ``collect_after_s``, ``collect_priority``: a gang that cannot be placed collects devices once it has
+        waited this long, or at once when its member's priority is at least this (None: never by that rule)."""
+        self.collect_after_s = collect_after_s
+        self.collect_priority = collect_priority
+        self.unplaced_since: dict[str, float] = {}  # gang key -> when a member's filter first found no place
+        self._planned: dict[str, float] = {}  # collecting gang key -> when it was last planned (cache clock)
         self.cache = cache
         self.host: Host = host if host is not None else QuietHost()
         self.planner = GangPlanner(cache.nodes, policy)
@@ -191,6 +203,8 @@ class GangManager:
                     )
                 if self.book.waiting():
                     self.book.settle()
+                if res.collecting:
+                    return self._collect(info, shape, res.size, candidates, now, res)
                 nodes = res.open_nodes(info.uid, rank)
                 if nodes:
                     return nodes, ""
@@ -230,11 +244,109 @@ class GangManager:
                 return None, ""
             found, why = self.planner.place(gang, shape, remaining, candidates)
             if found is None:
+                since = self.unplaced_since.setdefault(gang.key, now)
+                if self._collects(info, now - since):
+                    return self._collect(info, shape, remaining, candidates, now, None, bound)
                 return None, why
+            self.unplaced_since.pop(gang.key, None)
             res, why = self.book.reserve(info, shape, found, now, self.slot_numbers(info, bound, remaining))
             if res is None:
                 return None, why
             return res.open_nodes(info.uid, rank), ""
+
+    def _collects(self, info: PodInfo, waited: float) -> bool:
+        """Whether a gang that cannot be placed collects devices: its member's priority is at least the
+        configured one, or it has waited the configured time."""
+        if self.collect_priority is not None and info.priority >= self.collect_priority:
+            return True
+        return self.collect_after_s is not None and waited >= self.collect_after_s
+
+    def _collect(
+        self,
+        info: PodInfo,
+        shape: Shape,
+        members: int,
+        candidates: frozenset[str],
+        now: float,
+        res: Reservation | None,
+        bound: Sequence[PodInfo] = (),
+    ) -> tuple[set[str] | None, str]:
+        """Collect devices for ``members`` x ``shape`` of the member's gang (lock held): in the cheapest domain
+        (:func:`topology.backfill.choose_domain`), ``res``'s kept while no other is strictly cheaper than what
+        it still lacks. The member waits, unless every device of the target was free (then it is placed)."""
+        gang = info.gang
+        assert gang is not None
+        self._planned[gang.key] = now
+        found, why = self.planner.targets(gang, shape, members, candidates)
+        costs = {domain: cost for domain, (_target, cost) in found.items()}
+        if res is not None:
+            held, total = res.devices_held()
+            costs[res.domain] = total - held
+        choice = choose_domain(costs, res.domain if res is not None else None)
+        if choice is None:
+            return None, why
+        if res is None or choice != res.domain:
+            if res is not None:
+                log.info(
+                    "gang %s: collects in %s instead of %s, which is cheaper to complete", gang.key, choice, res.domain
+                )
+                self.book.release(gang.key, replaced=True)
+            numbers = self.slot_numbers(info, list(bound), members) if res is None else [s.number for s in res.slots]
+            res, why = self.book.reserve(info, shape, found[choice][0], now, numbers, collecting=True)
+            if res is None:
+                return None, why
+            self.book.tell(functools.partial(self.host.background, functools.partial(self._write_record, res)))
+        own = self.rank_of(info)
+        if not res.collecting:
+            return res.open_nodes(info.uid, own.value if own is not None else None), ""
+        return None, f"gang {gang.name!r} {res.collecting_state()}; its members bind once every device is held"
+
+    def collect_waiting(self, lead: Callable[[], bool]) -> None:
+        """Plan, once each, the gangs with a pending member and no reservation, so that a due gang starts
+        collecting although none of its members reaches the filter: kube-scheduler's own filters reject every
+        node while the nodes' devices are all counted in use; and a collecting gang not planned for
+        :data:`REPLAN_COLLECTING_S`, so it moves to a domain that became cheaper. The nodes are those
+        kube-scheduler sent the gang's latest member's filter, else every ready node (node selectors and
+        taints are then not read).
+        Run by the sweep; ``lead()`` is asked only when some gang is to be planned (a decision: only the lease
+        holder makes one). Nothing without ``gangCollect``."""
+        if self.collect_after_s is None and self.collect_priority is None:
+            return
+        with self.cache.lock:
+            pending = [p for p in self.cache.pods.pending() if p.gang is not None and p.gang.size > 0 and not p.gated]
+            everywhere = frozenset(self.cache.nodes.ready_views())
+            now = self.cache.clock()
+            firsts = {p.gang.key: p for p in reversed(pending) if p.gang is not None}
+            todo = [p for key, p in sorted(firsts.items()) if self._due_plan(key, now)]
+        if not todo or not lead():
+            return
+        for info in todo:
+            gang = info.gang
+            assert gang is not None
+            try:
+                shape = parse_shape(info.shape, count=info.count)
+            except ShapeError:
+                continue  # its filter says why
+            asked = self.asked.get(gang.key)
+            self.plan(info, shape, asked if asked is not None else everywhere)
+            if asked is None:
+                self.asked.pop(gang.key, None)  # whole-gang preemption counts only nodes kube-scheduler sent
+
+    def _due_plan(self, key: str, now: float) -> bool:
+        """Whether the sweep plans gang ``key`` (lock held): it has no reservation, or a collecting one that was
+        not planned for :data:`REPLAN_COLLECTING_S`."""
+        res = self.book.reservations.get(key)
+        if res is None:
+            return True
+        return res.collecting and now - self._planned.get(key, -math.inf) >= REPLAN_COLLECTING_S
+
+    def _write_record(self, res: Reservation) -> None:
+        """Write collecting ``res``'s record, unless it was replaced (or written) meanwhile."""
+        if self.book.unrecorded(res.key) is not res:
+            return
+        why = self.book.write_record(res)
+        if why:
+            log.warning("%s; a failover would start its collecting again", why)
 
     def placed(self, gang: GangRef) -> list[PodInfo]:
         """The members that count towards the gang's minimum: its survivors (elastic), its bound members (rigid)."""
@@ -300,12 +412,20 @@ class GangManager:
         self._pruned_at = now
         reserved = self.book.reservations
         for key in [
-            k for k in self.limits.keys() | self._ran | self.asked.keys() if k not in reserved and not self._members(k)
+            k
+            for k in self.limits.keys()
+            | self._ran
+            | self.asked.keys()
+            | self.unplaced_since.keys()
+            | self._planned.keys()
+            if k not in reserved and not self._members(k)
         ]:
             self.limits.pop(key, None)
             self._ranks.pop(key, None)
             self._ran.discard(key)
             self.asked.pop(key, None)
+            self.unplaced_since.pop(key, None)
+            self._planned.pop(key, None)
 
     def fail(self, key: str, why: str, except_uid: str = "") -> list[PodInfo]:
         """Fail a gang: drop its reservation and evict every remaining member."""

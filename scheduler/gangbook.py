@@ -30,7 +30,11 @@ from scheduler.podspec import PodInfo, Rank
 from scheduler.wire import Record
 from topology import AllocationError, GangPlacement, Shape, TopologyError
 
-__all__ = ["GangBook"]
+__all__ = ["COLLECT_EXPIRY_S", "GangBook"]
+
+COLLECT_EXPIRY_S = 86_400.0
+"""A collecting gang's reservation lasts while the gang has pods; its record expires this long after it was
+written, so a record of a gang that went while no replica led does not stay for ever."""
 
 
 log = logging.getLogger(__name__)
@@ -99,8 +103,24 @@ class GangBook:
             for res in self.reservations.values():
                 for slot in res.slots:
                     if not slot.pod_uid and self.cache.nodes.is_reserved(slot.owner, slot.node):
-                        out.update({(slot.node, d): res.key for d in slot.devices})
+                        held = slot.held if slot.waiting else slot.devices
+                        out.update({(slot.node, d): res.key for d in held})
         return out
+
+    def held_for(self, key: str) -> dict[str, set[str]]:
+        """Node -> the devices collecting gang ``key`` holds there (lock held; empty when it does not collect)."""
+        res = self.reservations.get(key)
+        out: dict[str, set[str]] = {}
+        if res is not None and res.collecting:
+            for slot in res.slots:
+                out.setdefault(slot.node, set()).update(slot.held if slot.waiting else slot.devices)
+        return out
+
+    def collecting(self, key: str) -> str:
+        """``collecting: 12 of 16 devices held in domain X`` while gang ``key`` collects; "" otherwise."""
+        with self.cache.lock:
+            res = self.reservations.get(key)
+            return res.collecting_state() if res is not None else ""
 
     def claims(self, key: str) -> dict[str, str]:
         """Slot owner -> uid of the member that claimed it, of the gang's reservation (empty when it has none)."""
@@ -125,6 +145,7 @@ class GangBook:
         timeout_s: float | None = None,
         *,
         waiting: bool = False,
+        collecting: bool = False,
     ) -> tuple[Reservation | None, str]:
         """Reserve the slots of ``found`` for ``info``'s gang, all or none; (None, why) when one cannot be.
 
@@ -132,8 +153,10 @@ class GangBook:
         rank is a slot's number takes that slot. The reservation waits ``timeout_s`` for its members
         (default: the book's). ``waiting``: a slot whose devices are still held (by the victims of a
         whole-gang preemption) waits for them instead, and is reserved in the cache as soon as they are
-        free (:meth:`settle`)."""
-        wait = self.timeout_s if timeout_s is None else timeout_s
+        free (:meth:`settle`). ``collecting``: the gang collects (every slot whose devices are not all free
+        waits, holding those that are, and each further one as it is freed), for as long as it has pods."""
+        waiting = waiting or collecting
+        wait = COLLECT_EXPIRY_S if collecting else self.timeout_s if timeout_s is None else timeout_s
         gang = info.gang
         assert gang is not None
         numbered = list(numbers) or list(range(len(found.members)))
@@ -151,6 +174,8 @@ class GangBook:
                         if not waiting:
                             raise
                         slot.waiting = True
+                        if collecting:
+                            self._hold(slot)
                         continue
                     done.append(slot)
             except (AllocationError, TopologyError) as exc:
@@ -168,8 +193,11 @@ class GangBook:
                 deadline=now + wait,
                 domain=found.domain,
                 expires_at=self.wall() + wait,
+                collecting=collecting,
             )
             self.reservations[gang.key] = res
+            if collecting and not any(s.waiting for s in slots):
+                self._collected(res)
             log.info(
                 "gang %s: reserved %d slots on %s%s",
                 gang.key,
@@ -181,12 +209,17 @@ class GangBook:
             return res, ""
 
     def settle(self) -> int:
-        """Reserve in the cache the waiting slots whose devices are free now (the victims gone); how many."""
+        """Reserve in the cache the waiting slots whose devices are free now (the victims gone); how many. A
+        collecting gang's waiting slot holds each of its devices that is free now; once every slot is held,
+        the gang stops collecting and its members have the gang timeout to bind."""
         settled = 0
         with self.cache.lock:
             for res in self.reservations.values():
                 for slot in res.slots:
                     if not slot.waiting:
+                        continue
+                    if res.collecting:
+                        settled += self._hold(slot)
                         continue
                     try:
                         self.cache.reserve(slot.owner, slot.node, slot.devices)
@@ -195,10 +228,54 @@ class GangBook:
                     slot.waiting = False
                     settled += 1
                     log.info("gang %s: slot %s on %s reserved, its victims are gone", res.key, slot.owner, slot.node)
+                if res.collecting and not any(s.waiting for s in res.slots):
+                    self._collected(res)
         return settled
 
+    def _hold(self, slot: Slot) -> int:
+        """Hold for a collecting gang's waiting ``slot`` every one of its devices that is free now (lock held):
+        1 when the slot is then held whole (it waits no more), else 0."""
+        view, _why = self.cache.nodes.node_view(slot.node)
+        if view is None:
+            return 0
+        have = set(slot.held) | (view.free & set(slot.devices))
+        if len(have) == len(slot.held):
+            return 0
+        self.cache.unreserve(slot.owner, slot.node)
+        whole = len(have) == len(slot.devices)
+        held = slot.devices if whole else tuple(d for d in slot.devices if d in have)
+        try:
+            self.cache.reserve(slot.owner, slot.node, held)
+        except AllocationError as exc:  # internal error: the view said they were free; hold what it held
+            log.warning("slot %s on %s: cannot hold %s: %s", slot.owner, slot.node, ",".join(held), exc)
+            if slot.held:
+                self.cache.reserve(slot.owner, slot.node, slot.held)
+            return 0
+        slot.held, slot.waiting = ((), False) if whole else (held, True)
+        return int(whole)
+
+    def release_held(self, slot: Slot, devices: Iterable[str]) -> None:
+        """Let go of ``devices`` of a collecting gang's waiting ``slot`` (lock held): a pod that ends before
+        the gang's expected start takes them (backfill); the slot holds them again once they are freed."""
+        gone = set(devices)
+        keep = tuple(d for d in slot.held if d not in gone)
+        if len(keep) == len(slot.held):
+            return
+        self.cache.unreserve(slot.owner, slot.node)
+        if keep:
+            self.cache.reserve(slot.owner, slot.node, keep)
+        slot.held = keep
+
+    def _collected(self, res: Reservation) -> None:
+        """Every slot of collecting ``res`` is held (lock held): its members now have the gang timeout to bind."""
+        res.collecting = False
+        res.deadline = self.cache.clock() + self.timeout_s
+        res.expires_at = self.wall() + self.timeout_s
+        log.info("gang %s: collected every slot in %s; its members bind now", res.key, res.domain or "the cluster")
+        self.event("collected", res.key)
+
     def waiting(self) -> bool:
-        """Whether some slot waits for preemption victims to go (lock held)."""
+        """Whether some slot waits for preemption victims, or a collecting gang's holders, to go (lock held)."""
         return any(s.waiting for res in self.reservations.values() for s in res.slots)
 
     def _pod_changed(self, change: PodChange) -> None:
@@ -215,8 +292,8 @@ class GangBook:
         assert gang is not None
         with self.cache.lock:
             res = self.reservations.get(gang.key)
-            if res is None:
-                return None
+            if res is None or res.collecting:
+                return None  # a collecting gang's members bind once every slot is held
             slot = next((s for s in res.slots if s.pod_uid == info.uid and s.node == node), None)
             ranked = res.slot_of(self._rank(info))
             if slot is None and ranked is not None:
@@ -263,12 +340,16 @@ class GangBook:
                 log.warning("gang %s: slot %s could not be re-reserved: %s", res.key, slot.owner, exc)
                 res.slots.remove(slot)
 
-    def release(self, key: str) -> bool:
-        """Drop gang ``key``'s reservation: its unclaimed slots' devices are free again; False if it has none."""
+    def release(self, key: str, *, replaced: bool = False) -> bool:
+        """Drop gang ``key``'s reservation: its unclaimed slots' devices are free again; False if it has none.
+        ``replaced``: a new reservation of the gang follows at once, whose record overwrites this one's (so it
+        is not deleted: a deletion queued now could land after the new record is written)."""
         with self.cache.lock:
             res = self.reservations.get(key)
             if res is None:
                 return False
+            if replaced:
+                res.persisted = False
             self._drop(res)
             return True
 
@@ -349,6 +430,12 @@ class GangBook:
                 if len(claimed) == len(res.slots) and not any(self.cache.pods.is_assumed(s.pod_uid) for s in claimed):
                     self._forget(res)
                     self.event("completed", res.key)
+                elif res.collecting and not any(
+                    not p.terminal and not p.deleting for _uid, p in self.cache.pods.gang_members(res.key)
+                ):
+                    log.info("gang %s: collecting ends, the gang has no pods left", res.key)
+                    self._drop(res)
+                    expired.append(res.key)
                 elif now >= res.deadline:
                     log.info("gang %s: reservation expired, %d of %d slots claimed", res.key, len(claimed), res.size)
                     self._drop(res)
@@ -371,6 +458,18 @@ class GangBook:
                 return False
             res.persisted = True
             return True
+
+    def write_record(self, res: Reservation) -> str:
+        """Write ``res``'s record now, outside the verbs' bind (a whole-gang preemption before it evicts, a gang
+        that starts collecting): "" when written (or none is kept), else why not."""
+        if not self.records.kept:
+            return ""
+        why = self.records.write(res)
+        if why:
+            return why
+        if not self.recorded(res):
+            self.records.delete(res.key)  # it ended while being written
+        return ""
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> list[str]:
         """Replace the reservations in memory with those recorded in the API server (record Leases, as
@@ -419,6 +518,8 @@ class GangBook:
                 slot.pod_uid = uid
             else:
                 try:
+                    if record.collecting and owner in record.waiting:
+                        raise AllocationError("collecting")  # held device by device below
                     self.cache.reserve(slot.owner, slot.node, slot.devices)
                 except (AllocationError, TopologyError) as exc:
                     if not isinstance(exc, AllocationError) or owner not in record.waiting:
@@ -426,7 +527,9 @@ class GangBook:
                             "gang %s: slot %s on %s cannot be reserved again: %s", key, slot.owner, slot.node, exc
                         )
                         continue
-                    slot.waiting = True  # its preemption victims are still going
+                    slot.waiting = True  # its preemption victims, or a collecting gang's holders, are still going
+                    if record.collecting:
+                        self._hold(slot)
             slots.append(slot)
         return Reservation(
             key=key,
@@ -441,4 +544,5 @@ class GangBook:
             members={s.pod_uid: s.owner for s in slots if s.pod_uid},
             expires_at=record.expires_at,
             persisted=True,
+            collecting=record.collecting,
         )

@@ -36,6 +36,7 @@ from topology import (
     extend_gang,
     place_gang,
 )
+from topology.backfill import targets as collect_targets
 
 __all__ = ["GangPlanner", "tiered"]
 
@@ -83,6 +84,23 @@ class GangPlanner:
                 f"gang {gang.name!r} needs {members} x {shape.describe()} at once {where}; "
                 f"the free devices do not hold them"
             )
+        return found, ""
+
+    def targets(
+        self, gang: GangRef, shape: Shape, members: int, candidates: Iterable[str]
+    ) -> tuple[dict[str, tuple[GangPlacement, int]], str]:
+        """Where the gang could collect ``members`` x ``shape`` (:func:`topology.backfill.targets`: domain ->
+        a target there and the devices of it not free now) on the usable nodes of ``candidates``; ({}, why)
+        when no domain could ever hold it."""
+        got, why = self._inputs(gang, candidates, shape, empty=True)
+        if got is None:
+            return {}, why
+        views = self.reader.usable_views(got.topologies)
+        free = {n: views[n].free if n in views else frozenset() for n in got.topologies}
+        found = collect_targets(got.cluster, got.topologies, free, shape, members, self.policy, got.within)
+        if not found:
+            where = f"within one {gang.tier}" if gang.tier else "in the cluster"
+            return {}, f"gang {gang.name!r} needs {members} x {shape.describe()} {where}; no domain ever holds them"
         return found, ""
 
     def adjacent(

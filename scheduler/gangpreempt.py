@@ -100,7 +100,7 @@ class GangPreemption:
             return None
         with self.cache.lock:
             res = self.gangs.book.reservations.get(gang.key)
-            if res is not None:
+            if res is not None and not res.collecting:  # a collecting gang still preempts, counting what it holds
                 return self._waiting(info, res, proposed)
             missing = least - len(self.gangs.placed(gang))
             if missing <= 0:
@@ -163,6 +163,7 @@ class GangPreemption:
         used = self.cache.pods.used_by_queue()
         capacity = self.cache.nodes.capacity()
         views = self.cache.nodes.usable_views(eligible)
+        held = self.gangs.book.held_for(gang.key)  # what the gang collects is its own to use
         topologies: dict[str, NodeTopology] = {}
         free: dict[str, frozenset[str]] = {}
         where: dict[str, tuple[str, tuple[str, ...], str]] = {}  # candidate uid -> (node, devices, pool)
@@ -172,7 +173,7 @@ class GangPreemption:
             if here is None or view.unattributed:
                 continue
             topologies[name] = view.topology
-            room = set(view.free)
+            room = set(view.free) | held.get(name, set())
             for uid, devs in here.owners.items():
                 p = self.cache.pods.pod(uid)
                 if p is None:
@@ -280,11 +281,12 @@ class GangPreemption:
             return {}
         with self.cache.lock:
             numbers = self.gangs.slot_numbers(info, self.gangs.placed(gang), missing)
+            self.gangs.book.release(gang.key, replaced=True)  # its collection, if any: these slots replace it
             res, why = self.gangs.book.reserve(info, shape, found, self.cache.clock(), numbers, waiting=True)
         if res is None:
             log.info("preempt %s: %s", info.key, why)
             return {}
-        why = self._record(res)
+        why = self.gangs.book.write_record(res)
         if why:
             log.warning(
                 "preempt %s: gang %s: its reservation is not recorded, nobody is evicted: %s", info.key, gang.key, why
@@ -322,18 +324,6 @@ class GangPreemption:
     def _evict(self, victim: PodInfo, preemptor: PodInfo, gang: GangRef) -> None:
         why = f"preempted by gang {gang.name!r} (pod {preemptor.key}, priority {preemptor.priority})"
         self.gangs.book.tell(functools.partial(self.host.preempt_victim, victim, why))
-
-    def _record(self, res: Reservation) -> str:
-        """Write the reservation's record before anything is evicted: "" when written (or none is kept)."""
-        book = self.gangs.book
-        if not book.records.kept:
-            return ""
-        why = book.records.write(res)
-        if why:
-            return why
-        if not book.recorded(res):
-            book.records.delete(res.key)  # it ended while being written
-        return ""
 
     def _waiting(
         self, info: PodInfo, res: Reservation, proposed: Mapping[str, tuple[tuple[str, ...], int]]

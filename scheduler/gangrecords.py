@@ -47,6 +47,8 @@ class Slot:
     pod_uid: str = ""  # the member that claimed it
     # its devices are still held by the victims of a whole-gang preemption: reserved in the cache once they are gone
     waiting: bool = False
+    # of a waiting slot of a collecting gang: the devices already held for it (reserved in the cache under its owner)
+    held: tuple[str, ...] = ()
 
     @property
     def number(self) -> int:
@@ -70,11 +72,28 @@ class Reservation:
     members: dict[str, str] = field(default_factory=dict)  # uid -> slot owner
     expires_at: float = 0.0  # wall-clock (time.time()) of the deadline, for the record
     persisted: bool = False  # its record is in the API server
+    # the gang collects (docs/scheduler.md, "Reservation with backfill"): its waiting slots hold each of their
+    # devices as it is freed, and the reservation lasts while the gang has pods, until every slot is held
+    collecting: bool = False
+
+    def devices_held(self) -> tuple[int, int]:
+        """(devices held, devices of every slot): how far a collecting gang is."""
+        total = sum(len(s.devices) for s in self.slots)
+        return sum(len(s.held) if s.waiting else len(s.devices) for s in self.slots), total
+
+    def collecting_state(self) -> str:
+        """``collecting: 12 of 16 devices held in domain rack=r1``; "" when it does not collect."""
+        if not self.collecting:
+            return ""
+        held, total = self.devices_held()
+        return f"collecting: {held} of {total} devices held in domain {self.domain or 'cluster'}"
 
     def open_nodes(self, uid: str, rank: int | None = None) -> set[str]:
         """Nodes this member may go to: its own slot, else the unclaimed slot numbered ``rank`` (its rank),
         else (no rank, or no slot of that number) any unclaimed slot; a slot still waiting for its victims
-        to go is no place yet."""
+        to go is no place yet, nor is any slot of a gang still collecting."""
+        if self.collecting:
+            return set()
         own = [s.node for s in self.slots if s.pod_uid == uid]
         if own:
             return set(own)
@@ -99,9 +118,16 @@ class Reservation:
             "shape": self.shape,
             "queue": self.queue,
             "domain": self.domain or None,
+            "collecting": self.collecting_state() or None,
             "expiresInSeconds": round(max(0.0, self.deadline - now), 3),
             "slots": [
-                {"node": s.node, "devices": list(s.devices), "pod": s.pod_uid or None, "waiting": s.waiting}
+                {
+                    "node": s.node,
+                    "devices": list(s.devices),
+                    "pod": s.pod_uid or None,
+                    "waiting": s.waiting,
+                    **({"held": list(s.held)} if s.waiting and self.collecting else {}),
+                }
                 for s in self.slots
             ],
         }
@@ -118,6 +144,7 @@ class Reservation:
             expires_at=self.expires_at,
             slots=tuple((s.owner, s.node, s.devices) for s in self.slots),
             waiting=tuple(s.owner for s in self.slots if s.waiting),
+            collecting=self.collecting,
         )
 
 

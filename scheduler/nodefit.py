@@ -17,6 +17,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from scheduler.backfill import Backfill, lent
 from scheduler.cache import NodeView
 from scheduler.events import summarize_failures
 from scheduler.framework import OK, Code, CycleState, NodeAnswer, Outcome, Status
@@ -146,6 +147,8 @@ class LinkedRanker:
         self.memo: dict[tuple[Any, ...], Verdict] = {}
         self._fit_index: dict[str, tuple[int, FitTiers]] = {}  # shape -> (views version, fitting nodes)
         self._fit_lock = threading.Lock()
+        # the devices collecting gangs hold, and which pods may backfill onto them (None: no gang collects)
+        self.lender: Backfill | None = None
 
     # ------------------------------------------------------------------ per-node evaluation
 
@@ -194,7 +197,8 @@ class LinkedRanker:
         fits, every node's reason."""
         need = self.need(shape, info)
         skey = need[2]
-        if keep > 0:
+        lend, refused = self.lender.standing(info) if self.lender is not None else ({}, {})
+        if keep > 0 and not lend:
             best = self.best_fitting(names, need, shape, keep)
             if best:
                 return NodeAnswer(best)
@@ -206,13 +210,16 @@ class LinkedRanker:
         for name in names:
             view = views_get(name)
             if view is not None:  # hot path: a ready node with a topology
+                if lend and name in lend:
+                    view = lent(view, lend[name])
                 ev = view.memo.get(skey) or evaluate(view, shape, skey, need)
                 if ev.ok:
                     passed.append(name)
                 elif ev.unresolvable:
                     unresolvable[name] = ev.reason
                 else:
-                    failed[name] = ev.reason
+                    held = refused.get(name)
+                    failed[name] = f"{ev.reason}; {held}" if held else ev.reason
                 continue
             why, hopeless = self.nodes.node_problem(name)
             (unresolvable if hopeless else failed)[name] = why
@@ -224,6 +231,7 @@ class LinkedRanker:
         need = self.need(shape, info)
         skey = need[2]
         evaluate = self.evaluate
+        lend = self.lender.standing(info)[0] if self.lender is not None else {}
         out: list[int] = []
         append = out.append
         for name in names:
@@ -231,6 +239,8 @@ class LinkedRanker:
             if view is None:
                 append(0)
                 continue
+            if lend and name in lend:
+                view = lent(view, lend[name])
             ev = view.memo.get(skey) or evaluate(view, shape, skey, need)
             append(ev.score if ev.ok else 0)
         return out

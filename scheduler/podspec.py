@@ -255,6 +255,9 @@ class PodInfo:
     jobset: JobSetIndex | None = None
     gates: tuple[str, ...] = ()  # the names in spec.schedulingGates, in order
     started: float | None = None  # status.startTime (wall clock, seconds); None until the kubelet starts it
+    # the seconds it states it runs (activeDeadlineSeconds, else kube-icl.io/expected-runtime); None: none, or an
+    # annotation that is not seconds (it then never backfills onto devices a collecting gang holds)
+    runtime: float | None = None
 
     @property
     def gated(self) -> bool:
@@ -857,7 +860,16 @@ def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAU
         jobset=_deferred_index(meta, gang) if rank is None else None,
         gates=_gates(spec),
         started=start_time(status),
+        runtime=_runtime(pod),
     )
+
+
+def _runtime(pod: Mapping[str, Any]) -> float | None:
+    """The runtime the pod states (:func:`topology.contract.stated_runtime`); None when unreadable."""
+    try:
+        return contract.stated_runtime(pod)[0]
+    except contract.ContractError:
+        return None
 
 
 def _deferred_index(meta: Mapping[str, Any], gang: GangRef | None) -> JobSetIndex | None:

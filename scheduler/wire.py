@@ -553,6 +553,8 @@ class Record:
     slots: tuple[tuple[str, str, tuple[str, ...]], ...]
     # owners of the slots whose devices preemption victims still held when it was written (optional field)
     waiting: tuple[str, ...] = ()
+    # the gang collects devices, its waiting slots holding each as it is freed (optional field; absent: False)
+    collecting: bool = False
 
 
 def record_name(key: str) -> str:
@@ -583,6 +585,8 @@ def lease_record(record: Record, namespace: str, holder: str, created_at: float)
     }
     if record.waiting:
         body["waiting"] = list(record.waiting)
+    if record.collecting:
+        body["collecting"] = True
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -627,6 +631,7 @@ def read_record(lease: Mapping[str, Any]) -> Record:
                 (str(raw["owner"]), str(raw["node"]), tuple(str(d) for d in raw["devices"])) for raw in body["slots"]
             ),
             waiting=tuple(str(owner) for owner in body.get("waiting") or ()),
+            collecting=body.get("collecting") is True,
         )
     except KeyError as exc:
         what = "missing" if exc.args and exc.args[0] == RECORD_ANNOTATION else f"no field {exc.args[0]!r}"

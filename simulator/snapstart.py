@@ -40,12 +40,11 @@ from simulator.jobs import Job
 from simulator.timebase import Alloc
 from topology import ClusterView, TopologyError, decode_annotation
 from topology.contract import (
-    ANN_EXPECTED_RUNTIME,
     ANN_TOPOLOGY,
     ContractError,
     cpu_milli,
     memory_mib,
-    parse_expected_runtime,
+    stated_runtime,
 )
 
 __all__ = ["DEFAULT_RUNTIME_S", "MIN_REMAINING_S", "QUEUE_GAP_S", "SnapStart", "from_snapshot"]
@@ -74,17 +73,6 @@ class SnapStart:
     @property
     def last_submit(self) -> float:
         return max((j.submit for j in self.pending), default=0.0)
-
-
-def _runtime(pod: Mapping[str, Any]) -> tuple[float | None, str]:
-    """The runtime a pod states (None: none) and where it comes from."""
-    deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
-    if isinstance(deadline, int | float) and not isinstance(deadline, bool) and deadline > 0:
-        return float(deadline), "deadline"
-    stated = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_EXPECTED_RUNTIME)
-    if stated is not None:
-        return parse_expected_runtime(str(stated)), "annotation"
-    return None, "default"
 
 
 def _node_spec(node: Mapping[str, Any]) -> tuple[NodeSpec | None, str]:
@@ -169,7 +157,7 @@ def from_snapshot(
     def runtime(info: PodInfo, running: bool) -> float:
         pod = raws[info.uid]
         try:
-            stated, source = _runtime(pod)
+            stated, source = stated_runtime(pod)
         except ContractError as exc:
             raise ValueError(f"pod {info.namespace}/{info.name}: {exc}") from None
         runtime_from[_job_id(info)] = source

@@ -226,6 +226,35 @@ def test_gangs_show_members_bound_and_pending_sizes_and_the_reservation() -> Non
     assert doc["reservation"]["expiresInSeconds"] == pytest.approx(90, abs=0.1)
 
 
+def _collecting(gang: str, node_name: str) -> dict[str, Any]:
+    """The record of a gang collecting all 8 devices of ``node_name`` for one ring of 8."""
+    devices = tuple(str(i) for i in range(8))
+    res = Reservation(
+        key=gang,
+        size=1,
+        shape="ring",
+        count=8,
+        queue="ml",
+        slots=[Slot(f"gang:{gang}#0", node_name, devices, waiting=True)],
+        created=0.0,
+        deadline=0.0,
+        domain=node_name,
+        expires_at=NOW + 3600,
+        collecting=True,
+    )
+    return lease_record(res.record(), "kube-icl", "extender-0", NOW)
+
+
+def test_gangs_show_a_collecting_gang_with_the_devices_it_holds_and_where() -> None:
+    big = pod("big", 8, gang="big", gang_size="1")
+    busy = pod("busy", 4, node_name="n1", devices="0,1,2,3", shape="any")
+    (gang,) = views.gang_views(state([node("n1")], big, busy, leases=(_collecting("ml/big", "n1"),)))
+    assert gang.collecting == "collecting: 4 of 8 devices held in domain n1"
+    line = render.gangs_table([gang], now=NOW).splitlines()[1]
+    assert re.split(r"\s{3,}", line)[-1] == "collecting: 4 of 8 devices held in domain n1"
+    assert render.gang_docs([gang], now=NOW)["items"][0]["reservation"]["collecting"] == gang.collecting
+
+
 def test_queues_take_weight_and_quota_from_the_config_and_shares_from_the_extenders_rule() -> None:
     cfg = ExtenderConfig(queues={"research": QueueConfig("research", 2.0, 8)}, default_queue_weight=1.0)
     nodes = [node("n1"), node("n2"), node("m1", "mesh:2x2")]

@@ -15,6 +15,8 @@ from kubectlicl.render import why_doc, why_text
 from kubectlicl.state import read_state
 from kubectlicl.why import explain
 from scheduler.config import ExtenderConfig, parse_config
+from scheduler.gangrecords import Reservation, Slot
+from scheduler.wire import lease_record
 from tests.support.extender import node_obj, pod_obj
 from tests.support.kubectl import ListedCluster
 
@@ -154,3 +156,30 @@ def test_the_deploy_guide_names_every_label_the_tool_selects_the_extenders_confi
     section = text[text.index("### `kubectl icl`") : text.index("### Dashboard and alerts")]
     for label in EXTENDER_SELECTOR.split(","):
         assert f"`{label}`" in section, f"docs/deploy.md, Operating kube-icl: the label {label} is not named"
+
+
+def test_a_pod_kept_off_devices_a_collecting_gang_holds_is_told_so() -> None:
+    devices = tuple(str(i) for i in range(8))
+    res = Reservation(
+        key="default/big",
+        size=1,
+        shape="ring",
+        count=8,
+        queue="default",
+        slots=[Slot("gang:default/big#0", "a", devices, waiting=True)],
+        created=0.0,
+        deadline=0.0,
+        domain="a",
+        expires_at=3600.0,
+        collecting=True,
+    )
+    lease = lease_record(res.record(), "kube-system", "extender-0", 0.0)
+    big = pod_obj("big", 8, "ring", annotations={"kube-icl.io/gang": "big", "kube-icl.io/gang-size": "1"})
+    long = pod_obj("long", 4, "any")
+    cfg = ExtenderConfig(fair_share=False, collect_priority=0)
+    pods = [_held("a1", "a", "0,1,2,3"), big, long]
+    answer = explain(read_state(cfg, [node_obj("a", "ring:8")], pods, [lease], now=0.0), long)
+    (why,) = [c.reason for c in answer.classes]
+    assert "4 devices here are held for gang default/big (collecting: 4 of 8 devices held in domain a)" in why, why
+    assert "it states no runtime" in why
+    assert "4 devices here are held" in why_text(answer)

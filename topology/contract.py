@@ -66,6 +66,7 @@ __all__ = [
     "parse_replica",
     "pod_requests",
     "replica_device",
+    "stated_runtime",
 ]
 
 DEFAULT_RESOURCE = "kube-icl.io/accelerator"
@@ -142,6 +143,27 @@ def parse_expected_runtime(value: str) -> float:
     if not seconds > 0 or seconds == float("inf"):
         raise ContractError(f"annotation {ANN_EXPECTED_RUNTIME}: {value!r} is not a positive number of seconds")
     return seconds
+
+
+def stated_runtime(pod: Mapping[str, Any]) -> tuple[float | None, str]:
+    """The runtime a pod states, in seconds (None: none), and where from: ``spec.activeDeadlineSeconds``
+    (``deadline``: the kubelet ends the pod then), else annotation ``kube-icl.io/expected-runtime``
+    (``annotation``), else none (``default``); :class:`ContractError` for an annotation that is not seconds.
+
+    >>> stated_runtime({"spec": {"activeDeadlineSeconds": 600}})
+    (600.0, 'deadline')
+    >>> stated_runtime({"metadata": {"annotations": {ANN_EXPECTED_RUNTIME: "90"}}})
+    (90.0, 'annotation')
+    >>> stated_runtime({})
+    (None, 'default')
+    """
+    deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if isinstance(deadline, int | float) and not isinstance(deadline, bool) and deadline > 0:
+        return float(deadline), "deadline"
+    stated = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_EXPECTED_RUNTIME)
+    if stated is not None:
+        return parse_expected_runtime(str(stated)), "annotation"
+    return None, "default"
 
 
 def parse_devices(value: str) -> tuple[str, ...]:

@@ -1,0 +1,165 @@
+"""The pure decisions of reservation with backfill (:mod:`topology.backfill`) against brute force.
+
+Who may use held devices: exactly the pods that state a runtime ending by the latest stated end of the
+pods holding the gang back, so lending never delays the gang. Which domain: the cheapest, the current one
+kept on a tie. Where: one target per domain of the lowest level that could ever hold the gang, each of the
+asked size and shape on its node, costing exactly its devices not free, and complete (held whole) exactly
+when it costs nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from topology import ClusterView, NodeTopology, Shape, build_preset, pack_node, parse_shape, place_gang
+from topology.backfill import (
+    choose_domain,
+    cost,
+    covers,
+    expected_start,
+    held_now,
+    may_backfill,
+    stated_end,
+    targets,
+)
+
+RACK = "example.com/rack"
+PRESETS = ("ring:4", "mesh:2x2", "full:4", "ring:6")
+SHAPES = (parse_shape("ring", count=2), parse_shape("ring", count=4), parse_shape("any", count=3))
+
+times = st.floats(0, 1000, allow_nan=False)
+runtimes = st.one_of(st.none(), st.floats(1, 1000, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(now=times, holders=st.lists(st.tuples(st.one_of(st.none(), times), runtimes), max_size=5), runtime=runtimes)
+def test_held_devices_go_only_to_a_pod_that_ends_before_the_gang_would_start_anyway(
+    now: float, holders: list[tuple[float | None, float | None]], runtime: float | None
+) -> None:
+    """Brute force: the gang starts once every holder has gone; a holder that states no end may go at once.
+    A pod is lent the held devices exactly when it states a runtime and ends by then, and the gang's start
+    with the lent pod among the holders is the same as without it."""
+    ends = [stated_end(started, r, now) for started, r in holders]
+    latest = max([now, *(e for e in ends if e is not None)])
+    start = expected_start(now, ends)
+    assert start == latest
+    lent = may_backfill(now, runtime, start)
+    assert lent == (runtime is not None and now + runtime <= latest)
+    if lent:
+        assert runtime is not None
+        assert expected_start(now, [*ends, stated_end(now, runtime, now)]) == start, "lending never delays the gang"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    costs=st.dictionaries(st.sampled_from(("d0", "d1", "d2", "d3")), st.integers(0, 5), max_size=4),
+    current=st.one_of(st.none(), st.sampled_from(("d0", "d1", "d2", "d3"))),
+)
+def test_the_domain_chosen_is_the_cheapest_and_the_current_one_is_kept_on_a_tie(
+    costs: dict[str, int], current: str | None
+) -> None:
+    chosen = choose_domain(costs, current)
+    if not costs:
+        assert chosen is None
+        return
+    least = min(costs.values())
+    assert chosen is not None and costs[chosen] == least
+    if current in costs and costs[current] == least:
+        assert chosen == current, "moved to a domain no cheaper"
+    elif current not in costs or costs[current] > least:
+        assert chosen == min(d for d, c in costs.items() if c == least), "ties: the first by name"
+
+
+@dataclass(frozen=True)
+class Case:
+    cluster: ClusterView
+    topologies: dict[str, NodeTopology]
+    free: dict[str, frozenset[str]]
+    shape: Shape
+    members: int
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    count = draw(st.integers(1, 4))
+    names = [f"n{i}" for i in range(count)]
+    topologies = {n: build_preset(draw(st.sampled_from(PRESETS))) for n in names}
+    racks = {n: draw(st.sampled_from(("r0", "r1"))) for n in names}
+    cluster = ClusterView(tier_keys=(RACK,), paths={n: (racks[n],) for n in names})
+    free = {n: frozenset(d for d in sorted(t.ids) if draw(st.booleans())) for n, t in topologies.items()}
+    return Case(cluster, topologies, free, draw(st.sampled_from(SHAPES)), draw(st.integers(1, 4)))
+
+
+def _capacity(case: Case, nodes: list[str], healthy: bool = True) -> int:
+    return sum(
+        len(
+            pack_node(
+                case.topologies[n],
+                case.topologies[n].healthy_ids if healthy else case.free[n],
+                case.shape,
+                case.members,
+            )
+        )
+        for n in nodes
+    )
+
+
+def _domains(case: Case) -> dict[int, dict[tuple[str, ...], list[str]]]:
+    """Level -> its domains' nodes (no link domains here: level 1 is each node, as level 0)."""
+    out: dict[int, dict[tuple[str, ...], list[str]]] = {}
+    for level in range(case.cluster.top + 1):
+        for n in sorted(case.topologies):
+            out.setdefault(level, {}).setdefault(case.cluster.unit(n, level), []).append(n)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases())
+def test_a_target_in_every_domain_of_the_lowest_level_that_could_ever_hold_the_gang(case: Case) -> None:
+    found = targets(case.cluster, case.topologies, case.free, case.shape, case.members)
+    domains = _domains(case)
+    level = next(
+        (lv for lv in (0, 2, 3) if any(_capacity(case, ns) >= case.members for ns in domains[lv].values())), None
+    )
+    if level is None:
+        assert found == {}
+        return
+    holding = [ns for ns in domains[level].values() if _capacity(case, ns) >= case.members]
+    assert len(found) == len(holding), "one target per domain that could hold the gang"
+    for target, price in found.values():
+        assert len(target.members) == case.members
+        nodes = {n for n, _p in target.members}
+        assert any(nodes <= set(ns) for ns in holding), "inside one domain of that level"
+        for n in nodes:
+            devices = [d for m, p in target.members if m == n for d in p.devices]
+            assert len(devices) == len(set(devices)), "disjoint placements"
+            assert set(devices) <= case.topologies[n].healthy_ids
+        assert all(len(p.devices) == case.shape.size and p.valid for _n, p in target.members)
+        busy = sum(d not in case.free[n] for n, p in target.members for d in p.devices)
+        assert price == busy == cost(target, case.free)
+        if level == 0:
+            (n,) = nodes
+            on_free = _capacity(case, [n], healthy=False)
+            assert (price == 0) == (on_free >= case.members), "a node's free devices are taken first"
+        domain = next(ns for ns in holding if nodes <= set(ns))
+        healthy = {n: case.topologies[n].healthy_ids for n in domain}
+        plain = place_gang(case.cluster, case.topologies, healthy, case.shape, case.members, within=level)
+        assert plain is not None and price <= cost(plain, case.free), "re-packing never needs more devices freed"
+
+
+@settings(max_examples=200, deadline=None)
+@given(cases(), st.data())
+def test_the_gang_is_complete_exactly_when_its_held_devices_cover_its_target(case: Case, data: st.DataObject) -> None:
+    found = targets(case.cluster, case.topologies, case.free, case.shape, case.members)
+    for target, price in found.values():
+        held = held_now(target, case.free)
+        assert covers(target, held) == (price == 0)
+        freed = {n: case.free[n] | {d for m, p in target.members if m == n for d in p.devices} for n in case.free}
+        assert covers(target, held_now(target, freed)), "once every target device is freed, it is whole"
+        drop = data.draw(st.sampled_from([d for _n, p in target.members for d in p.devices]))
+        node = next(n for n, p in target.members if drop in p.devices)
+        short = {**held_now(target, freed), node: held_now(target, freed)[node] - {drop}}
+        assert not covers(target, short), "one device short is not whole"
