@@ -30,7 +30,6 @@ import builtins
 import dataclasses
 import datetime as dt
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -40,6 +39,7 @@ from scheduler.config import ExtenderConfig
 from scheduler.events import event_body
 from scheduler.gang import GangManager
 from scheduler.kube import KubeError
+from scheduler.loop import Loop
 from scheduler.podspec import LABEL_JOBSET_NAME, LABEL_KUBEFLOW_JOB_NAME, PodInfo, PodSpecError, pod_info
 from topology import Shape, ShapeError, TopologyError, parse_shape
 
@@ -200,8 +200,10 @@ def _now_rfc3339() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class AdmissionChecks:
+class AdmissionChecks(Loop):
     """The lease holder's loop over Kueue's Workloads: :meth:`decide` one, :meth:`run_once` all of them."""
+
+    thread_name = "kueue-admission-checks"
 
     def __init__(
         self,
@@ -214,6 +216,7 @@ class AdmissionChecks:
     ) -> None:
         """``lead``: "" when this replica may reserve now (it takes the extender Lease if it is free);
         ``record``: writes a reservation's record to the API server ("" when done, else why not)."""
+        super().__init__()
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
@@ -222,8 +225,6 @@ class AdmissionChecks:
         self.record = record
         self.mine: dict[str, str] = {}  # workload uid -> the gang key reserved for it
         self._told: dict[str, Verdict] = {}  # workload uid -> the answer its last Event said
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the decision
 
@@ -408,18 +409,6 @@ class AdmissionChecks:
         )
 
     # ------------------------------------------------------------------ the thread
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="kueue-admission-checks", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._thread = None
 
     def _run(self) -> None:
         while not self._stop.wait(self.cfg.kueue.interval_s):

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable
 
@@ -39,6 +38,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.gang import GangManager
 from scheduler.kube import KubeAPI, KubeError
+from scheduler.loop import Loop
 from scheduler.podspec import PodInfo
 from scheduler.steps import FairShare
 
@@ -47,8 +47,10 @@ __all__ = ["QueueGates"]
 log = logging.getLogger(__name__)
 
 
-class QueueGates:
+class QueueGates(Loop):
     """The gate loop: :meth:`choose` the pods to let go, :meth:`run_once` removes their gates."""
+
+    thread_name = "queue-gates"
 
     def __init__(
         self,
@@ -62,6 +64,7 @@ class QueueGates:
         interval_s: float = 5.0,
         poll_s: float = 0.2,
     ) -> None:
+        super().__init__()
         self.cache = cache
         self.cfg = cfg
         self.fair = fair
@@ -71,8 +74,6 @@ class QueueGates:
         self.interval_s = interval_s
         self.poll_s = poll_s
         self._sent: dict[str, PodInfo] = {}  # uid -> pods whose gate was removed, until the cache shows it
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the decision
 
@@ -158,18 +159,6 @@ class QueueGates:
         return done
 
     # ------------------------------------------------------------------ the thread
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="queue-gates", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._thread = None
 
     def _run(self) -> None:
         seen, last = -1, 0.0
