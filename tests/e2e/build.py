@@ -70,6 +70,7 @@ __all__ = [
     "missing_binaries",
     "missing_node_binaries",
     "node_dir",
+    "read_pins",
     "sync",
     "tool_dir",
     "tool_path",
@@ -192,18 +193,23 @@ def _read_env(path: Path) -> dict[str, str]:
     return values
 
 
-def load_tool_versions(path: Path = TOOLS_FILE) -> dict[str, str]:
-    """Tool name -> pinned version, from ``tools.env``; every tool of :data:`TOOLS` must be pinned."""
+def read_pins(path: Path, keys: Mapping[str, str]) -> dict[str, str]:
+    """Name -> pinned release, for each name's ``KEY=vX.Y.Z`` line of ``path`` (``keys``: name -> KEY)."""
     values = _read_env(path)
     found: dict[str, str] = {}
-    for tool in TOOLS:
-        pin = values.get(tool.pin)
+    for name, key in keys.items():
+        pin = values.get(key)
         if pin is None:
-            raise BuildError(f"{path}: {tool.pin} is missing")
+            raise BuildError(f"{path}: {key} is missing")
         if not _SEMVER.match(pin):
-            raise BuildError(f"{path}: {tool.pin}={pin!r} is not a release version like v1.2.3")
-        found[tool.name] = pin
+            raise BuildError(f"{path}: {key}={pin!r} is not a release version like v1.2.3")
+        found[name] = pin
     return found
+
+
+def load_tool_versions(path: Path = TOOLS_FILE) -> dict[str, str]:
+    """Tool name -> pinned version, from ``tools.env``; every tool of :data:`TOOLS` must be pinned."""
+    return read_pins(path, {tool.name: tool.pin for tool in TOOLS})
 
 
 # --------------------------------------------------------------------------- cache

@@ -88,16 +88,7 @@ CONTROLLERS: tuple[Controller, ...] = (
 
 def load_pins(path: Path = CONTROLLERS_FILE) -> dict[str, str]:
     """Controller name -> pinned version; every controller of :data:`CONTROLLERS` must be pinned."""
-    values = build._read_env(path)
-    found: dict[str, str] = {}
-    for controller in CONTROLLERS:
-        pin = values.get(controller.pin)
-        if pin is None:
-            raise build.BuildError(f"{path}: {controller.pin} is missing")
-        if not build._SEMVER.match(pin):
-            raise build.BuildError(f"{path}: {controller.pin}={pin!r} is not a release version like v1.2.3")
-        found[controller.name] = pin
-    return found
+    return build.read_pins(path, {c.name: c.pin for c in CONTROLLERS})
 
 
 def controllers_dir() -> Path:
