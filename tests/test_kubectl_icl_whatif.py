@@ -141,7 +141,7 @@ def test_a_job_makes_its_parallel_pods_with_their_completion_index() -> None:
     ("text", "message"),
     [
         ("a: [b", "f.yaml: not YAML or JSON: "),
-        ("", "f.yaml: no Pod or Job in it"),
+        ("", "f.yaml: no pod in it"),
         ("- 1\n", "f.yaml: document 1: expected a Kubernetes object (a mapping), got list"),
         ("kind: Pod\nmetadata: {name: a}\n---\nkind: Deployment\n", "f.yaml: document 2: kind 'Deployment': allowed"),
         ("kind: Pod\nmetadata: {}\n", "f.yaml: document 1: Pod without metadata.name"),
@@ -198,7 +198,10 @@ def test_the_command_answers_now_and_when_and_refuses_a_pod_that_exists(
     spec.write_text("kind: Deployment\n")
     assert cli.main(["whatif", "-f", str(spec)]) == 1
     err = capsys.readouterr().err
-    assert err.endswith(f"error: {spec}: document 1: kind 'Deployment': allowed kinds are Pod, Job, List\n"), err
+    assert err.endswith(
+        f"error: {spec}: document 1: kind 'Deployment': allowed kinds are Pod, Job, List, PyTorchJob, JobSet, "
+        "LeaderWorkerSet, TrainJob\n"
+    ), err
 
 
 def test_a_pods_priority_comes_from_its_priority_class_as_the_api_server_sets_it() -> None:
