@@ -95,6 +95,9 @@ class PodLedger:
         self.allocated: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> (node, devices)
         self.shared: dict[str, tuple[str, str, int]] = {}  # uid -> (node, device, milli): shares held
         self.assumed: dict[str, float] = {}  # uid -> time of assume (bind in flight)
+        # uid -> the nodes whose record may hold it (owners or counted by size): a release of a pod held
+        # nowhere whole looks at these, not at every node (a superset: each is checked)
+        self._on: dict[str, set[str]] = {}
         # uid -> the newest resourceVersion applied (kept after a delete as a tombstone), so that a fresh
         # list merged into a watched cache never rolls a pod back.
         self.pod_rv: dict[str, int] = {}
@@ -179,6 +182,7 @@ class PodLedger:
             rec = self.nodes.records.get(info.node_name)
             if rec is not None and info.count and rec.unattributed.get(uid) != info.count:
                 rec.unattributed[uid] = info.count
+                self._on.setdefault(uid, set()).add(rec.name)
                 self.nodes.refresh(rec)
         return None
 
@@ -194,6 +198,7 @@ class PodLedger:
             rec = self.nodes.records.get(node)
             if rec is not None:
                 rec.unattributed[uid] = count
+                self._on.setdefault(uid, set()).add(rec.name)
                 self.nodes.refresh(rec)
 
     def remove(self, uid: str) -> tuple[PodInfo | None, tuple[str, tuple[str, ...]] | None]:
@@ -210,6 +215,7 @@ class PodLedger:
         them are dropped for it (:attr:`taken`); a device held by another pod, or not on the node, counts
         the pod by size instead (False) until that conflict goes (:meth:`release`)."""
         rec = self.nodes.record(node)
+        self._on.setdefault(uid, set()).add(rec.name)
         if rec.allocator is not None:
             if self.yield_reserved is not None:
                 for owner in self.yield_reserved(rec, devices):
@@ -290,7 +296,12 @@ class PodLedger:
             return
         held = self.allocated.pop(uid, None)
         records = self.nodes.records
-        for rec in records.values() if held is None else [records.get(held[0])]:
+        on = self._on.get(uid, set())
+        names = sorted(on) if held is None else [held[0]]
+        on.difference_update(names)
+        if not on:
+            self._on.pop(uid, None)
+        for rec in [records.get(n) for n in names]:
             if rec is None:
                 continue
             changed = freed = False
@@ -324,6 +335,7 @@ class PodLedger:
         if uid in self.allocated:
             raise AllocationError(f"pod {uid} already holds devices on {self.allocated[uid][0]}")
         rec.allocator.allocate(uid, devices)  # raises and changes nothing on conflict
+        self._on.setdefault(uid, set()).add(rec.name)
         rec.owners[uid] = devices
         rec.unattributed.pop(uid, None)
         self.allocated[uid] = (node, devices)
@@ -398,7 +410,14 @@ class PodLedger:
     def holding_on(self, node: str) -> list[PodInfo]:
         with self.lock:
             pods = self.pods
-            return [p for uid, (n, _d) in self.allocated.items() if n == node and (p := pods.get(uid)) is not None]
+            rec = self.nodes.records.get(node)
+            allocated = self.allocated
+            # the node's record lists its holders (``owners``): no walk over every pod held
+            return [
+                p
+                for uid in (rec.owners if rec is not None else ())
+                if (allocated.get(uid) or ("",))[0] == node and (p := pods.get(uid)) is not None
+            ]
 
     def pending(self, other_than: str | None = None) -> list[PodInfo]:
         with self.lock:

@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -243,14 +244,27 @@ def _quantity(value: Any, where: str) -> Decimal:
     return number * _SUFFIX[m.group(2) or ""]
 
 
+def _cpu_milli(value: Any, where: str) -> int:
+    return int((_quantity(value, where) * 1000).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _memory_mib(value: Any, where: str) -> int:
+    return int(_quantity(value, where) / _SUFFIX["Mi"])
+
+
+# A cluster's pods ask a handful of distinct quantities ("1", "500m", "4Gi"): each is parsed once.
+_cpu_milli_of = functools.lru_cache(maxsize=4096, typed=True)(_cpu_milli)
+_memory_mib_of = functools.lru_cache(maxsize=4096, typed=True)(_memory_mib)
+
+
 def cpu_milli(value: Any, where: str = "cpu") -> int:
     """A CPU quantity in milli-CPU, rounded up as Kubernetes does (``MilliValue``)."""
-    return int((_quantity(value, where) * 1000).to_integral_value(rounding="ROUND_CEILING"))
+    return _cpu_milli_of(value, where) if isinstance(value, (str, int, float)) else _cpu_milli(value, where)
 
 
 def memory_mib(value: Any, where: str = "memory") -> int:
     """A memory quantity in MiB, rounded down."""
-    return int(_quantity(value, where) / _SUFFIX["Mi"])
+    return _memory_mib_of(value, where) if isinstance(value, (str, int, float)) else _memory_mib(value, where)
 
 
 def _container_requests(container: Any) -> tuple[int, int]:
