@@ -18,7 +18,8 @@ The API server's paged lists are not in these figures (the same for every comman
 measures the extender's own list at this size). ``why`` and ``whatif now`` are also timed, in the same run,
 on the paths they took before they were made fast (:func:`paths_before`: each pod read twice, a release of
 a pod held nowhere walking every node, the holders of a node found by walking every pod held, each CPU or
-memory quantity parsed again), and the table prints the ratio. Prints one table; ``--json FILE`` writes the
+memory quantity parsed again, a node's whole view rebuilt for each pod asking CPU or memory there), and
+the table prints the ratio. Prints one table; ``--json FILE`` writes the
 figures.
 
 Run: ``.venv/bin/python bench/whatif.py [--nodes 5000] [--pods-per-node 30] [--pending 200] [--repeat 1]``.
@@ -46,6 +47,7 @@ from kubectlicl.whatif import decide_now, estimate_when, read_pods  # noqa: E402
 from kubectlicl.why import explain  # noqa: E402
 from scheduler import cache as cache_module  # noqa: E402
 from scheduler import ledger as ledger_module  # noqa: E402
+from scheduler import nodes as nodes_module  # noqa: E402
 from scheduler.config import parse_config  # noqa: E402
 from scheduler.podspec import PodInfo  # noqa: E402
 from scheduler.snapshot import dump, load_snapshot  # noqa: E402
@@ -153,11 +155,13 @@ def paths_before() -> Iterator[None]:
         replace_pods(self, items, None)  # each pod read again, as the command had read it
 
     saved = (
+        nodes_module.Nodes.refresh_requests,
         ledger_module.PodLedger.release,
         ledger_module.PodLedger.holding_on,
         contract._cpu_milli_of,
         contract._memory_mib_of,
     )
+    nodes_module.Nodes.refresh_requests = nodes_module.Nodes.refresh  # type: ignore[method-assign]
     ledger_module.PodLedger.release = _release_before  # type: ignore[method-assign]
     ledger_module.PodLedger.holding_on = _holding_on_before  # type: ignore[method-assign]
     cache_module.ClusterCache.replace_pods = read_again  # type: ignore[method-assign]
@@ -167,6 +171,7 @@ def paths_before() -> Iterator[None]:
     finally:
         cache_module.ClusterCache.replace_pods = replace_pods  # type: ignore[method-assign]
         (
+            nodes_module.Nodes.refresh_requests,  # type: ignore[method-assign]
             ledger_module.PodLedger.release,  # type: ignore[method-assign]
             ledger_module.PodLedger.holding_on,  # type: ignore[method-assign]
             contract._cpu_milli_of,

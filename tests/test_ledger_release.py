@@ -1,6 +1,7 @@
-"""The cache's ledger finds a pod's holdings through its own index, not by walking every node or pod: a pod
-counted by size on a node (bound without kube-icl's device list, or in conflict) is released from that node
-when it ends, one that moved is released from where it was, and a node's holders are the pods held there."""
+"""The cache finds a pod's holdings through its own index, not by walking every node or pod: a pod counted
+by size on a node (bound without kube-icl's device list, or in conflict) is released from that node when it
+ends, one that moved is released from where it was, a node's holders are the pods held there; and a node's
+free CPU and memory follow the pods asking them while its devices stand."""
 
 from __future__ import annotations
 
@@ -55,3 +56,26 @@ def test_a_pod_moved_to_another_node_holds_only_there_and_is_listed_only_there()
     assert cache.pods.holding_on("a") == [] and [p.name for p in cache.pods.holding_on("b")] == ["p"]
     cache.delete_pod(moved)
     assert _held(cache, "b") == (0, 8) and cache.pods.holding_on("b") == []
+
+
+def _asking_cpu(name: str, node: str, cpu: str, memory: str) -> dict[str, Any]:
+    pod = pod_obj(name, 0, node=node, phase="Running")
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu, "memory": memory}}
+    return pod
+
+
+def test_a_nodes_free_cpu_and_memory_follow_the_pods_asking_them_and_its_devices_stand() -> None:
+    cache = _cache("a")
+    node = node_obj("a", "ring:8")
+    node["status"]["allocatable"].update(cpu="8", memory="16Gi")
+    cache.replace_nodes([node])
+    holder = pod_obj("holder", 2, "any", node="a", phase="Running", annotations={"kube-icl.io/devices": "0,1"})
+    cache.upsert_pod(holder)
+    pods = [_asking_cpu(f"c{i}", "a", "1500m", "2Gi") for i in range(3)]
+    for pod in pods:
+        cache.upsert_pod(pod)
+    view = cache.nodes.usable_views(["a"])["a"]
+    assert (view.cpu_free, view.mem_free, len(view.free)) == (8000 - 4500, 16 * 1024 - 6 * 1024, 6)
+    cache.delete_pod(pods[0])
+    view = cache.nodes.usable_views(["a"])["a"]
+    assert (view.cpu_free, view.mem_free, len(view.free)) == (8000 - 3000, 16 * 1024 - 4 * 1024, 6)
