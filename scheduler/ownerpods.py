@@ -31,6 +31,7 @@ from scheduler.podspec import (
     LABEL_LWS_NAME,
     LABEL_LWS_WORKER_INDEX,
     PodSpecError,
+    spec_count,
 )
 
 __all__ = ["MAKERS", "NAME_LABELS", "OwnerPodsError", "owner_pods", "trainjob_jobset"]
@@ -84,7 +85,7 @@ def _pod(
     namespace: str,
     owner: JsonObj,
     labels: Mapping[str, str],
-    annotations: Mapping[str, str] = {},
+    annotations: Mapping[str, str] | None = None,
 ) -> JsonObj:
     """A pod made from ``template`` (``metadata`` and ``spec``): the template's labels and annotations with the
     controller's over them, its controller ``owner``."""
@@ -94,7 +95,7 @@ def _pod(
     meta: JsonObj = {
         "name": name,
         "labels": {**(tmeta.get("labels") or {}), **labels},
-        "annotations": {**(tmeta.get("annotations") or {}), **annotations},
+        "annotations": {**(tmeta.get("annotations") or {}), **(annotations or {})},
         "ownerReferences": [owner],
     }
     if namespace:
@@ -102,24 +103,18 @@ def _pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": copy.deepcopy(dict(template["spec"]))}
 
 
-def _set_env(container: JsonObj, env: Sequence[tuple[str, str]]) -> None:
-    """Set ``env`` on ``container``, over the variables of the same names it has."""
-    names = {k for k, _ in env}
+def _set_env(container: JsonObj, env: Sequence[tuple[str, str] | Mapping[str, Any]]) -> None:
+    """Set ``env`` (name and value, or an env var object as written) on ``container``, over the variables of
+    the same names it has."""
+    made = [{"name": e[0], "value": e[1]} if isinstance(e, tuple) else copy.deepcopy(dict(e)) for e in env]
+    names = {e.get("name") for e in made}
     kept = [e for e in container.get("env") or () if e.get("name") not in names]
-    container["env"] = [*kept, *({"name": k, "value": v} for k, v in env)]
+    container["env"] = [*kept, *made]
 
 
 def _containers(pod: JsonObj, name: str | None = None) -> list[JsonObj]:
     """The pod's containers named ``name`` (None: all)."""
     return [c for c in pod["spec"].get("containers") or () if name is None or c.get("name") == name]
-
-
-def _count(raw: Any, default: int, where: str) -> int:
-    if raw is None:
-        return default
-    if isinstance(raw, bool) or not isinstance(raw, int) or not 0 <= raw <= 4096:
-        raise OwnerPodsError(f"{where}: {raw!r} is not a whole number in 0..4096")
-    return raw
 
 
 def _spec(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
@@ -143,9 +138,10 @@ def pytorchjob_pods(job: Mapping[str, Any]) -> list[JsonObj]:
     counts: dict[str, int] = {}
     for rtype, rspec in replicas.items():
         where = f"spec.pytorchReplicaSpecs.{rtype}"
-        n = _count((rspec or {}).get("replicas"), 1, f"{where}.replicas")
+        n = spec_count((rspec or {}).get("replicas"), 1, f"{where}.replicas")
         if isinstance(elastic, Mapping) and str(rtype).lower() == "worker":
-            n = _count(elastic.get("minReplicas", n), n, "spec.elasticPolicy.minReplicas")
+            least = elastic.get("minReplicas", elastic.get("maxReplicas"))  # as the gang is sized from it
+            n = spec_count(least, n, "spec.elasticPolicy.minReplicas")
         counts[str(rtype)] = n
     master = any(r.lower() == "master" for r in counts)
     world = sum(counts.values())
@@ -190,7 +186,9 @@ def jobset_pods(jobset: Mapping[str, Any]) -> list[JsonObj]:
     rjobs = spec.get("replicatedJobs")
     if not isinstance(rjobs, list) or not rjobs:
         raise OwnerPodsError("spec.replicatedJobs: no replicated jobs")
-    replicas = [_count((r or {}).get("replicas"), 1, f"spec.replicatedJobs[{i}].replicas") for i, r in enumerate(rjobs)]
+    replicas = [
+        spec_count((r or {}).get("replicas"), 1, f"spec.replicatedJobs[{i}].replicas") for i, r in enumerate(rjobs)
+    ]
     # a replicated job that others wait on to complete has completed before they are made: left out
     done = {
         str(d.get("name"))
@@ -210,8 +208,8 @@ def jobset_pods(jobset: Mapping[str, Any]) -> list[JsonObj]:
         job_spec = (rjob.get("template") or {}).get("spec")
         if not isinstance(job_spec, Mapping):
             raise OwnerPodsError(f"{where}.spec: no Job spec")
-        parallelism = _count(job_spec.get("parallelism"), 1, f"{where}.spec.parallelism")
-        completions = _count(job_spec.get("completions"), parallelism, f"{where}.spec.completions")
+        parallelism = spec_count(job_spec.get("parallelism"), 1, f"{where}.spec.parallelism")
+        completions = spec_count(job_spec.get("completions"), parallelism, f"{where}.spec.completions")
         rname = str(rjob.get("name") or i)
         group = group_of[i]
         if rname in done:
@@ -268,8 +266,8 @@ def lws_pods(lws: Mapping[str, Any]) -> list[JsonObj]:
     lwt = spec.get("leaderWorkerTemplate")
     if not isinstance(lwt, Mapping):
         raise OwnerPodsError("spec.leaderWorkerTemplate: missing")
-    groups = _count(spec.get("replicas"), 1, "spec.replicas")
-    size = _count(lwt.get("size"), 1, "spec.leaderWorkerTemplate.size")
+    groups = spec_count(spec.get("replicas"), 1, "spec.replicas")
+    size = spec_count(lwt.get("size"), 1, "spec.leaderWorkerTemplate.size")
     if size < 1:
         raise OwnerPodsError("spec.leaderWorkerTemplate.size: 0 is below 1 (the leader)")
     where = "spec.leaderWorkerTemplate"
@@ -327,7 +325,7 @@ def trainjob_jobset(trainjob: Mapping[str, Any], runtime: Mapping[str, Any]) -> 
         if rjob.get("name") != TRAINER_NODE:
             continue
         if nodes is not None:
-            job_spec["parallelism"] = job_spec["completions"] = _count(nodes, 1, "spec.trainer.numNodes")
+            job_spec["parallelism"] = job_spec["completions"] = spec_count(nodes, 1, "spec.trainer.numNodes")
         for c in (pod_template.get("spec") or {}).get("containers") or ():
             if c.get("name") != TRAINER_NODE:
                 continue
@@ -336,10 +334,8 @@ def trainjob_jobset(trainjob: Mapping[str, Any], runtime: Mapping[str, Any]) -> 
             for field in ("image", "command", "args"):
                 if trainer.get(field) is not None:
                     c[field] = copy.deepcopy(trainer[field])
-            env = [(str(e.get("name")), str(e.get("value") or "")) for e in trainer.get("env") or ()]
-            if nodes is not None:
-                env.insert(0, ("PET_NNODES", str(nodes)))
-            _set_env(c, env)
+            nnodes = [("PET_NNODES", str(nodes))] if nodes is not None else []
+            _set_env(c, [*nnodes, *(e for e in trainer.get("env") or () if isinstance(e, Mapping))])
     name = str(meta.get("name"))
     jobset_spec.setdefault("network", {}).setdefault("subdomain", name)
     jmeta: JsonObj = {

@@ -66,6 +66,7 @@ __all__ = [
     "pod_rank",
     "requested_milli",
     "sized_rank",
+    "spec_count",
 ]
 
 # The wire names and the devices rule are the contract's (topology.contract), re-exported here.
@@ -436,7 +437,7 @@ def group_spec(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> GroupS
     return GroupSpec(group_min_count(kind, obj, pod_group), group_topology_key(kind, obj, pod_group))
 
 
-def _count(raw: Any, default: int, where: str) -> int:
+def spec_count(raw: Any, default: int, where: str) -> int:
     """A count in an owner's spec; absent: ``default``, the controller's own default."""
     if raw is None:
         return default
@@ -481,13 +482,13 @@ def _pytorchjob_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
         where = f"spec.pytorchReplicaSpecs.{rtype}"
         if not isinstance(rspec, Mapping):
             raise PodSpecError(f"{where}: expected a replica spec")
-        n = _count(rspec.get("replicas"), 1, f"{where}.replicas")
+        n = spec_count(rspec.get("replicas"), 1, f"{where}.replicas")
         least, most = n, 0
         if isinstance(elastic, Mapping) and str(rtype).lower() == "worker":
             low = elastic.get("minReplicas", elastic.get("maxReplicas"))
             high = elastic.get("maxReplicas", elastic.get("minReplicas"))
-            least = _count(low, n, "spec.elasticPolicy.minReplicas")
-            most = _count(high, n, "spec.elasticPolicy.maxReplicas")
+            least = spec_count(low, n, "spec.elasticPolicy.minReplicas")
+            most = spec_count(high, n, "spec.elasticPolicy.maxReplicas")
             if most < least:
                 raise PodSpecError(f"spec.elasticPolicy: maxReplicas {most} is below minReplicas {least}")
         roles.append(_role(str(rtype), least, rspec.get("template"), f"{where}.template", most))
@@ -509,8 +510,8 @@ def _jobset_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
         job = template.get("spec") if isinstance(template, Mapping) else None
         if not isinstance(job, Mapping):
             raise PodSpecError(f"{where}.template.spec: no Job spec")
-        n = _count(rjob.get("replicas"), 1, f"{where}.replicas")
-        per_job = _count(job.get("parallelism"), 1, f"{where}.template.spec.parallelism")
+        n = spec_count(rjob.get("replicas"), 1, f"{where}.replicas")
+        per_job = spec_count(job.get("parallelism"), 1, f"{where}.template.spec.parallelism")
         name = str(rjob.get("name") or i)
         role = _role(name, n * per_job, job.get("template"), f"{where}.template.spec.template")
         roles.append(dataclasses.replace(role, jobs=n))
@@ -523,7 +524,7 @@ def _lws_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
     lwt = spec.get("leaderWorkerTemplate")
     if not isinstance(lwt, Mapping):
         raise PodSpecError("spec.leaderWorkerTemplate: missing")
-    size = _count(lwt.get("size"), 1, "spec.leaderWorkerTemplate.size")
+    size = spec_count(lwt.get("size"), 1, "spec.leaderWorkerTemplate.size")
     if size < 1:
         raise PodSpecError("spec.leaderWorkerTemplate.size: 0 is below 1 (the leader)")
     worker = lwt.get("workerTemplate")
