@@ -34,7 +34,7 @@ import yaml
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.ownerpods import MAKERS, owner_pods, trainjob_jobset
-from scheduler.podspec import OWNER_KINDS, PodInfo, PodSpecError, pod_info
+from scheduler.podspec import OWNER_KINDS, PodInfo, PodSpecError, owner_gang_size, pod_info
 from scheduler.snapshot import Snapshot, stamp
 from simulator.extcluster import LocalAPI, dry_run_victims, preempt_pod, schedule_pod
 from simulator.snapstart import DEFAULT_RUNTIME_S, from_snapshot
@@ -359,7 +359,7 @@ def decide_now(
         current = api.get_pod(meta["namespace"], meta["name"])
         assert current is not None, "internal error: a new pod is gone from the API in memory"
         names, _unselected = selected_nodes(state.nodes, current)
-        what = asks(pod_info(current, state.config.resource_name, state.config.shared_resource_name))
+        what = asks(_sized(api, pod_info(current, state.config.resource_name, state.config.shared_resource_name)))
         attempt = schedule_pod(state.extender, api, current, names)
         if attempt.found is not None:
             out.append(Now(_key(current), what, attempt.found[0], attempt.found[1], None, rank=_rank(api, meta)))
@@ -385,6 +385,17 @@ def decide_now(
         created={**state.created, **{p["metadata"]["uid"]: p["metadata"]["creationTimestamp"] for p in new}},
     )
     return Decided(sorted(out, key=lambda a: order[a.pod]), state.warnings, after)
+
+
+def _sized(api: LocalAPI, info: PodInfo) -> PodInfo:
+    """A member whose gang an owner object sizes, with that size, as the extender reads it (for its words)."""
+    gang = info.gang
+    group = gang.group if gang is not None else None
+    if gang is None or gang.size or group is None:
+        return info
+    read = api.read_group(group.kind, gang.namespace, group.name, group.pod_group)
+    spec = owner_gang_size(read, api.cache.resource) if read is not None else None
+    return dataclasses.replace(info, gang=gang.with_group(spec)) if spec is not None and spec.size else info
 
 
 def _rank(api: LocalAPI, meta: Mapping[str, Any]) -> int | None:

@@ -179,6 +179,7 @@ def test_the_command_answers_a_trainjob_given_its_runtime(
     assert "give it with --runtime FILE" in capsys.readouterr().err
     assert cli.main(["whatif", "-f", str(spec), "--runtime", str(runtime), "--no-when", "-o", "json"]) == 0
     items = json.loads(capsys.readouterr().out)["items"]
+    assert {i["asks"] for i in items} == {"8 x ring, member of gang 'jobset:llm' (2 members)"}, "sized by its spec"
     assert [(i["pod"], i["now"]["node"], i["now"]["rank"]) for i in items] == [
         ("ml/llm-node-0-0", "a", 0),
         ("ml/llm-node-0-1", "b", 1),
