@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+# dict first: most objects are dicts, and isinstance(x, Mapping) alone takes the slower ABC check
+_MAPPING = (dict, Mapping)
+
 __all__ = [
     "ANN_DEVICES",
     "ANN_DEVICE_MILLI",
@@ -268,15 +271,15 @@ def memory_mib(value: Any, where: str = "memory") -> int:
 
 
 def _container_requests(container: Any) -> tuple[int, int]:
-    if not isinstance(container, Mapping):
+    if not isinstance(container, _MAPPING):
         return 0, 0
     res = container.get("resources")
-    if not isinstance(res, Mapping):
+    if not isinstance(res, _MAPPING):
         return 0, 0
     req = res.get("requests")
     lim = res.get("limits")
-    req = req if isinstance(req, Mapping) else {}
-    lim = lim if isinstance(lim, Mapping) else {}
+    req = req if isinstance(req, _MAPPING) else {}
+    lim = lim if isinstance(lim, _MAPPING) else {}
     cpu = req.get("cpu", lim.get("cpu"))  # a limit without a request is the request (API server default)
     mem = req.get("memory", lim.get("memory"))
     try:
@@ -300,7 +303,7 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     (4000, 1024)
     """
     spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, _MAPPING):
         return 0, 0
     containers = spec.get("containers") or []
     inits = spec.get("initContainers") or []
@@ -312,7 +315,7 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
         a, b = _container_requests(c)
         cpu, mem = max(cpu, a), max(mem, b)
     overhead = spec.get("overhead")
-    if isinstance(overhead, Mapping):
+    if isinstance(overhead, _MAPPING):
         a, b = _container_requests({"resources": {"requests": overhead}})
         cpu, mem = cpu + a, mem + b
     return cpu, mem
