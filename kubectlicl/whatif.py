@@ -33,7 +33,7 @@ import yaml
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.ownerpods import MAKERS, owner_pods, trainjob_jobset
+from scheduler.ownerpods import MAKERS, job_pods, owner_pods, trainjob_jobset
 from scheduler.podspec import OWNER_KINDS, PodInfo, PodSpecError, owner_gang_size, pod_info
 from scheduler.snapshot import Snapshot, stamp
 from simulator.extcluster import LocalAPI, dry_run_victims, preempt_pod, schedule_pod
@@ -61,47 +61,10 @@ __all__ = [
 KINDS = ("Pod", "Job", "List", *MAKERS, "TrainJob")
 RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
 GROUP_KIND = {o.display: o.kind for o in OWNER_KINDS}  # owner kind -> the extender's group kind, to serve it
-JOB_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 class WhatIfError(ValueError):
     """The file cannot be read as pods; the message names the file, the document and the field."""
-
-
-def _count(spec: Mapping[str, Any], field: str, where: str, default: int) -> int:
-    value = spec.get(field, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise WhatIfError(f"{where}: spec.{field}: expected a whole number >= 0, got {value!r}")
-    return value
-
-
-def _job_pods(job: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
-    """The pods a Job's controller creates at once: ``parallelism`` of them (at most ``completions``),
-    named ``<job>-<index>``, an Indexed Job's carrying their completion index."""
-    spec = job.get("spec") or {}
-    template = spec.get("template")
-    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
-        raise WhatIfError(f"{where}: spec.template: a Job needs a pod template with a spec")
-    name = str((job.get("metadata") or {}).get("name") or "")
-    parallelism = _count(spec, "parallelism", where, 1)
-    completions = spec.get("completions")
-    many = parallelism if completions is None else min(parallelism, _count(spec, "completions", where, 1))
-    indexed = spec.get("completionMode") == "Indexed"
-    tmeta = template.get("metadata") or {}
-    pods = []
-    for i in range(many):
-        labels = {**(tmeta.get("labels") or {}), "job-name": name, "batch.kubernetes.io/job-name": name}
-        annotations = dict(tmeta.get("annotations") or {})
-        if indexed:
-            labels[JOB_INDEX] = annotations[JOB_INDEX] = str(i)
-        meta = {"name": f"{name}-{i}", "labels": labels, "annotations": annotations}
-        namespace = (job.get("metadata") or {}).get("namespace")
-        if namespace:
-            meta["namespace"] = namespace
-        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": dict(template["spec"])})
-    return pods
 
 
 def _runtime_for(trainjob: Mapping[str, Any], where: str, runtimes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -119,6 +82,11 @@ def _runtime_for(trainjob: Mapping[str, Any], where: str, runtimes: Sequence[Map
         f"{where}: TrainJob: its pods are made from {kind} {name!r} (spec.runtimeRef), which whatif does not "
         f"read from the cluster: give it with --runtime FILE (kubectl get {lower} {name} -o yaml > FILE)"
     )
+
+
+def _in(obj: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """A copy of ``obj`` in ``namespace`` unless it names one (its pods are made in its namespace)."""
+    return {**obj, "metadata": {"namespace": namespace, **(obj.get("metadata") or {})}}
 
 
 def _objects(
@@ -142,9 +110,12 @@ def _objects(
     if not (doc.get("metadata") or {}).get("name"):
         raise WhatIfError(f"{where}: {kind} without metadata.name")
     if kind == "Job":
-        return _job_pods(doc, where)
+        try:
+            return job_pods(_in(doc, namespace))
+        except PodSpecError as exc:
+            raise WhatIfError(f"{where}: Job: {exc}") from None
     if kind in MAKERS or kind == "TrainJob":
-        owner = {**doc, "metadata": {"namespace": namespace, **doc["metadata"]}}
+        owner = _in(doc, namespace)
         owner["metadata"].setdefault("uid", f"whatif-owner-{len(owners)}")
         try:
             if kind == "TrainJob":

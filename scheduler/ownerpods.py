@@ -34,7 +34,7 @@ from scheduler.podspec import (
     spec_count,
 )
 
-__all__ = ["MAKERS", "NAME_LABELS", "OwnerPodsError", "owner_pods", "trainjob_jobset"]
+__all__ = ["MAKERS", "NAME_LABELS", "OwnerPodsError", "job_pods", "owner_pods", "trainjob_jobset"]
 
 JsonObj = dict[str, Any]
 
@@ -122,6 +122,32 @@ def _spec(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
     if not isinstance(spec, Mapping):
         raise OwnerPodsError(f"{kind} without a spec")
     return spec
+
+
+def _job_labels(job: str, index: int | None) -> dict[str, str]:
+    """The labels the Job controller puts on its pods (an Indexed Job's with the completion index, which
+    it also annotates)."""
+    labels = {"job-name": job, "batch.kubernetes.io/job-name": job}
+    if index is not None:
+        labels[LABEL_JOB_COMPLETION_INDEX] = str(index)
+    return labels
+
+
+def job_pods(job: Mapping[str, Any]) -> list[JsonObj]:
+    """The Job controller: the pods it creates at once, ``parallelism`` of them (at most ``completions``),
+    named ``<job>-<index>``, an Indexed Job's carrying their completion index; the Job their controller."""
+    meta, spec = _meta(job), _spec(job, "Job")
+    name, namespace = str(meta.get("name")), str(meta.get("namespace") or "")
+    parallelism = spec_count(spec.get("parallelism"), 1, "spec.parallelism")
+    many = min(parallelism, spec_count(spec.get("completions"), parallelism, "spec.completions"))
+    indexed = spec.get("completionMode") == "Indexed"
+    owner = _ref_to(job)
+    pods = []
+    for i in range(many):
+        labels = _job_labels(name, i if indexed else None)
+        annotations = {LABEL_JOB_COMPLETION_INDEX: str(i)} if indexed else {}
+        pods.append(_pod(spec.get("template"), "spec.template", f"{name}-{i}", namespace, owner, labels, annotations))
+    return pods
 
 
 def pytorchjob_pods(job: Mapping[str, Any]) -> list[JsonObj]:
@@ -232,12 +258,7 @@ def jobset_pods(jobset: Mapping[str, Any]) -> list[JsonObj]:
             }
             owner = _controller_ref("batch/v1", "Job", job)
             for k in range(min(parallelism, completions)):
-                labels = {
-                    **ours,
-                    "job-name": job,
-                    "batch.kubernetes.io/job-name": job,
-                    LABEL_JOB_COMPLETION_INDEX: str(k),
-                }
+                labels = {**ours, **_job_labels(job, k)}
                 annotations = {**ours, LABEL_JOB_COMPLETION_INDEX: str(k)}
                 pod = _pod(
                     job_spec.get("template"),

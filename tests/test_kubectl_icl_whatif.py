@@ -147,10 +147,13 @@ def test_a_job_makes_its_parallel_pods_with_their_completion_index() -> None:
         ("kind: Pod\nmetadata: {}\n", "f.yaml: document 1: Pod without metadata.name"),
         ("kind: Pod\nmetadata: {name: a}\nspec: {nodeName: n1}\n", "f.yaml: document 1: spec.nodeName is set"),
         ("kind: Pod\nmetadata: {name: a}\n---\nkind: Pod\nmetadata: {name: a}\n", "f.yaml: pod ml/a is given twice"),
-        ("kind: Job\nmetadata: {name: j}\nspec: {}\n", "f.yaml: document 1: spec.template: a Job needs a pod"),
+        (
+            "kind: Job\nmetadata: {name: j}\nspec: {}\n",
+            "f.yaml: document 1: Job: spec.template: no pod template with a spec",
+        ),
         (
             "kind: Job\nmetadata: {name: j}\nspec: {parallelism: -1, template: {spec: {}}}\n",
-            "f.yaml: document 1: spec.parallelism: expected a whole number >= 0, got -1",
+            "f.yaml: document 1: Job: spec.parallelism: -1 is not a whole number in 0..4096",
         ),
         (
             "kind: Pod\nmetadata: {name: a, annotations: {kube-icl.io/gang: g, kube-icl.io/gang-size: x}}\n",
