@@ -211,8 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common, queue_flags],
         help="if these pods were submitted now: where they would go, whom they would preempt, when they would start",
         description="Reads the cluster as `why` does and writes nothing. Now: the extender's own cycle, in this "
-        "process, for each pod of the file in order (a Pod, a Job's pods, a gang of pods with kube-icl annotations; "
-        "several documents at once): its node and devices, or the extender's reasons, the running pods whose end "
+        "process, for each pod of the file in order (a Pod, a Job's pods, a gang of pods with kube-icl annotations, "
+        "the pods a PyTorchJob, JobSet, LeaderWorkerSet or TrainJob's controller makes, as one gang; several "
+        "documents at once): its node and devices, or the extender's reasons, the running pods whose end "
         "frees its shape and the pods preemption would evict. When: time mode replays the cluster with these pods "
         "last in the queue, the running pods ending by activeDeadlineSeconds, the annotation "
         "kube-icl.io/expected-runtime or --default-runtime; three replays with every runtime x(1-spread), x1, "

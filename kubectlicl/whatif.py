@@ -4,10 +4,13 @@ when they would start. Nothing is written to the cluster.
 *Now*: the cluster as ``why`` reads it (:func:`kubectlicl.state.read_state`: the extender's own cache, gang
 book and cycle, built by its factory, in this process) with the new pods added, pending, to an API server
 in memory (:class:`simulator.extcluster.LocalAPI`: its writes go back into that cache, never to the
-cluster). Each new pod, as kube-scheduler's queue takes them (the highest priority first, then the file's
-order), goes through kube-scheduler's part as time mode plays it (:func:`simulator.extcluster.schedule_pod`:
-the extender's filter over the nodes the pod's nodeSelector passes, its prioritize, its bind), so a gang's
-members and several pods see each other's placements. A pod placed says its node and devices. One not
+cluster). A PyTorchJob, JobSet, LeaderWorkerSet or TrainJob (with its runtime) in the file is the pods its
+controller makes (:mod:`scheduler.ownerpods`), and the object is served by that API server, so the extender
+sizes their gang from its spec as in a cluster. Each new pod, as kube-scheduler's queue takes them (the
+highest priority first, then the file's order), goes through kube-scheduler's part as time mode plays it
+(:func:`simulator.extcluster.schedule_pod`: the extender's filter over the nodes the pod's nodeSelector
+passes, its prioritize, its bind), so a gang's members and several pods see each other's placements. A pod
+placed says its node, devices and a gang member's rank. One not
 placed says the extender's reasons per node (as ``why``) and the running pods whose end would free its
 shape; where kube-scheduler's preemption finds victims through the extender's preempt verb
 (:func:`simulator.extcluster.preempt_pod`; kube-scheduler's dry run counts devices only, not CPU or memory),

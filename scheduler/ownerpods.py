@@ -30,6 +30,7 @@ from scheduler.podspec import (
     LABEL_LWS_GROUP_INDEX,
     LABEL_LWS_NAME,
     LABEL_LWS_WORKER_INDEX,
+    OWNER_KINDS,
     PodSpecError,
     spec_count,
 )
@@ -41,8 +42,7 @@ JsonObj = dict[str, Any]
 # The label by which the pods of an owner that is one gang name it (a Kubeflow TrainJob's pods are its
 # JobSet's, named as the TrainJob); a LeaderWorkerSet's pods also carry their group's index (one gang each).
 NAME_LABELS: dict[str, str] = {
-    "PyTorchJob": LABEL_KUBEFLOW_JOB_NAME,
-    "JobSet": LABEL_JOBSET_NAME,
+    **{o.display: o.name_label for o in OWNER_KINDS if not o.group_label},
     "TrainJob": LABEL_JOBSET_NAME,
 }
 
