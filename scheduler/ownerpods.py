@@ -150,11 +150,26 @@ def job_pods(job: Mapping[str, Any]) -> list[JsonObj]:
     return pods
 
 
+def _init_pytorch(job: str) -> JsonObj:
+    """The init container the training operator gives a worker of a job with a master (its CPU and memory
+    count in the pod's requests)."""
+    wait = (
+        f"err=1;for i in $(seq 100); do if nslookup {job}-master-0; then err=0 && break; fi;"
+        "echo waiting for master; sleep 2; done; exit $err"
+    )
+    return {
+        "name": "init-pytorch",
+        "image": "alpine:3.10",
+        "command": ["sh", "-c", wait],
+        "resources": {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}},
+    }
+
+
 def pytorchjob_pods(job: Mapping[str, Any]) -> list[JsonObj]:
     """Kubeflow training-operator: ``<job>-<type>-<index>`` per replica of each replica type (a rigid job's
     replicas; an elastic one's Worker ``minReplicas``), labels job-name, replica-type (lower case),
     replica-index, and the containers' ``RANK`` (a worker's index + 1 after a master), ``WORLD_SIZE``,
-    ``MASTER_ADDR``, ``MASTER_PORT``."""
+    ``MASTER_ADDR``, ``MASTER_PORT``; a worker after a master waits for it in an init container."""
     meta, spec = _meta(job), _spec(job, "PyTorchJob")
     name, namespace = str(meta.get("name")), str(meta.get("namespace") or "")
     replicas = spec.get("pytorchReplicaSpecs")
@@ -196,6 +211,8 @@ def pytorchjob_pods(job: Mapping[str, Any]) -> list[JsonObj]:
             ]
             for c in _containers(pod, PYTORCH_CONTAINER):
                 _set_env(c, env)
+            if master and kind == "worker":  # a worker waits for the master's name to resolve
+                pod["spec"]["initContainers"] = [*(pod["spec"].get("initContainers") or ()), _init_pytorch(name)]
             pods.append(pod)
     return pods
 

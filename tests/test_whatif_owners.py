@@ -81,15 +81,13 @@ def test_an_owners_pod_is_made_as_its_controller_makes_it(owner: str, real: str,
     )
 
 
-def test_a_pytorchjob_worker_gets_the_rank_env_the_operator_sets() -> None:
-    env = {
-        e["name"]: e.get("value")
-        for e in _made(_fixture("pytorchjob"), "train-worker-1")["spec"]["containers"][0]["env"]
-    }
-    real = {e["name"]: e.get("value") for e in _fixture("pytorchjob-worker-1")["spec"]["containers"][0]["env"]}
-    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")} == {
-        k: real[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
+def test_a_pytorchjob_worker_gets_the_rank_env_and_init_container_the_operator_gives_it() -> None:
+    made, real = _made(_fixture("pytorchjob"), "train-worker-1"), _fixture("pytorchjob-worker-1")
+    assert made["spec"]["initContainers"] == real["spec"]["initContainers"]
+    assert pod_info(made, R).cpu_milli == pod_info(real, R).cpu_milli == 50
+    names = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env, real_env = ({e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]} for p in (made, real))
+    assert {k: env[k] for k in names} == {k: real_env[k] for k in names}
 
 
 def test_a_replicated_job_others_wait_to_complete_is_left_out() -> None:
