@@ -229,19 +229,19 @@ def jobset_pods(jobset: Mapping[str, Any]) -> list[JsonObj]:
     rjobs = spec.get("replicatedJobs")
     if not isinstance(rjobs, list) or not rjobs:
         raise OwnerPodsError("spec.replicatedJobs: no replicated jobs")
-    replicas = [
-        spec_count((r or {}).get("replicas"), 1, f"spec.replicatedJobs[{i}].replicas") for i, r in enumerate(rjobs)
-    ]
-    # a replicated job that others wait on to complete has completed before they are made: left out
+    for i, r in enumerate(rjobs):
+        if not isinstance(r, Mapping):
+            raise OwnerPodsError(f"spec.replicatedJobs[{i}]: expected a replicated job, got {r!r}")
+    replicas = [spec_count(r.get("replicas"), 1, f"spec.replicatedJobs[{i}].replicas") for i, r in enumerate(rjobs)]
     done = {
         str(d.get("name"))
         for r in rjobs
-        for d in (r or {}).get("dependsOn") or ()
+        for d in r.get("dependsOn") or ()
         if isinstance(d, Mapping) and d.get("status") == "Complete"
     }
     network = spec.get("network") or {}
     subdomain = str(network.get("subdomain") or name)
-    group_of = [str((r or {}).get("groupName") or "default") for r in rjobs]  # JobSet's groups of replicated jobs
+    group_of = [str(r.get("groupName") or "default") for r in rjobs]  # JobSet's groups of replicated jobs
     group_jobs = {g: sum(n for h, n in zip(group_of, replicas, strict=True) if h == g) for g in group_of}
     in_group = dict.fromkeys(group_of, 0)  # the next Job's index in its group
     pods: list[JsonObj] = []

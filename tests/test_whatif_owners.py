@@ -182,3 +182,28 @@ def test_the_command_answers_a_trainjob_given_its_runtime(
         ("ml/llm-node-0-0", "a", 0),
         ("ml/llm-node-0-1", "b", 1),
     ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"kind": "PyTorchJob", "metadata": {"name": "t"}, "spec": {}}, "PyTorchJob: spec.pytorchReplicaSpecs: no"),
+        (
+            {"kind": "JobSet", "metadata": {"name": "j"}, "spec": {"replicatedJobs": ["x"]}},
+            "JobSet: spec.replicatedJobs[0]",
+        ),
+        (
+            {"kind": "LeaderWorkerSet", "metadata": {"name": "l"}, "spec": {}},
+            "LeaderWorkerSet: spec.leaderWorkerTemplate",
+        ),
+        (
+            {"kind": "JobSet", "metadata": {"name": "j"}, "spec": {"replicatedJobs": [{"name": "w", "replicas": -1}]}},
+            "JobSet: spec.replicatedJobs[0].replicas: -1 is not a whole number",
+        ),
+    ],
+    ids=["pytorchjob-no-replicas", "jobset-not-a-job", "lws-no-template", "jobset-negative"],
+)
+def test_an_owner_whose_pods_cannot_be_made_is_refused_naming_the_field(doc: dict[str, Any], message: str) -> None:
+    with pytest.raises(WhatIfError) as info:
+        read_file(yaml.safe_dump(doc), "f.yaml", "ml", NOW)
+    assert str(info.value).startswith(f"f.yaml: document 1: {message}"), str(info.value)
