@@ -211,14 +211,28 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common, queue_flags],
         help="if these pods were submitted now: where they would go, whom they would preempt, when they would start",
         description="Reads the cluster as `why` does and writes nothing. Now: the extender's own cycle, in this "
-        "process, for each pod of the file in order (a Pod, a Job's pods, a gang of pods with kube-icl annotations; "
-        "several documents at once): its node and devices, or the extender's reasons, the running pods whose end "
+        "process, for each pod of the file in order (a Pod, a Job's pods, a gang of pods with kube-icl annotations, "
+        "the pods a PyTorchJob, JobSet, LeaderWorkerSet or TrainJob's controller makes, as one gang; several "
+        "documents at once): its node and devices, or the extender's reasons, the running pods whose end "
         "frees its shape and the pods preemption would evict. When: time mode replays the cluster with these pods "
         "last in the queue, the running pods ending by activeDeadlineSeconds, the annotation "
         "kube-icl.io/expected-runtime or --default-runtime; three replays with every runtime x(1-spread), x1, "
         "x(1+spread) give the earliest start as a range.",
     )
-    whatif.add_argument("-f", "--filename", required=True, metavar="FILE", help="the pods or Jobs (- : stdin)")
+    whatif.add_argument(
+        "-f",
+        "--filename",
+        required=True,
+        metavar="FILE",
+        help="Pods, Jobs, PyTorchJobs, JobSets, LeaderWorkerSets or TrainJobs (- : stdin)",
+    )
+    whatif.add_argument(
+        "--runtime",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="the TrainingRuntime or ClusterTrainingRuntime a TrainJob names (repeatable): its pods are made from it",
+    )
     whatif.add_argument("-n", "--namespace", default="default", help="of the pods that name none (default: default)")
     whatif.add_argument(
         "--spread", type=_fraction, default=0.5, help="runtimes replayed x(1-S), x1 and x(1+S) (default 0.5)"
@@ -432,9 +446,11 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
 def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: float) -> int:
     import dataclasses
 
+    import yaml
+
     from . import render
     from .cluster import ClusterError
-    from .whatif import WhatIfError, decide_now, estimate_when, read_pods
+    from .whatif import RUNTIME_KINDS, WhatIfError, decide_now, estimate_when, read_file
 
     if args.filename == "-":
         text = sys.stdin.read()
@@ -448,11 +464,20 @@ def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: f
             raise
         classes = []
         _warn([f"priority classes not read ({exc}): pods without spec.priority count as priority 0"])
+    runtimes: list[Any] = []
+    for path in args.runtime:
+        with open(path, encoding="utf-8") as f:
+            found = [d for d in yaml.safe_load_all(f) if isinstance(d, dict) and d.get("kind") in RUNTIME_KINDS]
+        if not found:
+            print(f"error: {path}: no {' or '.join(RUNTIME_KINDS)} in it", file=sys.stderr)
+            return EXIT_ERROR
+        runtimes += found
     try:
-        new = read_pods(text, args.filename, args.namespace, now, classes)
+        submitted = read_file(text, args.filename, args.namespace, now, classes, runtimes)
     except WhatIfError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    new = submitted.pods
     raw_pods = reader.pods()
     listed = {f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in raw_pods}
     clash = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in new]
@@ -462,7 +487,7 @@ def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: f
         return EXIT_ERROR
     nodes = reader.nodes()
     leases, lease_warnings = _leases(reader, cfg, source, "")
-    decided = decide_now(cfg, nodes, raw_pods, leases, new, now=now)
+    decided = decide_now(cfg, nodes, raw_pods, leases, new, now=now, owners=submitted.owners)
     answers = decided.answers
     _warn([*decided.warnings, *lease_warnings])
     whens: list[Any] = []

@@ -368,15 +368,16 @@ def whatif_text(now: Sequence[Any], when: Sequence[Any]) -> str:
     blocks = []
     for answer in now:
         lines = [f"pod {answer.pod}: {answer.asks}"]
+        rank = "" if answer.rank is None else f", rank {answer.rank}"
         if answer.node and not answer.victims:
-            lines.append(f"  now: placed on {answer.node}, devices {','.join(answer.devices)}")
+            lines.append(f"  now: placed on {answer.node}, devices {','.join(answer.devices)}{rank}")
         else:
             lines.append("  now: no room")
             if answer.why is not None:
                 lines += _refusals(answer.why, "    ")
             if answer.victims:
                 lines.append(f"    preemption evicts on {answer.victims_node}: {', '.join(answer.victims)}")
-                placed = f"on {answer.node}, devices {','.join(answer.devices)}" if answer.node else "nowhere"
+                placed = f"on {answer.node}, devices {','.join(answer.devices)}{rank}" if answer.node else "nowhere"
                 lines.append(f"  now: placed after preemption {placed}")
         w = starts.get(answer.pod)
         if w is not None:
@@ -413,6 +414,7 @@ def whatif_doc(now: Sequence[Any], when: Sequence[Any], runtime_model: str) -> d
                     "afterPreemption": bool(answer.victims),
                     "node": answer.node or None,
                     "devices": list(answer.devices),
+                    "rank": answer.rank,
                     "refused": None if answer.why is None else why_doc(answer.why)["refused"],
                     "freeing": None if answer.why is None else why_doc(answer.why)["freeing"],
                     "preempts": {"node": answer.victims_node, "pods": list(answer.victims)} if answer.victims else None,

@@ -99,7 +99,7 @@ def read_state(
             warnings.append(f"pod {meta.get('namespace')}/{meta.get('name')}: {exc}")
     records, unreadable = reservations(leases)
     cache.replace_nodes(nodes)
-    cache.replace_pods(pods)
+    cache.replace_pods(pods, {p.uid: p for p in infos})  # each pod read once
     extender.gangs.book.restore(leases)
     keys = {}
     for pod in pods:

@@ -4,10 +4,13 @@ when they would start. Nothing is written to the cluster.
 *Now*: the cluster as ``why`` reads it (:func:`kubectlicl.state.read_state`: the extender's own cache, gang
 book and cycle, built by its factory, in this process) with the new pods added, pending, to an API server
 in memory (:class:`simulator.extcluster.LocalAPI`: its writes go back into that cache, never to the
-cluster). Each new pod, as kube-scheduler's queue takes them (the highest priority first, then the file's
-order), goes through kube-scheduler's part as time mode plays it (:func:`simulator.extcluster.schedule_pod`:
-the extender's filter over the nodes the pod's nodeSelector passes, its prioritize, its bind), so a gang's
-members and several pods see each other's placements. A pod placed says its node and devices. One not
+cluster). A PyTorchJob, JobSet, LeaderWorkerSet or TrainJob (with its runtime) in the file is the pods its
+controller makes (:mod:`scheduler.ownerpods`), and the object is served by that API server, so the extender
+sizes their gang from its spec as in a cluster. Each new pod, as kube-scheduler's queue takes them (the
+highest priority first, then the file's order), goes through kube-scheduler's part as time mode plays it
+(:func:`simulator.extcluster.schedule_pod`: the extender's filter over the nodes the pod's nodeSelector
+passes, its prioritize, its bind), so a gang's members and several pods see each other's placements. A pod
+placed says its node, devices and a gang member's rank. One not
 placed says the extender's reasons per node (as ``why``) and the running pods whose end would free its
 shape; where kube-scheduler's preemption finds victims through the extender's preempt verb
 (:func:`simulator.extcluster.preempt_pod`; kube-scheduler's dry run counts devices only, not CPU or memory),
@@ -33,62 +36,66 @@ import yaml
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
-from scheduler.podspec import PodInfo, PodSpecError, pod_info
+from scheduler.ownerpods import MAKERS, job_pods, owner_pods, trainjob_jobset
+from scheduler.podspec import OWNER_KINDS, PodInfo, PodSpecError, owner_gang_size, pod_info
 from scheduler.snapshot import Snapshot, stamp
 from simulator.extcluster import LocalAPI, dry_run_victims, preempt_pod, schedule_pod
 from simulator.snapstart import DEFAULT_RUNTIME_S, from_snapshot
 from simulator.timesim import run_time
+from topology.contract import ANN_GANG_LAYOUT, parse_gang_layout
 
 from .state import State, read_state
 from .why import Why, asks, explain, selected_nodes
 
-__all__ = ["KINDS", "Decided", "Now", "WhatIfError", "When", "decide_now", "estimate_when", "read_pods"]
+__all__ = [
+    "KINDS",
+    "Decided",
+    "Now",
+    "Submitted",
+    "WhatIfError",
+    "When",
+    "decide_now",
+    "estimate_when",
+    "read_file",
+    "read_pods",
+]
 
-KINDS = ("Pod", "Job", "List")
-JOB_INDEX = "batch.kubernetes.io/job-completion-index"
+# a TrainJob's pods are those of the JobSet Kubeflow Trainer makes from it and its runtime (given with --runtime)
+KINDS = ("Pod", "Job", "List", *MAKERS, "TrainJob")
+RUNTIME_KINDS = ("TrainingRuntime", "ClusterTrainingRuntime")
+GROUP_KIND = {o.display: o.kind for o in OWNER_KINDS}  # owner kind -> the extender's group kind, to serve it
 
 
 class WhatIfError(ValueError):
     """The file cannot be read as pods; the message names the file, the document and the field."""
 
 
-def _count(spec: Mapping[str, Any], field: str, where: str, default: int) -> int:
-    value = spec.get(field, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise WhatIfError(f"{where}: spec.{field}: expected a whole number >= 0, got {value!r}")
-    return value
+def _runtime_for(trainjob: Mapping[str, Any], where: str, runtimes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The runtime among ``runtimes`` that ``trainjob``'s ``spec.runtimeRef`` names; its pods cannot be known
+    without it, so none given is refused saying how to give it."""
+    ref = (trainjob.get("spec") or {}).get("runtimeRef") or {}
+    name, kind = str(ref.get("name") or ""), str(ref.get("kind") or "ClusterTrainingRuntime")
+    if not name:
+        raise WhatIfError(f"{where}: TrainJob: spec.runtimeRef.name: names no runtime")
+    for runtime in runtimes:
+        if runtime.get("kind") == kind and (runtime.get("metadata") or {}).get("name") == name:
+            return runtime
+    lower = kind.lower()
+    raise WhatIfError(
+        f"{where}: TrainJob: its pods are made from {kind} {name!r} (spec.runtimeRef), which whatif does not "
+        f"read from the cluster: give it with --runtime FILE (kubectl get {lower} {name} -o yaml > FILE)"
+    )
 
 
-def _job_pods(job: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
-    """The pods a Job's controller creates at once: ``parallelism`` of them (at most ``completions``),
-    named ``<job>-<index>``, an Indexed Job's carrying their completion index."""
-    spec = job.get("spec") or {}
-    template = spec.get("template")
-    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
-        raise WhatIfError(f"{where}: spec.template: a Job needs a pod template with a spec")
-    name = str((job.get("metadata") or {}).get("name") or "")
-    parallelism = _count(spec, "parallelism", where, 1)
-    completions = spec.get("completions")
-    many = parallelism if completions is None else min(parallelism, _count(spec, "completions", where, 1))
-    indexed = spec.get("completionMode") == "Indexed"
-    tmeta = template.get("metadata") or {}
-    pods = []
-    for i in range(many):
-        labels = {**(tmeta.get("labels") or {}), "job-name": name, "batch.kubernetes.io/job-name": name}
-        annotations = dict(tmeta.get("annotations") or {})
-        if indexed:
-            labels[JOB_INDEX] = annotations[JOB_INDEX] = str(i)
-        meta = {"name": f"{name}-{i}", "labels": labels, "annotations": annotations}
-        namespace = (job.get("metadata") or {}).get("namespace")
-        if namespace:
-            meta["namespace"] = namespace
-        pods.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": dict(template["spec"])})
-    return pods
+def _in(obj: Mapping[str, Any], namespace: str) -> dict[str, Any]:
+    """A copy of ``obj`` in ``namespace`` unless it names one (its pods are made in its namespace)."""
+    return {**obj, "metadata": {"namespace": namespace, **(obj.get("metadata") or {})}}
 
 
-def _objects(doc: Any, where: str) -> list[dict[str, Any]]:
+def _objects(
+    doc: Any, where: str, namespace: str, owners: list[dict[str, Any]], runtimes: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The pods ``doc`` makes; an owner object goes to ``owners`` (its pods' gang is sized from it)."""
     if not isinstance(doc, dict):
         raise WhatIfError(f"{where}: expected a Kubernetes object (a mapping), got {type(doc).__name__}")
     kind = doc.get("kind")
@@ -96,13 +103,31 @@ def _objects(doc: Any, where: str) -> list[dict[str, Any]]:
         items = doc.get("items")
         if not isinstance(items, list):
             raise WhatIfError(f"{where}: items: expected a list")
-        return [pod for i, item in enumerate(items) for pod in _objects(item, f"{where}: items[{i}]")]
+        return [
+            pod
+            for i, item in enumerate(items)
+            for pod in _objects(item, f"{where}: items[{i}]", namespace, owners, runtimes)
+        ]
     if kind not in KINDS:
         raise WhatIfError(f"{where}: kind {kind!r}: allowed kinds are {', '.join(KINDS)}")
     if not (doc.get("metadata") or {}).get("name"):
         raise WhatIfError(f"{where}: {kind} without metadata.name")
     if kind == "Job":
-        return _job_pods(doc, where)
+        try:
+            return job_pods(_in(doc, namespace))
+        except PodSpecError as exc:
+            raise WhatIfError(f"{where}: Job: {exc}") from None
+    if kind in MAKERS or kind == "TrainJob":
+        owner = _in(doc, namespace)
+        owner["metadata"].setdefault("uid", f"whatif-owner-{len(owners)}")
+        try:
+            if kind == "TrainJob":
+                owner = trainjob_jobset(owner, _runtime_for(owner, where, runtimes))
+            pods = owner_pods(owner)
+        except PodSpecError as exc:
+            raise WhatIfError(f"{where}: {kind}: {exc}") from None
+        owners.append(owner)
+        return pods
     if (doc.get("spec") or {}).get("nodeName"):
         raise WhatIfError(f"{where}: spec.nodeName is set: whatif asks where the scheduler would put the pod")
     return [dict(doc)]
@@ -127,21 +152,45 @@ def _priority(pod: dict[str, Any], key: str, where: str, classes: Sequence[Mappi
     spec["priority"] = int((found or {}).get("value") or 0)
 
 
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """What a file would create: its pods, pending, and the owner objects (PyTorchJob, JobSet, LWS; a
+    TrainJob's JobSet) whose spec sizes their gangs, for the extender's API in memory to serve."""
+
+    pods: list[dict[str, Any]]
+    owners: list[dict[str, Any]]
+
+
 def read_pods(
     text: str, where: str, namespace: str, now: float, classes: Sequence[Mapping[str, Any]] = ()
 ) -> list[dict[str, Any]]:
+    """The pods of :func:`read_file`."""
+    return read_file(text, where, namespace, now, classes).pods
+
+
+def read_file(
+    text: str,
+    where: str,
+    namespace: str,
+    now: float,
+    classes: Sequence[Mapping[str, Any]] = (),
+    runtimes: Sequence[Mapping[str, Any]] = (),
+) -> Submitted:
     """The pods the documents in ``text`` would create, pending, in ``namespace`` unless they name one, with
-    the priority their PriorityClass among ``classes`` gives them; each read by the extender's own pod
-    reader. :class:`WhatIfError` naming ``where``, the document and what is wrong otherwise."""
+    the priority their PriorityClass among ``classes`` gives them, each read by the extender's own pod
+    reader; an owner object's pods as its controller makes them (:mod:`scheduler.ownerpods`; a TrainJob's
+    from its runtime among ``runtimes``). :class:`WhatIfError` naming ``where``, the document and what is
+    wrong otherwise."""
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise WhatIfError(f"{where}: not YAML or JSON: {' '.join(str(exc).split())}") from None
     pods: list[dict[str, Any]] = []
+    owners: list[dict[str, Any]] = []
     for k, doc in enumerate(docs):
-        pods += _objects(doc, f"{where}: document {k + 1}")
+        pods += _objects(doc, f"{where}: document {k + 1}", namespace, owners, runtimes)
     if not pods:
-        raise WhatIfError(f"{where}: no Pod or Job in it")
+        raise WhatIfError(f"{where}: no pod in it")
     created = stamp(now)
     seen: set[str] = set()
     for i, pod in enumerate(pods):
@@ -159,7 +208,7 @@ def read_pods(
             pod_info(pod, "kube-icl.io/accelerator")  # the contract's checks; the resource name is the caller's
         except PodSpecError as exc:
             raise WhatIfError(f"{where}: pod {key}: {exc}") from None
-    return pods
+    return Submitted(pods, owners)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +222,7 @@ class Now:
     why: Why | None  # when not placed: the extender's reasons, and what frees its shape
     victims: tuple[str, ...] = ()  # the pods preemption evicts for it (namespace/name); it is then placed
     victims_node: str = ""
+    rank: int | None = None  # a gang member's rank, as the extender's kube-icl.io/gang-layout on it says
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,10 +302,12 @@ def decide_now(
     new: Sequence[Mapping[str, Any]],
     *,
     now: float,
+    owners: Sequence[Mapping[str, Any]] = (),
 ) -> Decided:
     """The extender's answer for each of ``new``, in order, over the cluster of ``nodes``, ``pods`` and the
     gang records among ``leases``, the warnings of reading them, and the cluster after; nothing leaves this
-    process."""
+    process. The API in memory serves ``owners`` (:class:`Submitted`), so the extender sizes their pods'
+    gangs from their spec as it reads them in a cluster."""
     apis: list[LocalAPI] = []
 
     def api_for(cache: ClusterCache) -> LocalAPI:
@@ -270,6 +322,9 @@ def decide_now(
         api.pods[(str(meta.get("namespace")), str(meta.get("name")))] = dict(listed)
     for pod in new:
         api.create_pod(dict(pod))
+    for owner in owners:
+        meta = owner["metadata"]
+        api.groups[(GROUP_KIND[str(owner["kind"])], str(meta["namespace"]), str(meta["name"]))] = dict(owner)
     keys = {**state.keys, **{p["metadata"]["uid"]: _key(p) for p in new}}
     by_uid = {v["metadata"].get("uid"): v["metadata"] for v in api.pods.values()}
     out: list[Now] = []
@@ -278,10 +333,10 @@ def decide_now(
         current = api.get_pod(meta["namespace"], meta["name"])
         assert current is not None, "internal error: a new pod is gone from the API in memory"
         names, _unselected = selected_nodes(state.nodes, current)
-        what = asks(pod_info(current, state.config.resource_name, state.config.shared_resource_name))
+        what = asks(_sized(api, pod_info(current, state.config.resource_name, state.config.shared_resource_name)))
         attempt = schedule_pod(state.extender, api, current, names)
         if attempt.found is not None:
-            out.append(Now(_key(current), what, attempt.found[0], attempt.found[1], None))
+            out.append(Now(_key(current), what, attempt.found[0], attempt.found[1], None, rank=_rank(api, meta)))
             continue
         why = explain(state, current)
         proposal, priority = _proposal(state, current, [n for n in names if n not in attempt.unresolvable])
@@ -295,9 +350,8 @@ def decide_now(
             api.evict_pod(victim["namespace"], victim["name"], uid)
         again = schedule_pod(state.extender, api, current, names)
         node, devices = again.found if again.found is not None else ("", ())
-        out.append(
-            Now(_key(current), what, node, devices, why, tuple(sorted(keys.get(u, u) for u in chosen[1])), chosen[0])
-        )
+        victims = tuple(sorted(keys.get(u, u) for u in chosen[1]))
+        out.append(Now(_key(current), what, node, devices, why, victims, chosen[0], _rank(api, meta)))
     order = {_key(p): i for i, p in enumerate(new)}
     after = dataclasses.replace(
         state,
@@ -305,6 +359,24 @@ def decide_now(
         created={**state.created, **{p["metadata"]["uid"]: p["metadata"]["creationTimestamp"] for p in new}},
     )
     return Decided(sorted(out, key=lambda a: order[a.pod]), state.warnings, after)
+
+
+def _sized(api: LocalAPI, info: PodInfo) -> PodInfo:
+    """A member whose gang an owner object sizes, with that size, as the extender reads it (for its words)."""
+    gang = info.gang
+    group = gang.group if gang is not None else None
+    if gang is None or gang.size or group is None:
+        return info
+    read = api.read_group(group.kind, gang.namespace, group.name, group.pod_group)
+    spec = owner_gang_size(read, api.cache.resource) if read is not None else None
+    return dataclasses.replace(info, gang=gang.with_group(spec)) if spec is not None and spec.size else info
+
+
+def _rank(api: LocalAPI, meta: Mapping[str, Any]) -> int | None:
+    """The rank the extender gave a bound gang member (its ``kube-icl.io/gang-layout``); None for no gang."""
+    bound = api.get_pod(meta["namespace"], meta["name"]) or {}
+    raw = ((bound.get("metadata") or {}).get("annotations") or {}).get(ANN_GANG_LAYOUT)
+    return parse_gang_layout(raw).rank if raw else None
 
 
 def _queue_order(new: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

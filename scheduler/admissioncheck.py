@@ -40,7 +40,8 @@ from scheduler.events import event_body
 from scheduler.gang import GangManager
 from scheduler.kube import KubeError
 from scheduler.loop import Loop
-from scheduler.podspec import LABEL_JOBSET_NAME, LABEL_KUBEFLOW_JOB_NAME, PodInfo, PodSpecError, pod_info
+from scheduler.ownerpods import NAME_LABELS
+from scheduler.podspec import PodInfo, PodSpecError, pod_info
 from topology import Shape, ShapeError, TopologyError, parse_shape
 
 __all__ = [
@@ -61,15 +62,6 @@ KUEUE_API = f"/apis/{KUEUE_GROUP}/v1beta2"
 CHECKS_PATH = f"{KUEUE_API}/admissionchecks"
 WORKLOADS_PATH = f"{KUEUE_API}/workloads"
 FIELD_MANAGER = "kube-icl-admission-check"
-
-# The labels each job controller puts on the pods it makes from a workload's pod set templates, by the
-# kind of the workload's owner: with them a template reads as one of its pods, so the gang it names is
-# the gang its pods will be. A Kubeflow TrainJob's pods are its JobSet's, named as the TrainJob.
-_OWNER_LABELS: dict[str, str] = {
-    "PyTorchJob": LABEL_KUBEFLOW_JOB_NAME,
-    "JobSet": LABEL_JOBSET_NAME,
-    "TrainJob": LABEL_JOBSET_NAME,
-}
 
 
 @runtime_checkable
@@ -136,7 +128,8 @@ def _counts(workload: Mapping[str, Any]) -> dict[str, int]:
 
 def workload_gang(workload: Mapping[str, Any], resource: str) -> WorkloadGang | None:
     """The gang a Kueue Workload's pods will be: its pod sets that ask ``resource``, read as their pods
-    (the labels the owner's controller adds, see ``_OWNER_LABELS``); None when no pod set asks it.
+    (the label by which the owner's controller names it on its pods, :data:`scheduler.ownerpods.NAME_LABELS`, so
+    the gang a template names is the gang its pods will be); None when no pod set asks it.
 
     Raises :class:`PodSpecError` when the workload cannot be one gang the extender reserves for: pod sets
     that ask different shapes or counts, pods that name no gang (a plain Job without kube-icl's gang
@@ -154,8 +147,8 @@ def workload_gang(workload: Mapping[str, Any], resource: str) -> WorkloadGang | 
         template = ps.get("template") or {}
         tmeta = dict(template.get("metadata") or {})
         labels = dict(tmeta.get("labels") or {})
-        if owner is not None and str(owner.get("kind")) in _OWNER_LABELS:
-            labels.setdefault(_OWNER_LABELS[str(owner["kind"])], str(owner.get("name") or ""))
+        if owner is not None and str(owner.get("kind")) in NAME_LABELS:
+            labels.setdefault(NAME_LABELS[str(owner["kind"])], str(owner.get("name") or ""))
             tmeta["ownerReferences"] = [dict(owner)]
         tmeta.update(labels=labels, namespace=namespace, name=f"{meta.get('name')}-{name}", uid="")
         try:

@@ -173,7 +173,9 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ pods
 
-    def upsert_pod(self, obj: Mapping[str, Any]) -> None:
+    def upsert_pod(self, obj: Mapping[str, Any], info: PodInfo | None = None) -> None:
+        """Apply a pod read from the API server; ``info``: the pod as :func:`scheduler.podspec.pod_info`
+        already read it with this cache's resource names (else it is read here)."""
         meta = obj.get("metadata") or {}
         uid = str(meta.get("uid") or "")
         if not uid:
@@ -183,7 +185,7 @@ class ClusterCache:
             return  # an event older than what a consistent read already showed (the watch lags)
         ledger.note_rv(uid, meta)
         try:
-            info = pod_info(obj, self.resource, self.shared_resource)
+            info = info if info is not None else pod_info(obj, self.resource, self.shared_resource)
         except PodSpecError as exc:
             self._bad_pod(uid, obj, str(exc))
             return
@@ -285,11 +287,15 @@ class ClusterCache:
                     return
         self.upsert_pod(obj)
 
-    def replace_pods(self, items: Iterable[Mapping[str, Any]]) -> None:
+    def replace_pods(self, items: Iterable[Mapping[str, Any]], infos: Mapping[str, PodInfo] | None = None) -> None:
+        """A full list: apply every pod, drop the ones that are gone. ``infos``: uid -> the pod as
+        :func:`scheduler.podspec.pod_info` already read it with this cache's resource names (the others are
+        read here), so a caller that reads the pods itself does not read them twice."""
         seen = set()
         for obj in items:
-            self.upsert_pod(obj)
-            seen.add(str((obj.get("metadata") or {}).get("uid") or ""))
+            uid = str((obj.get("metadata") or {}).get("uid") or "")
+            self.upsert_pod(obj, infos.get(uid) if infos is not None else None)
+            seen.add(uid)
         ledger, workload = self._ledger, self._workload
         with self.lock:
             known = [*ledger.pods, *ledger.allocated, *ledger.shared, *workload.requests, *workload.task_type]

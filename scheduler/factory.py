@@ -29,7 +29,7 @@ from scheduler.config import ConfigError, ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.kube import KubeAPI, KubeError
-from scheduler.podspec import GroupSpec, PodInfo, PodSpecError, parse_devices, pod_info
+from scheduler.podspec import GroupSpec, PodInfo, PodSpecError, group_spec, parse_devices, pod_info
 from scheduler.sharing import ShareRanker, Target
 from scheduler.snapshot import Snapshot, SnapshotError, load_snapshot, queue_order, seconds
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
@@ -54,6 +54,7 @@ __all__ = [
     "Target",
     "build_extender",
     "cache_for",
+    "group_spec",
     "load_snapshot",
     "parse_devices",
     "pod_info",

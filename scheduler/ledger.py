@@ -95,6 +95,12 @@ class PodLedger:
         self.allocated: dict[str, tuple[str, tuple[str, ...]]] = {}  # uid -> (node, devices)
         self.shared: dict[str, tuple[str, str, int]] = {}  # uid -> (node, device, milli): shares held
         self.assumed: dict[str, float] = {}  # uid -> time of assume (bind in flight)
+        # uid -> the nodes whose record may hold it (owners or counted by size): a release of a pod held
+        # nowhere whole looks at these, not at every node (a superset: each is checked)
+        self._on: dict[str, set[str]] = {}
+        # node -> the uids held whole there, in the order of ``allocated`` (kept with it): a node's holders
+        # without a walk over every pod held
+        self._held_on: dict[str, dict[str, None]] = {}
         # uid -> the newest resourceVersion applied (kept after a delete as a tombstone), so that a fresh
         # list merged into a watched cache never rolls a pod back.
         self.pod_rv: dict[str, int] = {}
@@ -179,6 +185,7 @@ class PodLedger:
             rec = self.nodes.records.get(info.node_name)
             if rec is not None and info.count and rec.unattributed.get(uid) != info.count:
                 rec.unattributed[uid] = info.count
+                self._on.setdefault(uid, set()).add(rec.name)
                 self.nodes.refresh(rec)
         return None
 
@@ -194,6 +201,7 @@ class PodLedger:
             rec = self.nodes.records.get(node)
             if rec is not None:
                 rec.unattributed[uid] = count
+                self._on.setdefault(uid, set()).add(rec.name)
                 self.nodes.refresh(rec)
 
     def remove(self, uid: str) -> tuple[PodInfo | None, tuple[str, tuple[str, ...]] | None]:
@@ -210,6 +218,7 @@ class PodLedger:
         them are dropped for it (:attr:`taken`); a device held by another pod, or not on the node, counts
         the pod by size instead (False) until that conflict goes (:meth:`release`)."""
         rec = self.nodes.record(node)
+        self._on.setdefault(uid, set()).add(rec.name)
         if rec.allocator is not None:
             if self.yield_reserved is not None:
                 for owner in self.yield_reserved(rec, devices):
@@ -230,7 +239,7 @@ class PodLedger:
                 return False
         rec.owners[uid] = devices
         rec.unattributed.pop(uid, None)
-        self.allocated[uid] = (node, devices)
+        self._allocate(uid, node, devices)
         self.nodes.refresh(rec)
         return True
 
@@ -282,15 +291,38 @@ class PodLedger:
             ):
                 self.hold(uid, rec.name, info.devices)
 
+    def _allocate(self, uid: str, node: str, devices: tuple[str, ...]) -> None:
+        """``allocated[uid] = (node, devices)``, with the node's index."""
+        before = self.allocated.get(uid)
+        if before is not None and before[0] != node:
+            self._deallocate(uid)
+        self.allocated[uid] = (node, devices)
+        self._held_on.setdefault(node, {})[uid] = None
+
+    def _deallocate(self, uid: str) -> tuple[str, tuple[str, ...]] | None:
+        """``allocated.pop(uid, None)``, with the node's index."""
+        held = self.allocated.pop(uid, None)
+        if held is not None:
+            on = self._held_on.get(held[0], {})
+            on.pop(uid, None)
+            if not on:
+                self._held_on.pop(held[0], None)
+        return held
+
     def release(self, uid: str) -> None:
         self._dirty.add(uid)
         self.assumed.pop(uid, None)
         if uid in self.shared:
             self._release_share(uid)
             return
-        held = self.allocated.pop(uid, None)
+        held = self._deallocate(uid)
         records = self.nodes.records
-        for rec in records.values() if held is None else [records.get(held[0])]:
+        on = self._on.get(uid, set())
+        names = sorted(on) if held is None else [held[0]]
+        on.difference_update(names)
+        if not on:
+            self._on.pop(uid, None)
+        for rec in [records.get(n) for n in names]:
             if rec is None:
                 continue
             changed = freed = False
@@ -311,7 +343,7 @@ class PodLedger:
     def rejected(self, owners: list[tuple[str, int]]) -> None:
         """Holdings a node's new topology rejected (now counted by size there): no longer held whole."""
         for owner, _count in owners:
-            self.allocated.pop(owner, None)
+            self._deallocate(owner)
             self.assumed.pop(owner, None)
 
     # ------------------------------------------------------------------ binds
@@ -324,9 +356,10 @@ class PodLedger:
         if uid in self.allocated:
             raise AllocationError(f"pod {uid} already holds devices on {self.allocated[uid][0]}")
         rec.allocator.allocate(uid, devices)  # raises and changes nothing on conflict
+        self._on.setdefault(uid, set()).add(rec.name)
         rec.owners[uid] = devices
         rec.unattributed.pop(uid, None)
-        self.allocated[uid] = (node, devices)
+        self._allocate(uid, node, devices)
         self.assumed[uid] = self.clock()
         self._dirty.add(uid)
         if info is not None:
@@ -398,7 +431,7 @@ class PodLedger:
     def holding_on(self, node: str) -> list[PodInfo]:
         with self.lock:
             pods = self.pods
-            return [p for uid, (n, _d) in self.allocated.items() if n == node and (p := pods.get(uid)) is not None]
+            return [p for uid in self._held_on.get(node, ()) if (p := pods.get(uid)) is not None]
 
     def pending(self, other_than: str | None = None) -> list[PodInfo]:
         with self.lock:

@@ -330,6 +330,31 @@ class Nodes:
         else:
             self.views.pop(rec.name, None)
 
+    def refresh_requests(self, rec: NodeRecord) -> None:
+        """Rebuild the node's view after only the CPU or memory its pods ask changed: the devices' part of
+        the view stands (every change to the devices refreshes it whole), so only the free CPU and memory
+        are computed again (most pods ask no device: one such refresh per pod read)."""
+        view = rec.view
+        if view is None or view.topology is not rec.topology or not self.track_requests:
+            self.refresh(rec)
+            return
+        rec.version += 1
+        self._view_touched(rec.name)
+        self._dirty.update(rec.owners)
+        self._dirty.update(rec.unattributed)
+        cpu_free = max(0, rec.cpu_alloc - rec.cpu_used) if rec.cpu_alloc >= 0 else -1
+        mem_free = max(0, rec.mem_alloc - rec.mem_used) if rec.mem_alloc >= 0 else -1
+        key = (*view.key[:4], cpu_free, mem_free, *view.key[6:])
+        if key != view.key:
+            view = NodeView(
+                view.topology, view.free, key, view.unattributed, view.admits, cpu_free, mem_free, view.shared
+            )
+            rec.view = view
+        if rec.ready:
+            self.views[rec.name] = view
+        else:
+            self.views.pop(rec.name, None)
+
     def _set_cap(self, name: str, cap: tuple[str, int] | None) -> None:
         old = self._node_cap.pop(name, None)
         if old == cap:

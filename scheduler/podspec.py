@@ -33,6 +33,9 @@ from topology.contract import (
     format_devices,
 )
 
+# dict first: most objects are dicts, and isinstance(x, Mapping) alone takes the slower ABC check
+_MAPPING = (dict, Mapping)
+
 __all__ = [
     "ANN_DEVICES",
     "ANN_GANG",
@@ -66,6 +69,7 @@ __all__ = [
     "pod_rank",
     "requested_milli",
     "sized_rank",
+    "spec_count",
 ]
 
 # The wire names and the devices rule are the contract's (topology.contract), re-exported here.
@@ -310,33 +314,36 @@ def parse_quantity(value: Any, where: str, unit: str = "devices") -> int:
     return n
 
 
-def _container_request(container: Any, resource: str, where: str, unit: str) -> int:
-    if not isinstance(container, Mapping):
+def _container_request(container: Any, resource: str, field: str, i: int, unit: str) -> int:
+    """What container ``i`` of ``field`` (containers, initContainers) asks of ``resource``; its place is
+    named only in an error (most pods are read without one)."""
+    if not isinstance(container, _MAPPING):
         return 0
     res = container.get("resources")
-    if not isinstance(res, Mapping):
+    if not isinstance(res, _MAPPING):
         return 0
     for part in ("requests", "limits"):
         values = res.get(part)
-        if isinstance(values, Mapping) and resource in values:
-            return parse_quantity(values[resource], f"{where}.resources.{part}[{resource}]", unit)
+        if isinstance(values, _MAPPING) and resource in values:
+            return parse_quantity(values[resource], f"spec.{field}[{i}].resources.{part}[{resource}]", unit)
     return 0
 
 
 def _requested(pod: Mapping[str, Any], resource: str, unit: str) -> int:
     """The pod's effective request of ``resource``: sum over containers, at least the largest init container."""
     spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, _MAPPING):
         return 0
     containers = spec.get("containers") or []
     inits = spec.get("initContainers") or []
     if not isinstance(containers, list) or not isinstance(inits, list):
         raise PodSpecError("spec.containers: expected an array")
-    total = sum(_container_request(c, resource, f"spec.containers[{i}]", unit) for i, c in enumerate(containers))
-    init_max = max(
-        (_container_request(c, resource, f"spec.initContainers[{i}]", unit) for i, c in enumerate(inits)), default=0
-    )
-    return max(total, init_max)
+    total = 0
+    for i, c in enumerate(containers):
+        total += _container_request(c, resource, "containers", i, unit)
+    for i, c in enumerate(inits):
+        total = max(total, _container_request(c, resource, "initContainers", i, unit))
+    return total
 
 
 def requested_count(pod: Mapping[str, Any], resource: str) -> int:
@@ -383,22 +390,22 @@ def group_min_count(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> i
       ``policy``) or ``spec.podGroupTemplates`` (later, ``schedulingPolicy``), its ``gang.minCount``.
     """
     spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, _MAPPING):
         return None
     raw: Any = None
     if kind == "scheduler-plugins":
         raw = spec.get("minMember")
     elif kind == "podgroup":
         policy = spec.get("schedulingPolicy") or {}
-        if isinstance(policy, Mapping):
+        if isinstance(policy, _MAPPING):
             gang = policy.get("gang")
-            raw = gang.get("minCount") if isinstance(gang, Mapping) else (1 if "basic" in policy else None)
+            raw = gang.get("minCount") if isinstance(gang, _MAPPING) else (1 if "basic" in policy else None)
     elif kind == "workload":
         for entry in [*(spec.get("podGroups") or []), *(spec.get("podGroupTemplates") or [])]:
-            if isinstance(entry, Mapping) and entry.get("name") == pod_group:
+            if isinstance(entry, _MAPPING) and entry.get("name") == pod_group:
                 policy = entry.get("policy") or entry.get("schedulingPolicy") or {}
-                gang = policy.get("gang") if isinstance(policy, Mapping) else None
-                raw = gang.get("minCount") if isinstance(gang, Mapping) else 1
+                gang = policy.get("gang") if isinstance(policy, _MAPPING) else None
+                raw = gang.get("minCount") if isinstance(gang, _MAPPING) else 1
     if raw is None or isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= _MAX_GANG:
         return None
     return raw
@@ -412,16 +419,16 @@ def group_topology_key(kind: str, obj: Mapping[str, Any], pod_group: str = "") -
     accepts one constraint per group, so the first is the one.
     """
     spec = obj.get("spec")
-    if not isinstance(spec, Mapping) or kind not in TOPOLOGY_KINDS:
+    if not isinstance(spec, _MAPPING) or kind not in TOPOLOGY_KINDS:
         return ""
     holder: Any = spec
     if kind == "workload":
         entries = [*(spec.get("podGroupTemplates") or []), *(spec.get("podGroups") or [])]
-        holder = next((e for e in entries if isinstance(e, Mapping) and e.get("name") == pod_group), None)
-    constraints = holder.get("schedulingConstraints") if isinstance(holder, Mapping) else None
-    topology = constraints.get("topology") if isinstance(constraints, Mapping) else None
+        holder = next((e for e in entries if isinstance(e, _MAPPING) and e.get("name") == pod_group), None)
+    constraints = holder.get("schedulingConstraints") if isinstance(holder, _MAPPING) else None
+    topology = constraints.get("topology") if isinstance(constraints, _MAPPING) else None
     first = topology[0] if isinstance(topology, list) and topology else None
-    key = first.get("key") if isinstance(first, Mapping) else None
+    key = first.get("key") if isinstance(first, _MAPPING) else None
     return key.strip() if isinstance(key, str) else ""
 
 
@@ -431,7 +438,7 @@ def group_spec(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> GroupS
     if kind in OWNER_DISPLAY:
         spec = obj.get("spec")
         try:
-            if not isinstance(spec, Mapping):
+            if not isinstance(spec, _MAPPING):
                 raise PodSpecError("spec: missing")
             return GroupSpec(None, roles=tuple(_OWNER_ROLES[kind](spec)))
         except PodSpecError as exc:
@@ -439,7 +446,7 @@ def group_spec(kind: str, obj: Mapping[str, Any], pod_group: str = "") -> GroupS
     return GroupSpec(group_min_count(kind, obj, pod_group), group_topology_key(kind, obj, pod_group))
 
 
-def _count(raw: Any, default: int, where: str) -> int:
+def spec_count(raw: Any, default: int, where: str) -> int:
     """A count in an owner's spec; absent: ``default``, the controller's own default."""
     if raw is None:
         return default
@@ -450,15 +457,15 @@ def _count(raw: Any, default: int, where: str) -> int:
 
 def _role(name: str, members: int, template: Any, where: str, most: int = 0) -> GroupRole:
     """A role of ``members`` pods made from pod template ``template`` (``metadata`` and ``spec``)."""
-    if not isinstance(template, Mapping) or not isinstance(template.get("spec"), Mapping):
+    if not isinstance(template, _MAPPING) or not isinstance(template.get("spec"), _MAPPING):
         raise PodSpecError(f"{where}: no pod template")
     spec = template["spec"]
     names: set[str] = set()
     for c in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
-        res = c.get("resources") if isinstance(c, Mapping) else None
+        res = c.get("resources") if isinstance(c, _MAPPING) else None
         for part in ("requests", "limits"):
-            values = res.get(part) if isinstance(res, Mapping) else None
-            names.update(r for r in (values if isinstance(values, Mapping) else ()) if "/" in str(r))
+            values = res.get(part) if isinstance(res, _MAPPING) else None
+            names.update(r for r in (values if isinstance(values, _MAPPING) else ()) if "/" in str(r))
     asks = []
     for resource in sorted(names):
         try:
@@ -466,8 +473,8 @@ def _role(name: str, members: int, template: Any, where: str, most: int = 0) -> 
         except PodSpecError:
             continue  # not a whole number: not a resource of the extender's (its own pods would fail)
     meta = template.get("metadata")
-    ann = (meta.get("annotations") if isinstance(meta, Mapping) else None) or {}
-    shape = str(ann.get(ANN_SHAPE) or "any").strip() if isinstance(ann, Mapping) else "any"
+    ann = (meta.get("annotations") if isinstance(meta, _MAPPING) else None) or {}
+    shape = str(ann.get(ANN_SHAPE) or "any").strip() if isinstance(ann, _MAPPING) else "any"
     return GroupRole(name, members, tuple(asks), shape, most)
 
 
@@ -476,21 +483,21 @@ def _pytorchjob_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
     ``spec.elasticPolicy``, the Worker's ``minReplicas``..``maxReplicas`` (one of them sets both; neither:
     the Worker's replicas, as the operator defaults them)."""
     replicas = spec.get("pytorchReplicaSpecs")
-    if not isinstance(replicas, Mapping) or not replicas:
+    if not isinstance(replicas, _MAPPING) or not replicas:
         raise PodSpecError("spec.pytorchReplicaSpecs: no replica types")
     elastic = spec.get("elasticPolicy")
     roles = []
     for rtype, rspec in replicas.items():
         where = f"spec.pytorchReplicaSpecs.{rtype}"
-        if not isinstance(rspec, Mapping):
+        if not isinstance(rspec, _MAPPING):
             raise PodSpecError(f"{where}: expected a replica spec")
-        n = _count(rspec.get("replicas"), 1, f"{where}.replicas")
+        n = spec_count(rspec.get("replicas"), 1, f"{where}.replicas")
         least, most = n, 0
-        if isinstance(elastic, Mapping) and str(rtype).lower() == "worker":
+        if isinstance(elastic, _MAPPING) and str(rtype).lower() == "worker":
             low = elastic.get("minReplicas", elastic.get("maxReplicas"))
             high = elastic.get("maxReplicas", elastic.get("minReplicas"))
-            least = _count(low, n, "spec.elasticPolicy.minReplicas")
-            most = _count(high, n, "spec.elasticPolicy.maxReplicas")
+            least = spec_count(low, n, "spec.elasticPolicy.minReplicas")
+            most = spec_count(high, n, "spec.elasticPolicy.maxReplicas")
             if most < least:
                 raise PodSpecError(f"spec.elasticPolicy: maxReplicas {most} is below minReplicas {least}")
         roles.append(_role(str(rtype), least, rspec.get("template"), f"{where}.template", most))
@@ -506,14 +513,14 @@ def _jobset_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
     roles = []
     for i, rjob in enumerate(jobs):
         where = f"spec.replicatedJobs[{i}]"
-        if not isinstance(rjob, Mapping):
+        if not isinstance(rjob, _MAPPING):
             raise PodSpecError(f"{where}: expected a replicated job")
         template = rjob.get("template")
-        job = template.get("spec") if isinstance(template, Mapping) else None
-        if not isinstance(job, Mapping):
+        job = template.get("spec") if isinstance(template, _MAPPING) else None
+        if not isinstance(job, _MAPPING):
             raise PodSpecError(f"{where}.template.spec: no Job spec")
-        n = _count(rjob.get("replicas"), 1, f"{where}.replicas")
-        per_job = _count(job.get("parallelism"), 1, f"{where}.template.spec.parallelism")
+        n = spec_count(rjob.get("replicas"), 1, f"{where}.replicas")
+        per_job = spec_count(job.get("parallelism"), 1, f"{where}.template.spec.parallelism")
         name = str(rjob.get("name") or i)
         role = _role(name, n * per_job, job.get("template"), f"{where}.template.spec.template")
         roles.append(dataclasses.replace(role, jobs=n))
@@ -524,9 +531,9 @@ def _lws_roles(spec: Mapping[str, Any]) -> list[GroupRole]:
     """One group of ``spec.leaderWorkerTemplate``: its leader (``leaderTemplate``, else the worker
     template) and ``size`` - 1 workers (LWS's default size: 1, the leader alone)."""
     lwt = spec.get("leaderWorkerTemplate")
-    if not isinstance(lwt, Mapping):
+    if not isinstance(lwt, _MAPPING):
         raise PodSpecError("spec.leaderWorkerTemplate: missing")
-    size = _count(lwt.get("size"), 1, "spec.leaderWorkerTemplate.size")
+    size = spec_count(lwt.get("size"), 1, "spec.leaderWorkerTemplate.size")
     if size < 1:
         raise PodSpecError("spec.leaderWorkerTemplate.size: 0 is below 1 (the leader)")
     worker = lwt.get("workerTemplate")
@@ -634,11 +641,11 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
         size = size or _group_size(group, LABEL_LIGHT_GROUP, labels, "label", LABEL_LIGHT_MIN)
         return GangRef(namespace, f"podgroup:{group}", size, f"label {LABEL_LIGHT_GROUP}")
     sched_group = spec.get("schedulingGroup")
-    if isinstance(sched_group, Mapping) and sched_group.get("podGroupName"):
+    if isinstance(sched_group, _MAPPING) and sched_group.get("podGroupName"):
         group = str(sched_group["podGroupName"])
         return GangRef(namespace, f"podgroup:{group}", size, "spec.schedulingGroup", GroupRef("podgroup", group))
     wref = spec.get("workloadRef")
-    if isinstance(wref, Mapping) and wref.get("name"):
+    if isinstance(wref, _MAPPING) and wref.get("name"):
         workload, pod_group = str(wref["name"]), str(wref.get("podGroup") or "")
         parts = [workload, pod_group, str(wref.get("podGroupReplicaKey") or "")]
         key = "workload:" + "/".join(p for p in parts if p)
@@ -660,7 +667,7 @@ def _gang_ref(meta: Mapping[str, Any], spec: Mapping[str, Any], namespace: str) 
 def _controlled_by(meta: Mapping[str, Any], kind: str) -> bool:
     """Whether the pod's controller ownerReference names an object of ``kind``."""
     refs = meta.get("ownerReferences") or ()
-    return any(isinstance(r, Mapping) and r.get("controller") and r.get("kind") == kind for r in refs)
+    return any(isinstance(r, _MAPPING) and r.get("controller") and r.get("kind") == kind for r in refs)
 
 
 def _index(meta: Mapping[str, Any], key: str, *, annotation: bool = False) -> tuple[int, str] | None:
@@ -682,8 +689,8 @@ def _env_value(spec: Mapping[str, Any], name: str) -> set[str]:
     """The literal values of environment variable ``name`` in the pod's containers."""
     values: set[str] = set()
     for c in spec.get("containers") or ():
-        for env in (c.get("env") or ()) if isinstance(c, Mapping) else ():
-            if isinstance(env, Mapping) and env.get("name") == name and isinstance(env.get("value"), str):
+        for env in (c.get("env") or ()) if isinstance(c, _MAPPING) else ():
+            if isinstance(env, _MAPPING) and env.get("name") == name and isinstance(env.get("value"), str):
                 values.add(env["value"])
     return values
 
@@ -807,13 +814,13 @@ def sized_rank(info: PodInfo, gang: GangRef | None) -> Rank | None:
 def pod_info(pod: Mapping[str, Any], resource: str, shared_resource: str = DEFAULT_SHARED_RESOURCE) -> PodInfo:
     """Read a ``v1.Pod``. Raises :class:`PodSpecError` on a bad annotation or request."""
     meta = pod.get("metadata")
-    if not isinstance(meta, Mapping):
+    if not isinstance(meta, _MAPPING):
         raise PodSpecError("metadata: missing")
-    spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-    status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
-    assert isinstance(spec, Mapping) and isinstance(status, Mapping)
+    spec = pod.get("spec") if isinstance(pod.get("spec"), _MAPPING) else {}
+    status = pod.get("status") if isinstance(pod.get("status"), _MAPPING) else {}
+    assert isinstance(spec, _MAPPING) and isinstance(status, _MAPPING)
     ann = meta.get("annotations") or {}
-    if not isinstance(ann, Mapping) or not isinstance(meta.get("labels") or {}, Mapping):
+    if not isinstance(ann, _MAPPING) or not isinstance(meta.get("labels") or {}, _MAPPING):
         raise PodSpecError("metadata.annotations: expected a mapping")
     namespace = str(meta.get("namespace") or "default")
     shape = str(ann.get(ANN_SHAPE) or "any").strip()
@@ -900,11 +907,11 @@ def start_time(status: Mapping[str, Any]) -> float | None:
 
 def _gates(spec: Mapping[str, Any]) -> tuple[str, ...]:
     """The names of ``spec.schedulingGates`` (entries without a name are the API server's to refuse)."""
-    return tuple(str(g["name"]) for g in spec.get("schedulingGates") or () if isinstance(g, Mapping) and g.get("name"))
+    return tuple(str(g["name"]) for g in spec.get("schedulingGates") or () if isinstance(g, _MAPPING) and g.get("name"))
 
 
 def _unschedulable(status: Mapping[str, Any]) -> bool:
     for cond in status.get("conditions") or ():
-        if isinstance(cond, Mapping) and cond.get("type") == "PodScheduled":
+        if isinstance(cond, _MAPPING) and cond.get("type") == "PodScheduled":
             return cond.get("status") == "False" and cond.get("reason") == "Unschedulable"
     return False

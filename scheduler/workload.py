@@ -63,7 +63,7 @@ class Workload:
                 if rec is not None:
                     rec.cpu_used += sign * entry[1]
                     rec.mem_used += sign * entry[2]
-                    self.nodes.refresh(rec)
+                    self.nodes.refresh_requests(rec)
         if new is not None:
             self.requests[uid] = new
         types = self._task_types

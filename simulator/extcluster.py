@@ -37,6 +37,7 @@ from scheduler.factory import (
     KubeError,
     MetaPod,
     MetaVictims,
+    group_spec,
     parse_devices,
 )
 from simulator.clusterspec import NodeSpec
@@ -154,6 +155,8 @@ class LocalAPI:
         self.nodes: dict[str, JsonObj] = {}
         self.pods: dict[tuple[str, str], JsonObj] = {}
         self.leases: dict[tuple[str, str], JsonObj] = {}
+        # native group and owner objects by (group kind, namespace, name), read as the API server serves them
+        self.groups: dict[tuple[str, str, str], JsonObj] = {}
         self.log: list[tuple[Any, ...]] | None = [] if record else None
         self.deleted = 0
         """How many pods were deleted: each may have freed devices, CPU or memory."""
@@ -282,7 +285,8 @@ class LocalAPI:
         return None
 
     def read_group(self, kind: str, namespace: str, name: str, pod_group: str = "") -> GroupSpec | None:
-        return None
+        obj = self.groups.get((kind, namespace, name))
+        return group_spec(kind, obj, pod_group) if obj is not None else None
 
     def get_lease(self, namespace: str, name: str) -> JsonObj | None:
         return self.leases.get((namespace, name))

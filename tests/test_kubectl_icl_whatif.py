@@ -141,16 +141,19 @@ def test_a_job_makes_its_parallel_pods_with_their_completion_index() -> None:
     ("text", "message"),
     [
         ("a: [b", "f.yaml: not YAML or JSON: "),
-        ("", "f.yaml: no Pod or Job in it"),
+        ("", "f.yaml: no pod in it"),
         ("- 1\n", "f.yaml: document 1: expected a Kubernetes object (a mapping), got list"),
         ("kind: Pod\nmetadata: {name: a}\n---\nkind: Deployment\n", "f.yaml: document 2: kind 'Deployment': allowed"),
         ("kind: Pod\nmetadata: {}\n", "f.yaml: document 1: Pod without metadata.name"),
         ("kind: Pod\nmetadata: {name: a}\nspec: {nodeName: n1}\n", "f.yaml: document 1: spec.nodeName is set"),
         ("kind: Pod\nmetadata: {name: a}\n---\nkind: Pod\nmetadata: {name: a}\n", "f.yaml: pod ml/a is given twice"),
-        ("kind: Job\nmetadata: {name: j}\nspec: {}\n", "f.yaml: document 1: spec.template: a Job needs a pod"),
+        (
+            "kind: Job\nmetadata: {name: j}\nspec: {}\n",
+            "f.yaml: document 1: Job: spec.template: no pod template with a spec",
+        ),
         (
             "kind: Job\nmetadata: {name: j}\nspec: {parallelism: -1, template: {spec: {}}}\n",
-            "f.yaml: document 1: spec.parallelism: expected a whole number >= 0, got -1",
+            "f.yaml: document 1: Job: spec.parallelism: -1 is not a whole number in 0..4096",
         ),
         (
             "kind: Pod\nmetadata: {name: a, annotations: {kube-icl.io/gang: g, kube-icl.io/gang-size: x}}\n",
@@ -198,7 +201,10 @@ def test_the_command_answers_now_and_when_and_refuses_a_pod_that_exists(
     spec.write_text("kind: Deployment\n")
     assert cli.main(["whatif", "-f", str(spec)]) == 1
     err = capsys.readouterr().err
-    assert err.endswith(f"error: {spec}: document 1: kind 'Deployment': allowed kinds are Pod, Job, List\n"), err
+    assert err.endswith(
+        f"error: {spec}: document 1: kind 'Deployment': allowed kinds are Pod, Job, List, PyTorchJob, JobSet, "
+        "LeaderWorkerSet, TrainJob\n"
+    ), err
 
 
 def test_a_pods_priority_comes_from_its_priority_class_as_the_api_server_sets_it() -> None:

@@ -17,12 +17,16 @@ True
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+# dict first: most objects are dicts, and isinstance(x, Mapping) alone takes the slower ABC check
+_MAPPING = (dict, Mapping)
 
 __all__ = [
     "ANN_DEVICES",
@@ -265,26 +269,39 @@ def _quantity(value: Any, where: str) -> Decimal:
     return number * _SUFFIX[m.group(2) or ""]
 
 
+def _cpu_milli(value: Any, where: str) -> int:
+    return int((_quantity(value, where) * 1000).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _memory_mib(value: Any, where: str) -> int:
+    return int(_quantity(value, where) / _SUFFIX["Mi"])
+
+
+# A cluster's pods ask a handful of distinct quantities ("1", "500m", "4Gi"): each is parsed once.
+_cpu_milli_of = functools.lru_cache(maxsize=4096, typed=True)(_cpu_milli)
+_memory_mib_of = functools.lru_cache(maxsize=4096, typed=True)(_memory_mib)
+
+
 def cpu_milli(value: Any, where: str = "cpu") -> int:
     """A CPU quantity in milli-CPU, rounded up as Kubernetes does (``MilliValue``)."""
-    return int((_quantity(value, where) * 1000).to_integral_value(rounding="ROUND_CEILING"))
+    return _cpu_milli_of(value, where) if isinstance(value, (str, int, float)) else _cpu_milli(value, where)
 
 
 def memory_mib(value: Any, where: str = "memory") -> int:
     """A memory quantity in MiB, rounded down."""
-    return int(_quantity(value, where) / _SUFFIX["Mi"])
+    return _memory_mib_of(value, where) if isinstance(value, (str, int, float)) else _memory_mib(value, where)
 
 
 def _container_requests(container: Any) -> tuple[int, int]:
-    if not isinstance(container, Mapping):
+    if not isinstance(container, _MAPPING):
         return 0, 0
     res = container.get("resources")
-    if not isinstance(res, Mapping):
+    if not isinstance(res, _MAPPING):
         return 0, 0
     req = res.get("requests")
     lim = res.get("limits")
-    req = req if isinstance(req, Mapping) else {}
-    lim = lim if isinstance(lim, Mapping) else {}
+    req = req if isinstance(req, _MAPPING) else {}
+    lim = lim if isinstance(lim, _MAPPING) else {}
     cpu = req.get("cpu", lim.get("cpu"))  # a limit without a request is the request (API server default)
     mem = req.get("memory", lim.get("memory"))
     try:
@@ -308,7 +325,7 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     (4000, 1024)
     """
     spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, _MAPPING):
         return 0, 0
     containers = spec.get("containers") or []
     inits = spec.get("initContainers") or []
@@ -320,7 +337,7 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
         a, b = _container_requests(c)
         cpu, mem = max(cpu, a), max(mem, b)
     overhead = spec.get("overhead")
-    if isinstance(overhead, Mapping):
+    if isinstance(overhead, _MAPPING):
         a, b = _container_requests({"resources": {"requests": overhead}})
         cpu, mem = cpu + a, mem + b
     return cpu, mem

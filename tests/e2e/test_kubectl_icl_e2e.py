@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -399,5 +400,57 @@ def test_whatif_names_the_victims_kube_scheduler_then_preempts_through_the_exten
         assert "filler" not in _pods(plane, fleet.namespace), "the victim whatif named is the one preempted"
     finally:
         for name in ("urgent", "filler"):
+            with contextlib.suppress(Exception):
+                plane.core.delete_namespaced_pod(name, fleet.namespace, grace_period_seconds=0)
+
+
+DEADLINE_S = 30  # the running pod's activeDeadlineSeconds: long enough to ask whatif before it ends
+SCHEDULER_RETRY_S = 10.0  # kube-scheduler's longest pod backoff: how late it may retry a pod after the event
+STAMP_S = 1.0  # the API server's timestamps are to the second
+
+
+def test_whatif_when_is_the_real_start_once_the_running_pod_ends_at_its_deadline(fleet: Fleet, tmp_path: Path) -> None:
+    """A pod that fits only once a running pod ends: whatif's *when*, from that pod's activeDeadlineSeconds
+    counted from its start, says when it starts; the test then ends the pod at its deadline, as the kubelet
+    would (deleting it), and the real kube-scheduler with the extender binds the new pod within the range
+    whatif gave, late by at most kube-scheduler's retry after the delete and the time whatif itself took."""
+    import yaml
+
+    plane, ring_node = fleet.plane, fleet.names[2]  # a ring of 8, chip 7 unhealthy: 7 usable
+    here = {**node_labels(fleet.label), "kubernetes.io/hostname": ring_node}
+    timed = pod_body("timed", 4, "any", selector=here)
+    timed["spec"]["activeDeadlineSeconds"] = DEADLINE_S
+    after = pod_body("after", 6, "any", selector=here)
+    try:
+        create_pods(plane, fleet.namespace, [timed], workers=1)
+        assert wait_bound(plane, fleet.namespace, ["timed"])["timed"].node == ring_node
+        pod = plane.core.read_namespaced_pod("timed", fleet.namespace)
+        started = (pod.status.start_time or pod.metadata.creation_timestamp).timestamp()
+        spec = tmp_path / "after.yaml"
+        spec.write_text(yaml.safe_dump(after))
+        asked = time.time()
+        doc = fleet.doc("whatif", "-f", str(spec), "-n", fleet.namespace, "--extender-config", fleet.configmap)
+        took = time.time() - asked
+        (item,) = doc["items"]
+        assert not item["now"]["placed"] and item["now"]["freeing"]["pods"] == [f"{fleet.namespace}/timed"], item
+        assert doc["runningRuntimesFrom"]["deadline"] == 1, doc["runningRuntimesFrom"]
+        low, high = item["when"]["earliestStartSeconds"]["low"], item["when"]["earliestStartSeconds"]["high"]
+        end = started + DEADLINE_S  # where the kubelet ends it
+        # a deadline is an upper bound, never stretched: the latest start is the deadline, from whatif's now
+        assert end - asked - took - STAMP_S <= high <= end - asked + STAMP_S, (high, end - asked, took)
+        assert low < high
+        create_pods(plane, fleet.namespace, [after], workers=1)
+        wait_for(lambda: time.time() >= end, timeout=DEADLINE_S + 60, what="the running pod's deadline")
+        plane.core.delete_namespaced_pod("timed", fleet.namespace, grace_period_seconds=0)  # as the kubelet ends it
+        assert wait_bound(plane, fleet.namespace, ["after"])["after"].node == ring_node
+        scheduled = next(
+            c.last_transition_time.timestamp()
+            for c in plane.core.read_namespaced_pod("after", fleet.namespace).status.conditions
+            if c.type == "PodScheduled" and c.status == "True"
+        )
+        real = scheduled - asked  # from the moment whatif was asked, as its answer counts
+        assert high - STAMP_S <= real <= high + took + SCHEDULER_RETRY_S + STAMP_S, (low, high, real, took)
+    finally:
+        for name in ("after", "timed"):
             with contextlib.suppress(Exception):
                 plane.core.delete_namespaced_pod(name, fleet.namespace, grace_period_seconds=0)
