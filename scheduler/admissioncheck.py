@@ -227,7 +227,7 @@ class AdmissionChecks(Loop):
         where = f"{meta.get('namespace')}/{meta.get('name')}"
         try:
             wanted = workload_gang(workload, self.cfg.resource_name)
-        except PodSpecError as exc:
+        except (PodSpecError, ValueError, TypeError) as exc:  # a malformed workload: its own answer, nobody else's
             return Verdict("Rejected", f"kube-icl cannot place workload {where}: {exc}")
         if wanted is None:
             return Verdict("Ready", f"asks no {self.cfg.resource_name}: nothing for kube-icl to reserve")

@@ -304,6 +304,18 @@ def test_a_workload_that_loses_its_quota_frees_its_reservation() -> None:
     assert len(c.cache.nodes.ready_views()["n0"].free) == 8
 
 
+def test_a_malformed_workload_is_rejected_alone_and_the_others_are_answered() -> None:
+    c = Cluster({"n0": "full:8"})
+    bad = pytorchjob_workload("bad", workers=1)
+    bad["spec"]["podSets"][1]["count"] = "many"
+    good = pytorchjob_workload("good", workers=1)
+    c.submit(bad)
+    c.submit(good)
+    c.checks.run_once()
+    assert c.state(bad)["state"] == "Rejected" and "many" in c.state(bad)["message"]
+    assert c.state(good)["state"] == "Ready"
+
+
 def test_kueue_mode_refuses_kube_icls_own_queues() -> None:
     with pytest.raises(ConfigError, match="Kueue owns quotas"):
         parse_config({"kueue": {"enabled": True}, "queues": {"a": {"weight": 2}}})
