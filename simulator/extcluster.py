@@ -38,6 +38,7 @@ from scheduler.factory import (
     MetaPod,
     MetaVictims,
     parse_devices,
+    stamp,
 )
 from simulator.clusterspec import NodeSpec
 from simulator.jobs import Job
@@ -157,6 +158,9 @@ class LocalAPI:
         self.log: list[tuple[Any, ...]] | None = [] if record else None
         self.deleted = 0
         """How many pods were deleted: each may have freed devices, CPU or memory."""
+        self.evicted: builtins.list[str] = []
+        """The uids of the pods evicted (the extender's own evictions: a whole-gang preemption's victims on the
+        nodes kube-scheduler did not take, a failed gang's members), for the simulator to take."""
         self._rv = 0
 
     def _stamp(self, obj: JsonObj) -> JsonObj:
@@ -252,17 +256,21 @@ class LocalAPI:
         obj = self._stamp(copy.deepcopy(obj))
         obj["spec"]["nodeName"] = node
         obj["metadata"].setdefault("annotations", {}).update(annotations or {})
-        obj["status"] = {"phase": "Running"}
+        obj["status"] = {"phase": "Running", "startTime": stamp(self.cache.clock())}
         self.pods[(namespace, name)] = obj
         self.note("bound", copy.deepcopy(obj))
         self.cache.upsert_pod(obj)
 
     def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        obj = self.pods.get((namespace, name))
+        if obj is None or obj["metadata"]["uid"] != uid:
+            raise KubeError(404, f"pods {name!r} not found")  # gone, or a new pod of the same name
+        self.evicted.append(uid)
         self._delete(namespace, name)
 
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
         obj = self.pods.get((namespace, name))
-        if obj is not None:
+        if obj is not None and obj["metadata"]["uid"] == uid:
             obj["metadata"].setdefault("annotations", {}).update(annotations)
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...]) -> None:

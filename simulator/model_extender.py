@@ -6,8 +6,13 @@ members as pending pods, Bindings, ends and deletions as the watch delivers them
 goes through its filter, prioritize and bind (:func:`simulator.extcluster.schedule_pod`), the first of the
 best-scored nodes in the cluster's order winning (kube-scheduler picks one of them at random); gangs through
 its gang manager (the lowest network tier that holds them, within the gang tier when given), queues through
-its fair share, preemption through its preempt verb (kube-scheduler's dry run here). Who holds which device is
-the cache's: the model keeps no ledger of its own.
+its fair share, preemption through its preempt verb (kube-scheduler's dry run here; ``preemption``, one of
+:data:`simulator.timebase.PREEMPTIONS`, may instead leave the verb out, as kube-scheduler without a preempting
+extender, or let nobody preempt). The extender's own evictions (a whole-gang preemption's victims on the nodes
+kube-scheduler did not take, a failed gang's members) run in the same step as the answer that queued them, and
+their pods' jobs end as kube-scheduler's victims' do. The extender's wall clock is the run's, so a queue's
+``minRuntime`` counts simulated seconds from each pod's ``status.startTime``. Who holds which device is the
+cache's: the model keeps no ledger of its own.
 
 Jobs wait in kube-scheduler's queue (``kube_queue``). Elastic gangs (``grows``): the minimum is placed all at
 once (the gang manager reserves it); members above it join one at a time through the extender's filter (next to
@@ -30,11 +35,12 @@ from simulator.extcluster import (
     dry_run_victims,
     member_pod,
     node_object,
+    pick_victims,
     preempt_pod,
     schedule_pod,
 )
 from simulator.jobs import Job
-from simulator.timebase import Alloc, FailureItem, Member, Placed, Victim
+from simulator.timebase import PREEMPTIONS, Alloc, FailureItem, Member, Placed, Victim
 from simulator.toponodes import TopoNodes
 from topology import Placer
 from topology.contract import ANN_DEVICES
@@ -58,8 +64,12 @@ class ExtenderModel(TopoNodes):
         *,
         record: bool = False,
         config: ExtenderConfig | None = None,
+        preemption: str = "extender",
     ) -> None:
+        if preemption not in PREEMPTIONS:
+            raise ValueError(f"preemption: got {preemption!r}; allowed: {', '.join(PREEMPTIONS)}")
         super().__init__(spec, gang_tier)
+        self.preemption = preemption
         self.policy = policy
         self.gang_tier = gang_tier
         self.now = 0.0
@@ -87,7 +97,7 @@ class ExtenderModel(TopoNodes):
         for name in self.order:
             self.api.put_node(self._node(name))
         self.cache.nodes_synced = self.cache.pods_synced = True
-        self.extender = build_extender(cfg, self.cache, self.api)
+        self.extender = build_extender(cfg, self.cache, self.api, wall=lambda: self.now)
         self.pending: dict[str, dict[int, JsonObj]] = {}  # job -> member -> its pending pod
         self.uid_of: dict[tuple[str, int], str] = {}  # (job, member) -> its pod's uid now
         self.member_of: dict[str, tuple[str, int]] = {}  # a bound pod's uid -> (job, member)
@@ -127,6 +137,13 @@ class ExtenderModel(TopoNodes):
     def tick(self, t: float) -> None:
         self.now = t
         self.api.note("clock", t)
+        self._run_evictions()
+
+    def _run_evictions(self) -> None:
+        """The extender's queued evictions run now; the pods they took are victims for the event loop."""
+        self.extender.run_queued()
+        self.victims.extend(self.api.evicted)
+        self.api.evicted.clear()
 
     def _new_pod(self, job: Job, member: int) -> None:
         uid = f"{job.id}.{member}.{next(self._uids)}"
@@ -195,7 +212,7 @@ class ExtenderModel(TopoNodes):
         if not attempt.held:
             # kube-scheduler's unschedulable queue: tried again once something is freed
             self.unschedulable[job.id] = self._freed()
-        if preempt and job.priority > 0:
+        if preempt and job.priority > 0 and self.preemption != "none":
             self._preempt(job, pod, attempt.unresolvable)
         return None
 
@@ -208,8 +225,10 @@ class ExtenderModel(TopoNodes):
         might help (ready, a device model the job allows, not failed as unresolvable by the extender), its
         dry run: without the pods of lower priority, do the pod's requests (devices, CPU, memory) fit the
         node's allocatable; then the more important of those pods are reprieved while they still fit. The
-        proposal goes through the extender (:func:`simulator.extcluster.preempt_pod`); the victims of the
-        node taken wait in :attr:`victims` for the event loop to end their jobs."""
+        proposal goes through the extender (:func:`simulator.extcluster.preempt_pod`), or under ``upstream``
+        straight to kube-scheduler's choice of a node (:func:`simulator.extcluster.pick_victims`); the victims
+        of the node taken, and those the extender evicted itself, wait in :attr:`victims` for the event loop
+        to end their jobs."""
         on_node: dict[str, list[tuple[int, str, Job]]] = {}
         for jid, members in self.bound.items():
             held = self.jobs[jid]
@@ -242,9 +261,13 @@ class ExtenderModel(TopoNodes):
             return
         for here in on_node.values():
             priority.update({uid: prio for prio, uid, _ in here})
-        chosen = preempt_pod(self.extender, self.api, pod, proposal, priority)
+        if self.preemption == "upstream":
+            chosen = pick_victims(proposal, priority)
+        else:
+            chosen = preempt_pod(self.extender, self.api, pod, proposal, priority)
         if chosen is not None:
             self.victims.extend(chosen[1])
+        self._run_evictions()
 
     def take_victims(self) -> list[Victim]:
         """The pods preemption chose since the last call: (job, (node, devices)) each."""

@@ -17,6 +17,7 @@ from topology import ClusterView
 from topology.policy import LINKED, SHARE
 
 __all__ = [
+    "PREEMPTIONS",
     "SHARE_POLICIES",
     "TIME_POLICIES",
     "TOPOLOGY_POLICIES",
@@ -35,6 +36,11 @@ SHARE_POLICIES: tuple[str, ...] = tuple(f"share:{p.value}" for p in SHARE)
 """Time-mode names of the policies' share forms (``share:fgd``, ...)."""
 TIME_POLICIES: tuple[str, ...] = (*TOPOLOGY_POLICIES, *SHARE_POLICIES)
 """Every policy name ``simulator.timesim.run_time`` accepts."""
+PREEMPTIONS: tuple[str, ...] = ("extender", "upstream", "none")
+"""How a pending pod preempts under the extender (``simulator.model_extender``): ``extender``, kube-scheduler's
+preemption through the extender's preempt verb (a gang missing members: whole-gang preemption); ``upstream``,
+kube-scheduler's own preemption alone (its dry run's victims by device count, one pod at a time, the extender
+not asked); ``none``, no pod preempts."""
 
 
 @dataclass(frozen=True, slots=True)
