@@ -5,7 +5,8 @@ verbs (built by :func:`scheduler.factory.build_extender`) for one pod.
 - :class:`LocalAPI` holds the cluster's Node, Pod and Lease objects. Every write reaches the cache as the
   watch would deliver it, at once (one thread, no lag): a node put, a pod created pending, a Binding
   (``spec.nodeName`` and the Binding's annotations, one write, as kube-apiserver applies it), a pod that
-  succeeded, a pod deleted or evicted. With ``record`` it keeps the log of those writes, and the driver adds
+  succeeded, a pod deleted or evicted (an eviction logged before its deletion). With ``record`` it keeps the log
+  of those writes, and the driver adds
   each scheduling attempt with its answer (the parity test replays that log through an extender of its
   own).
 - :func:`node_object` and :func:`member_pod` write the upstream objects of a node of a cluster spec
@@ -266,6 +267,7 @@ class LocalAPI:
         if obj is None or obj["metadata"]["uid"] != uid:
             raise KubeError(404, f"pods {name!r} not found")  # gone, or a new pod of the same name
         self.evicted.append(uid)
+        self.note("evict", name, uid)
         self._delete(namespace, name)
 
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:

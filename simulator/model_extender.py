@@ -46,7 +46,11 @@ from topology import Placer
 from topology.contract import ANN_DEVICES
 from topology.policy import PolicyName
 
-__all__ = ["ExtenderModel"]
+__all__ = ["FLUSH_S", "ExtenderModel"]
+
+FLUSH_S = 300.0
+"""How long kube-scheduler keeps a pod in its unschedulable queue before trying it again with no cluster event
+(``podMaxInUnschedulablePodsDuration``, 5 minutes by default)."""
 
 
 class ExtenderModel(TopoNodes):
@@ -105,6 +109,11 @@ class ExtenderModel(TopoNodes):
         # job -> _freed() when no node took it for want of room (not held back by fair share): it is not
         # tried again until something is freed, as kube-scheduler parks a pod in its unschedulable queue
         self.unschedulable: dict[str, tuple[int, int]] = {}
+        # job -> when kube-scheduler flushes it from its unschedulable queue and tries it again, freed or not
+        # (after FLUSH_S): kept only for a pod that may preempt where some queue has a minRuntime, the one case
+        # where time alone changes an answer (a victim comes of age)
+        self.flush_at: dict[str, float] = {}
+        self._ages = any(q.min_runtime_s > 0 for q in cfg.queues.values())
         self.repairs = 0
         self.bound: dict[str, dict[int, Member]] = {}  # job -> member -> (node, devices) its pod is bound to
         self.jobs: dict[str, Job] = {}
@@ -152,11 +161,14 @@ class ExtenderModel(TopoNodes):
         self.api.create_pod(pod)
         self.pending.setdefault(job.id, {})[member] = pod
 
+    def wakeup(self) -> float | None:
+        return min(self.flush_at.values(), default=None)
+
     def queued(self, job: Job) -> None:
         """The job (again) waits: a pending pod per member (up to an elastic gang's maximum)."""
         self.jobs[job.id] = job
         self.bound.pop(job.id, None)
-        self.unschedulable.pop(job.id, None)
+        self._tried_again(job.id)
         for member in range(job.gang):
             self._new_pod(job, member)
 
@@ -207,14 +219,20 @@ class ExtenderModel(TopoNodes):
             del self.pending[job.id][member]
             self.bound.setdefault(job.id, {})[member] = got
             self.member_of[pod["metadata"]["uid"]] = (job.id, member)
-            self.unschedulable.pop(job.id, None)
+            self._tried_again(job.id)
             return got
         if not attempt.held:
-            # kube-scheduler's unschedulable queue: tried again once something is freed
+            # kube-scheduler's unschedulable queue: tried again once something is freed, or once flushed
             self.unschedulable[job.id] = self._freed()
+            if self._ages and job.priority > 0 and self.preemption != "none":
+                self.flush_at.setdefault(job.id, self.now + FLUSH_S)
         if preempt and job.priority > 0 and self.preemption != "none":
             self._preempt(job, pod, attempt.unresolvable)
         return None
+
+    def _tried_again(self, jid: str) -> None:
+        self.unschedulable.pop(jid, None)
+        self.flush_at.pop(jid, None)
 
     def _freed(self) -> tuple[int, int]:
         """Counts that grow whenever devices, CPU or memory may have been freed: pods deleted, repairs."""
@@ -283,6 +301,8 @@ class ExtenderModel(TopoNodes):
         """The first ``job.gang`` waiting members, one by one through the extender (a gang's first member
         reserves every slot of its minimum); None, and nothing kept, when one is not placed (with
         ``preempt``, that member's preemption may have chosen victims: :meth:`take_victims`)."""
+        if self.flush_at.get(job.id, float("inf")) <= self.now:
+            self._tried_again(job.id)  # flushed from the unschedulable queue: tried again
         if self.unschedulable.get(job.id) == self._freed():
             return None  # nothing freed since no node took it: the same answer (no attempt)
         waiting = sorted(self.pending.get(job.id, {}))[: job.gang]

@@ -116,6 +116,11 @@ class ClusterModel(Protocol):
         """The clock moves to ``t`` (an event batch)."""
         ...
 
+    def wakeup(self) -> float | None:
+        """When the model wants a scheduling pass though no event comes then (kube-scheduler flushing a pod
+        from its unschedulable queue); None: not before the next event."""
+        ...
+
     def queued(self, job: Job) -> None:
         """``job`` (again) waits to be placed."""
         ...

@@ -300,6 +300,7 @@ class TimeRun:
         self.done = 0
         self.total_jobs = sum(1 for r in self.records.values() if not r.rejected)
         self.last_t = 0.0
+        self.wakes: set[float] = set()  # the times a wake event is pushed for
 
     # ---------------------------------------------------------------- the loop
 
@@ -328,6 +329,8 @@ class TimeRun:
                 elif kind == "finish":
                     if self.finish(arg, ep, t) and progress is not None and self.done % 200 == 0:
                         progress(self.done, self.total_jobs)
+                elif kind == "wake":
+                    pass  # only a scheduling pass (below)
                 elif kind == "fail":
                     self.fail(int(arg), t)
                 else:
@@ -335,6 +338,7 @@ class TimeRun:
             self.schedule(t)
             if self.elastic:
                 self.grow(t)
+            self.wake(t)
             self.sample(t)
             if watched and all(r.starts or r.rejected for r in watched):
                 break
@@ -531,6 +535,13 @@ class TimeRun:
                 self.result.grow_stall_device_seconds += self.resize_s * (len(alloc.members) - added) * job.count
                 self.resume[jid] = t + self.resize_s
                 self.finish_at(jid, t)
+
+    def wake(self, t: float) -> None:
+        """A scheduling pass at the time the model asks for one (:meth:`ClusterModel.wakeup`), once."""
+        at = self.c.wakeup()
+        if at is not None and at > t and at not in self.wakes:
+            self.wakes.add(at)
+            heapq.heappush(self.events, (at, next(self.seq), "wake", "", 0))
 
     def sample(self, t: float) -> None:
         """Utilisation, queue length and per-queue share after the batch."""

@@ -1,0 +1,99 @@
+"""Preemption in time mode under the extender: how a pod preempts (through the extender's preempt verb, as
+kube-scheduler alone, or not at all), a queue's minRuntime counted in simulated seconds, and what a victim's
+trace says becomes of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.factory import ExtenderConfig, QueueConfig
+from simulator.clusterspec import ClusterSpec, cluster_from_mapping
+from simulator.jobs import Job, JobFormatError, read_jobs, write_jobs_csv
+from simulator.timesim import TimeResult, run_time
+
+
+def _cluster() -> ClusterSpec:
+    """Eight hybrid cube-mesh nodes of 8 devices, two racks of four."""
+    return cluster_from_mapping(
+        {
+            "name": "contention",
+            "pools": [
+                {
+                    "name": "g",
+                    "count": 8,
+                    "topology": "hcm:8",
+                    "cpu_milli": 96000,
+                    "memory_mib": 786432,
+                    "link_domain": {"kind": "ring", "dims": [4]},
+                }
+            ],
+            "tiers": [{"key": "example.com/rack", "size": 4}],
+        }
+    )
+
+
+def _full(on_preempt: str = "requeue") -> list[Job]:
+    """Sixteen low-priority rings of 4 that fill the cluster at once and run four hours."""
+    return [Job(f"s{i}", float(i), 4 * 3600.0, 4, "ring", queue="batch", on_preempt=on_preempt) for i in range(16)]
+
+
+BIG = Job("big", 1000.0, 1800.0, 8, "ring", gang=4, queue="batch", priority=100)
+
+
+def _run(preemption: str, jobs: list[Job], config: ExtenderConfig | None = None) -> TimeResult:
+    return run_time(_cluster(), jobs, "icl", seed=1, preemption=preemption, config=config)
+
+
+def test_whole_gang_preemption_frees_every_member_in_one_round() -> None:
+    res = _run("extender", [*_full(), BIG])
+    big = next(r for r in res.records if r.job.id == "big")
+    assert big.starts == [1000.0] and big.valid
+    assert res.preemptions == 1
+    assert sum(r.preempted for r in res.records) == 8  # two rings of 4 per node taken, four nodes
+    # each victim's progress is lost: from its start (its submit) to the preemption at 1,000 s, 4 devices
+    taken = [r for r in res.records if r.preempted]
+    assert res.preempted_device_seconds == pytest.approx(sum((1000.0 - r.job.submit) * 4 for r in taken))
+
+
+def test_upstream_preemption_takes_one_pod_s_room_at_a_time() -> None:
+    res = _run("upstream", [*_full(), BIG])
+    big = next(r for r in res.records if r.job.id == "big")
+    assert big.starts == [1000.0]
+    assert res.preemptions == 4  # one round per member, each freeing one node by device count
+
+
+def test_without_preemption_the_gang_waits_for_the_small_jobs_to_end() -> None:
+    res = _run("none", [*_full(), BIG])
+    big = next(r for r in res.records if r.job.id == "big")
+    assert res.preemptions == 0 and not any(r.preempted for r in res.records)
+    assert big.starts and big.starts[0] >= 4 * 3600.0
+
+
+def test_a_queue_min_runtime_protects_pods_for_simulated_seconds() -> None:
+    cfg = ExtenderConfig(queues={"batch": QueueConfig("batch", min_runtime_s=1800.0)})
+    res = _run("extender", [*_full(), BIG], cfg)
+    big = next(r for r in res.records if r.job.id == "big")
+    # the victims started at 0..15 s: none may go before 1,800 s of simulated time have passed; the gang is
+    # tried again when kube-scheduler flushes it from its unschedulable queue, every 5 minutes
+    assert big.starts and 1800.0 <= big.starts[0] < 4 * 3600.0
+    assert res.preemptions == 1
+
+
+def test_a_victim_whose_trace_says_fail_ends_and_runs_no_more() -> None:
+    res = _run("extender", [*_full("fail"), BIG])
+    gone = [r for r in res.records if r.failed]
+    assert len(gone) == 8
+    assert all(len(r.starts) == 1 and r.end is None and r.requeues == 0 for r in gone)
+    kept = _run("extender", [*_full(), BIG])
+    assert all(len(r.starts) == 2 for r in kept.records if r.preempted)  # requeued and run again
+
+
+def test_on_preempt_round_trips_through_the_job_file_and_is_checked(tmp_path: Path) -> None:
+    jobs = [Job("a", 0.0, 60.0, 1, on_preempt="fail"), Job("b", 0.0, 60.0, 1)]
+    path = tmp_path / "jobs.csv"
+    write_jobs_csv(jobs, path)
+    assert read_jobs(path) == jobs
+    with pytest.raises(JobFormatError, match="on_preempt must be one of requeue, fail, got 'retry'"):
+        Job("c", 0.0, 60.0, 1, on_preempt="retry")
