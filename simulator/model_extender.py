@@ -113,6 +113,9 @@ class ExtenderModel(TopoNodes):
         # (after FLUSH_S): kept only for a pod that may preempt where some queue has a minRuntime, the one case
         # where time alone changes an answer (a victim comes of age)
         self.flush_at: dict[str, float] = {}
+        # under ``upstream``: job -> node -> devices kube-scheduler nominated its members to there (one node per
+        # preemption, each standing for one more member's nomination); pods of no higher priority leave them
+        self.nominated: dict[str, dict[str, int]] = {}
         self._ages = any(q.min_runtime_s > 0 for q in cfg.queues.values())
         self.repairs = 0
         self.bound: dict[str, dict[int, Member]] = {}  # job -> member -> (node, devices) its pod is bound to
@@ -168,6 +171,7 @@ class ExtenderModel(TopoNodes):
         """The job (again) waits: a pending pod per member (up to an elastic gang's maximum)."""
         self.jobs[job.id] = job
         self.bound.pop(job.id, None)
+        self.nominated.pop(job.id, None)
         self._tried_again(job.id)
         for member in range(job.gang):
             self._new_pod(job, member)
@@ -192,6 +196,7 @@ class ExtenderModel(TopoNodes):
     def stop(self, job: Job, alloc: Alloc, *, failed: bool) -> None:
         """The job ended (``failed``: a failure or preemption stopped it): its members' pods end (succeeded,
         then deleted) or are deleted."""
+        self.nominated.pop(job.id, None)
         for member in sorted(self.bound.pop(job.id, {})):
             self.api.end_pod(NAMESPACE, f"{job.id}-{member}", succeeded=not failed)
         for member in sorted(self.pending.pop(job.id, {})):
@@ -201,11 +206,18 @@ class ExtenderModel(TopoNodes):
         """The nodes kube-scheduler's own filters pass: ready, room for the CPU and memory requests, a
         device model the job allows (node affinity)."""
         lookup = self.cache.nodes.view_lookup()
+        held: dict[str, int] = {}  # devices nominated to pods of at least this job's priority, by node
+        for jid, nodes in self.nominated.items():
+            if jid != job.id and self.jobs[jid].priority >= job.priority:
+                for n, devices in nodes.items():
+                    held[n] = held.get(n, 0) + devices
         out = []
         for n in self.order:
             v = lookup(n)
             if v is None or v.cpu_free < job.cpu_milli or v.mem_free < job.memory_mib:
                 continue
+            if n in held and len(v.free) - held[n] < job.count:
+                continue  # kube-scheduler counts the pods nominated there as if they ran
             if job.gpu_spec and job.count and self.nodes[n].model not in job.gpu_spec:
                 continue
             out.append(n)
@@ -244,7 +256,9 @@ class ExtenderModel(TopoNodes):
         dry run: without the pods of lower priority, do the pod's requests (devices, CPU, memory) fit the
         node's allocatable; then the more important of those pods are reprieved while they still fit. The
         proposal goes through the extender (:func:`simulator.extcluster.preempt_pod`), or under ``upstream``
-        straight to kube-scheduler's choice of a node (:func:`simulator.extcluster.pick_victims`); the victims
+        straight to kube-scheduler's choice of a node (:func:`simulator.extcluster.pick_victims`), which
+        nominates the pod there: each preemption stands for one more member's nomination, up to the gang's
+        members, and the pods of no higher priority leave the devices nominated (:meth:`_names`). The victims
         of the node taken, and those the extender evicted itself, wait in :attr:`victims` for the event loop
         to end their jobs."""
         on_node: dict[str, list[tuple[int, str, Job]]] = {}
@@ -280,7 +294,12 @@ class ExtenderModel(TopoNodes):
         for here in on_node.values():
             priority.update({uid: prio for prio, uid, _ in here})
         if self.preemption == "upstream":
+            mine = self.nominated.setdefault(job.id, {})
+            if len(mine) >= job.gang:
+                return  # every member holds a nomination: they wait for it (upstream preempts no more for them)
             chosen = pick_victims(proposal, priority)
+            if chosen is not None:
+                mine[chosen[0]] = mine.get(chosen[0], 0) + job.count
         else:
             chosen = preempt_pod(self.extender, self.api, pod, proposal, priority)
         if chosen is not None:
@@ -313,6 +332,7 @@ class ExtenderModel(TopoNodes):
                 break
             members.append((member, got))
         if len(members) == job.gang and members:
+            self.nominated.pop(job.id, None)
             where = [m for _, m in members]
             return Alloc(where), self._formed(job, where)
         for member, _ in members:  # not all of it: the members placed are taken back

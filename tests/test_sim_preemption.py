@@ -97,3 +97,17 @@ def test_on_preempt_round_trips_through_the_job_file_and_is_checked(tmp_path: Pa
     assert read_jobs(path) == jobs
     with pytest.raises(JobFormatError, match="on_preempt must be one of requeue, fail, got 'retry'"):
         Job("c", 0.0, 60.0, 1, on_preempt="retry")
+
+
+def test_upstream_nominations_keep_lower_priority_pods_off_the_devices_they_freed() -> None:
+    # one node runs an urgent job until 2,000 s; the other seven run two low rings of 4 each, and eight more
+    # low rings wait; a gang of 8 rings of 8 arrives at 1,000 s and frees the seven nodes it may, one per round
+    urgent = Job("urgent", 0.0, 2000.0, 8, "ring", queue="batch", priority=100)
+    small = [Job(f"s{i:02d}", 1.0 + i, 4 * 3600.0, 4, "ring", queue="batch") for i in range(14)]
+    waiting = [Job(f"w{i}", 20.0 + i, 4 * 3600.0, 4, "ring", queue="batch") for i in range(8)]
+    big = Job("big", 1000.0, 1800.0, 8, "ring", gang=8, queue="batch", priority=100)
+    res = _run("upstream", [urgent, *small, *waiting, big])
+    rec = {r.job.id: r for r in res.records}
+    assert res.preemptions == 7  # one node per round, no round again once every free node is nominated
+    assert rec["big"].starts == [2000.0]  # the nominated nodes stayed free until the urgent job ended
+    assert all(rec[j.id].starts[0] >= 2000.0 + 1800.0 for j in waiting)
