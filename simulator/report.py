@@ -519,6 +519,8 @@ class Report:
                     "end": rec.end,
                     "valid": rec.valid,
                     "requeues": rec.requeues,
+                    "preempted": rec.preempted,
+                    "failed": rec.failed,
                     "rejected": rec.rejected,
                 }
                 for res in self.time_results.values()
