@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from scheduler.factory import ExtenderConfig, QueueConfig
 from simulator.clusterspec import ClusterSpec, cluster_from_mapping
@@ -111,3 +113,41 @@ def test_upstream_nominations_keep_lower_priority_pods_off_the_devices_they_free
     assert res.preemptions == 7  # one node per round, no round again once every free node is nominated
     assert rec["big"].starts == [2000.0]  # the nominated nodes stayed free until the urgent job ended
     assert all(rec[j.id].starts[0] >= 2000.0 + 1800.0 for j in waiting)
+
+
+@st.composite
+def _contended(draw: st.DrawFn) -> tuple[list[Job], Job]:
+    """Low-priority single-node jobs that keep the cluster busy, and one urgent gang of rings of 8."""
+    small = []
+    for i in range(draw(st.integers(8, 24))):
+        count, shape = draw(st.sampled_from([(1, "any"), (2, "ring"), (4, "ring"), (8, "ring")]))
+        duration = draw(st.sampled_from([600.0, 3600.0, 4 * 3600.0]))
+        small.append(Job(f"s{i:02d}", float(i), duration, count, shape, queue="batch"))
+    big = Job(
+        "big",
+        draw(st.sampled_from([30.0, 500.0])),
+        1800.0,
+        8,
+        "ring",
+        gang=draw(st.integers(2, 8)),
+        queue="batch",
+        priority=100,
+    )
+    return small, big
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_contended())
+def test_an_urgent_gang_starts_on_arrival_after_one_round_that_takes_only_lower_priority_work(
+    case: tuple[list[Job], Job],
+) -> None:
+    small, big = case
+    res = _run("extender", [*small, big])
+    rec = {r.job.id: r for r in res.records}
+    assert rec["big"].starts == [big.submit] and rec["big"].valid
+    assert res.preemptions <= 1
+    taken = [r for r in res.records if r.preempted]
+    assert all(r.job.priority < big.priority for r in taken)
+    # each victim was running at the gang's arrival and lost exactly what it had done by then
+    lost = sum((big.submit - r.starts[0]) * r.job.devices for r in taken)
+    assert res.preempted_device_seconds == pytest.approx(lost)
