@@ -5,16 +5,17 @@ Run from the repository root::
     PYTHONPATH=. .venv/bin/python bench/contention.py                 # 32 nodes, seeds 1-2, about 4 minutes
     PYTHONPATH=. .venv/bin/python bench/contention.py --nodes 64 --hours 48 --seeds 1 --out /tmp/contention
 
-The cluster: ``--nodes`` hybrid cube-mesh nodes of 8 devices (``hcm:8``, where not every 4 free devices
-form a ring), every 4 nodes a link domain, racks of 16 nodes (``example.com/rack``). The workload, per
-seed: small jobs of priority 0 in queue ``batch`` (1 device, or a ring of 2, 4 or 8 on one node), arriving
-as a Poisson stream that offers ``--load`` times the cluster's devices, each running a duration drawn from
-the 83,152 non-zero run times of Microsoft's Philly trace (``../shared/data/philly``, clipped to
-``--max-hours``); among them ``--gangs`` big gangs of priority 100 in queue ``train``, each ``nodes / 4``
-rings of 8 (16 x ring:8 on 64 nodes), arriving evenly after the first sixth of the arrival window once the
-cluster is full, running a Philly duration of at least 30 minutes. Every job is requeued when preempted.
-The extender's fair share weighs ``train`` 3 and ``batch`` 1 (a victim's queue keeps at least the
-preemptor's weighted share), so up to three big gangs may preempt their way in at once.
+The cluster: ``--nodes`` hybrid cube-mesh nodes of 8 devices (``hcm:8``, where not every 4 free devices form
+a ring), every 4 nodes a link domain, racks of 16 nodes (``example.com/rack``). The workload, per seed:
+small jobs of priority 0 in queue ``batch`` (1 device 35 %, a ring of 2 25 %, of 4 25 %, of 8 15 %),
+arriving as a Poisson stream that offers ``--load`` times the cluster's devices, each running a duration
+drawn from the 83,152 non-zero run times of Microsoft's Philly trace (``../shared/data/philly``, clipped to
+``--max-hours``); among them ``--gangs`` big gangs of priority 100 in queue ``train``, each rings of
+``--member-devices`` (8, a whole node, or 4) holding a quarter of the cluster (16 x ring:8 on 64 nodes),
+arriving evenly after the first sixth of the arrival window once the cluster is full, running a Philly
+duration of at least 30 minutes. Every job is requeued when preempted. The extender's fair share weighs
+``train`` 3 and ``batch`` 1 (a victim's queue keeps at least the preemptor's weighted share), so up to three
+big gangs may preempt their way in at once.
 
 The same trace is replayed under ``icl`` (the extender decides every placement) once per policy:
 
@@ -111,10 +112,23 @@ def philly_runtimes(path: Path = PHILLY) -> list[float]:
         return sorted(x for row in csv.DictReader(fh) if (x := float(row["runtime"])) > 0)
 
 
+def members(nodes: int, devices: int) -> int:
+    """A big gang's members of ``devices`` each: a quarter of the cluster's devices (16 x ring:8 on 64 nodes)."""
+    return max(2, nodes * 8 // 4 // devices)
+
+
 def workload(
-    nodes: int, hours: float, load: float, gangs: int, max_hours: float, runtimes: Sequence[float], seed: int
+    nodes: int,
+    hours: float,
+    load: float,
+    gangs: int,
+    max_hours: float,
+    runtimes: Sequence[float],
+    seed: int,
+    member_devices: int = 8,
 ) -> list[Job]:
-    """Small jobs offering ``load`` x the cluster over ``hours``, and ``gangs`` big gangs among them."""
+    """Small jobs offering ``load`` x the cluster over ``hours``, and ``gangs`` big gangs of rings of
+    ``member_devices`` among them."""
     rng = random.Random(seed)
     cap = max_hours * 3600.0
     mean_dev = sum(d * w for _s, d, w in SMALL_MIX) / sum(w for *_, w in SMALL_MIX)
@@ -142,9 +156,9 @@ def workload(
                 f"big{i}",
                 round(at, 1),
                 duration,
-                8,
+                member_devices,
                 "ring",
-                gang=max(2, nodes // 4),
+                gang=members(nodes, member_devices),
                 queue="train",
                 priority=BIG_PRIORITY,
             )
@@ -274,12 +288,23 @@ def plot(sums: dict[str, dict[str, float]], path: Path) -> None:
     print(f"plot: {path}")
 
 
+def gang_of(args: argparse.Namespace) -> str:
+    return f"{members(args.nodes, args.member_devices)} x ring:{args.member_devices}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=32, help="8-device nodes (default 32)")
     p.add_argument("--hours", type=float, default=24.0, help="arrival window, hours (default 24)")
     p.add_argument("--load", type=float, default=1.1, help="small jobs' offered load, x the devices (default 1.1)")
     p.add_argument("--gangs", type=int, default=4, help="big gangs per seed (default 4)")
+    p.add_argument(
+        "--member-devices",
+        type=int,
+        choices=(4, 8),
+        default=8,
+        help="a big gang member's ring: 8 (a whole node) or 4 (where not every 4 free devices of a node form one)",
+    )
     p.add_argument("--max-hours", type=float, default=24.0, help="Philly run times clipped to this (default 24)")
     p.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated rows of POLICIES")
@@ -297,10 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     started = time.perf_counter()
     for seed in seeds:
-        jobs = workload(args.nodes, args.hours, args.load, args.gangs, args.max_hours, runtimes, seed)
+        jobs = workload(
+            args.nodes, args.hours, args.load, args.gangs, args.max_hours, runtimes, seed, args.member_devices
+        )
         print(
-            f"seed {seed}: {len(jobs)} jobs ({args.gangs} big gangs of {max(2, args.nodes // 4)} x ring:8) "
-            f"on {args.nodes} nodes",
+            f"seed {seed}: {len(jobs)} jobs ({args.gangs} big gangs of {gang_of(args)}) on {args.nodes} nodes",
             file=sys.stderr,
         )
         for name in names:
@@ -315,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     sums = {n: summary(runs[n]) for n in names}
     print(
         f"\n{args.nodes} hcm:8 nodes, racks of 16; small jobs offering x{args.load} over {args.hours:g} h, Philly run "
-        f"times clipped to {args.max_hours:g} h; {args.gangs} gangs of {max(2, args.nodes // 4)} x ring:8 per seed; "
+        f"times clipped to {args.max_hours:g} h; {args.gangs} gangs of {gang_of(args)} per seed; "
         f"seeds {args.seeds}; {time.perf_counter() - started:.0f} s\n"
     )
     print(table(sums))
