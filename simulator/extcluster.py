@@ -5,10 +5,9 @@ verbs (built by :func:`scheduler.factory.build_extender`) for one pod.
 - :class:`LocalAPI` holds the cluster's Node, Pod and Lease objects. Every write reaches the cache as the
   watch would deliver it, at once (one thread, no lag): a node put, a pod created pending, a Binding
   (``spec.nodeName`` and the Binding's annotations, one write, as kube-apiserver applies it), a pod that
-  succeeded, a pod deleted or evicted (an eviction logged before its deletion). With ``record`` it keeps the log
-  of those writes, and the driver adds
-  each scheduling attempt with its answer (the parity test replays that log through an extender of its
-  own).
+  succeeded, a pod deleted or evicted (an eviction logged before its deletion). With ``record`` it keeps the
+  log of those writes, and the driver adds each scheduling attempt with its answer (the parity test replays
+  that log through an extender of its own).
 - :func:`node_object` and :func:`member_pod` write the upstream objects of a node of a cluster spec
   (topology annotation with its health, link-domain and tier labels, allocatable CPU, memory and healthy
   devices) and of one job member (requests, shape, queue, gang annotations).
