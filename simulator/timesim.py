@@ -592,6 +592,13 @@ class TimeRun:
             rec.comm = (slow - (1.0 - self.network.share)) / slow
         rec.slowdown = self.slow.get(jid, 1.0)
 
+    def charge(self, kind: str, device_seconds: float, *, preempted: bool) -> None:
+        """Work lost by a job of ``kind`` (``rigid``, ``elastic``): to preemption, or to a failure."""
+        if preempted:
+            self.result.preempted_device_seconds += device_seconds
+        else:
+            self.result.lost_device_seconds[kind] += device_seconds
+
     def stop_job(self, jid: str, failed: bool, t: float = 0.0, *, preempted: bool = False) -> None:
         self.slow.pop(jid, None)
         alloc = self.running.pop(jid)
@@ -607,10 +614,7 @@ class TimeRun:
             self.done_w[jid] = 0.0
         else:
             lost = (t - self.records[jid].starts[-1]) * job.gang * job.count
-        if preempted:
-            self.result.preempted_device_seconds += max(0.0, lost)
-        else:
-            self.result.lost_device_seconds[kind] += max(0.0, lost)
+        self.charge(kind, max(0.0, lost), preempted=preempted)
         if job.gang > 1 and not preempted:
             self.result.gang_failures += 1
         if preempted and job.on_preempt == "fail":
@@ -646,11 +650,7 @@ class TimeRun:
             self.in_use[job.queue] -= _member_milli(job)
         self.records[jid].shrinks += 1
         self.judge(jid)
-        stall = self.resize_s * len(alloc.members) * job.count
-        if preempted:
-            self.result.preempted_device_seconds += stall
-        else:
-            self.result.lost_device_seconds["elastic"] += stall
+        self.charge("elastic", self.resize_s * len(alloc.members) * job.count, preempted=preempted)
         self.resume[jid] = t + self.resize_s
         self.finish_at(jid, t)
 
