@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from scheduler.factory import ExtenderConfig, QueueConfig
 from simulator.clusterspec import ClusterSpec, cluster_from_mapping
 from simulator.jobs import Job, JobFormatError, read_jobs, write_jobs_csv
+from simulator.report import PREEMPT_COLUMNS, Report, summarise
 from simulator.timesim import TimeResult, run_time
 
 
@@ -151,3 +152,12 @@ def test_an_urgent_gang_starts_on_arrival_after_one_round_that_takes_only_lower_
     # each victim was running at the gang's arrival and lost exactly what it had done by then
     lost = sum((big.submit - r.starts[0]) * r.job.devices for r in taken)
     assert res.preempted_device_seconds == pytest.approx(lost)
+
+
+def test_the_time_table_shows_preemptions_only_where_a_run_preempted(tmp_path: Path) -> None:
+    whole = summarise(_run("extender", [*_full(), BIG]))
+    none = summarise(_run("none", [*_full(), BIG]))
+    assert whole.preemptions == 1 and whole.preempted_device_h > 0
+    assert not set(PREEMPT_COLUMNS) & set(Report(tmp_path, time_summaries={"icl": none}).time_columns())
+    table = Report(tmp_path, time_summaries={"icl": whole, "none": none}).tables()
+    assert "preemptions" in table and "device-h preempted" in table
