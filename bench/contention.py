@@ -57,7 +57,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.factory import ExtenderConfig
+from scheduler.factory import ExtenderConfig, QueueConfig
 from simulator.clusterspec import ClusterSpec, cluster_from_mapping
 from simulator.jobs import Job
 from simulator.report import Progress, percentile
@@ -73,7 +73,7 @@ WEIGHTS = {"train": 3.0, "batch": 1.0}
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """One way to run the trace: how a pod preempts (``simulator.timebase.PREEMPTIONS``) and what changes in
-    the extender's config (``None``: the default one)."""
+    the extender's config (:func:`base_config` in, the run's config out; ``None``: time mode's own, the same)."""
 
     preemption: str
     config: Callable[[ExtenderConfig], ExtenderConfig] | None = None
@@ -103,6 +103,13 @@ def cluster(nodes: int) -> ClusterSpec:
             ],
             "tiers": [{"key": RACK, "size": 16}],
         }
+    )
+
+
+def base_config(spec: ClusterSpec) -> ExtenderConfig:
+    """The extender's config time mode builds for ``spec`` and :data:`WEIGHTS`, for a policy to change."""
+    return ExtenderConfig(
+        policy="icl", tiers=spec.view.tier_keys, queues={q: QueueConfig(q, weight=w) for q, w in WEIGHTS.items()}
     )
 
 
@@ -331,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name in names:
             pol = POLICIES[name]
-            config = pol.config(ExtenderConfig()) if pol.config is not None else None
+            config = pol.config(base_config(spec)) if pol.config is not None else None
             bar = Progress(f"{name} seed {seed}")
             res = run_time(
                 spec, jobs, "icl", seed=seed, weights=WEIGHTS, preemption=pol.preemption, config=config, progress=bar
