@@ -84,7 +84,8 @@ class ClusterModel(Protocol):
     The loop calls, per event batch: :meth:`tick`; the events (:meth:`queued` on an arrival or a requeue,
     :meth:`stop` on a finish or a failure, :meth:`fail` and :meth:`repair`); a scheduling pass (:meth:`place`
     then :meth:`start` per job placed; under ``kube_queue`` :meth:`take_victims` after each attempt); under
-    ``grows`` :meth:`grow_one` and :meth:`drop_member`; then :meth:`busy` and :meth:`healthy_devices`."""
+    ``grows`` :meth:`grow_one` and :meth:`drop_member`; then :meth:`wakeup`, :meth:`busy` and
+    :meth:`healthy_devices`."""
 
     @property
     def total(self) -> int:
