@@ -19,9 +19,9 @@ big gangs may preempt their way in at once.
 
 The same trace is replayed under ``icl`` (the extender decides every placement) once per policy:
 
-- ``no preemption``: nobody preempts. Before whole-gang preemption, kube-icl answered a gang member's
-  preemption one member at a time; that path now answers only pods outside a gang missing members, so it
-  cannot be run for gangs any more, and this row stands for it: the gang waits for the small jobs to end.
+- ``no preemption``: nobody preempts. It stands for per-member preemption of gang members, which kube-icl
+  does not run (its preempt verb answers a member of a gang missing members for the whole gang): the gang
+  waits for the small jobs to end.
 - ``whole-gang``: kube-scheduler calls the extender's preempt verb for a pending member; the extender
   chooses the victims for every missing member at once, in one domain, reserves the freed slots and evicts
   the victims on the nodes kube-scheduler did not take (``scheduler/gangpreempt.py``).
