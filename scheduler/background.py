@@ -49,19 +49,40 @@ class Background:
         if self._thread is not None:
             self._calls.join()
 
+    def run_here(self) -> int:
+        """Run the calls queued so far in the caller's thread, in order, when no worker was started (an
+        extender answering in process, one thread: the simulator's time mode); how many ran."""
+        if self._thread is not None:
+            return 0
+        ran = 0
+        while True:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                return ran
+            if call is None:
+                self._calls.task_done()
+                continue
+            self._one(call)
+            ran += 1
+
+    def _one(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except KubeError as exc:
+            log.warning("background API call: %s", exc)
+        except Exception:
+            log.exception("background worker")
+        finally:
+            self._calls.task_done()
+
     def _run(self) -> None:
         while True:
             call = self._calls.get()
-            try:
-                if call is None:
-                    return
-                call()
-            except KubeError as exc:
-                log.warning("background API call: %s", exc)
-            except Exception:
-                log.exception("background worker")
-            finally:
+            if call is None:
                 self._calls.task_done()
+                return
+            self._one(call)
 
 
 def evict(api: KubeAPI, info: PodInfo) -> None:

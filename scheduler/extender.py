@@ -245,6 +245,12 @@ class Extender:
         """Run ``call`` on the background worker, after the calls queued before it."""
         self._background.put(call)
 
+    def run_queued(self) -> int:
+        """Run the queued evictions and layout writes now, in this thread, when the extender was not started
+        (answered in process: the simulator's time mode, where a victim goes in the same step as the answer
+        that chose it); how many ran."""
+        return self._background.run_here()
+
     def flush(self) -> None:
         """Wait for queued evictions and events (tests)."""
         self._background.join()

@@ -31,7 +31,7 @@ from scheduler.extender import Extender
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.podspec import GroupSpec, PodInfo, PodSpecError, group_spec, parse_devices, pod_info
 from scheduler.sharing import ShareRanker, Target
-from scheduler.snapshot import Snapshot, SnapshotError, load_snapshot, queue_order, seconds
+from scheduler.snapshot import Snapshot, SnapshotError, load_snapshot, queue_order, seconds, stamp
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "pod_info",
     "queue_order",
     "seconds",
+    "stamp",
 ]
 
 

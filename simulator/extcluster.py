@@ -5,9 +5,9 @@ verbs (built by :func:`scheduler.factory.build_extender`) for one pod.
 - :class:`LocalAPI` holds the cluster's Node, Pod and Lease objects. Every write reaches the cache as the
   watch would deliver it, at once (one thread, no lag): a node put, a pod created pending, a Binding
   (``spec.nodeName`` and the Binding's annotations, one write, as kube-apiserver applies it), a pod that
-  succeeded, a pod deleted or evicted. With ``record`` it keeps the log of those writes, and the driver adds
-  each scheduling attempt with its answer (the parity test replays that log through an extender of its
-  own).
+  succeeded, a pod deleted or evicted (an eviction logged before its deletion). With ``record`` it keeps the
+  log of those writes, and the driver adds each scheduling attempt with its answer (the parity test replays
+  that log through an extender of its own).
 - :func:`node_object` and :func:`member_pod` write the upstream objects of a node of a cluster spec
   (topology annotation with its health, link-domain and tier labels, allocatable CPU, memory and healthy
   devices) and of one job member (requests, shape, queue, gang annotations).
@@ -39,6 +39,7 @@ from scheduler.factory import (
     MetaVictims,
     group_spec,
     parse_devices,
+    stamp,
 )
 from simulator.clusterspec import NodeSpec
 from simulator.jobs import Job
@@ -160,6 +161,9 @@ class LocalAPI:
         self.log: list[tuple[Any, ...]] | None = [] if record else None
         self.deleted = 0
         """How many pods were deleted: each may have freed devices, CPU or memory."""
+        self.evicted: builtins.list[str] = []
+        """The uids of the pods evicted (the extender's own evictions: a whole-gang preemption's victims on the
+        nodes kube-scheduler did not take, a failed gang's members), for the simulator to take."""
         self._rv = 0
 
     def _stamp(self, obj: JsonObj) -> JsonObj:
@@ -255,17 +259,22 @@ class LocalAPI:
         obj = self._stamp(copy.deepcopy(obj))
         obj["spec"]["nodeName"] = node
         obj["metadata"].setdefault("annotations", {}).update(annotations or {})
-        obj["status"] = {"phase": "Running"}
+        obj["status"] = {"phase": "Running", "startTime": stamp(self.cache.clock())}
         self.pods[(namespace, name)] = obj
         self.note("bound", copy.deepcopy(obj))
         self.cache.upsert_pod(obj)
 
     def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        obj = self.pods.get((namespace, name))
+        if obj is None or obj["metadata"]["uid"] != uid:
+            raise KubeError(404, f"pods {name!r} not found")  # gone, or a new pod of the same name
+        self.evicted.append(uid)
+        self.note("evict", name, uid)
         self._delete(namespace, name)
 
     def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> None:
         obj = self.pods.get((namespace, name))
-        if obj is not None:
+        if obj is not None and obj["metadata"]["uid"] == uid:
             obj["metadata"].setdefault("annotations", {}).update(annotations)
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...]) -> None:

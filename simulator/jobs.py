@@ -24,6 +24,9 @@ min_gang        0         an elastic gang's minimum (1 .. gang-1; ``gang`` is th
                           next to itself, shrinks on a failure; 0: rigid
 priority        0         the pods' priority (time mode under the extender: a
                           pod that fits nowhere preempts pods of lower priority)
+on_preempt      requeue   what a job preemption takes members of does:
+                          ``requeue`` (waits again, its progress lost) or
+                          ``fail`` (ends, not run again)
 ==============  ========  =====================================================
 """
 
@@ -39,6 +42,7 @@ from pathlib import Path
 
 __all__ = [
     "JOB_FIELDS",
+    "ON_PREEMPT",
     "Job",
     "JobFormatError",
     "make_elastic",
@@ -62,7 +66,10 @@ JOB_FIELDS = (
     "gpu_spec",
     "min_gang",
     "priority",
+    "on_preempt",
 )
+
+ON_PREEMPT = ("requeue", "fail")
 
 
 class JobFormatError(ValueError):
@@ -84,6 +91,7 @@ class Job:
     gpu_spec: frozenset[str] = field(default_factory=frozenset)
     gang_min: int = 0  # an elastic gang's minimum (``gang`` is its maximum); 0: rigid
     priority: int = 0  # its pods' priority (kube-scheduler's PrioritySort and preemption)
+    on_preempt: str = "requeue"  # what preemption taking its members does: ``requeue`` or ``fail`` (it ends)
 
     def __post_init__(self) -> None:
         where = f"job {self.id!r}"
@@ -101,6 +109,8 @@ class Job:
             raise JobFormatError(f"{where}: a fractional share (gpu_milli {self.gpu_milli}) needs count 1")
         if not 0 <= self.gang_min <= self.gang:
             raise JobFormatError(f"{where}: min_gang must be in 0..gang ({self.gang}), got {self.gang_min}")
+        if self.on_preempt not in ON_PREEMPT:
+            raise JobFormatError(f"{where}: on_preempt must be one of {', '.join(ON_PREEMPT)}, got {self.on_preempt!r}")
 
     @property
     def elastic(self) -> bool:
@@ -162,6 +172,7 @@ def _job(where: str, index: int, rec: Mapping[str, object]) -> Job:
             gpu_spec=spec,
             gang_min=int(_num(rec, "min_gang", 0)),
             priority=int(_num(rec, "priority", 0)),
+            on_preempt=str(rec.get("on_preempt") or "requeue"),
         )
     except JobFormatError as exc:
         raise JobFormatError(f"{where}: {exc}") from None
@@ -260,6 +271,7 @@ def write_jobs_csv(jobs: Sequence[Job], path: str | Path) -> None:
                     "|".join(sorted(j.gpu_spec)),
                     j.gang_min,
                     j.priority,
+                    j.on_preempt,
                 ]
             )
 

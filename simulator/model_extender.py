@@ -6,8 +6,13 @@ members as pending pods, Bindings, ends and deletions as the watch delivers them
 goes through its filter, prioritize and bind (:func:`simulator.extcluster.schedule_pod`), the first of the
 best-scored nodes in the cluster's order winning (kube-scheduler picks one of them at random); gangs through
 its gang manager (the lowest network tier that holds them, within the gang tier when given), queues through
-its fair share, preemption through its preempt verb (kube-scheduler's dry run here). Who holds which device is
-the cache's: the model keeps no ledger of its own.
+its fair share, preemption through its preempt verb (kube-scheduler's dry run here; ``preemption``, one of
+:data:`simulator.timebase.PREEMPTIONS`, may instead leave the verb out, as kube-scheduler without a preempting
+extender, or let nobody preempt). The extender's own evictions (a whole-gang preemption's victims on the nodes
+kube-scheduler did not take, a failed gang's members) run in the same step as the answer that queued them, and
+their pods' jobs end as kube-scheduler's victims' do. The extender's wall clock is the run's, so a queue's
+``minRuntime`` counts simulated seconds from each pod's ``status.startTime``. Who holds which device is the
+cache's: the model keeps no ledger of its own.
 
 Jobs wait in kube-scheduler's queue (``kube_queue``). Elastic gangs (``grows``): the minimum is placed all at
 once (the gang manager reserves it); members above it join one at a time through the extender's filter (next to
@@ -30,17 +35,22 @@ from simulator.extcluster import (
     dry_run_victims,
     member_pod,
     node_object,
+    pick_victims,
     preempt_pod,
     schedule_pod,
 )
 from simulator.jobs import Job
-from simulator.timebase import Alloc, FailureItem, Member, Placed, Victim
+from simulator.timebase import PREEMPTIONS, Alloc, FailureItem, Member, Placed, Victim
 from simulator.toponodes import TopoNodes
 from topology import Placer
 from topology.contract import ANN_DEVICES
 from topology.policy import PolicyName
 
-__all__ = ["ExtenderModel"]
+__all__ = ["FLUSH_S", "ExtenderModel"]
+
+FLUSH_S = 300.0
+"""How long kube-scheduler keeps a pod in its unschedulable queue before trying it again with no cluster event
+(``podMaxInUnschedulablePodsDuration``, 5 minutes by default)."""
 
 
 class ExtenderModel(TopoNodes):
@@ -58,8 +68,12 @@ class ExtenderModel(TopoNodes):
         *,
         record: bool = False,
         config: ExtenderConfig | None = None,
+        preemption: str = "extender",
     ) -> None:
+        if preemption not in PREEMPTIONS:
+            raise ValueError(f"preemption: got {preemption!r}; allowed: {', '.join(PREEMPTIONS)}")
         super().__init__(spec, gang_tier)
+        self.preemption = preemption
         self.policy = policy
         self.gang_tier = gang_tier
         self.now = 0.0
@@ -87,7 +101,7 @@ class ExtenderModel(TopoNodes):
         for name in self.order:
             self.api.put_node(self._node(name))
         self.cache.nodes_synced = self.cache.pods_synced = True
-        self.extender = build_extender(cfg, self.cache, self.api)
+        self.extender = build_extender(cfg, self.cache, self.api, wall=lambda: self.now)
         self.pending: dict[str, dict[int, JsonObj]] = {}  # job -> member -> its pending pod
         self.uid_of: dict[tuple[str, int], str] = {}  # (job, member) -> its pod's uid now
         self.member_of: dict[str, tuple[str, int]] = {}  # a bound pod's uid -> (job, member)
@@ -95,6 +109,14 @@ class ExtenderModel(TopoNodes):
         # job -> _freed() when no node took it for want of room (not held back by fair share): it is not
         # tried again until something is freed, as kube-scheduler parks a pod in its unschedulable queue
         self.unschedulable: dict[str, tuple[int, int]] = {}
+        # job -> when kube-scheduler flushes it from its unschedulable queue and tries it again, freed or not
+        # (after FLUSH_S): kept only for a pod that may preempt where some queue has a minRuntime, the one case
+        # where time alone changes an answer (a victim comes of age)
+        self.flush_at: dict[str, float] = {}
+        # under ``upstream``: job -> node -> devices kube-scheduler nominated its members to there (one node per
+        # preemption, each standing for one more member's nomination); pods of no higher priority leave them
+        self.nominated: dict[str, dict[str, int]] = {}
+        self._ages = any(q.min_runtime_s > 0 for q in cfg.queues.values())
         self.repairs = 0
         self.bound: dict[str, dict[int, Member]] = {}  # job -> member -> (node, devices) its pod is bound to
         self.jobs: dict[str, Job] = {}
@@ -127,6 +149,13 @@ class ExtenderModel(TopoNodes):
     def tick(self, t: float) -> None:
         self.now = t
         self.api.note("clock", t)
+        self._run_evictions()
+
+    def _run_evictions(self) -> None:
+        """The extender's queued evictions run now; the pods they took are victims for the event loop."""
+        self.extender.run_queued()
+        self.victims.extend(self.api.evicted)
+        self.api.evicted.clear()
 
     def _new_pod(self, job: Job, member: int) -> None:
         uid = f"{job.id}.{member}.{next(self._uids)}"
@@ -135,11 +164,15 @@ class ExtenderModel(TopoNodes):
         self.api.create_pod(pod)
         self.pending.setdefault(job.id, {})[member] = pod
 
+    def wakeup(self) -> float | None:
+        return min(self.flush_at.values(), default=None)
+
     def queued(self, job: Job) -> None:
         """The job (again) waits: a pending pod per member (up to an elastic gang's maximum)."""
         self.jobs[job.id] = job
         self.bound.pop(job.id, None)
-        self.unschedulable.pop(job.id, None)
+        self.nominated.pop(job.id, None)
+        self._tried_again(job.id)
         for member in range(job.gang):
             self._new_pod(job, member)
 
@@ -163,6 +196,7 @@ class ExtenderModel(TopoNodes):
     def stop(self, job: Job, alloc: Alloc, *, failed: bool) -> None:
         """The job ended (``failed``: a failure or preemption stopped it): its members' pods end (succeeded,
         then deleted) or are deleted."""
+        self.nominated.pop(job.id, None)
         for member in sorted(self.bound.pop(job.id, {})):
             self.api.end_pod(NAMESPACE, f"{job.id}-{member}", succeeded=not failed)
         for member in sorted(self.pending.pop(job.id, {})):
@@ -172,11 +206,18 @@ class ExtenderModel(TopoNodes):
         """The nodes kube-scheduler's own filters pass: ready, room for the CPU and memory requests, a
         device model the job allows (node affinity)."""
         lookup = self.cache.nodes.view_lookup()
+        held: dict[str, int] = {}  # devices nominated to pods of at least this job's priority, by node
+        for jid, nodes in self.nominated.items():
+            if jid != job.id and self.jobs[jid].priority >= job.priority:
+                for n, devices in nodes.items():
+                    held[n] = held.get(n, 0) + devices
         out = []
         for n in self.order:
             v = lookup(n)
             if v is None or v.cpu_free < job.cpu_milli or v.mem_free < job.memory_mib:
                 continue
+            if n in held and len(v.free) - held[n] < job.count:
+                continue  # kube-scheduler counts the pods nominated there as if they ran
             if job.gpu_spec and job.count and self.nodes[n].model not in job.gpu_spec:
                 continue
             out.append(n)
@@ -190,14 +231,20 @@ class ExtenderModel(TopoNodes):
             del self.pending[job.id][member]
             self.bound.setdefault(job.id, {})[member] = got
             self.member_of[pod["metadata"]["uid"]] = (job.id, member)
-            self.unschedulable.pop(job.id, None)
+            self._tried_again(job.id)
             return got
         if not attempt.held:
-            # kube-scheduler's unschedulable queue: tried again once something is freed
+            # kube-scheduler's unschedulable queue: tried again once something is freed, or once flushed
             self.unschedulable[job.id] = self._freed()
-        if preempt and job.priority > 0:
+            if self._ages and job.priority > 0 and self.preemption != "none":
+                self.flush_at.setdefault(job.id, self.now + FLUSH_S)
+        if preempt and job.priority > 0 and self.preemption != "none":
             self._preempt(job, pod, attempt.unresolvable)
         return None
+
+    def _tried_again(self, jid: str) -> None:
+        self.unschedulable.pop(jid, None)
+        self.flush_at.pop(jid, None)
 
     def _freed(self) -> tuple[int, int]:
         """Counts that grow whenever devices, CPU or memory may have been freed: pods deleted, repairs."""
@@ -208,8 +255,12 @@ class ExtenderModel(TopoNodes):
         might help (ready, a device model the job allows, not failed as unresolvable by the extender), its
         dry run: without the pods of lower priority, do the pod's requests (devices, CPU, memory) fit the
         node's allocatable; then the more important of those pods are reprieved while they still fit. The
-        proposal goes through the extender (:func:`simulator.extcluster.preempt_pod`); the victims of the
-        node taken wait in :attr:`victims` for the event loop to end their jobs."""
+        proposal goes through the extender (:func:`simulator.extcluster.preempt_pod`), or under ``upstream``
+        straight to kube-scheduler's choice of a node (:func:`simulator.extcluster.pick_victims`), which
+        nominates the pod there: each preemption stands for one more member's nomination, up to the gang's
+        members, and the pods of no higher priority leave the devices nominated (:meth:`_names`). The victims
+        of the node taken, and those the extender evicted itself, wait in :attr:`victims` for the event loop
+        to end their jobs."""
         on_node: dict[str, list[tuple[int, str, Job]]] = {}
         for jid, members in self.bound.items():
             held = self.jobs[jid]
@@ -242,9 +293,18 @@ class ExtenderModel(TopoNodes):
             return
         for here in on_node.values():
             priority.update({uid: prio for prio, uid, _ in here})
-        chosen = preempt_pod(self.extender, self.api, pod, proposal, priority)
+        if self.preemption == "upstream":
+            mine = self.nominated.setdefault(job.id, {})
+            if len(mine) >= job.gang:
+                return  # every member holds a nomination: they wait for it (upstream preempts no more for them)
+            chosen = pick_victims(proposal, priority)
+            if chosen is not None:
+                mine[chosen[0]] = mine.get(chosen[0], 0) + job.count
+        else:
+            chosen = preempt_pod(self.extender, self.api, pod, proposal, priority)
         if chosen is not None:
             self.victims.extend(chosen[1])
+        self._run_evictions()
 
     def take_victims(self) -> list[Victim]:
         """The pods preemption chose since the last call: (job, (node, devices)) each."""
@@ -260,6 +320,8 @@ class ExtenderModel(TopoNodes):
         """The first ``job.gang`` waiting members, one by one through the extender (a gang's first member
         reserves every slot of its minimum); None, and nothing kept, when one is not placed (with
         ``preempt``, that member's preemption may have chosen victims: :meth:`take_victims`)."""
+        if self.flush_at.get(job.id, float("inf")) <= self.now:
+            self._tried_again(job.id)  # flushed from the unschedulable queue: tried again
         if self.unschedulable.get(job.id) == self._freed():
             return None  # nothing freed since no node took it: the same answer (no attempt)
         waiting = sorted(self.pending.get(job.id, {}))[: job.gang]
@@ -270,6 +332,7 @@ class ExtenderModel(TopoNodes):
                 break
             members.append((member, got))
         if len(members) == job.gang and members:
+            self.nominated.pop(job.id, None)
             where = [m for _, m in members]
             return Alloc(where), self._formed(job, where)
         for member, _ in members:  # not all of it: the members placed are taken back

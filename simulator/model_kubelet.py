@@ -65,6 +65,9 @@ class KubeletModel(TopoNodes):
 
     # ---------------------------------------------------------------- the model protocol
 
+    def wakeup(self) -> float | None:
+        return None
+
     def tick(self, t: float) -> None:
         """The stock stack keeps no clock."""
 

@@ -68,6 +68,9 @@ class ShareModel:
             why = self._never[task.key] = never_fits(task, self._distinct)
         return why + (" (per gang member)" if why and job.gang > 1 else "")
 
+    def wakeup(self) -> float | None:
+        return None
+
     def tick(self, t: float) -> None:
         """The model keeps no clock."""
 

@@ -28,6 +28,7 @@ from simulator.timesim import TimeResult
 from topology import LEVEL_LINK
 
 __all__ = [
+    "PREEMPT_COLUMNS",
     "FillSummary",
     "Progress",
     "Report",
@@ -183,6 +184,10 @@ class TimeSummary:
     comm_pct: float = math.nan
     """The network model's communication share of gangs' runtime, mean (NaN: no model)."""
     gang_jct_mean: float = math.nan
+    preemptions: int = 0
+    """Preemption rounds that took victims."""
+    preempted_device_h: float = 0.0
+    """Device-hours of the victims' progress preemption threw away."""
 
     def as_dict(self) -> dict[str, float | int | str]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -256,6 +261,8 @@ def summarise(result: TimeResult) -> TimeSummary:
         else math.nan,
         comm_pct=100.0 * sum(comms) / len(comms) if comms else math.nan,
         gang_jct_mean=sum(gang_jcts) / len(gang_jcts) if gang_jcts else math.nan,
+        preemptions=result.preemptions,
+        preempted_device_h=result.preempted_device_seconds / 3600.0,
     )
 
 
@@ -329,6 +336,11 @@ GANG_COLUMNS: tuple[tuple[str, str], ...] = (
     ("comm_pct", "comm%"),
     ("gang_jct_mean", "gang JCT s"),
 )
+# shown when some run preempted
+PREEMPT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("preemptions", "preemptions"),
+    ("preempted_device_h", "device-h preempted"),
+)
 
 
 @dataclass
@@ -374,14 +386,14 @@ class Report:
 
     def time_columns(self) -> tuple[tuple[str, str], ...]:
         """The time table's columns; with network tiers or the network model, the gang columns that have
-        a figure in some run."""
+        a figure in some run; where some run preempted, the preemption columns."""
 
         def known(key: str) -> bool:
             return any(not math.isnan(float(getattr(s, key))) for s in self.time_summaries.values())
 
-        if not known("gangs_tier1_pct") and not known("comm_pct"):
-            return TIME_COLUMNS
-        return (*TIME_COLUMNS, *(c for c in GANG_COLUMNS if known(c[0])))
+        gang = GANG_COLUMNS if known("gangs_tier1_pct") or known("comm_pct") else ()
+        preempt = PREEMPT_COLUMNS if any(s.preemptions for s in self.time_summaries.values()) else ()
+        return (*TIME_COLUMNS, *(c for c in gang if known(c[0])), *preempt)
 
     def tables(self) -> str:
         parts: list[str] = []
@@ -519,6 +531,8 @@ class Report:
                     "end": rec.end,
                     "valid": rec.valid,
                     "requeues": rec.requeues,
+                    "preempted": rec.preempted,
+                    "failed": rec.failed,
                     "rejected": rec.rejected,
                 }
                 for res in self.time_results.values()

@@ -105,6 +105,8 @@ def _number(kind: type[int] | type[float], low: float, *, strict: bool = False) 
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    from simulator.timebase import PREEMPTIONS
+
     p = sub.add_parser(
         "sim",
         parents=[common],
@@ -200,6 +202,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         help="time: the highest level every gang may cross: link-domain, a tier key of the cluster spec, or cluster "
         "(icl policies place gangs within it; with kubelet, a gang goes to the first domain of it that holds "
         "every member, as upstream's topology-aware scheduling)",
+    )
+    p.add_argument(
+        "--preemption",
+        choices=PREEMPTIONS,
+        default="extender",
+        help="time, icl policies: how a pod that fits nowhere preempts: through the extender's preempt verb "
+        "(a gang missing members: whole-gang preemption; the default), kube-scheduler's own preemption alone "
+        "(victims by device count, one pod at a time), or none",
     )
     p.add_argument(
         "--network",
@@ -667,6 +677,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
             network=network if name in TOPOLOGY_POLICIES else None,
             running=start.running if start is not None else (),
             config=_snapshot_config(start, weights) if start is not None else None,
+            preemption=args.preemption,
         )
         report.time_results[name] = res
         report.time_summaries[name] = summarise(res)

@@ -17,6 +17,7 @@ from topology import ClusterView
 from topology.policy import LINKED, SHARE
 
 __all__ = [
+    "PREEMPTIONS",
     "SHARE_POLICIES",
     "TIME_POLICIES",
     "TOPOLOGY_POLICIES",
@@ -35,6 +36,11 @@ SHARE_POLICIES: tuple[str, ...] = tuple(f"share:{p.value}" for p in SHARE)
 """Time-mode names of the policies' share forms (``share:fgd``, ...)."""
 TIME_POLICIES: tuple[str, ...] = (*TOPOLOGY_POLICIES, *SHARE_POLICIES)
 """Every policy name ``simulator.timesim.run_time`` accepts."""
+PREEMPTIONS: tuple[str, ...] = ("extender", "upstream", "none")
+"""How a pending pod preempts under the extender (``simulator.model_extender``): ``extender``, kube-scheduler's
+preemption through the extender's preempt verb (a gang missing members: whole-gang preemption); ``upstream``,
+kube-scheduler's own preemption alone (its dry run's victims by device count, one pod at a time, the extender
+not asked); ``none``, no pod preempts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +84,8 @@ class ClusterModel(Protocol):
     The loop calls, per event batch: :meth:`tick`; the events (:meth:`queued` on an arrival or a requeue,
     :meth:`stop` on a finish or a failure, :meth:`fail` and :meth:`repair`); a scheduling pass (:meth:`place`
     then :meth:`start` per job placed; under ``kube_queue`` :meth:`take_victims` after each attempt); under
-    ``grows`` :meth:`grow_one` and :meth:`drop_member`; then :meth:`busy` and :meth:`healthy_devices`."""
+    ``grows`` :meth:`grow_one` and :meth:`drop_member`; then :meth:`wakeup`, :meth:`busy` and
+    :meth:`healthy_devices`."""
 
     @property
     def total(self) -> int:
@@ -108,6 +115,11 @@ class ClusterModel(Protocol):
 
     def tick(self, t: float) -> None:
         """The clock moves to ``t`` (an event batch)."""
+        ...
+
+    def wakeup(self) -> float | None:
+        """When the model wants a scheduling pass though no event comes then (kube-scheduler flushing a pod
+        from its unschedulable queue); None: not before the next event."""
         ...
 
     def queued(self, job: Job) -> None:

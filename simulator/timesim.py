@@ -38,6 +38,13 @@ progress (each data-parallel replica holds the whole model) and stall ``resize_s
 all progress is lost and the job is requeued whole. ``TimeResult.lost_device_seconds``
 counts the work failures cost (progress thrown away, shrink stalls) in device-seconds;
 ``grow_stall_device_seconds`` the stalls of growing.
+
+Preemption (under the extender, ``preemption``: :data:`simulator.timebase.PREEMPTIONS`): the victims' jobs
+are requeued whole (their progress lost) or, where the trace says ``on_preempt: fail``, end there, not run
+again; an elastic gang that keeps its minimum shrinks. ``TimeResult.preempted_device_seconds`` counts the
+work preemption cost, apart from failures'. After a preemption the scheduling pass starts again in
+kube-scheduler's order, so the preemptor is tried first on what its victims freed (as kube-scheduler
+nominates it there).
 """
 
 from __future__ import annotations
@@ -58,7 +65,17 @@ from simulator.model_extender import ExtenderModel
 from simulator.model_kubelet import KubeletModel
 from simulator.model_share import ShareModel
 from simulator.network import NetworkModel
-from simulator.timebase import TIME_POLICIES, Alloc, ClusterModel, FailureItem, FailureRates, Member, Placed, Victim
+from simulator.timebase import (
+    PREEMPTIONS,
+    TIME_POLICIES,
+    Alloc,
+    ClusterModel,
+    FailureItem,
+    FailureRates,
+    Member,
+    Placed,
+    Victim,
+)
 from topology import TopologyError
 from topology.gpushare import GpuNodeSpec
 from topology.policy import PolicyName
@@ -93,6 +110,8 @@ class JobRecord:
     shrinks: int = 0
     preempted: int = 0
     """How many times preemption took members of it (a requeue, or a shrink of an elastic gang)."""
+    failed: bool = False
+    """Preemption ended it and its trace says not to run it again (``on_preempt: fail``)."""
 
     @property
     def wait(self) -> float | None:
@@ -121,6 +140,11 @@ class TimeResult:
     re-rendezvous stall of the survivors of an elastic gang that shrank."""
     grow_stall_device_seconds: float = 0.0
     """Device-seconds elastic gangs stood still re-forming after growing."""
+    preempted_device_seconds: float = 0.0
+    """Work lost to preemption, device-seconds: the progress of the victims' jobs thrown away, and the
+    re-rendezvous stall of an elastic gang that preemption shrank."""
+    preemptions: int = 0
+    """Preemptions that took victims (one per preemptor's attempt)."""
     tiers: tuple[str, ...] = ()
     """The cluster's network tier keys, lowest first (topology policies)."""
     log: list[tuple[object, ...]] = field(default_factory=list)
@@ -146,6 +170,7 @@ def run_time(
     running: Sequence[tuple[Job, Alloc]] = (),
     config: ExtenderConfig | None = None,
     until_started: Collection[str] = (),
+    preemption: str = "extender",
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -164,6 +189,8 @@ def run_time(
     ``simulator.snapstart``), each ending ``duration`` later; ``config`` is the extender's config for the
     ``icl`` policies (a live cluster's), with the run's policy. With ``until_started`` (job ids) the run
     stops once each of them has started or is rejected (``kubectl icl whatif`` asks no more).
+    ``preemption`` (:data:`simulator.timebase.PREEMPTIONS`) says how a pod preempts under the ``icl``
+    policies: through the extender's preempt verb, kube-scheduler's own preemption alone, or not at all.
     """
     if resize_s < 0:
         raise ValueError(f"resize_s: must be >= 0, got {resize_s}")
@@ -171,6 +198,8 @@ def run_time(
         raise ValueError(f"invalid_slowdown: must be >= 1, got {invalid_slowdown}")
     if backfill < 1:
         raise ValueError(f"backfill: must be >= 1, got {backfill}")
+    if preemption not in PREEMPTIONS:
+        raise ValueError(f"preemption: got {preemption!r}; allowed: {', '.join(PREEMPTIONS)}")
     if policy not in TIME_POLICIES:
         raise ValueError(f"policy: unknown time-mode policy {policy!r}; allowed: {', '.join(TIME_POLICIES)}")
     c: ClusterModel
@@ -188,7 +217,9 @@ def run_time(
             if pol is PolicyName.KUBELET:
                 c = KubeletModel(spec, gang_tier)
             else:
-                c = extender = ExtenderModel(spec, pol, gang_tier, weights, record=record, config=config)
+                c = extender = ExtenderModel(
+                    spec, pol, gang_tier, weights, record=record, config=config, preemption=preemption
+                )
         except TopologyError as exc:
             raise ValueError(f"gang_tier: {exc}") from None
         label = pol.value
@@ -269,6 +300,7 @@ class TimeRun:
         self.done = 0
         self.total_jobs = sum(1 for r in self.records.values() if not r.rejected)
         self.last_t = 0.0
+        self.wakes: set[float] = set()  # the times a wake event is pushed for
 
     # ---------------------------------------------------------------- the loop
 
@@ -297,6 +329,8 @@ class TimeRun:
                 elif kind == "finish":
                     if self.finish(arg, ep, t) and progress is not None and self.done % 200 == 0:
                         progress(self.done, self.total_jobs)
+                elif kind == "wake":
+                    pass  # only a scheduling pass (below)
                 elif kind == "fail":
                     self.fail(int(arg), t)
                 else:
@@ -304,6 +338,7 @@ class TimeRun:
             self.schedule(t)
             if self.elastic:
                 self.grow(t)
+            self.wake(t)
             self.sample(t)
             if watched and all(r.starts or r.rejected for r in watched):
                 break
@@ -392,7 +427,8 @@ class TimeRun:
         requeued job keeps its place); the extender's fair share holds back a queue over its share while
         another has a pod waiting that fits (:mod:`scheduler.fairshare`), as its gang manager admits a gang
         whole or not at all. A placement is a cluster event: the jobs not placed are tried again (as
-        kube-scheduler moves its unschedulable pods back to the active queue) until a pass places none."""
+        kube-scheduler moves its unschedulable pods back to the active queue) until a pass places none. A
+        preemption ends the pass: the next starts again from the highest priority."""
         c, records = self.c, self.records
         placed_any = True
         # job -> its preemptions in this call: each frees one member's room, so a gang preempts at most once
@@ -415,12 +451,15 @@ class TimeRun:
                 victims = c.take_victims()
                 if victims:
                     preempted[jid] = preempted.get(jid, 0) + 1
+                    self.result.preemptions += 1
                     self.preempt(victims, t)
                     placed_any = True
+                    break
 
     def preempt(self, victims: list[Victim], t: float) -> None:
         """Preemption's victims (job, member's (node, devices)) go: a running elastic gang that keeps its
-        minimum shrinks, any other job is requeued whole with its progress lost."""
+        minimum shrinks, any other job is requeued whole with its progress lost, or ends where its trace says
+        ``on_preempt: fail``."""
         by_job: dict[str, list[Member]] = {}
         for jid, where in victims:
             by_job.setdefault(jid, []).append(where)
@@ -430,7 +469,7 @@ class TimeRun:
             job = self.records[jid].job
             self.records[jid].preempted += 1
             if jid in self.elastic and len(self.running[jid].members) - len(wheres) >= job.gang_min:
-                self.lose_members(jid, wheres, t)
+                self.lose_members(jid, wheres, t, preempted=True)
                 continue
             if jid in self.elastic:
                 self.advance(jid, t)
@@ -497,6 +536,13 @@ class TimeRun:
                 self.resume[jid] = t + self.resize_s
                 self.finish_at(jid, t)
 
+    def wake(self, t: float) -> None:
+        """A scheduling pass at the time the model asks for one (:meth:`ClusterModel.wakeup`), once."""
+        at = self.c.wakeup()
+        if at is not None and at > t and at not in self.wakes:
+            self.wakes.add(at)
+            heapq.heappush(self.events, (at, next(self.seq), "wake", "", 0))
+
     def sample(self, t: float) -> None:
         """Utilisation, queue length and per-queue share after the batch."""
         c = self.c
@@ -546,6 +592,13 @@ class TimeRun:
             rec.comm = (slow - (1.0 - self.network.share)) / slow
         rec.slowdown = self.slow.get(jid, 1.0)
 
+    def charge(self, kind: str, device_seconds: float, *, preempted: bool) -> None:
+        """Work lost by a job of ``kind`` (``rigid``, ``elastic``): to preemption, or to a failure."""
+        if preempted:
+            self.result.preempted_device_seconds += device_seconds
+        else:
+            self.result.lost_device_seconds[kind] += device_seconds
+
     def stop_job(self, jid: str, failed: bool, t: float = 0.0, *, preempted: bool = False) -> None:
         self.slow.pop(jid, None)
         alloc = self.running.pop(jid)
@@ -561,10 +614,14 @@ class TimeRun:
             self.done_w[jid] = 0.0
         else:
             lost = (t - self.records[jid].starts[-1]) * job.gang * job.count
-        self.result.lost_device_seconds[kind] += max(0.0, lost)
-        self.records[jid].requeues += 1
+        self.charge(kind, max(0.0, lost), preempted=preempted)
         if job.gang > 1 and not preempted:
             self.result.gang_failures += 1
+        if preempted and job.on_preempt == "fail":
+            self.records[jid].failed = True
+            self.done += 1
+            return
+        self.records[jid].requeues += 1
         self.queues[job.queue].appendleft(jid)
         self.c.queued(job)
 
@@ -579,9 +636,9 @@ class TimeRun:
         self.lose_members(jid, hit, t)
         return True
 
-    def lose_members(self, jid: str, hit: Sequence[Member], t: float) -> None:
+    def lose_members(self, jid: str, hit: Sequence[Member], t: float, *, preempted: bool = False) -> None:
         """A running elastic gang goes on without the members ``hit`` (it keeps at least its minimum): the
-        survivors keep the progress and stall ``resize_s``."""
+        survivors keep the progress and stall ``resize_s`` (work lost to a failure, or to ``preempted``)."""
         c = self.c
         job = self.records[jid].job
         alloc = self.running[jid]
@@ -593,7 +650,7 @@ class TimeRun:
             self.in_use[job.queue] -= _member_milli(job)
         self.records[jid].shrinks += 1
         self.judge(jid)
-        self.result.lost_device_seconds["elastic"] += self.resize_s * len(alloc.members) * job.count
+        self.charge("elastic", self.resize_s * len(alloc.members) * job.count, preempted=preempted)
         self.resume[jid] = t + self.resize_s
         self.finish_at(jid, t)
 

@@ -10,7 +10,10 @@ the passing ones, the first best-scored, bind. Every attempt must give the same 
 no node, as time mode's; every preemption the same victims per node from the extender for the victims
 kube-scheduler proposed, and the same node taken. The trace has rigid gangs, elastic gangs (grown and
 shrunk), two queues of different weights under the extender's fair share (which holds a queue back in
-some decisions), jobs of a higher priority that preempt, and failures of devices and links.
+some decisions), jobs of a higher priority that preempt, and failures of devices and links. A second trace
+has a big gang of a high priority arrive on a cluster full of small jobs: its whole-gang preemption takes
+victims on several nodes, those of the node kube-scheduler takes deleted by it, the others evicted by the
+extender itself, and the gang then lands on the slots its preemption reserved.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.extender import Extender
 from scheduler.podspec import parse_devices
+from scheduler.snapshot import stamp
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 from simulator.clusterspec import builtin_cluster
-from simulator.jobs import make_elastic, synthetic_jobs
+from simulator.jobs import Job, make_elastic, synthetic_jobs
 from simulator.timebase import FailureRates
 from simulator.timesim import run_time
 from tests.support.extender import MemoryKubeAPI
@@ -50,7 +54,7 @@ class _Replay:
         cfg = dataclasses.replace(cfg, leader_election=dataclasses.replace(cfg.leader_election, enabled=False))
         self.api = MemoryKubeAPI()
         self.cache = ClusterCache(cfg.resource_name, clock=lambda: self.now)
-        self.ext = Extender(cfg, self.cache, self.api)
+        self.ext = Extender(cfg, self.cache, self.api, wall=lambda: self.now)
 
     def apply(self, entry: tuple[Any, ...]) -> None:
         kind = entry[0]
@@ -86,7 +90,7 @@ class _Replay:
         if self.ext.bind(ExtenderBindingArgs(name, "sim", uid, node)).error:
             return None
         bound = self.api.pods[("sim", name)]
-        bound["status"] = {"phase": "Running"}
+        bound["status"] = {"phase": "Running", "startTime": stamp(self.now)}
         self.cache.upsert_pod(copy.deepcopy(bound))
         raw = bound["metadata"]["annotations"].get("kube-icl.io/devices", "")
         return bound["spec"]["nodeName"], parse_devices(raw) if raw else ()
@@ -120,25 +124,50 @@ def _time_mode_log(jobs: list[Any]) -> tuple[list[tuple[Any, ...]], Any]:
     return result.log, result
 
 
-def test_time_mode_places_every_member_where_the_extender_would() -> None:
-    jobs = _trace()
-    log, result = _time_mode_log(jobs)
-    replay = _Replay(builtin_cluster().view.tier_keys)
-    tries = placed = preemptions = 0
+@dataclasses.dataclass
+class _Replayed:
+    replay: _Replay
+    tries: int = 0
+    placed: int = 0
+    preemptions: int = 0
+    rounds: list[tuple[str, set[str]]] = dataclasses.field(default_factory=list)
+    """Per preemption that took a node: that node, and the nodes of the pods the extender evicted itself
+    before the next attempt."""
+
+
+def _replay(log: list[tuple[Any, ...]]) -> _Replayed:
+    """Every entry of time mode's log through the test's extender, each attempt and preemption compared."""
+    out = _Replayed(_Replay(builtin_cluster().view.tier_keys))
+    replay = out.replay
+    evicting: set[str] = set()
     for entry in log:
+        if entry[0] == "evict":
+            evicting.add(entry[2])
         if entry[0] == "preempt":
             _, name, uid, proposal, answer, chosen = entry
             assert replay.preempt(name, uid, proposal) == (answer, chosen), f"preemption of {name} at t={replay.now}"
-            preemptions += chosen is not None
+            out.preemptions += chosen is not None
+            if chosen is not None:
+                out.rounds.append((chosen[0], set()))
             continue
         if entry[0] != "try":
+            if entry[0] == "delete" and entry[1]["metadata"]["uid"] in evicting and out.rounds:
+                out.rounds[-1][1].add(entry[1]["spec"].get("nodeName", ""))
             replay.apply(entry)
             continue
         _, name, uid, names, found = entry
         mine = replay.schedule(name, uid, list(names))
-        assert mine == found, f"attempt {tries} ({name}, t={replay.now}): extender {mine}, time mode {found}"
-        tries += 1
-        placed += found is not None
+        assert mine == found, f"attempt {out.tries} ({name}, t={replay.now}): extender {mine}, time mode {found}"
+        out.tries += 1
+        out.placed += found is not None
+    return out
+
+
+def test_time_mode_places_every_member_where_the_extender_would() -> None:
+    jobs = _trace()
+    log, result = _time_mode_log(jobs)
+    out = _replay(log)
+    replay, tries, placed, preemptions = out.replay, out.tries, out.placed, out.preemptions
     # the trace exercised what it is for: gangs, elastic grows and shrinks, requeues, both queues placed
     recs = result.records
     assert tries > placed > 0
@@ -152,3 +181,18 @@ def test_time_mode_places_every_member_where_the_extender_would() -> None:
     # the extender's fair share held a queue back in some of those decisions
     held = replay.ext.metrics.decisions.labels("filter", "held")._value.get()
     assert held > 0
+
+
+def test_a_big_gang_preempts_whole_through_the_extender_and_lands_where_it_reserved() -> None:
+    # six hours of small low-priority jobs fill the cluster; then a gang of 8 rings of 8 arrives urgent
+    small = synthetic_jobs(120, 11, queues=WEIGHTS, mean_interarrival=20.0, mean_duration=4 * 3600.0)
+    big = Job("big", 3000.0, 1800.0, 8, "ring", gang=8, queue="prod", priority=100)
+    result = run_time(builtin_cluster(), [*small, big], "icl", seed=3, weights=WEIGHTS, record=True)
+    out = _replay(result.log)
+    rec = next(r for r in result.records if r.job.id == "big")
+    assert rec.starts and rec.valid, "the big gang ran, every member on a ring of 8"
+    assert result.preemptions == out.preemptions == 1, "one preemption round freed the whole gang's room"
+    # kube-scheduler took one node of the answer; the extender evicted the round's victims on other nodes
+    taken, evicted_on = out.rounds[0]
+    assert evicted_on - {taken}
+    assert sum(r.preempted for r in result.records) > 0 and result.preempted_device_seconds > 0
