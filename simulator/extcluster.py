@@ -254,6 +254,20 @@ class LocalAPI:
         self.note("bound", copy.deepcopy(obj))
         self.cache.upsert_pod(obj)
 
+    def mark_unschedulable(self, namespace: str, name: str, message: str) -> None:
+        """What kube-scheduler writes on a pod it could not place (``PodScheduled=False``, reason
+        ``Unschedulable``, whatever kept it: no node fits, or the extender held it back); written once, as
+        kube-scheduler patches the status only when the condition changes. A Binding replaces it."""
+        obj = self.pods.get((namespace, name))
+        if obj is None or obj["spec"].get("nodeName") or _unschedulable(obj):
+            return
+        obj = self._stamp(copy.deepcopy(obj))
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        obj["status"] = {**obj.get("status", {}), "conditions": [cond]}
+        self.pods[(namespace, name)] = obj
+        self.note("pod", copy.deepcopy(obj))
+        self.cache.upsert_pod(obj)
+
     def evict_pod(self, namespace: str, name: str, uid: str) -> None:
         self._delete(namespace, name)
 
@@ -333,6 +347,7 @@ def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
     found: tuple[str, tuple[str, ...]] | None = None
     unresolvable: frozenset[str] = frozenset()
     held = False
+    passed: list[str] = []
     if names:
         answer = verbs.filter(ExtenderArgs(pod=pod, node_names=list(names)))
         passed = answer.node_names or []
@@ -346,7 +361,16 @@ def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
             if not error:
                 found = api.devices_of(meta["namespace"], meta["name"])
     api.note("try", meta["name"], meta["uid"], tuple(names), found)
+    if not passed:
+        api.mark_unschedulable(meta["namespace"], meta["name"], f"0/{len(names)} nodes are available")
     return Attempt(found, unresolvable, held)
+
+
+def _unschedulable(pod: JsonObj) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
 
 
 def pick_victims(
