@@ -59,6 +59,7 @@ from simulator.model_share import ShareModel
 from simulator.network import NetworkModel
 from simulator.timebase import TIME_POLICIES, Alloc, ClusterModel, FailureItem, FailureRates, Member, Placed, Victim
 from topology import TopologyError
+from topology.fairness import QueueSample
 from topology.gpushare import GpuNodeSpec
 from topology.policy import PolicyName
 
@@ -120,6 +121,10 @@ class TimeResult:
     """Device-seconds elastic gangs stood still re-forming after growing."""
     tiers: tuple[str, ...] = ()
     """The cluster's network tier keys, lowest first (topology policies)."""
+    queue_samples: list[QueueSample] = field(default_factory=list)
+    """After each event batch: healthy devices, devices held and devices waiting per queue (queued jobs
+    whole, running elastic gangs up to their maximum): the fairness measure's input
+    (:func:`topology.fairness.fairness_windows`)."""
     log: list[tuple[object, ...]] = field(default_factory=list)
     """Under the extender, with ``record``: every write to its cluster and every scheduling attempt with
     its answer, in order (:class:`simulator.extcluster.LocalAPI`)."""
@@ -462,12 +467,20 @@ class TimeRun:
                 self.finish_at(jid, t)
 
     def sample(self, t: float) -> None:
-        """Utilisation, queue length and per-queue share after the batch."""
+        """Utilisation, queue length and per-queue share after the batch; the devices each queue holds and
+        waits for."""
         c = self.c
         healthy = c.healthy_devices()
         util = (c.busy() / healthy) if healthy else 0.0
         share = {q: self.in_use[q] / (1000.0 * c.total) for q in self.queues}
         self.result.samples.append((t, min(1.0, util), sum(len(v) for v in self.queues.values()), share))
+        waiting = {q: sum(self.records[j].job.device_milli for j in jobs) / 1000.0 for q, jobs in self.queues.items()}
+        for jid, alloc in self.running.items():
+            job = self.records[jid].job
+            if jid in self.elastic and len(alloc.members) < job.gang:  # room it would grow into
+                waiting[job.queue] += (job.gang - len(alloc.members)) * _member_milli(job) / 1000.0
+        held = {q: n / 1000.0 for q, n in self.in_use.items()}
+        self.result.queue_samples.append(QueueSample(t, float(healthy), held, waiting))
 
     # ---------------------------------------------------------------- bookkeeping
 
