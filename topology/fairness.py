@@ -112,6 +112,11 @@ class WindowMeter:
         if not self.window_s > 0:
             raise ValueError(f"window_s: must be > 0, got {self.window_s}")
 
+    @property
+    def at(self) -> float | None:
+        """The time of the last sample observed (``None``: none yet)."""
+        return self._last.t if self._last is not None else None
+
     def observe(self, sample: QueueSample) -> None:
         """The state from ``sample.t`` on; the previous state is counted up to ``sample.t``."""
         last = self._last
