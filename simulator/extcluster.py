@@ -259,7 +259,8 @@ class LocalAPI:
         ``Unschedulable``, whatever kept it: no node fits, or the extender held it back); written once, as
         kube-scheduler patches the status only when the condition changes. A Binding replaces it."""
         obj = self.pods.get((namespace, name))
-        if obj is None or obj["spec"].get("nodeName") or _unschedulable(obj):
+        seen = self.cache.pods.find_pod(namespace, name)  # the cache reads the condition as the extender does
+        if obj is None or obj["spec"].get("nodeName") or (seen is not None and seen.unschedulable):
             return
         obj = self._stamp(copy.deepcopy(obj))
         cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
@@ -364,13 +365,6 @@ def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
     if not passed:
         api.mark_unschedulable(meta["namespace"], meta["name"], f"0/{len(names)} nodes are available")
     return Attempt(found, unresolvable, held)
-
-
-def _unschedulable(pod: JsonObj) -> bool:
-    return any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
-        for c in (pod.get("status") or {}).get("conditions") or ()
-    )
 
 
 def pick_victims(
