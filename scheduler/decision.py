@@ -207,7 +207,7 @@ class Decision:
     ) -> None:
         self.policy = policy
         self.share_ranker = share_ranker
-        self.fits = FitMemory()
+        self.fits = FitMemory(lambda: state.nodes.room_version)
         self.ranker = LinkedRanker(state, policy, resource)
         self.fit = NodeFit(self.ranker, self.fits, keep_best)
         self.unlinked = (

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from scheduler import fairshare
@@ -58,10 +58,27 @@ from scheduler.wire import (
     ExtenderPreemptionResult,
     HostPriority,
 )
+from topology.fairness import QueueSample, Window, WindowMeter
 
 __all__ = ["Extender"]
 
 log = logging.getLogger(__name__)
+
+
+class _Weights(Mapping[str, float]):
+    """Every queue's fair share weight, configured or the default (the fairness measure's weights)."""
+
+    def __init__(self, cfg: ExtenderConfig) -> None:
+        self.cfg = cfg
+
+    def __getitem__(self, queue: str) -> float:
+        return self.cfg.queue(queue).weight
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.cfg.queues)
+
+    def __len__(self) -> int:
+        return len(self.cfg.queues)
 
 
 class Extender:
@@ -153,6 +170,9 @@ class Extender:
             record=self._record,
         )
         self.metrics.attach_state(self._queue_metrics, self.ranker.free_shapes)
+        # the fairness measure over the cache's running and pending pods, sampled by sweep()
+        self.fairness = WindowMeter(_Weights(cfg))
+        self.metrics.attach_fairness(self.last_fairness_window)
         # queueHolds: gate: the lease holder lets queued pods go by removing their scheduling gate
         self.gates: QueueGates | None = None
         if cfg.queue_holds == "gate":
@@ -421,6 +441,7 @@ class Extender:
     # ------------------------------------------------------------------ gangs, events
 
     def sweep(self) -> None:
+        self.observe_fairness()
         self.gangs.sweep(self.cache.clock())
         # gangs none of whose members kube-scheduler lets reach the filter
         self.gangs.collect_waiting(lambda: not self.lead(0.0))
@@ -501,6 +522,30 @@ class Extender:
             for pod in self.cache.pods.pending():
                 pending[pod.queue] = pending.get(pod.queue, 0) + 1
         return fairshare.QueueStanding(used, capacity, fairshare.dominant_shares(used, capacity, self.cfg), pending)
+
+    def observe_fairness(self) -> None:
+        """Feed the fairness measure the cluster now: healthy devices, and per queue the devices held and the
+        devices its pending pods ask that wait for devices (not those behind another controller's gate)."""
+        gate_mode = self.cfg.queue_holds == "gate"
+        with self.cache.lock:
+            now = self.cache.clock()
+            used = self.cache.pods.used_by_queue()
+            capacity = sum(self.cache.nodes.capacity().values())
+            waiting: dict[str, float] = {}
+            for pod in self.cache.pods.pending():
+                if fairshare.waits_for_devices(pod.gates, gate_mode=gate_mode):
+                    waiting[pod.queue] = waiting.get(pod.queue, 0.0) + pod.count
+        held = {q: float(sum(pools.values())) for q, pools in used.items()}
+        at = self.fairness.at
+        if at is None or now >= at:  # a clock that stepped back skips a sample rather than fail
+            self.fairness.observe(QueueSample(now, float(capacity), held, waiting))
+        if len(self.fairness.windows) > 1:
+            del self.fairness.windows[:-1]  # only the last closed window is shown
+
+    def last_fairness_window(self) -> Window | None:
+        """The fairness measure's last closed window (``None`` until one closed)."""
+        windows = self.fairness.windows
+        return windows[-1] if windows else None
 
     def _queue_metrics(self) -> dict[str, tuple[float, int]]:
         usage = self.queue_usage()

@@ -14,8 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scheduler.config import ExtenderConfig
+from topology.contract import GATE_QUEUE
 
-__all__ = ["HoldBack", "QueueStanding", "admit", "dominant_share", "dominant_shares", "victim_allowed"]
+__all__ = [
+    "HoldBack",
+    "QueueStanding",
+    "admit",
+    "dominant_share",
+    "dominant_shares",
+    "victim_allowed",
+    "waits_for_devices",
+]
 
 Usage = Mapping[str, Mapping[str, int]]  # queue -> pool -> devices
 
@@ -37,6 +46,20 @@ class QueueStanding:
     capacity: Mapping[str, int]  # healthy devices per pool
     shares: Mapping[str, float]  # weighted dominant share of every queue that holds devices or is configured
     pending: Mapping[str, int]  # pods asking devices with no node yet, per queue
+
+
+def waits_for_devices(gates: tuple[str, ...], *, gate_mode: bool) -> bool:
+    """Whether a pending pod behind ``gates`` (its ``spec.schedulingGates``) waits for devices, and so for its
+    queue's turn: with no gate, or (``gate_mode``: ``queueHolds: gate``) behind kube-icl's queue gate alone,
+    which the gate loop lifts by fair share. Behind any other gate it waits for that gate's owner
+    (kube-scheduler does not try it): it holds no other queue back.
+
+    >>> waits_for_devices((), gate_mode=False), waits_for_devices((GATE_QUEUE,), gate_mode=True)
+    (True, True)
+    >>> waits_for_devices(("example.com/admission",), gate_mode=True)
+    False
+    """
+    return all(g == GATE_QUEUE for g in gates) and (gate_mode or not gates)
 
 
 def dominant_share(held: Mapping[str, int], capacity: Mapping[str, int], weight: float) -> float:

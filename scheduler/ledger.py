@@ -107,6 +107,9 @@ class PodLedger:
         # uid -> the resourceVersion of a consistent read applied ahead of the watch (a pod read as gone
         # gets GONE): watch events older than it are stale and skipped.
         self._floor: dict[str, int] = {}
+        # uid -> the nodes' room version when the pending pod was first seen marked Unschedulable by
+        # kube-scheduler (fair share: "no node fits" as of then, until room grows)
+        self.marked: dict[str, int] = {}
 
     # ------------------------------------------------------------------ staleness
 
@@ -154,6 +157,10 @@ class PodLedger:
             self.release(uid)
             return None
         prev_info = self.pods.get(uid)
+        if info.unschedulable and not info.node_name and not info.terminal:
+            self.marked.setdefault(uid, self.nodes.room_version)
+        else:
+            self.marked.pop(uid, None)
         if info.terminal:
             held = self.allocated.get(uid)
             self.release(uid)
@@ -211,6 +218,7 @@ class PodLedger:
         held = self.allocated.get(uid)
         self.release(uid)
         self.bad_pods.pop(uid, None)
+        self.marked.pop(uid, None)
         return info, held
 
     def hold(self, uid: str, node: str, devices: tuple[str, ...]) -> bool:
@@ -437,6 +445,9 @@ class PodLedger:
         with self.lock:
             self._usage.settle(self.pods, self.allocated)
             return self._usage.pending(other_than)
+
+    def marked_since(self, uid: str) -> int | None:
+        return self.marked.get(uid)
 
     def gated(self) -> list[PodInfo]:
         with self.lock:

@@ -82,6 +82,12 @@ class NodeLister(PlanReader, Protocol):
         """The views of the ready nodes new pods may go to (not cordoned)."""
         ...
 
+    @property
+    def room_version(self) -> int:
+        """Bumps whenever some node gains room a pending pod could use (devices, CPU or memory freed, a node
+        added, ready or uncordoned); read without the lock."""
+        ...
+
     def views_changed_since(self, version: int) -> tuple[int, set[str] | None]:
         """(current version, names whose view may have changed since ``version``); ``None`` instead of
         the names when ``version`` is older than the kept log (the caller starts over from :meth:`ready_views`)."""
@@ -178,6 +184,12 @@ class PodLister(Protocol):
 
     def pending(self, other_than: str | None = None) -> list[PodInfo]:
         """Pods that ask for devices and have no node yet; with ``other_than``, only those of other queues."""
+        ...
+
+    def marked_since(self, uid: str) -> int | None:
+        """The nodes' room version (:attr:`NodeLister.room_version`) when the pending pod was first seen
+        marked ``PodScheduled=False, reason=Unschedulable``; ``None`` while it is not marked. Read without
+        the lock."""
         ...
 
     def gated(self) -> list[PodInfo]:

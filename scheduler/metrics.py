@@ -11,6 +11,10 @@
   on each node's free devices (computed at scrape time, cached per topology and free set).
 - ``kube_icl_extender_lease_holder``: 1 while this replica holds the extender Lease (it binds);
   ``kube_icl_extender_unsure_binds``: Bindings whose outcome is not known yet (devices held).
+- ``kube_icl_fairness_error_percent``: the fairness error (:mod:`topology.fairness`) of the last closed
+  window, % of the cluster's device-time; ``kube_icl_queue_fair_share_devices{queue,kind}``: in that
+  window, each queue's devices held (``achieved``) and its weighted max-min fair share of what it held
+  and had waiting (``ideal``), time-averaged; none until a window closed.
 - ``kube_icl_extender_ready``: 1 while ``/readyz`` answers 200 (the cache has listed nodes and pods);
   ``kube_icl_queue_pending_pods{queue}``: pods asking devices with no node yet, per queue (both read
   at scrape time from the server's callbacks, :meth:`Metrics.attach_server`).
@@ -26,6 +30,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+
+from topology.fairness import Window
 
 __all__ = ["Answer", "Metrics"]
 
@@ -82,6 +88,35 @@ class _ServerCollector:
         for queue, n in sorted(self.pending().items()):
             pending.add_metric([queue], n)
         yield pending
+
+
+class _FairnessCollector:
+    """The last closed window of the fairness measure, read when scraped."""
+
+    def __init__(self, last: Callable[[], Window | None]) -> None:
+        self._last = last
+
+    def collect(self) -> Iterator[Any]:
+        window = self._last()
+        if window is None:
+            return
+        yield GaugeMetricFamily(
+            "kube_icl_fairness_error_percent",
+            "Device-time that went to the wrong queue or idle while a queue waited, against weighted max-min "
+            "fair shares, in the last closed window, % of the cluster's",
+            value=window.error_pct,
+        )
+        devices = GaugeMetricFamily(
+            "kube_icl_queue_fair_share_devices",
+            "Devices a queue held (achieved) and its weighted max-min fair share (ideal), mean over the last "
+            "closed window",
+            labels=["queue", "kind"],
+        )
+        span = window.end - window.start
+        for queue in sorted(set(window.achieved) | set(window.ideal)):
+            for kind, values in (("achieved", window.achieved), ("ideal", window.ideal)):
+                devices.add_metric([queue, kind], values.get(queue, 0.0) / span if span > 0 else 0.0)
+        yield devices
 
 
 @dataclass(slots=True)
@@ -160,6 +195,10 @@ class Metrics:
         free_shapes: Callable[[], dict[tuple[str, str], int]],
     ) -> None:
         self.registry.register(_StateCollector(queues, free_shapes))
+
+    def attach_fairness(self, last: Callable[[], Window | None]) -> None:
+        """The fairness measure's last closed window (``None`` until one closed)."""
+        self.registry.register(_FairnessCollector(last))
 
     def render(self) -> bytes:
         data: bytes = generate_latest(self.registry)

@@ -14,7 +14,7 @@ by score (:class:`FitTiers`), kept up to date from the cache's log of view chang
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from scheduler.backfill import Backfill, lent
@@ -99,21 +99,31 @@ class FitTiers:
 
 
 class FitMemory:
-    """Our latest answers for a pod: whether its latest filter passed any node (fair share skips pods
-    that fit nowhere), and whether fair share held it back since (a pod kube-scheduler marked
-    Unschedulable holds others back only when our own hold-back is why it was not placed)."""
+    """Our latest answers for a pod, for fair share: whether no node fits it (it holds nobody back then),
+    and whether fair share held it back since its latest filter (it does hold others back then, though
+    kube-scheduler marks it ``Unschedulable`` as it marks every pod it could not place).
+
+    "No node fits" is learnt from our filter finding none, or from kube-scheduler's ``Unschedulable``
+    mark on a pod no filter of ours found none for (its own filters rejected every node). It lasts only
+    until room grows (``room``: a counter that bumps whenever some node gains room a pod could use,
+    :attr:`scheduler.listers.NodeLister.room_version`): then the pod may fit, and counts as waiting again
+    until its next filter says otherwise."""
 
     _LIMIT = 100_000  # bounded: the answers of pods long gone are dropped with the rest
 
-    def __init__(self) -> None:
-        self._last: dict[str, bool] = {}  # uid -> its latest filter passed some node
+    def __init__(self, room: Callable[[], int] = lambda: 0) -> None:
+        self._room = room
+        self._none_at: dict[str, int] = {}  # uid -> the room version when it was found to fit nowhere
         self._held: set[str] = set()  # uids held back by fair share since their latest filter
 
     def note(self, uid: str, fit: bool) -> None:
         """Our filter passed some node for the pod (``fit``) or found none; either ends a hold-back."""
-        if len(self._last) > self._LIMIT:
-            self._last.clear()
-        self._last[uid] = fit
+        if fit:
+            self._none_at.pop(uid, None)
+        else:
+            if len(self._none_at) > self._LIMIT:
+                self._none_at.clear()
+            self._none_at[uid] = self._room()
         self._held.discard(uid)
 
     def hold(self, uid: str) -> None:
@@ -124,11 +134,16 @@ class FitMemory:
 
     def forget(self, uid: str) -> None:
         """The pod is gone (deleted, or finished): nothing more to remember of it."""
-        self._last.pop(uid, None)
+        self._none_at.pop(uid, None)
         self._held.discard(uid)
 
-    def found_none(self, uid: str) -> bool:
-        return self._last.get(uid) is False
+    def fits_nowhere(self, uid: str, marked_at: int | None) -> bool:
+        """No node fits the pod as far as we know, and no room grew since we learnt it; ``marked_at``: the room
+        version when the pod was first seen with kube-scheduler's ``Unschedulable`` mark (None: unmarked), which
+        counts where no filter of ours found no node for it. A pod fair share held back is never "fits
+        nowhere"."""
+        at = self._none_at.get(uid, marked_at)
+        return at is not None and at == self._room() and uid not in self._held
 
     def held_back(self, uid: str) -> bool:
         """Fair share held the pod back, and no filter of it looked at the nodes since."""

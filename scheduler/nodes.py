@@ -99,6 +99,7 @@ class NodeRecord:
     unattributed: dict[str, int] = field(default_factory=dict)  # pod uid -> count, devices unknown
     shares: dict[str, dict[str, int]] = field(default_factory=dict)  # device -> pod uid -> milli-devices
     view: NodeView | None = None
+    room: tuple[bool, ViewKey] | None = None  # (new pods may go here, its view's key) at the last refresh
     version: int = 0
     seen: bool = False  # its Node object was read (not only named by a pod bound to it)
 
@@ -133,6 +134,27 @@ def _allocatable_cpu_mem(node: Mapping[str, Any]) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def _more_room(old: ViewKey, new: ViewKey) -> bool:
+    """Whether a node's view ``new`` offers room that ``old`` did not, for some pod: another topology, a device
+    free that was not, fewer devices held by size, more admitted by the kubelet, more CPU or memory, or less of
+    a shared device in use.
+
+    >>> key = ("fp", 0b0011, 0, 2, 1000, 512, (("d1", 500),))
+    >>> _more_room(key, ("fp", 0b0001, 0, 1, 1000, 512, (("d1", 500),)))  # a device taken
+    False
+    >>> _more_room(key, ("fp", 0b0101, 0, 2, 1000, 512, (("d1", 500),)))  # one taken, another freed
+    True
+    >>> _more_room(key, ("fp", 0b0011, 0, 2, 1000, 512, (("d1", 250),)))  # a share ended
+    True
+    """
+    fp0, mask0, held0, admits0, cpu0, mem0, shared0 = old
+    fp1, mask1, held1, admits1, cpu1, mem1, shared1 = new
+    if fp0 != fp1 or mask1 & ~mask0 or held1 < held0 or admits1 > admits0 or cpu1 > cpu0 or mem1 > mem0:
+        return True
+    used = dict(shared1)
+    return any(used.get(dev, 0) < milli for dev, milli in shared0)
+
+
 def _ready(node: Mapping[str, Any]) -> bool:
     for cond in (node.get("status") or {}).get("conditions") or []:
         if isinstance(cond, Mapping) and cond.get("type") == "Ready":
@@ -165,6 +187,10 @@ class Nodes:
         self._view_log_base = 0  # entries before this position were dropped
         self._node_cap: dict[str, tuple[str, int]] = {}  # node -> (pool, healthy devices)
         self._capacity: dict[str, int] = {}
+        self.room_version = 0
+        """Bumps whenever some node gains room a pending pod could use: devices, CPU or memory freed, a node
+        added, ready or uncordoned, a device healthy again (:func:`_more_room`). A pod that fit nowhere may
+        fit after a bump, never before one."""
 
     # ------------------------------------------------------------------ changes
 
@@ -304,6 +330,7 @@ class Nodes:
         if rec.topology is None or rec.allocator is None:
             rec.view = None
             self.views.pop(rec.name, None)
+            self._note_room(rec, None)
             return
         free = frozenset(rec.allocator.free_ids() & rec.healthy) - rec.shares.keys()
         shared = tuple(
@@ -329,6 +356,15 @@ class Nodes:
             self.views[rec.name] = view
         else:
             self.views.pop(rec.name, None)
+        self._note_room(rec, (rec.ready and not rec.unschedulable, key))
+
+    def _note_room(self, rec: NodeRecord, room: tuple[bool, ViewKey] | None) -> None:
+        """Bump :attr:`room_version` when the node's new state offers new pods room its last one did not."""
+        old, rec.room = rec.room, room
+        if room is None or not room[0]:
+            return
+        if old is None or not old[0] or _more_room(old[1], room[1]):
+            self.room_version += 1
 
     def refresh_requests(self, rec: NodeRecord) -> None:
         """Rebuild the node's view after only the CPU or memory its pods ask changed: the devices' part of

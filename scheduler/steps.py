@@ -368,12 +368,16 @@ class FairShare:
         For a ``surplus`` member, other queues' surplus members do not count (two elastic gangs
         would hold each other back forever)."""
         lower: dict[str, list[PodInfo]] = {}
+        gate_mode = self.cfg.queue_holds == "gate"
         below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue, not per pod)
         for p in self.cache.pods.pending(other_than=info.queue):
             if p.uid == info.uid or p.uid in admitted:
                 continue
-            if p.unschedulable and not self.fits.held_back(p.uid):
-                # kube-scheduler could not place it, and not because we held it back: it holds nobody back.
+            if not fairshare.waits_for_devices(p.gates, gate_mode=gate_mode):
+                continue  # behind another controller's scheduling gate: kube-scheduler does not try it
+            if self.fits.fits_nowhere(p.uid, self.cache.pods.marked_since(p.uid)):
+                # our last filter found no node for it, or kube-scheduler could not place it (and not because
+                # we held it back), and no room grew since: it holds nobody back
                 continue
             under = below.get(p.queue)
             if under is None:
@@ -381,8 +385,6 @@ class FairShare:
                 under = below[p.queue] = fairshare.dominant_share(used.get(p.queue, {}), capacity, weight) < mine
             if not under:
                 continue
-            if self.fits.found_none(p.uid):
-                continue  # our last filter for it found no node either
             if p.gang is not None and self.gangs.is_surplus(p):
                 continue  # a member above its gang's minimum yields to every other pod: it holds nobody back
             quota = self.cfg.queue(p.queue).quota

@@ -264,6 +264,21 @@ class LocalAPI:
         self.note("bound", copy.deepcopy(obj))
         self.cache.upsert_pod(obj)
 
+    def mark_unschedulable(self, namespace: str, name: str, message: str) -> None:
+        """What kube-scheduler writes on a pod it could not place (``PodScheduled=False``, reason
+        ``Unschedulable``, whatever kept it: no node fits, or the extender held it back); written once, as
+        kube-scheduler patches the status only when the condition changes. A Binding replaces it."""
+        obj = self.pods.get((namespace, name))
+        seen = self.cache.pods.find_pod(namespace, name)  # the cache reads the condition as the extender does
+        if obj is None or obj["spec"].get("nodeName") or (seen is not None and seen.unschedulable):
+            return
+        obj = self._stamp(copy.deepcopy(obj))
+        cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        obj["status"] = {**obj.get("status", {}), "conditions": [cond]}
+        self.pods[(namespace, name)] = obj
+        self.note("pod", copy.deepcopy(obj))
+        self.cache.upsert_pod(obj)
+
     def evict_pod(self, namespace: str, name: str, uid: str) -> None:
         obj = self.pods.get((namespace, name))
         if obj is None or obj["metadata"]["uid"] != uid:
@@ -355,6 +370,7 @@ def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
     found: tuple[str, tuple[str, ...]] | None = None
     unresolvable: frozenset[str] = frozenset()
     held = False
+    passed: list[str] = []
     if names:
         answer = verbs.filter(ExtenderArgs(pod=pod, node_names=list(names)))
         passed = answer.node_names or []
@@ -368,6 +384,8 @@ def schedule_pod(verbs: Verbs, api: LocalAPI, pod: JsonObj, names: Sequence[str]
             if not error:
                 found = api.devices_of(meta["namespace"], meta["name"])
     api.note("try", meta["name"], meta["uid"], tuple(names), found)
+    if not passed:
+        api.mark_unschedulable(meta["namespace"], meta["name"], f"0/{len(names)} nodes are available")
     return Attempt(found, unresolvable, held)
 
 

@@ -26,6 +26,8 @@ from typing import Any, TextIO
 from simulator.fill import FillResult
 from simulator.timesim import TimeResult
 from topology import LEVEL_LINK
+from topology.fairness import DEFAULT_WINDOW_S, Window, fairness_windows
+from topology.fairness import summary as fairness_summary
 
 __all__ = [
     "PREEMPT_COLUMNS",
@@ -33,6 +35,7 @@ __all__ = [
     "Progress",
     "Report",
     "TimeSummary",
+    "fairness_of",
     "format_table",
     "jain_index",
     "percentile",
@@ -188,9 +191,20 @@ class TimeSummary:
     """Preemption rounds that took victims."""
     preempted_device_h: float = 0.0
     """Device-hours of the victims' progress preemption threw away."""
+    fair_err_mean: float = math.nan
+    """The fairness error (:mod:`topology.fairness`), mean over the 10-minute windows weighted by their
+    device-time, % of the cluster; NaN: no window."""
+    fair_err_max: float = math.nan
+    """The same, the worst window."""
 
     def as_dict(self) -> dict[str, float | int | str]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def fairness_of(result: TimeResult, window_s: float = DEFAULT_WINDOW_S) -> list[Window]:
+    """The fairness measure's windows of a time run: each queue's device-time against its weighted max-min
+    fair share given what it held and had waiting (:func:`topology.fairness.fairness_windows`)."""
+    return fairness_windows(result.queue_samples, result.weights, window_s, end=result.horizon)
 
 
 def jain_index(values: Sequence[float]) -> float:
@@ -221,6 +235,8 @@ def summarise(result: TimeResult) -> TimeSummary:
     crossing = [r.crossing for r in gangs if r.crossing is not None]
     comms = [r.comm for r in gangs if r.comm is not None]
     gang_jcts = [x for r in gangs if (x := r.jct) is not None]
+    windows = fairness_of(result)
+    fair_mean, fair_max = fairness_summary(windows) if windows else (math.nan, math.nan)
     # utilisation: time-weighted busy devices over the run
     area = 0.0
     for (t0, u0, _, _), (t1, _, _, _) in itertools.pairwise(result.samples):
@@ -263,6 +279,8 @@ def summarise(result: TimeResult) -> TimeSummary:
         gang_jct_mean=sum(gang_jcts) / len(gang_jcts) if gang_jcts else math.nan,
         preemptions=result.preemptions,
         preempted_device_h=result.preempted_device_seconds / 3600.0,
+        fair_err_mean=fair_mean,
+        fair_err_max=fair_max,
     )
 
 
@@ -326,8 +344,23 @@ TIME_COLUMNS: tuple[tuple[str, str], ...] = (
     ("jct_p95", "JCT p95"),
     ("jain", "Jain"),
     ("share_error", "share err%"),
+    ("fair_err_mean", "fair err% mean"),
+    ("fair_err_max", "fair err% max"),
     ("gang_failures", "gang fails"),
     ("requeues", "requeues"),
+)
+FAIRNESS_TITLE = (
+    "Fair share: device-hours per queue against its weighted max-min fair share of what it held and had "
+    f"waiting; error per {DEFAULT_WINDOW_S / 60:.0f}-minute window, % of the cluster (docs/simulator.md, Metrics)"
+)
+FAIRNESS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "policy"),
+    ("queue", "queue"),
+    ("weight", "weight"),
+    ("achieved_dh", "device-h"),
+    ("ideal_dh", "fair device-h"),
+    ("fair_err_mean", "error% mean"),
+    ("fair_err_max", "error% max"),
 )
 # shown when some run placed gangs across nodes: where they ran, and what the network model charged
 GANG_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -365,6 +398,13 @@ class Report:
     """(task, reason) for every fill task that fits on no node even with the cluster empty."""
     show_max: int = 5
     """How many never-placed jobs or tasks the tables list by name."""
+    _windows: dict[str, list[Window]] = field(default_factory=dict)
+
+    def fair_windows(self, name: str) -> list[Window]:
+        """The fairness measure's windows of time run ``name`` (computed once)."""
+        if name not in self._windows:
+            self._windows[name] = fairness_of(self.time_results[name])
+        return self._windows[name]
 
     def fill_columns(self) -> tuple[tuple[str, str], ...]:
         """The fill table's columns; ``published`` only where a published figure applies to these inputs."""
@@ -383,6 +423,27 @@ class Report:
 
     def time_rows(self) -> list[dict[str, object]]:
         return [dict(s.as_dict()) for s in self.time_summaries.values()]
+
+    def fairness_rows(self) -> list[dict[str, object]]:
+        """Per policy and queue: its weight, the device-hours it got and its weighted max-min fair share of
+        them over the run (the windows summed), and the policy's fairness error."""
+        rows: list[dict[str, object]] = []
+        for name, res in self.time_results.items():
+            windows = self.fair_windows(name)
+            mean, worst = fairness_summary(windows)
+            for q in sorted(res.weights):
+                rows.append(
+                    {
+                        "policy": name,
+                        "queue": q,
+                        "weight": res.weights[q],
+                        "achieved_dh": sum(w.achieved.get(q, 0.0) for w in windows) / 3600.0,
+                        "ideal_dh": sum(w.ideal.get(q, 0.0) for w in windows) / 3600.0,
+                        "fair_err_mean": mean,
+                        "fair_err_max": worst,
+                    }
+                )
+        return rows
 
     def time_columns(self) -> tuple[tuple[str, str], ...]:
         """The time table's columns; with network tiers or the network model, the gang columns that have
@@ -408,6 +469,8 @@ class Report:
         if self.time_summaries:
             parts.append("Time mode: jobs, queues, gangs, failures")
             parts.append(format_table(self.time_rows(), self.time_columns()))
+            parts.append(FAIRNESS_TITLE)
+            parts.append(format_table(self.fairness_rows(), FAIRNESS_COLUMNS))
         never = self.never_placed()
         if never:
             parts.append("Never placed\n" + "\n".join(f"  {line}" for line in never))
@@ -539,11 +602,24 @@ class Report:
                 for rec in res.records
             ]
             written.append(self._csv("time_jobs.csv", jobs))
-            payload["time"] = {"summary": rows}
+            written.append(self._csv("time_fairness.csv", self.fairness_windows_rows()))
+            payload["time"] = {"summary": rows, "fairness": self.fairness_rows()}
         path = self.out / "metrics.json"
         path.write_text(json.dumps(_clean(payload), indent=2, default=str, allow_nan=False) + "\n")
         written.append(path)
         return written
+
+    def fairness_windows_rows(self) -> list[dict[str, object]]:
+        """Every window of every time run: its error and, per queue, the device-seconds achieved and ideal."""
+        rows: list[dict[str, object]] = []
+        for name, res in self.time_results.items():
+            for w in self.fair_windows(name):
+                row: dict[str, object] = {"policy": name, "start": w.start, "end": w.end, "error_pct": w.error_pct}
+                for q in sorted(res.weights):
+                    row[f"achieved_{q}"] = w.achieved.get(q, 0.0)
+                    row[f"ideal_{q}"] = w.ideal.get(q, 0.0)
+                rows.append(row)
+        return rows
 
     def _csv(self, name: str, rows: Sequence[Mapping[str, object]]) -> Path:
         path = self.out / name
@@ -668,6 +744,31 @@ class Report:
             ax.grid(alpha=0.3, axis="y")
             save(fig, "time_queue_share.png", "Each queue's share of the device-time it received.")
 
+            fig, ax = plt.subplots(figsize=(8, 3.8))
+            for i, name in enumerate(self.time_results):
+                windows = self.fair_windows(name)
+                ax.step(
+                    [w.start / 3600.0 for w in windows],
+                    [w.error_pct for w in windows],
+                    where="post",
+                    label=f"{name} (mean {self.time_summaries[name].fair_err_mean:.1f}%)",
+                    color=colours(i),
+                    lw=1.2,
+                )
+            ax.set_xlabel("hours")
+            ax.set_ylabel("fairness error, % of the cluster")
+            ax.set_title(
+                f"Fairness error per {DEFAULT_WINDOW_S / 60:.0f}-minute window (0: every queue got its fair share)"
+            )
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+            save(
+                fig,
+                "time_fairness.png",
+                "Per window, the device-time given to the wrong queue (or left idle while a queue waited) against "
+                "the weighted max-min fair shares of what each queue held and had waiting.",
+            )
+
             judged = [p for p in policies if not math.isnan(self.time_summaries[p].valid_pct)]
             if not judged:
                 return written
@@ -709,6 +810,8 @@ class Report:
         if self.time_summaries:
             parts.append("<h2>Time mode</h2>")
             parts.append(_html_table(self.time_rows(), self.time_columns()))
+            parts.append(f"<p>{html.escape(FAIRNESS_TITLE)}</p>")
+            parts.append(_html_table(self.fairness_rows(), FAIRNESS_COLUMNS))
         never = self.never_placed()
         if never:
             parts.append("<h2>Never placed</h2><pre>" + html.escape("\n".join(never)) + "</pre>")

@@ -67,7 +67,7 @@ policies: fill mode: random, spread (stock LeastAllocated), bestfit, fgd, icl;
           time mode on fractional devices: share:random, share:spread, share:bestfit, share:fgd, share:icl
           (the only ones with --nodes).
 outputs (in --out): fill_summary.csv, fill_runs.csv, time_summary.csv, time_jobs.csv,
-          metrics.json, *.png and report.html (self-contained).
+          time_fairness.csv, metrics.json, *.png and report.html (self-contained).
 """
 
 

@@ -77,6 +77,7 @@ from simulator.timebase import (
     Victim,
 )
 from topology import TopologyError
+from topology.fairness import QueueSample
 from topology.gpushare import GpuNodeSpec
 from topology.policy import PolicyName
 
@@ -147,6 +148,10 @@ class TimeResult:
     """Preemptions that took victims (one per preemptor's attempt)."""
     tiers: tuple[str, ...] = ()
     """The cluster's network tier keys, lowest first (topology policies)."""
+    queue_samples: list[QueueSample] = field(default_factory=list)
+    """After each event batch: healthy devices, devices held and devices waiting per queue (queued jobs
+    whole, running elastic gangs up to their maximum): the fairness measure's input
+    (:func:`topology.fairness.fairness_windows`)."""
     log: list[tuple[object, ...]] = field(default_factory=list)
     """Under the extender, with ``record``: every write to its cluster and every scheduling attempt with
     its answer, in order (:class:`simulator.extcluster.LocalAPI`)."""
@@ -544,12 +549,20 @@ class TimeRun:
             heapq.heappush(self.events, (at, next(self.seq), "wake", "", 0))
 
     def sample(self, t: float) -> None:
-        """Utilisation, queue length and per-queue share after the batch."""
+        """Utilisation, queue length and per-queue share after the batch; the devices each queue holds and
+        waits for."""
         c = self.c
         healthy = c.healthy_devices()
         util = (c.busy() / healthy) if healthy else 0.0
         share = {q: self.in_use[q] / (1000.0 * c.total) for q in self.queues}
         self.result.samples.append((t, min(1.0, util), sum(len(v) for v in self.queues.values()), share))
+        waiting = {q: sum(self.records[j].job.device_milli for j in jobs) / 1000.0 for q, jobs in self.queues.items()}
+        for jid, alloc in self.running.items():
+            job = self.records[jid].job
+            if jid in self.elastic and len(alloc.members) < job.gang:  # room it would grow into
+                waiting[job.queue] += (job.gang - len(alloc.members)) * _member_milli(job) / 1000.0
+        held = {q: n / 1000.0 for q, n in self.in_use.items()}
+        self.result.queue_samples.append(QueueSample(t, float(healthy), held, waiting))
 
     # ---------------------------------------------------------------- bookkeeping
 

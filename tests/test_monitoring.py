@@ -22,6 +22,7 @@ from tests.support.monitoring import (
     promql_metric_names,
     queried_names,
 )
+from topology.fairness import Window
 
 
 def registered_names() -> set[str]:
@@ -29,6 +30,7 @@ def registered_names() -> set[str]:
     extender = Metrics()
     extender.attach_state(lambda: {}, lambda: {})
     extender.attach_server(lambda: True, lambda: {})
+    extender.attach_fairness(lambda: Window(0.0, 600.0, 600.0, {"q": 600.0}, {"q": 600.0}))
     plugin = PluginMetrics()
     return exposed_names(extender.render().decode()) | exposed_names(plugin.render().decode())
 
@@ -88,6 +90,7 @@ def test_the_dashboard_covers_what_an_operator_asks() -> None:
         "kube_icl_gang_reservation_events_total",  # gang waits and outcomes
         "kube_icl_queue_dominant_share",  # queue shares
         "kube_icl_placement_mismatch_total",  # the placement audit
+        "kube_icl_fairness_error_percent",  # how far the queues are from their fair shares
     ):
         assert name in queried, name
 

@@ -18,7 +18,7 @@ from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.informer import Informer
-from scheduler.nodefit import FitMemory, FitTiers
+from scheduler.nodefit import FitTiers
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 from tests.support import cachereads
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
@@ -506,28 +506,6 @@ def test_a_held_back_pod_that_is_deleted_is_forgotten() -> None:
     c.api.pods.pop(("beta", "beta-next"))
     c.cache.delete_pod(held)
     assert not c.ext.decision.fits.held_back(uid)
-
-
-@given(st.lists(st.tuples(st.sampled_from("xyz"), st.sampled_from(["pass", "none", "hold", "gone"])), max_size=30))
-def test_fit_memory_holds_back_the_pods_held_since_their_latest_filter(ops: list[tuple[str, str]]) -> None:
-    """Checked against the answers replayed per pod: held back iff a hold-back came after its latest
-    filter and deletion; found none iff its latest filter (since its deletion) found none."""
-    memory = FitMemory()
-    for uid, op in ops:
-        if op == "hold":
-            memory.hold(uid)
-        elif op == "gone":
-            memory.forget(uid)
-        else:
-            memory.note(uid, op == "pass")
-    for uid in "xyz":
-        mine = [op for u, op in ops if u == uid]
-        if "gone" in mine:
-            mine = mine[len(mine) - mine[::-1].index("gone") :]
-        filters = [i for i, op in enumerate(mine) if op in ("pass", "none")]
-        after = mine[filters[-1] + 1 :] if filters else mine
-        assert memory.held_back(uid) == ("hold" in after)
-        assert memory.found_none(uid) == (bool(filters) and mine[filters[-1]] == "none")
 
 
 def test_a_pod_our_filter_found_no_node_for_holds_nobody_back() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from simulator.clusterspec import cluster_from_mapping
 from simulator.fill import run_fill
 from simulator.fracgen import builtin_frac_cluster, synthetic_tasks
@@ -73,3 +75,25 @@ def test_published_column_only_where_a_published_figure_applies(tmp_path: Path) 
     rows = {str(r["policy"]): r for r in paper.fill_rows()}
     assert rows["fgd"]["published"] == 4.77
     assert "published" in paper.tables() and "fidelity: fgd" in paper.tables()
+
+
+def test_the_fairness_windows_reach_the_csv_and_the_plot_and_add_up_to_the_table(tmp_path: Path) -> None:
+    """time_fairness.csv holds every window of every policy; its device-seconds per queue sum to the fair
+    share table's device-hours; the error plot is written and embedded."""
+    import csv
+
+    report = _report(tmp_path, published=False)
+    report.write_data()
+    rows = list(csv.DictReader((tmp_path / "time_fairness.csv").open()))
+    assert {r["policy"] for r in rows} == {"kubelet", "icl"}
+    table = {(str(r["policy"]), str(r["queue"])): r for r in report.fairness_rows()}
+    for (policy, queue), row in table.items():
+        mine = [r for r in rows if r["policy"] == policy]
+        assert sum(float(r[f"achieved_{queue}"]) for r in mine) / 3600.0 == pytest.approx(row["achieved_dh"])
+        assert sum(float(r[f"ideal_{queue}"]) for r in mine) / 3600.0 == pytest.approx(row["ideal_dh"])
+    assert max(float(r["error_pct"]) for r in rows if r["policy"] == "icl") == pytest.approx(
+        report.time_summaries["icl"].fair_err_max
+    )
+    written = report.write_plots()
+    assert tmp_path / "time_fairness.png" in written
+    assert "time_fairness.png" in report.write_html().read_text()

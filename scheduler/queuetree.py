@@ -1,0 +1,223 @@
+"""Hierarchical queues: a tree of queues with guaranteed quotas that lend idle devices and borrow them,
+in Kueue's words (cohorts, ``nominalQuota``, ``borrowingLimit``, ``lendingLimit``), and weighted
+dominant-resource fairness at every level. Pure functions, no I/O.
+
+A node of the tree is a queue; a node with children is also a *cohort* of them. Per device pool ``p``
+(a topology fingerprint, as :mod:`scheduler.fairshare`'s pools), each node has:
+
+- ``nominal``: devices guaranteed to its subtree (a cohort's own nominal adds to its children's);
+- ``lending_limit``: how much of its subtree's quota it lends to the rest of its parent's subtree
+  (absent: all of it). ``guaranteed = max(0, subtree_quota - lending_limit)`` stays its own;
+- ``borrowing_limit``: how much above its own lendable quota it may take from its parent's subtree
+  (absent: no limit).
+
+``subtree_quota(n) = nominal(n) + sum(subtree_quota(c) - guaranteed(c))`` over its children: what is
+pooled at ``n`` (a leaf: its nominal). A cohort's usage is what its children use beyond their
+guarantees, ``sum(max(0, used(c) - guaranteed(c)))``. How much more a queue may take
+(:func:`available`), as Kueue computes it: what is left of its guarantee, plus what its parent has
+available, capped by its borrowing limit; the root has what is left of its pooled quota.
+
+Which queue goes next (:func:`pick`): from the root down, among the children with a queue waiting
+below them, the one with the smallest weighted dominant share, where a child's share in pool ``p`` is
+what its subtree uses beyond its subtree's whole quota (it borrows) over what its parent pools from
+its children in ``p``, divided by its weight: a child within its quota has share 0 and goes first.
+
+Nothing here is enforced yet: the extender's fair share (:mod:`scheduler.fairshare`) still runs flat
+queues; this module is the tree's configuration and computation, tested on their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.config import ConfigError
+
+__all__ = ["QueueNode", "QueueTree", "available", "dominant_share", "parse_queue_tree", "pick"]
+
+Usage = Mapping[str, Mapping[str, int]]  # leaf queue -> pool -> devices held
+
+
+@dataclass(frozen=True, slots=True)
+class QueueNode:
+    """One queue of the tree; ``children`` empty: a leaf, the queue pods name."""
+
+    name: str
+    parent: str | None = None
+    weight: float = 1.0
+    nominal: Mapping[str, int] | None = None
+    borrowing_limit: Mapping[str, int] | None = None  # pool -> devices; a pool absent: no limit
+    lending_limit: Mapping[str, int] | None = None  # pool -> devices; a pool absent: lends all
+    children: tuple[str, ...] = ()
+
+    def quota(self, pool: str) -> int:
+        return (self.nominal or {}).get(pool, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTree:
+    """The queues by name; ``roots`` are the top cohorts (independent of each other)."""
+
+    nodes: Mapping[str, QueueNode]
+    roots: tuple[str, ...]
+
+    @property
+    def leaves(self) -> list[str]:
+        return sorted(n for n, node in self.nodes.items() if not node.children)
+
+    def pools(self) -> set[str]:
+        out: set[str] = set()
+        for node in self.nodes.values():
+            for m in (node.nominal, node.borrowing_limit, node.lending_limit):
+                out.update(m or {})
+        return out
+
+    def subtree(self, name: str) -> Iterator[str]:
+        yield name
+        for child in self.nodes[name].children:
+            yield from self.subtree(child)
+
+    # ------------------------------------------------------------------ quota per pool
+
+    def subtree_quota(self, name: str, pool: str) -> int:
+        """What is pooled at ``name``: its nominal and what its children lend."""
+        node = self.nodes[name]
+        return node.quota(pool) + sum(self.subtree_quota(c, pool) - self.guaranteed(c, pool) for c in node.children)
+
+    def total_quota(self, name: str, pool: str) -> int:
+        """Every nominal in the subtree of ``name``: the devices guaranteed to it as a whole."""
+        return sum(self.nodes[n].quota(pool) for n in self.subtree(name))
+
+    def guaranteed(self, name: str, pool: str) -> int:
+        """The part of its subtree's quota ``name`` does not lend."""
+        limit = (self.nodes[name].lending_limit or {}).get(pool)
+        return 0 if limit is None else max(0, self.subtree_quota(name, pool) - limit)
+
+    def used(self, name: str, pool: str, usage: Usage) -> int:
+        """A leaf's devices held; a cohort's: what its children hold beyond their guarantees."""
+        node = self.nodes[name]
+        if not node.children:
+            return usage.get(name, {}).get(pool, 0)
+        return sum(max(0, self.used(c, pool, usage) - self.guaranteed(c, pool)) for c in node.children)
+
+    def total_used(self, name: str, pool: str, usage: Usage) -> int:
+        """Every device held by a leaf of the subtree of ``name``."""
+        return sum(usage.get(n, {}).get(pool, 0) for n in self.subtree(name) if not self.nodes[n].children)
+
+    def borrowed(self, name: str, pool: str, usage: Usage) -> int:
+        """What the subtree of ``name`` holds beyond its whole quota (borrowed from outside it)."""
+        return max(0, self.total_used(name, pool, usage) - self.total_quota(name, pool))
+
+
+def available(tree: QueueTree, name: str, pool: str, usage: Usage) -> int:
+    """How many more devices of ``pool`` queue ``name`` may take now (Kueue's rule, see the module doc).
+
+    >>> t = parse_queue_tree([{"name": "org", "children": [
+    ...     {"name": "a", "nominalQuota": {"p": 8}}, {"name": "b", "nominalQuota": {"p": 8}}]}])
+    >>> available(t, "a", "p", {}), available(t, "a", "p", {"b": {"p": 6}})
+    (16, 10)
+    """
+    node = tree.nodes[name]
+    used = tree.used(name, pool, usage)
+    if node.parent is None:
+        return max(0, tree.subtree_quota(name, pool) - used)
+    guaranteed = tree.guaranteed(name, pool)
+    local = max(0, guaranteed - used)
+    from_parent = available(tree, node.parent, pool, usage)
+    limit = (node.borrowing_limit or {}).get(pool)
+    if limit is not None:
+        stored = tree.subtree_quota(name, pool) - guaranteed  # what it lends to its parent's pool
+        in_parent = max(0, used - guaranteed)  # what it takes from its parent's pool
+        from_parent = min(from_parent, max(0, stored - in_parent + limit))
+    return local + from_parent
+
+
+def dominant_share(tree: QueueTree, name: str, usage: Usage) -> float:
+    """``name``'s weighted dominant share among its siblings: per pool, what its subtree borrows over what
+    its parent pools from its children, the largest, divided by its weight (0 within its quota)."""
+    node = tree.nodes[name]
+    siblings = tree.nodes[node.parent].children if node.parent is not None else tree.roots
+    best = 0.0
+    for pool in sorted(tree.pools() | {p for q in usage.values() for p in q}):
+        pooled = sum(tree.subtree_quota(s, pool) - tree.guaranteed(s, pool) for s in siblings)
+        borrowed = tree.borrowed(name, pool, usage)
+        if borrowed > 0:
+            best = max(best, borrowed / pooled if pooled > 0 else float("inf"))
+    return best / node.weight
+
+
+def pick(tree: QueueTree, usage: Usage, waiting: Collection[str]) -> str | None:
+    """The leaf queue of ``waiting`` that goes next: from the roots down, the child with a waiting leaf
+    below it and the smallest weighted dominant share (then by name); ``None`` when nothing waits."""
+    level: tuple[str, ...] = tree.roots
+    while True:
+        live = [n for n in level if any(leaf in waiting for leaf in tree.subtree(n))]
+        if not live:
+            return None
+        chosen = min(live, key=lambda n: (dominant_share(tree, n, usage), n))
+        if not tree.nodes[chosen].children:
+            return chosen
+        level = tree.nodes[chosen].children
+
+
+# ---------------------------------------------------------------------- configuration
+
+
+def _devices(raw: Any, where: str) -> dict[str, int]:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of device pool to devices, got {raw!r}")
+    out = {}
+    for pool, n in raw.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"{where}.{pool}: expected a whole number of devices >= 0, got {n!r}")
+        out[str(pool)] = n
+    return out
+
+
+_NODE_KEYS = {"name", "weight", "nominalQuota", "borrowingLimit", "lendingLimit", "children"}
+
+
+def parse_queue_tree(raw: Any) -> QueueTree:
+    """The tree of ``queueTree`` (a list of root nodes, each ``{name, weight, nominalQuota,
+    borrowingLimit, lendingLimit, children}``); an error names the node's path, the key and the value.
+
+    >>> parse_queue_tree([{"name": "org", "children": [{"name": "a"}]}]).leaves
+    ['a']
+    """
+    nodes: dict[str, QueueNode] = {}
+
+    def read(item: Any, where: str, parent: str | None) -> str:
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {item!r}")
+        unknown = set(item) - _NODE_KEYS
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(_NODE_KEYS))}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}.name: expected a non-empty string, got {name!r}")
+        if name in nodes:
+            raise ConfigError(f"{where}.name: queue {name!r} appears twice in the tree")
+        weight = item.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+            raise ConfigError(f"{where}.weight: expected a number > 0, got {weight!r}")
+        nodes[name] = QueueNode(name, parent)  # placeholder: claims the name before the children read
+        raw_children = item.get("children", [])
+        if not isinstance(raw_children, list):
+            raise ConfigError(f"{where}.children: expected a list, got {raw_children!r}")
+        children = tuple(read(c, f"{where}.children[{i}]", name) for i, c in enumerate(raw_children))
+        nodes[name] = QueueNode(
+            name,
+            parent,
+            float(weight),
+            _devices(item.get("nominalQuota", {}), f"{where}.nominalQuota"),
+            _devices(item.get("borrowingLimit", {}), f"{where}.borrowingLimit"),
+            _devices(item.get("lendingLimit", {}), f"{where}.lendingLimit"),
+            children,
+        )
+        return name
+
+    if not isinstance(raw, list):
+        raise ConfigError(f"queueTree: expected a list of queues, got {raw!r}")
+    roots = tuple(read(item, f"queueTree[{i}]", None) for i, item in enumerate(raw))
+    return QueueTree(nodes, roots)
