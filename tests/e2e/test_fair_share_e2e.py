@@ -2,11 +2,15 @@
 
 Four mesh:2x4 kwok nodes (32 devices, topologies published by the plugin's
 publisher) and ``icl extender`` (a subprocess) with ``queues: {a: {weight: 1},
-b: {weight: 3}}``. Each queue submits enough single-device pods to fill the
-whole cluster on its own. The pods are created behind a scheduling gate and
-released interleaved, so both queues wait from the start; kube-scheduler
-(shipped config) then fills the cluster through the extender's weighted
-dominant-resource fairness.
+b: {weight: 3}}``. Four whole-node pods of a third queue fill the cluster; each
+queue then submits enough single-device pods to fill the whole cluster on its
+own, and every one of them is tried and found no node. So both queues wait when
+the whole-node pods end; kube-scheduler (shipped config) then refills the
+cluster through the extender's weighted dominant-resource fairness.
+
+A pod behind another controller's scheduling gate waits for that controller,
+not for devices, and holds no queue back: gated pods released one by one are
+not both queues waiting from the start (the first released take the cluster).
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ pytestmark = pytest.mark.e2e
 
 NODES = 4
 DEVICES = NODES * 8
-GATE = "kube-icl.io/e2e-hold"
 
 
 @dataclass
@@ -81,6 +84,20 @@ def test_queues_weighted_one_to_three_share_a_full_cluster_about_one_to_three(
     control_plane: ControlPlane, cluster: Cluster, namespace: str
 ) -> None:
     qa, qb = cluster.queues
+    blockers = [
+        pod_body(
+            f"whole-{i}",
+            8,
+            "mesh:2x4",
+            selector=node_labels(cluster.label),
+            annotations={"kube-icl.io/queue": f"{cluster.label}-whole"},
+        )
+        for i in range(NODES)
+    ]
+    create_pods(control_plane, namespace, blockers)
+    wait_for(
+        lambda: len(bound_pods(control_plane, namespace)) == NODES, what="whole-node pods on every node", timeout=120
+    )
     bodies: list[dict[str, Any]] = []
     for i in range(DEVICES):  # each queue alone could fill the cluster
         for queue in (qa, qb):
@@ -91,21 +108,21 @@ def test_queues_weighted_one_to_three_share_a_full_cluster_about_one_to_three(
                     "any",
                     selector=node_labels(cluster.label),
                     annotations={"kube-icl.io/queue": queue},
-                    gates=[GATE],
                 )
             )
     create_pods(control_plane, namespace, bodies)
-    wait_for(
-        lambda: len(list_pods(control_plane, namespace)) == len(bodies) and cluster.extender.debug_state()["synced"],
-        what="all pods created",
-    )
-    for body in bodies:  # a, b, a, b, ...: release the gate
-        control_plane.core.patch_namespaced_pod(
-            body["metadata"]["name"], namespace, {"spec": {"schedulingGates": None}}
-        )
+    names = {body["metadata"]["name"] for body in bodies}
+
+    def all_waiting() -> bool:
+        waiting = [p for p in list_pods(control_plane, namespace) if p.metadata.name in names]
+        return len(waiting) == len(bodies) and all(rejected(p) and not p.spec.node_name for p in waiting)
+
+    wait_for(all_waiting, what="every pod of both queues tried and found no node", timeout=120)
+    for body in blockers:  # room frees: both queues wait for it
+        control_plane.core.delete_namespaced_pod(body["metadata"]["name"], namespace, grace_period_seconds=0)
 
     def full_and_settled() -> dict[str, Any] | None:
-        pods = list_pods(control_plane, namespace)
+        pods = [p for p in list_pods(control_plane, namespace) if p.metadata.name in names]
         bound = bound_pods(control_plane, namespace, pods)
         if len(bound) < DEVICES:
             return None
