@@ -1,6 +1,6 @@
 """Backfill onto the devices a collecting gang holds: which pods may use them, and lending them at bind.
 
-A collecting gang (:mod:`scheduler.gangbook`, ``collecting``) holds each device of its target as it is freed.
+A collecting gang (:mod:`scheduler.gangholds`, ``collecting``) holds each device of its target as it is freed.
 A pod that is no member of it may use held devices only when it states its runtime and ends before the
 gang's expected start (:func:`topology.backfill.may_backfill`): the latest stated end among the pods still
 holding the target's other devices (:func:`topology.backfill.expected_start`). :class:`Backfill` answers the
@@ -101,4 +101,4 @@ class Backfill:
         with self.cache.lock:
             for _res, slot in self._held():
                 if slot.node == node and taken & set(slot.held):
-                    self.book.release_held(slot, taken)
+                    self.book.holds.release_held(slot, taken)

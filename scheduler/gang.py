@@ -201,8 +201,8 @@ class GangManager:
                     return None, (
                         f"gang {gang.name!r} members disagree: reserved for {res.shape}, this pod asks for {shape}"
                     )
-                if self.book.waiting():
-                    self.book.settle()
+                if self.book.holds.waiting():
+                    self.book.holds.settle()
                 if res.collecting:
                     return self._collect(info, shape, res.size, candidates, now, res)
                 nodes = res.open_nodes(info.uid, rank)

@@ -6,7 +6,9 @@ bind, each a node and its exact devices, reserved in the cache under owners ``ga
 node (:meth:`GangBook.claim`: unreserve + assume, under the cache lock) and a failed bind gives it
 back (:meth:`GangBook.unclaim`). A reservation ends when every slot is claimed and confirmed, when
 its deadline passes (:meth:`GangBook.sweep`), or when its gang fails (:meth:`GangBook.release`);
-its unclaimed slots' devices are free again.
+its unclaimed slots' devices are free again. A slot whose devices are still held when it is reserved (by a
+whole-gang preemption's victims, or the pods on a collecting gang's target) waits; how it comes to hold
+them is :class:`scheduler.gangholds.GangHolds`' (the book's ``holds``), and what a gang holds is read here.
 
 The book keeps the reservations' records in the API server (:class:`scheduler.gangrecords.GangRecords`):
 one is written before a gang's first member binds (:meth:`GangBook.unrecorded`, :meth:`GangBook.recorded`)
@@ -23,19 +25,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from scheduler.cache import ClusterCache, PodChange
+from scheduler.cache import ClusterCache
+from scheduler.gangholds import COLLECT_EXPIRY_S, GangHolds
 from scheduler.gangrecords import GangRecords, Reservation, Slot
 from scheduler.host import Host
 from scheduler.podspec import PodInfo, Rank
 from scheduler.wire import Record
 from topology import AllocationError, GangPlacement, Shape, TopologyError
 
-__all__ = ["COLLECT_EXPIRY_S", "GangBook"]
-
-COLLECT_EXPIRY_S = 86_400.0
-"""A collecting gang's reservation lasts while the gang has pods; its record expires this long after it was
-written, so a record of a gang that went while no replica led does not stay for ever."""
-
+__all__ = ["GangBook"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +61,8 @@ class GangBook:
         # a member's rank (the gang core's, which resolves a JobSet member's from its gang's roles)
         self.rank_of: Callable[[PodInfo], Rank | None] = lambda info: info.rank
         cache.on_reservation_taken(self._slot_taken)
-        cache.on_pod_change(self._pod_changed)
+        # how waiting slots come to hold their devices: a preemption's victims gone, a collecting gang's freed
+        self.holds = GangHolds(cache, self.reservations, timeout_s, host, wall=wall)
 
     def tell(self, call: Callable[[], None]) -> None:
         """Tell the host (or the records) once the cache lock is released; now when it is not held. The gang
@@ -153,8 +152,9 @@ class GangBook:
         rank is a slot's number takes that slot. The reservation waits ``timeout_s`` for its members
         (default: the book's). ``waiting``: a slot whose devices are still held (by the victims of a
         whole-gang preemption) waits for them instead, and is reserved in the cache as soon as they are
-        free (:meth:`settle`). ``collecting``: the gang collects (every slot whose devices are not all free
-        waits, holding those that are, and each further one as it is freed), for as long as it has pods."""
+        free (:meth:`scheduler.gangholds.GangHolds.settle`). ``collecting``: the gang collects (every slot
+        whose devices are not all free waits, holding those that are, and each further one as it is freed),
+        for as long as it has pods."""
         waiting = waiting or collecting
         wait = COLLECT_EXPIRY_S if collecting else self.timeout_s if timeout_s is None else timeout_s
         gang = info.gang
@@ -175,7 +175,7 @@ class GangBook:
                             raise
                         slot.waiting = True
                         if collecting:
-                            self._hold(slot)
+                            self.holds.hold(slot)
                         continue
                     done.append(slot)
             except (AllocationError, TopologyError) as exc:
@@ -197,7 +197,7 @@ class GangBook:
             )
             self.reservations[gang.key] = res
             if collecting and not any(s.waiting for s in slots):
-                self._collected(res)
+                self.holds.collected(res)
             log.info(
                 "gang %s: reserved %d slots on %s%s",
                 gang.key,
@@ -207,84 +207,6 @@ class GangBook:
             )
             self.event("reserved", gang.key)
             return res, ""
-
-    def settle(self) -> int:
-        """Reserve in the cache the waiting slots whose devices are free now (the victims gone); how many. A
-        collecting gang's waiting slot holds each of its devices that is free now; once every slot is held,
-        the gang stops collecting and its members have the gang timeout to bind."""
-        settled = 0
-        with self.cache.lock:
-            for res in self.reservations.values():
-                for slot in res.slots:
-                    if not slot.waiting:
-                        continue
-                    if res.collecting:
-                        settled += self._hold(slot)
-                        continue
-                    try:
-                        self.cache.reserve(slot.owner, slot.node, slot.devices)
-                    except (AllocationError, TopologyError):
-                        continue
-                    slot.waiting = False
-                    settled += 1
-                    log.info("gang %s: slot %s on %s reserved, its victims are gone", res.key, slot.owner, slot.node)
-                if res.collecting and not any(s.waiting for s in res.slots):
-                    self._collected(res)
-        return settled
-
-    def _hold(self, slot: Slot) -> int:
-        """Hold for a collecting gang's waiting ``slot`` every one of its devices that is free now (lock held):
-        1 when the slot is then held whole (it waits no more), else 0."""
-        view, _why = self.cache.nodes.node_view(slot.node)
-        if view is None:
-            return 0
-        have = set(slot.held) | (view.free & set(slot.devices))
-        if len(have) == len(slot.held):
-            return 0
-        self.cache.unreserve(slot.owner, slot.node)
-        whole = len(have) == len(slot.devices)
-        held = slot.devices if whole else tuple(d for d in slot.devices if d in have)
-        try:
-            self.cache.reserve(slot.owner, slot.node, held)
-        except AllocationError as exc:  # internal error: the view said they were free; hold what it held
-            log.warning("slot %s on %s: cannot hold %s: %s", slot.owner, slot.node, ",".join(held), exc)
-            if slot.held:
-                self.cache.reserve(slot.owner, slot.node, slot.held)
-            return 0
-        slot.held, slot.waiting = ((), False) if whole else (held, True)
-        return int(whole)
-
-    def release_held(self, slot: Slot, devices: Iterable[str]) -> None:
-        """Let go of ``devices`` of a collecting gang's waiting ``slot`` (lock held): a pod that ends before
-        the gang's expected start takes them (backfill); the slot holds them again once they are freed."""
-        gone = set(devices)
-        keep = tuple(d for d in slot.held if d not in gone)
-        if len(keep) == len(slot.held):
-            return
-        self.cache.unreserve(slot.owner, slot.node)
-        if keep:
-            self.cache.reserve(slot.owner, slot.node, keep)
-        slot.held = keep
-
-    def _collected(self, res: Reservation) -> None:
-        """Every slot of collecting ``res`` is held (lock held): its members now have the gang timeout to bind."""
-        res.collecting = False
-        res.deadline = self.cache.clock() + self.timeout_s
-        res.expires_at = self.wall() + self.timeout_s
-        log.info("gang %s: collected every slot in %s; its members bind now", res.key, res.domain or "the cluster")
-        self.event("collected", res.key)
-
-    def waiting(self) -> bool:
-        """Whether some slot waits for preemption victims, or a collecting gang's holders, to go (lock held)."""
-        return any(s.waiting for res in self.reservations.values() for s in res.slots)
-
-    def _pod_changed(self, change: PodChange) -> None:
-        """A pod that let go of devices may free a waiting slot's: reserve it before anyone else's filter."""
-        if not self.reservations:
-            return  # the common case, read without the lock: every pod event comes through here
-        with self.cache.lock:
-            if self.waiting():
-                self.settle()
 
     def claim(self, info: PodInfo, node: str) -> Slot | None:
         """Take this member's slot on ``node`` and hold its devices for the pod; None if it has none."""
@@ -423,8 +345,8 @@ class GangBook:
         """Release reservations that are complete or past their deadline; returns the expired keys."""
         expired = []
         with self.cache.lock:
-            if self.waiting():
-                self.settle()
+            if self.holds.waiting():
+                self.holds.settle()
             for res in list(self.reservations.values()):
                 claimed = [s for s in res.slots if s.pod_uid]
                 if len(claimed) == len(res.slots) and not any(self.cache.pods.is_assumed(s.pod_uid) for s in claimed):
@@ -529,7 +451,7 @@ class GangBook:
                         continue
                     slot.waiting = True  # its preemption victims, or a collecting gang's holders, are still going
                     if record.collecting:
-                        self._hold(slot)
+                        self.holds.hold(slot)
             slots.append(slot)
         return Reservation(
             key=key,
