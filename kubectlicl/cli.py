@@ -83,8 +83,9 @@ def _fraction(text: str) -> float:
     return f
 
 
-# the commands whose answer depends on the queues' weights and quotas: they say on stderr when the extender's
-# config could not be read (its queues then come from --queue and --default-queue-weight)
+# the commands whose answer depends on the queues' weights and quotas: they take --queue and
+# --default-queue-weight, and say on stderr when the extender's config could not be read (its queues then
+# come from those flags)
 QUOTA_COMMANDS = ("queues", "why", "snapshot", "whatif")
 
 # The options every command takes, before or after the command's name: their defaults are SUPPRESS in
@@ -148,9 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
-    nodes = sub.add_parser(
+
+    def command(name: str, **kw: Any) -> argparse.ArgumentParser:
+        """Subcommand ``name`` with the options every command takes, and the queue flags when its answer
+        depends on the queues (:data:`QUOTA_COMMANDS`)."""
+        return sub.add_parser(name, parents=[common, queue_flags] if name in QUOTA_COMMANDS else [common], **kw)
+
+    nodes = command(
         "nodes",
-        parents=[common],
         help="every node's chips (busy, reserved, unhealthy, free) with the pods holding them",
         description="Every node that publishes a kube-icl topology: its chips in device order (a letter per pod "
         "holding one, + reserved for a gang, x unhealthy, · free), the largest free ring and linked group, its link "
@@ -163,9 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--tiers", help="network tier label keys, lowest first, or a preset (default: the extender's `tiers`)"
     )
     nodes.add_argument("--all", action="store_true", help="also list nodes without a kube-icl topology")
-    gangs = sub.add_parser(
+    gangs = command(
         "gangs",
-        parents=[common],
         help="gangs: members bound and pending, sizes, reservations and their expiry",
         description="Every gang with a member pod or a reservation record: its size (min-max when elastic), members "
         "bound and pending, the shape each member asks, its queue and required tier, and the reservation Lease "
@@ -175,17 +180,15 @@ def build_parser() -> argparse.ArgumentParser:
     gangs.add_argument(
         "--lease-namespace", default="", help="where the reservation Leases are (default: the extender's, else all)"
     )
-    sub.add_parser(
+    command(
         "queues",
-        parents=[common, queue_flags],
         help="queues: weight, quota, devices held, dominant share, pending pods",
         description="Every configured queue and every queue a pod names: weight and quota (the extender's config), "
         "devices its pods hold per pool, the weighted dominant share the extender's fair share compares, and its "
         "pending pods.",
     )
-    why = sub.add_parser(
+    why = command(
         "why",
-        parents=[common, queue_flags],
         help="why a pod waits: the extender's answer per class of nodes, and what would let it run",
         description="Runs the extender's own decision (its cache and cycle, in this process, writing nothing) over "
         "the nodes, pods and gang reservations the API server shows, for this pod: the nodes it fits now, the "
@@ -193,9 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     why.add_argument("pod", metavar="POD", help="the pod's name")
     why.add_argument("-n", "--namespace", default="default", help="the pod's namespace (default: default)")
-    snapshot = sub.add_parser(
+    snapshot = command(
         "snapshot",
-        parents=[common, queue_flags],
         help="the extender's state as one versioned file (nodes, pods, gang records, config): YAML, or -o json",
         description="Writes what the extender knows of the cluster (its config, the nodes with their topology and "
         "labels, the pods running and pending, the gang reservation records, and a summary of who holds which "
@@ -206,9 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument(
         "--anonymize", action="store_true", help="replace node, pod, namespace, gang and queue names by stable hashes"
     )
-    whatif = sub.add_parser(
+    whatif = command(
         "whatif",
-        parents=[common, queue_flags],
         help="if these pods were submitted now: where they would go, whom they would preempt, when they would start",
         description="Reads the cluster as `why` does and writes nothing. Now: the extender's own cycle, in this "
         "process, for each pod of the file in order (a Pod, a Job's pods, a gang of pods with kube-icl annotations, "
@@ -268,6 +269,12 @@ def _print_doc(doc: dict[str, Any], output: str) -> None:
         print(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), end="")
 
 
+def _error(message: str) -> int:
+    """Say ``message`` as kubectl says a failure (``error: ...``, one line on stderr); the exit code to return."""
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
 def _warn(lines: Sequence[str]) -> None:
     for line in lines:
         print(f"warning: {line}", file=sys.stderr)
@@ -288,16 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         reader = Reader(args.kubeconfig, args.context)
     except ClusterError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return _error(str(exc))
     try:
         return _run(args, reader)
-    except ClusterError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    except (ClusterError, OSError) as exc:
+        return _error(str(exc))
     finally:
         reader.close()
 
@@ -325,8 +327,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
             try:
                 tiers = parse_tiers(args.tiers if args.tiers in ("topograph", "gke", "eks") else args.tiers.split(","))
             except TopologyError as exc:
-                print(f"error: --tiers: {exc}", file=sys.stderr)
-                return EXIT_ERROR
+                return _error(f"--tiers: {exc}")
         nodes = reader.nodes(args.selector)
         leases, lease_warnings = _leases(reader, cfg, settings.source, "")
         state = read_state(cfg, nodes, reader.pods(), leases, now=now)
@@ -386,10 +387,7 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
             None,
         )
         if target is None:
-            print(
-                f'error: pods "{args.pod}" not found in namespace {args.namespace} (or it has ended)', file=sys.stderr
-            )
-            return EXIT_ERROR
+            return _error(f'pods "{args.pod}" not found in namespace {args.namespace} (or it has ended)')
         leases, lease_warnings = _leases(reader, cfg, settings.source, "")
         state = read_state(cfg, reader.nodes(), raw_pods, leases, now=now)
         _warn([*state.warnings, *lease_warnings])
@@ -469,22 +467,19 @@ def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: f
         with open(path, encoding="utf-8") as f:
             found = [d for d in yaml.safe_load_all(f) if isinstance(d, dict) and d.get("kind") in RUNTIME_KINDS]
         if not found:
-            print(f"error: {path}: no {' or '.join(RUNTIME_KINDS)} in it", file=sys.stderr)
-            return EXIT_ERROR
+            return _error(f"{path}: no {' or '.join(RUNTIME_KINDS)} in it")
         runtimes += found
     try:
         submitted = read_file(text, args.filename, args.namespace, now, classes, runtimes)
     except WhatIfError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return _error(str(exc))
     new = submitted.pods
     raw_pods = reader.pods()
     listed = {f"{p['metadata'].get('namespace')}/{p['metadata'].get('name')}" for p in raw_pods}
     clash = [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in new]
     clash = [key for key in clash if key in listed]
     if clash:
-        print(f"error: {args.filename}: pod {clash[0]} exists in the cluster already", file=sys.stderr)
-        return EXIT_ERROR
+        return _error(f"{args.filename}: pod {clash[0]} exists in the cluster already")
     nodes = reader.nodes()
     leases, lease_warnings = _leases(reader, cfg, source, "")
     decided = decide_now(cfg, nodes, raw_pods, leases, new, now=now, owners=submitted.owners)

@@ -25,6 +25,7 @@ __all__ = ["ClusterError", "ExtenderSettings", "Reader", "extender_settings"]
 EXTENDER_SELECTOR = "app.kubernetes.io/part-of=kube-icl,app.kubernetes.io/component=extender"
 EXTENDER_KEY = "extender.yaml"
 TIMEOUT_S = 30
+PAGE_SIZE = 500  # items per page of a list request
 
 
 class ClusterError(Exception):
@@ -66,6 +67,19 @@ def _api_error(exc: Any, what: str) -> ClusterError:
     if status == 404:
         return ClusterError(f"{what}: not found{': ' + message if message else ''}", 404)
     return ClusterError(f"{what}: {status} {reason}{': ' + message if message else ''}", status)
+
+
+def _page(token: str | None, **query: Any) -> dict[str, Any]:
+    """The arguments of one page of a list request: ``query`` (its selectors), the page's size and continue
+    token, the body left as raw JSON (decoded by :meth:`Reader._request`) and the timeout."""
+    return {**query, "limit": PAGE_SIZE, "_continue": token, "_preload_content": False, "_request_timeout": TIMEOUT_S}
+
+
+def _scoped(
+    namespace: str, namespaced: Callable[..., Any], everywhere: Callable[..., Any], kw: Mapping[str, Any]
+) -> Any:
+    """A list request in ``namespace`` (``namespaced``), or in every namespace (``everywhere``) when it is ""."""
+    return namespaced(namespace, **kw) if namespace else everywhere(**kw)
 
 
 class Reader:
@@ -121,13 +135,7 @@ class Reader:
         from kubernetes import client
 
         def call(api: Any, token: str | None) -> Any:
-            return client.CoreV1Api(api).list_node(
-                label_selector=selector or None,
-                limit=500,
-                _continue=token,
-                _preload_content=False,
-                _request_timeout=TIMEOUT_S,
-            )
+            return client.CoreV1Api(api).list_node(**_page(token, label_selector=selector or None))
 
         return self._list("list nodes", call)
 
@@ -139,16 +147,8 @@ class Reader:
 
         def call(api: Any, token: str | None) -> Any:
             core = client.CoreV1Api(api)
-            kw: dict[str, Any] = {
-                "field_selector": selector,
-                "limit": 500,
-                "_continue": token,
-                "_preload_content": False,
-                "_request_timeout": TIMEOUT_S,
-            }
-            if namespace:
-                return core.list_namespaced_pod(namespace, **kw)
-            return core.list_pod_for_all_namespaces(**kw)
+            kw = _page(token, field_selector=selector)
+            return _scoped(namespace, core.list_namespaced_pod, core.list_pod_for_all_namespaces, kw)
 
         return self._list(f"list pods{' in ' + namespace if namespace else ''}", call)
 
@@ -158,16 +158,8 @@ class Reader:
 
         def call(api: Any, token: str | None) -> Any:
             coord = client.CoordinationV1Api(api)
-            kw: dict[str, Any] = {
-                "label_selector": RECORD_LABEL,
-                "limit": 500,
-                "_continue": token,
-                "_preload_content": False,
-                "_request_timeout": TIMEOUT_S,
-            }
-            if namespace:
-                return coord.list_namespaced_lease(namespace, **kw)
-            return coord.list_lease_for_all_namespaces(**kw)
+            kw = _page(token, label_selector=RECORD_LABEL)
+            return _scoped(namespace, coord.list_namespaced_lease, coord.list_lease_for_all_namespaces, kw)
 
         where = f" in {namespace}" if namespace else ""
         return self._list(f"list leases -l {RECORD_LABEL}{where}", call)
@@ -178,9 +170,7 @@ class Reader:
         from kubernetes import client
 
         def call(api: Any, token: str | None) -> Any:
-            return client.SchedulingV1Api(api).list_priority_class(
-                limit=500, _continue=token, _preload_content=False, _request_timeout=TIMEOUT_S
-            )
+            return client.SchedulingV1Api(api).list_priority_class(**_page(token))
 
         return self._list("list priorityclasses", call)
 
@@ -189,16 +179,8 @@ class Reader:
 
         def call(api: Any, token: str | None) -> Any:
             core = client.CoreV1Api(api)
-            kw: dict[str, Any] = {
-                "label_selector": EXTENDER_SELECTOR,
-                "limit": 500,
-                "_continue": token,
-                "_preload_content": False,
-                "_request_timeout": TIMEOUT_S,
-            }
-            if namespace:
-                return core.list_namespaced_config_map(namespace, **kw)
-            return core.list_config_map_for_all_namespaces(**kw)
+            kw = _page(token, label_selector=EXTENDER_SELECTOR)
+            return _scoped(namespace, core.list_namespaced_config_map, core.list_config_map_for_all_namespaces, kw)
 
         return self._list(f"list configmaps -l {EXTENDER_SELECTOR}", call)
 
