@@ -578,7 +578,8 @@ class RestKubeAPI:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
-    def get_cluster_object(self, path: str) -> JsonObj | None:
+    def _get(self, path: str) -> JsonObj | None:
+        """GET ``path``; None when the API server answers 404 (no such object, or no such API)."""
         try:
             obj: JsonObj = self._request("GET", path)
         except KubeError as exc:
@@ -586,6 +587,9 @@ class RestKubeAPI:
                 return None
             raise
         return obj
+
+    def get_cluster_object(self, path: str) -> JsonObj | None:
+        return self._get(path)
 
     def list_objects(self, path: str) -> builtins.list[JsonObj]:
         """Every object of the collection at ``path`` (a custom resource's, all namespaces), page by page."""
@@ -650,13 +654,7 @@ class RestKubeAPI:
                 conn.close()
 
     def get_pod(self, namespace: str, name: str) -> JsonObj | None:
-        try:
-            pod: JsonObj = self._request("GET", f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}")
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return pod
+        return self._get(f"/api/v1/namespaces/{_q(namespace)}/pods/{_q(name)}")
 
     def bind_pod(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
@@ -695,24 +693,14 @@ class RestKubeAPI:
 
     def read_group(self, kind: str, namespace: str, name: str, pod_group: str = "") -> GroupSpec | None:
         for template in GROUP_PATHS.get(kind, ()):
-            try:
-                obj = self._request("GET", template.format(ns=_q(namespace), name=_q(name)))
-            except KubeError as exc:
-                if exc.status == 404:
-                    continue  # not this API version (or not this object): try the next
-                raise
+            # None (404): not this API version, or no such object: the next one is tried
+            obj = self._get(template.format(ns=_q(namespace), name=_q(name)))
             if isinstance(obj, dict):
                 return group_spec(kind, obj, pod_group)
         return None
 
     def get_lease(self, namespace: str, name: str) -> JsonObj | None:
-        try:
-            lease: JsonObj = self._request("GET", f"{_LEASES.format(ns=_q(namespace))}/{_q(name)}")
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return lease
+        return self._get(f"{_LEASES.format(ns=_q(namespace))}/{_q(name)}")
 
     def create_lease(self, namespace: str, lease: JsonObj) -> JsonObj:
         out: JsonObj = self._request("POST", _LEASES.format(ns=_q(namespace)), lease)
