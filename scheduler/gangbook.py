@@ -102,8 +102,7 @@ class GangBook:
             for res in self.reservations.values():
                 for slot in res.slots:
                     if not slot.pod_uid and self.cache.nodes.is_reserved(slot.owner, slot.node):
-                        held = slot.held if slot.waiting else slot.devices
-                        out.update({(slot.node, d): res.key for d in held})
+                        out.update({(slot.node, d): res.key for d in slot.reserved})
         return out
 
     def held_for(self, key: str) -> dict[str, set[str]]:
@@ -112,7 +111,7 @@ class GangBook:
         out: dict[str, set[str]] = {}
         if res is not None and res.collecting:
             for slot in res.slots:
-                out.setdefault(slot.node, set()).update(slot.held if slot.waiting else slot.devices)
+                out.setdefault(slot.node, set()).update(slot.reserved)
         return out
 
     def collecting(self, key: str) -> str:

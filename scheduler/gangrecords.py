@@ -57,6 +57,12 @@ class Slot:
         _owner, sep, number = self.owner.rpartition("#")
         return int(number) if sep and number.isdigit() else -1
 
+    @property
+    def reserved(self) -> tuple[str, ...]:
+        """The devices reserved in the cache under its owner until a member claims it: all of them, or while
+        it waits only those held so far (none for a slot that waits for preemption victims)."""
+        return self.held if self.waiting else self.devices
+
 
 @dataclass(slots=True)
 class Reservation:
