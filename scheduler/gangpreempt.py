@@ -14,7 +14,7 @@ room for *all* its missing members, so when kube-scheduler asks about one of the
    keeps its minimum. PodDisruptionBudgets are read through the host and counted as kube-scheduler
    counts them. When no set frees them all, nobody is evicted.
 2. The gang's slots (each member's exact devices once the victims are gone) are reserved in the gang
-   book at once, those still held by victims *waiting* (:meth:`scheduler.gangbook.GangBook.settle`
+   book at once, those still held by victims *waiting* (:meth:`scheduler.gangholds.GangHolds.settle`
    reserves them as the victims go, before anyone else's filter); the reservation's record is
    written before the answer, so it survives a failover like any other reservation.
 3. The answer names one node (the member's own slot when it has a rank; else one kube-scheduler
