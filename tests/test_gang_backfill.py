@@ -296,6 +296,7 @@ def test_held_devices_never_go_to_a_pod_that_outlives_the_gangs_expected_start(
         pod = _pod(c, f"p{i}", 4, **extra)
         if c.schedule(pod) is None:
             continue
+        pod = c.api.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])]  # as bound: node, devices
         pod["status"] = {"phase": "Running", "startTime": _started(0)}
         c.add(pod)
         node, devices = c.devices(pod)
