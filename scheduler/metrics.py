@@ -91,20 +91,20 @@ class _ServerCollector:
 
 
 class _FairnessCollector:
-    """The last closed window of the fairness measure, read when scraped."""
+    """The last closed window of the fairness measure, read when scraped. Both families are offered from
+    the start (no sample until the first window closes), so a dashboard or alert that queries them finds
+    them on a fresh extender."""
 
     def __init__(self, last: Callable[[], Window | None]) -> None:
         self._last = last
 
     def collect(self) -> Iterator[Any]:
         window = self._last()
-        if window is None:
-            return
-        yield GaugeMetricFamily(
+        error = GaugeMetricFamily(
             "kube_icl_fairness_error_percent",
             "Device-time that went to the wrong queue or idle while a queue waited, against weighted max-min "
             "fair shares, in the last closed window, % of the cluster's",
-            value=window.error_pct,
+            labels=[],
         )
         devices = GaugeMetricFamily(
             "kube_icl_queue_fair_share_devices",
@@ -112,10 +112,13 @@ class _FairnessCollector:
             "closed window",
             labels=["queue", "kind"],
         )
-        span = window.end - window.start
-        for queue in sorted(set(window.achieved) | set(window.ideal)):
-            for kind, values in (("achieved", window.achieved), ("ideal", window.ideal)):
-                devices.add_metric([queue, kind], values.get(queue, 0.0) / span if span > 0 else 0.0)
+        if window is not None:
+            error.add_metric([], window.error_pct)
+            span = window.end - window.start
+            for queue in sorted(set(window.achieved) | set(window.ideal)):
+                for kind, values in (("achieved", window.achieved), ("ideal", window.ideal)):
+                    devices.add_metric([queue, kind], values.get(queue, 0.0) / span if span > 0 else 0.0)
+        yield error
         yield devices
 
 

@@ -50,6 +50,9 @@ def test_the_gauges_show_the_last_closed_window_of_held_against_fair_devices() -
     cache.upsert_pod(pod_obj("beta-wait", 2, "ring", namespace="beta"))
     ext.sweep()
     assert _samples(ext) == {}
+    families = {f.name for f in text_string_to_metric_families(ext.metrics.render().decode())}
+    # offered before the first window closes, so dashboards and alerts find them on a fresh extender
+    assert {"kube_icl_fairness_error_percent", "kube_icl_queue_fair_share_devices"} <= families
     clock.now += 600.0
     ext.sweep()
     got = _samples(ext)
