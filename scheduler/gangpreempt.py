@@ -233,9 +233,14 @@ class GangPreemption:
         capacity: Mapping[str, int],
         now: float,
     ) -> bool:
-        """A device holder of a lower priority that has run its queue's minimum and whose queue stays at
-        least at the preemptor's share without it."""
-        if p.priority >= info.priority or runs_too_briefly(p, self.cfg, now):
+        """A device holder of a lower priority (or an equal one whose queue borrowed what the preemptor's queue
+        takes back: :func:`scheduler.fairshare.reclaims`) that has run its queue's minimum and whose queue
+        stays at least at the preemptor's share without it (in ``queueTree``: at its guarantees)."""
+        if p.priority > info.priority or runs_too_briefly(p, self.cfg, now):
+            return False
+        if p.priority == info.priority and not fairshare.reclaims(
+            info.queue, shape.size * missing, p.queue, devices, used, self.cfg
+        ):
             return False
         return not p.queue or fairshare.victim_allowed(
             info.queue, {pool: shape.size * missing}, p.queue, {pool: devices}, used, capacity, self.cfg
