@@ -22,8 +22,13 @@ below them, the one with the smallest weighted dominant share, where a child's s
 what its subtree uses beyond its subtree's whole quota (it borrows) over what its parent pools from
 its children in ``p``, divided by its weight: a child within its quota has share 0 and goes first.
 
-Nothing here is enforced yet: the extender's fair share (:mod:`scheduler.fairshare`) still runs flat
-queues; this module is the tree's configuration and computation, tested on their own.
+What the extender enforces with it (``queueTree`` in its config; :class:`scheduler.steps.FairShare`, the
+gate loop and the preempt verb call these): a pod of a leaf may take what :func:`available` allows, or
+more while it stays within a guarantee (:func:`guarantee_room`: its queue's own devices, which borrowers
+give back); it waits while a queue that :func:`ranks_before` it (weighted DRF where their paths part)
+has a pod waiting that fits; and a pod may evict a pod of another queue of the tree when
+:func:`reclaim_allowed` says it takes back what its side lent (a reclaim). The extender counts every
+device of its resource in one pool, :data:`POOL` (:func:`tree_usage`).
 """
 
 from __future__ import annotations
@@ -203,16 +208,26 @@ def path(tree: QueueTree, name: str) -> list[str]:
 
 
 def guarantee_room(tree: QueueTree, name: str, pool: str, usage: Usage) -> int:
-    """How many more devices ``name`` may take within a guarantee: the most that some queue on its path
-    (itself or a cohort above it) has left of every nominal quota in its subtree. A pod within it takes
-    its queue's own devices back from borrowers, free or by preemption (:func:`reclaim_allowed`).
+    """How many more devices ``name`` may take within a guarantee: the most that some queue ``n`` on its path
+    below the root (itself or a cohort above it) has left of every nominal quota in its subtree, which its
+    siblings only borrow, and that ``name`` could take with every queue outside ``n``'s subtree holding
+    nothing (the limits inside ``n`` still hold). A pod within it takes its queue's own devices back from
+    borrowers, free or by preemption (:func:`reclaim_allowed`). A root guarantees nothing against anyone:
+    :func:`available` is its rule.
 
     >>> t = parse_queue_tree([{"name": "org", "children": [
     ...     {"name": "a", "nominalQuota": {"p": 8}}, {"name": "b", "nominalQuota": {"p": 8}}]}])
     >>> guarantee_room(t, "a", "p", {"b": {"p": 16}}), available(t, "a", "p", {"b": {"p": 16}})
     (8, 0)
     """
-    return max(tree.total_quota(n, pool) - tree.total_used(n, pool, usage) for n in path(tree, name))
+    best = 0
+    for n in path(tree, name)[1:]:
+        inside = set(tree.subtree(n))
+        own = {q: pools for q, pools in usage.items() if q in inside}  # as if every borrower outside gave back
+        best = max(
+            best, min(available(tree, name, pool, own), tree.total_quota(n, pool) - tree.total_used(n, pool, usage))
+        )
+    return best
 
 
 def over_limit(tree: QueueTree, name: str, count: int, usage: Usage, pool: str = POOL) -> str | None:
