@@ -46,6 +46,7 @@ __all__ = [
     "available",
     "dominant_share",
     "guarantee_room",
+    "lent",
     "order_key",
     "over_limit",
     "parse_queue_tree",
@@ -243,6 +244,30 @@ def over_limit(tree: QueueTree, name: str, count: int, usage: Usage, pool: str =
         f"{tree.nodes[name].quota(pool)}), its cohorts lend it {room} more and {max(0, owed)} of its "
         f"guarantees are left; this pod asks for {count}"
     )
+
+
+def lent(tree: QueueTree, name: str, pool: str, usage: Usage) -> int:
+    """How much of ``name``'s idle guarantee its siblings' borrowing uses now: what the children of its parent
+    borrow beyond their quotas, less what the parent's subtree borrows from outside it and the parent's own
+    nominal quota (lent first), shared among the siblings by their idle guarantees (rounded down). A root
+    lends nothing.
+
+    >>> t = parse_queue_tree([{"name": "org", "children": [
+    ...     {"name": "a", "nominalQuota": {"p": 8}}, {"name": "b", "nominalQuota": {"p": 8}}]}])
+    >>> lent(t, "a", "p", {"b": {"p": 14}}), lent(t, "b", "p", {"b": {"p": 14}})
+    (6, 0)
+    """
+    node = tree.nodes[name]
+    if node.parent is None:
+        return 0
+    parent = tree.nodes[node.parent]
+    idle = {s: max(0, tree.total_quota(s, pool) - tree.total_used(s, pool, usage)) for s in parent.children}
+    inside = sum(tree.borrowed(s, pool, usage) for s in parent.children) - tree.borrowed(node.parent, pool, usage)
+    from_siblings = max(0, inside - parent.quota(pool))
+    total = sum(idle.values())
+    if total == 0 or from_siblings == 0:
+        return 0
+    return min(idle[name], from_siblings * idle[name] // total)
 
 
 def ranks_before(tree: QueueTree, first: str, second: str, usage: Usage) -> bool:
