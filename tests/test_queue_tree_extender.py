@@ -7,9 +7,11 @@ guarantee, never a pod younger than its queue's ``minRuntime``)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, parse_config
@@ -20,6 +22,7 @@ from scheduler.wire import ExtenderArgs, ExtenderPreemptionArgs, MetaPod, MetaVi
 from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
 
 GATE = "kube-icl.io/queue"
+CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "kube-icl" / "values.yaml"
 
 
 def _tree(team_a_lends: int | None = None, min_runtime: float = 0) -> list[dict[str, Any]]:
@@ -233,3 +236,14 @@ def test_a_borrowers_pod_younger_than_its_queues_min_runtime_is_not_reclaimed() 
     a1 = c.add(pod_obj("a1-four", 4, "any", namespace="a1", priority=10))
     assert c.preempt(a1, {"a": [young]}) == {}
     assert c.preempt(a1, {"a": [pods["b1-a1"]]}) == {"a": [_uid(pods["b1-a1"])]}
+
+
+def test_the_charts_extender_config_and_its_queue_tree_example_are_valid_configs() -> None:
+    """The chart's values (an empty tree) and the tree its comment shows both load."""
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    assert parse_config(values["extender"]["config"]).queue_tree is None
+    comment = CHART_VALUES.read_text().split("queueTree: []")[0].rsplit("E.g.\n", 1)[1]
+    example = yaml.safe_load("\n".join(line.split("#", 1)[1][1:] for line in comment.splitlines() if "#   " in line))
+    cfg = parse_config({"queueTree": example})
+    assert cfg.queue_tree is not None and cfg.queue_tree.leaves == ["a1", "a2", "b1"]
+    assert cfg.queue("b1").min_runtime_s == 600
