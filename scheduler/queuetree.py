@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.config import ConfigError
+from topology.fairness import FairTree
 
 __all__ = [
     "POOL",
@@ -45,6 +46,7 @@ __all__ = [
     "QueueTree",
     "available",
     "dominant_share",
+    "fair_tree",
     "guarantee_room",
     "lent",
     "order_key",
@@ -329,6 +331,16 @@ def reclaim_allowed(
         if any(tree.total_used(n, pool, after) < tree.total_quota(n, pool) for n in theirs[split:]):
             return False
     return True
+
+
+def fair_tree(tree: QueueTree, pool: str = POOL) -> FairTree:
+    """The tree as the fairness measure's ideal reads it (:func:`topology.fairness.tree_fill`)."""
+    return FairTree(
+        roots=tree.roots,
+        children={n: node.children for n, node in tree.nodes.items() if node.children},
+        weight={n: node.weight for n, node in tree.nodes.items()},
+        guarantee={n: float(tree.total_quota(n, pool)) for n in tree.nodes},
+    )
 
 
 # ---------------------------------------------------------------------- configuration
