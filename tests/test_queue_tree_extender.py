@@ -247,3 +247,12 @@ def test_the_charts_extender_config_and_its_queue_tree_example_are_valid_configs
     cfg = parse_config({"queueTree": example})
     assert cfg.queue_tree is not None and cfg.queue_tree.leaves == ["a1", "a2", "b1"]
     assert cfg.queue("b1").min_runtime_s == 600
+
+
+def test_the_simulators_example_tree_covers_the_built_in_mixs_queues_with_its_whole_cluster() -> None:
+    """examples/sim/queue-tree.yaml (docs/simulator.md, "Fair share with a queue tree") loads as the
+    extender's config, its leaves are the built-in mix's queues, and it guarantees its 192 devices."""
+    raw = yaml.safe_load((CHART_VALUES.parents[2] / "examples" / "sim" / "queue-tree.yaml").read_text())
+    tree = parse_config({"queueTree": raw}).queue_tree
+    assert tree is not None and tree.leaves == ["batch", "prod", "research"]
+    assert tree.total_quota(tree.roots[0], "devices") == 192
