@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,6 +32,7 @@ import pytest
 import yaml
 
 from scheduler.config import parse_config
+from scheduler.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult
 from tests.support.extender import wait_for
 
 from .harness import ControlPlane
@@ -68,16 +70,34 @@ def _script() -> str:
     return found
 
 
+@dataclass
+class Running:
+    extender: InProcessExtender
+    # every preempt call: kube-scheduler's victims and the extender's answer, node -> pod uids
+    exchanges: list[tuple[dict[str, list[str]], dict[str, list[str]]]] = field(default_factory=list)
+
+
 @pytest.fixture(scope="module")
-def extender(control_plane: ControlPlane) -> Iterator[InProcessExtender]:
+def running(control_plane: ControlPlane) -> Iterator[Running]:
     ensure_priority_classes(control_plane, {LOW: 10, HIGH: 1000})
     prefix = f"qt{int(time.time()) % 100000}"
     cfg = parse_config({"listen": {"host": "127.0.0.1", "port": 0}, **_settings(prefix)})
-    with extender_in_process(control_plane, cfg, prefix) as run:
-        names = [f"{run.label}-{i}" for i in range(2)]
+    with extender_in_process(control_plane, cfg, prefix) as extender, pytest.MonkeyPatch.context() as patch:
+        run = Running(extender)
+        preempt = extender.ext.preempt
+
+        def recording(args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+            result = preempt(args)
+            proposed = {n: list(uids) for n, (uids, _) in args.victim_uids().items()}
+            answered = {n: [p.uid for p in mv.pods] for n, mv in result.node_name_to_meta_victims.items()}
+            run.exchanges.append((proposed, answered))
+            return result
+
+        patch.setattr(extender.ext, "preempt", recording)  # the server looks the verb up per request
+        names = [f"{extender.label}-{i}" for i in range(2)]
         for name in names:
-            run.add_node(name, "mesh:2x4", {"kube-icl.io/e2e": run.label}, {RESOURCE: "8", "cpu": "32"})
-        run.wait_cached(names)
+            extender.add_node(name, "mesh:2x4", {"kube-icl.io/e2e": extender.label}, {RESOURCE: "8", "cpu": "32"})
+        extender.wait_cached(names)
         yield run
 
 
@@ -97,11 +117,11 @@ def _pods(plane: ControlPlane, namespace: str, queue: str, count: int, priority:
     ]
 
 
-def _running(plane: ControlPlane, namespace: str) -> dict[str, str]:
-    """Pod name -> its node, of the pods bound and not leaving."""
+def _bound(plane: ControlPlane, namespace: str) -> dict[str, str]:
+    """Pod name -> uid, of the pods bound to a node and not leaving."""
     pods = plane.core.list_namespaced_pod(namespace).items
     return {
-        str(p.metadata.name): str(p.spec.node_name)
+        str(p.metadata.name): str(p.metadata.uid)
         for p in pods
         if p.spec and p.spec.node_name and p.metadata and not p.metadata.deletion_timestamp
     }
@@ -118,8 +138,9 @@ def _queues(plane: ControlPlane, configmap: str) -> tuple[dict[str, Any], str]:
 
 
 def test_a_teams_idle_guarantee_is_borrowed_then_reclaimed_by_preemption(
-    control_plane: ControlPlane, extender: InProcessExtender, namespace: str
+    control_plane: ControlPlane, running: Running, namespace: str
 ) -> None:
+    extender = running.extender
     prefix = extender.label.split("-")[0]
     q = {name: f"{prefix}-{name}" for name in ("a1", "a2", "b1", "b2", "team-a", "team-b")}
     group = extender.label
@@ -138,9 +159,9 @@ def test_a_teams_idle_guarantee_is_borrowed_then_reclaimed_by_preemption(
 
     # 1. team B fills the cluster: b2 its guarantee, then b1 its own 4 and team-a's idle 8
     create(_pods(control_plane, namespace, q["b2"], 2, LOW))
-    wait_for(lambda: len(_running(control_plane, namespace)) == 2, timeout_s=120, what="b2's pods running")
+    wait_for(lambda: len(_bound(control_plane, namespace)) == 2, timeout_s=120, what="b2's pods running")
     create(_pods(control_plane, namespace, q["b1"], 6, LOW))
-    wait_for(lambda: len(_running(control_plane, namespace)) == 8, timeout_s=120, what="team B holding all 16")
+    wait_for(lambda: len(_bound(control_plane, namespace)) == 8, timeout_s=120, what="team B holding all 16")
     tree, table = _queues(control_plane, f"{namespace}/kube-icl-extender")
     print(f"\nkubectl icl queues, team B borrowing:\n{table}")
     assert (tree[q["team-b"]]["held"], tree[q["team-b"]]["borrowed"]) == (16, 8)
@@ -148,19 +169,25 @@ def test_a_teams_idle_guarantee_is_borrowed_then_reclaimed_by_preemption(
     assert tree[q["b1"]]["borrowed"] == 8 and tree[q["b2"]]["borrowed"] == 0
 
     # 2. a1 asks its guarantee: reclaimed from b1 by preemption, never from b2
-    b2_pods = {n for n in _running(control_plane, namespace) if n.startswith("b2-")}
+    before = _bound(control_plane, namespace)
+    b1_uids = {u for n, u in before.items() if n.startswith("b1-")}
+    b2_pods = {n for n in before if n.startswith("b2-")}
     start = time.monotonic()
     create(_pods(control_plane, namespace, q["a1"], 2, HIGH))
 
-    def a1_running() -> bool:
-        return sum(1 for n in _running(control_plane, namespace) if n.startswith("a1-")) == 2
+    def a1_bound() -> bool:
+        return sum(1 for n in _bound(control_plane, namespace) if n.startswith("a1-")) == 2
 
-    wait_for(a1_running, timeout_s=RECLAIM_BOUND_S, what=f"a1's 4 devices reclaimed within {RECLAIM_BOUND_S:g} s")
+    wait_for(a1_bound, timeout_s=RECLAIM_BOUND_S, what=f"a1's 4 devices reclaimed within {RECLAIM_BOUND_S:g} s")
     reclaim_s = time.monotonic() - start
-    print(f"reclaim: a1's 2 pods (4 devices) running {reclaim_s:.1f} s after they were created")
-    running = _running(control_plane, namespace)
-    assert b2_pods <= set(running), "b2 holds just its guarantee: none of its pods is a victim"
-    assert sum(1 for n in running if n.startswith("b1-")) == 4, "b1 gave back 4 devices (2 pods), no more"
+    print(f"reclaim: a1's 2 pods (4 devices) bound {reclaim_s:.1f} s after they were created")
+    bound = _bound(control_plane, namespace)
+    assert b2_pods <= set(bound), "b2 holds just its guarantee: none of its pods is a victim"
+    assert sum(1 for n in bound if n.startswith("b1-")) == 4, "b1 gave back 4 devices (2 pods), no more"
+    answered = [uid for _proposed, answer in running.exchanges for uids in answer.values() for uid in uids]
+    assert answered, "kube-scheduler preempted through the extender's preempt verb"
+    assert set(answered) <= b1_uids, "every victim the extender named is a pod of b1, the borrower"
+    print(f"preempt calls: {len(running.exchanges)}, victims named: {len(set(answered))}")
     tree, table = _queues(control_plane, f"{namespace}/kube-icl-extender")
     print(f"kubectl icl queues, after the reclaim:\n{table}")
     assert (tree[q["a1"]]["held"], tree[q["team-a"]]["lent"]) == (4, 4)
