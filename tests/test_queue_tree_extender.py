@@ -164,6 +164,21 @@ def test_a_queue_waits_while_a_queue_the_tree_ranks_before_it_has_a_pod_that_fit
     assert c.filter(a2)[0] == ["c"]
 
 
+def test_a_pod_naming_a_cohort_is_held_back_naming_its_leaves_and_flat_queues_go_their_own_way() -> None:
+    """team-a is a cohort, not a queue pods run in; a flat queue outside the tree is not held back by the
+    tree's queues: batch holds 2 (a flat share above a1's nothing) and goes while a1 waits."""
+    c = Cluster(_tree(), {"a": "ring:8", "b": "ring:8"}, queues={"batch": {"weight": 1}})
+    c.run("b1", "b1-a", "0,1,2,3,4,5,6,7", "a")
+    c.run("batch", "batch-b", "0,1", "b")
+    c.add(pod_obj("a1-wait", 2, "any", namespace="a1"))
+    nodes, why = c.filter(c.add(pod_obj("cohort", 2, "any", namespace="team-a")))
+    assert (
+        nodes == []
+        and why == "queue 'team-a' is a cohort of queueTree, not a queue pods run in; name one of its leaves (a1, a2)"
+    )
+    assert c.filter(c.add(pod_obj("flat", 2, "any", namespace="batch")))[0] == ["b"]
+
+
 def test_the_gate_loop_lets_queues_go_in_the_trees_order_within_its_limits() -> None:
     """Gated pods of b1 (borrowing) and a1: a1's go first; b1's wait while a1's fit; b2 asks beyond what
     the tree lends it and is passed over."""
