@@ -44,6 +44,7 @@ __all__ = [
     "POOL",
     "QueueNode",
     "QueueTree",
+    "Usage",
     "available",
     "dominant_share",
     "fair_tree",

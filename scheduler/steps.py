@@ -349,6 +349,13 @@ class FairShare:
         why = queuetree.over_limit(tree, info.queue, info.count, queuetree.tree_usage(used))
         return None if why is None else fairshare.HoldBack(why)
 
+    def share_usage(self, used: Mapping[str, Mapping[str, int]]) -> queuetree.Usage:
+        """What the tree's weighted DRF compares, per queue in the tree's pool: the devices held now (``used``,
+        per queue and topology). Limits and reclaim always count the devices held now
+        (:func:`scheduler.queuetree.tree_usage`); this is the one place a queue's usage over time would join
+        its order."""
+        return queuetree.tree_usage(used)
+
     def order_key(self, queue: str, used: Mapping[str, Mapping[str, int]], capacity: Mapping[str, int]) -> Any:
         """A sort key of the queues with pods waiting, the smallest first (the gate loop's order): flat queues
         by their weighted dominant share, then the tree's leaves by its weighted DRF at every level
@@ -356,7 +363,7 @@ class FairShare:
         order among each other only decides which is tried first."""
         tree = self.cfg.queue_tree
         if tree is not None and self.cfg.in_tree(queue):
-            return (1, queuetree.order_key(tree, queue, queuetree.tree_usage(used)))
+            return (1, queuetree.order_key(tree, queue, self.share_usage(used)))
         return (0, ((fairshare.dominant_share(used.get(queue, {}), capacity, self.cfg.queue(queue).weight), queue),))
 
     def hold_back(
@@ -406,7 +413,7 @@ class FairShare:
         limit = self.tree_limit(info, used)
         if limit is not None or not self.cfg.fair_share:
             return limit
-        usage = queuetree.tree_usage(used)
+        held, usage = queuetree.tree_usage(used), self.share_usage(used)
         surplus = self.gangs.is_surplus(info)
         ranked: dict[str, bool] = {}
 
@@ -416,7 +423,7 @@ class FairShare:
             return ranked[q]
 
         def stops(p: PodInfo) -> bool:
-            return queuetree.over_limit(tree, p.queue, p.count, usage) is not None
+            return queuetree.over_limit(tree, p.queue, p.count, held) is not None
 
         waiting = self._waiting_before(info, before, stops, admitted, surplus=surplus)
         if not waiting:
