@@ -29,7 +29,7 @@ examples:
   kubectl icl nodes -l pool=dgx --draw      the nodes of one pool, each node's topology drawn
   kubectl icl nodes --html fleet.html       one self-contained page drawing every node's chips
   kubectl icl gangs -n ml                   gangs of namespace ml: members bound and pending, reservations
-  kubectl icl queues -o json                queues: weight, quota, devices held, dominant share, pending
+  kubectl icl queues -o json                queues: weight, quota, devices held, dominant share, pending; the tree
   kubectl icl why train-0 -n ml             why a pod waits, by the extender's own decision, and what frees it
   kubectl icl whatif -f job.yaml -n ml      if submitted now: where, on which chips, whom it preempts, and when
   kubectl icl snapshot --out state.yaml     the extender's state as one file (icl sim --snapshot replays it)
@@ -182,10 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     command(
         "queues",
-        help="queues: weight, quota, devices held, dominant share, pending pods",
+        help="queues: weight, quota, devices held, dominant share, pending pods; the queue tree",
         description="Every configured queue and every queue a pod names: weight and quota (the extender's config), "
         "devices its pods hold per pool, the weighted dominant share the extender's fair share compares, and its "
-        "pending pods.",
+        "pending pods. With the extender's queueTree, the tree too, each queue under its parent: weight, "
+        "guarantee (its subtree's nominal quotas), devices held, borrowed beyond the guarantee, lent to its "
+        "siblings, dominant share among its siblings, pending pods.",
     )
     why = command(
         "why",
@@ -430,14 +432,24 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
     # queues
     state = read_state(cfg, reader.nodes(), reader.pods(), now=now)
     queue_list = views.queue_views(state)
+    tree = views.queue_tree_views(state)
     _warn(state.warnings)
-    if not queue_list:
+    if not queue_list and not tree:
         print("No queues found (no configured queue and no pod asking devices).", file=sys.stderr)
         return EXIT_OK
     if args.output in ("json", "yaml"):
-        _print_doc(render.queue_docs(queue_list, settings.source), args.output)
+        _print_doc(render.queue_docs(queue_list, settings.source, tree), args.output)
     else:
-        print(render.queues_table(queue_list))
+        print(
+            "\n\n".join(
+                t
+                for t in (
+                    render.queues_table(queue_list) if queue_list else "",
+                    render.queue_tree_table(tree) if tree else "",
+                )
+                if t
+            )
+        )
     return EXIT_OK
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .views import BUSY, FREE, RESERVED, UNHEALTHY, GangView, NodeSummary, QueueView
+from .views import BUSY, FREE, RESERVED, UNHEALTHY, GangView, NodeSummary, QueueTreeView, QueueView
 
 __all__ = [
     "LETTERS",
@@ -22,6 +22,7 @@ __all__ = [
     "nodes_table",
     "pod_letters",
     "queue_docs",
+    "queue_tree_table",
     "queues_table",
     "strip",
     "table",
@@ -285,10 +286,49 @@ def queues_table(queues: Sequence[QueueView]) -> str:
     return table(headers, rows)
 
 
-def queue_docs(queues: Sequence[QueueView], source: str) -> dict[str, Any]:
+def queue_tree_table(nodes: Sequence[QueueTreeView]) -> str:
+    """The queue tree, each queue indented under its parent, in devices."""
+    headers = ["QUEUE TREE", "WEIGHT", "GUARANTEE", "HELD", "BORROWED", "LENT", "SHARE", "PENDING"]
+    rows = [
+        [
+            "  " * n.depth + n.name,
+            _weight(n.weight),
+            str(n.guarantee),
+            str(n.held),
+            str(n.borrowed),
+            str(n.lent),
+            f"{n.share:.3f}",
+            str(n.pending),
+        ]
+        for n in nodes
+    ]
+    return table(headers, rows)
+
+
+def queue_tree_docs(nodes: Sequence[QueueTreeView]) -> list[dict[str, Any]]:
+    return [
+        {
+            "queue": n.name,
+            "parent": n.parent,
+            "depth": n.depth,
+            "leaf": n.leaf,
+            "weight": n.weight,
+            "guarantee": n.guarantee,
+            "held": n.held,
+            "borrowed": n.borrowed,
+            "lent": n.lent,
+            "dominantShare": round(n.share, 6),
+            "pending": n.pending,
+        }
+        for n in nodes
+    ]
+
+
+def queue_docs(queues: Sequence[QueueView], source: str, tree: Sequence[QueueTreeView] = ()) -> dict[str, Any]:
     return {
         "kind": "QueueList",
         "configFrom": source,
+        **({"tree": queue_tree_docs(tree)} if tree else {}),
         "items": [
             {
                 "queue": q.name,

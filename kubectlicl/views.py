@@ -17,6 +17,7 @@ from typing import Any
 
 import networkx as nx
 
+from scheduler import queuetree
 from scheduler.listers import holdings
 from topology import COORDS_LABEL, DOMAIN_LABEL, NodeTopology, Placer, Shape, ShapeKind
 from topology.contract import ANN_TOPOLOGY
@@ -108,6 +109,23 @@ class QueueView:
     share: float  # weighted dominant share (scheduler.fairshare)
     pending: int  # its pods asking devices that have no node yet
     pools: Mapping[str, int] = field(default_factory=dict)  # topology name -> devices held there
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTreeView:
+    """One queue of the extender's ``queueTree`` (:mod:`scheduler.queuetree`), in devices of its one pool."""
+
+    name: str
+    depth: int  # 0: a root
+    parent: str | None
+    leaf: bool
+    weight: float
+    guarantee: int  # every nominal quota in its subtree
+    held: int  # devices its subtree's pods hold
+    borrowed: int  # held beyond its guarantee
+    lent: int  # its idle guarantee that its siblings' borrowing uses
+    share: float  # weighted dominant share among its siblings (the tree's fair share compares it)
+    pending: int  # its subtree's pods asking devices that have no node yet
 
 
 def _largest_ring(topo: NodeTopology, free: frozenset[str]) -> int:
@@ -290,7 +308,8 @@ def queue_views(state: State) -> list[QueueView]:
         usage = state.extender.queue_usage()
     used, shares, pending = usage.used, usage.shares, usage.pending
     out: list[QueueView] = []
-    for queue in sorted(set(shares) | set(pending)):
+    tree = cfg.queue_tree.nodes if cfg.queue_tree is not None else {}
+    for queue in sorted((set(shares) | set(pending)) - set(tree)):
         qcfg = cfg.queue(queue)
         held = used.get(queue, {})
         out.append(
@@ -304,4 +323,42 @@ def queue_views(state: State) -> list[QueueView]:
                 pools=_by_name(held, names),
             )
         )
+    return out
+
+
+def queue_tree_views(state: State) -> list[QueueTreeView]:
+    """The extender's queue tree, each queue after its parent (depth first, in the config's order), with
+    its guarantee, what its subtree holds, borrows and lends, and its weighted dominant share, from the
+    devices its pods hold as the extender's cache counts them; empty without ``queueTree``."""
+    tree = state.config.queue_tree
+    if tree is None:
+        return []
+    with state.cache.lock:
+        counts = state.extender.queue_usage()
+    usage = queuetree.tree_usage(counts.used)
+    pool = queuetree.POOL
+    out: list[QueueTreeView] = []
+
+    def add(name: str, depth: int) -> None:
+        node = tree.nodes[name]
+        out.append(
+            QueueTreeView(
+                name=name,
+                depth=depth,
+                parent=node.parent,
+                leaf=not node.children,
+                weight=node.weight,
+                guarantee=tree.total_quota(name, pool),
+                held=tree.total_used(name, pool, usage),
+                borrowed=tree.borrowed(name, pool, usage),
+                lent=queuetree.lent(tree, name, pool, usage),
+                share=queuetree.dominant_share(tree, name, usage),
+                pending=sum(counts.pending.get(q, 0) for q in tree.subtree(name)),
+            )
+        )
+        for child in node.children:
+            add(child, depth + 1)
+
+    for root in tree.roots:
+        add(root, 0)
     return out

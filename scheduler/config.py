@@ -25,6 +25,11 @@ Example::
     queues:
       research: {weight: 2}
       batch: {weight: 1, quota: 64, minRuntime: 600}   # its pods are no victims in their first 10 minutes
+    queueTree:                  # hierarchical queues (scheduler/queuetree.py), Kueue's cohort words
+      - name: org
+        children:
+          - {name: team-a, nominalQuota: {devices: 16}, children: [{name: a1}, {name: a2, minRuntime: 600}]}
+          - {name: team-b, nominalQuota: {devices: 16}, lendingLimit: {devices: 8}, children: [{name: b1}]}
 """
 
 from __future__ import annotations
@@ -32,11 +37,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topology import TopologyError, parse_tiers
 from topology.contract import DEFAULT_SHARED_RESOURCE
 from topology.policy import PolicyName, policy_name
+
+if TYPE_CHECKING:
+    from scheduler.queuetree import QueueTree
 
 __all__ = [
     "ConfigError",
@@ -145,6 +153,9 @@ class ExtenderConfig:
     queue_holds: str = "filter"
     queues: Mapping[str, QueueConfig] = field(default_factory=dict)
     default_queue_weight: float = 1.0
+    # hierarchical queues (``queueTree``): its leaves are queues pods name, judged by the tree's quotas,
+    # lending and weights (scheduler/queuetree.py); other queues keep the flat rules among themselves
+    queue_tree: QueueTree | None = None
     kueue: KueueConfig = field(default_factory=KueueConfig)
     events: bool = True
     event_component: str = "kube-icl-extender"
@@ -159,7 +170,18 @@ class ExtenderConfig:
     kube: KubeConfig = field(default_factory=KubeConfig)
 
     def queue(self, name: str) -> QueueConfig:
-        return self.queues.get(name) or QueueConfig(name, weight=self.default_queue_weight)
+        flat = self.queues.get(name)
+        if flat is not None:
+            return flat
+        node = self.queue_tree.nodes.get(name) if self.queue_tree is not None else None
+        if node is not None:  # the tree's quotas are the tree's: no flat quota
+            return QueueConfig(name, weight=node.weight, min_runtime_s=node.min_runtime_s)
+        return QueueConfig(name, weight=self.default_queue_weight)
+
+    def in_tree(self, queue: str) -> bool:
+        """Whether ``queue`` is a leaf of ``queueTree``: the tree, not the flat rules, judges its pods."""
+        tree = self.queue_tree
+        return tree is not None and queue in tree.nodes and not tree.nodes[queue].children
 
 
 _TOP_KEYS = {
@@ -181,6 +203,7 @@ _TOP_KEYS = {
     "fairShare",
     "queueHolds",
     "queues",
+    "queueTree",
     "defaultQueueWeight",
     "kueue",
     "events",
@@ -291,6 +314,8 @@ def _kueue(raw: Any, top: Mapping[str, Any], queues: Mapping[str, QueueConfig]) 
     )
     if out.enabled:
         clash = ["queues"] if queues else []
+        if top.get("queueTree"):
+            clash.append("queueTree")
         if top.get("queueHolds", "filter") != "filter":
             clash.append(f"queueHolds: {top['queueHolds']!r}")
         if clash:
@@ -299,6 +324,43 @@ def _kueue(raw: Any, top: Mapping[str, Any], queues: Mapping[str, QueueConfig]) 
                 f"remove {', '.join(clash)}"
             )
     return out
+
+
+def _queue_tree(raw: Any, queues: Mapping[str, QueueConfig]) -> QueueTree | None:
+    """The ``queueTree`` section: a tree of queues (:func:`scheduler.queuetree.parse_queue_tree`) whose quotas
+    and limits count devices of the one pool ``devices``, whose names are not flat ``queues`` too, and whose
+    roots each guarantee some devices (a tree with none could admit no pod). An empty list: no tree."""
+    from scheduler.queuetree import POOL, parse_queue_tree
+
+    tree = parse_queue_tree(raw)
+    if not tree.roots:
+        return None
+    for name, node in tree.nodes.items():
+        where = f"queueTree: queue {name!r}"
+        if name in queues:
+            raise ConfigError(
+                f"{where} is also in queues; a queue is either flat (queues) or in the tree (queueTree), not both"
+            )
+        for key, limits in (
+            ("nominalQuota", node.nominal),
+            ("borrowingLimit", node.borrowing_limit),
+            ("lendingLimit", node.lending_limit),
+        ):
+            for pool in limits or {}:
+                if pool != POOL:
+                    raise ConfigError(
+                        f"{where}: {key}.{pool}: unknown device pool {pool!r}; allowed: {POOL} (every device of "
+                        "the extender's resource)"
+                    )
+        if node.parent is None and (node.borrowing_limit or node.lending_limit):
+            raise ConfigError(f"{where}: a root has no parent to borrow from or lend to; remove its limits")
+    for root in tree.roots:
+        if tree.total_quota(root, POOL) <= 0:
+            raise ConfigError(
+                f"queueTree: root {root!r} has no nominalQuota in its subtree, so its queues could take no "
+                f"device; give it or its queues a nominalQuota of {POOL}"
+            )
+    return tree
 
 
 def parse_config(raw: Any) -> ExtenderConfig:
@@ -395,6 +457,8 @@ def parse_config(raw: Any) -> ExtenderConfig:
             min_runtime_s=_seconds(q["minRuntime"], f"{where}.minRuntime") if "minRuntime" in q else 0.0,
         )
     kw["queues"] = queues
+    if "queueTree" in top:
+        kw["queue_tree"] = _queue_tree(top["queueTree"], queues)
     if "kueue" in top:
         kw["kueue"] = _kueue(top["kueue"], top, queues)
         if kw["kueue"].enabled:

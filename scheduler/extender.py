@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from scheduler import fairshare
+from scheduler import fairshare, queuetree
 from scheduler.admissioncheck import AdmissionChecks, KueueAPI
 from scheduler.backfill import Backfill
 from scheduler.background import Background, evict, write_layouts
@@ -171,7 +171,8 @@ class Extender:
         )
         self.metrics.attach_state(self._queue_metrics, self.ranker.free_shapes)
         # the fairness measure over the cache's running and pending pods, sampled by sweep()
-        self.fairness = WindowMeter(_Weights(cfg))
+        tree = queuetree.fair_tree(cfg.queue_tree) if cfg.queue_tree is not None else None
+        self.fairness = WindowMeter(_Weights(cfg), tree=tree)
         self.metrics.attach_fairness(self.last_fairness_window)
         # queueHolds: gate: the lease holder lets queued pods go by removing their scheduling gate
         self.gates: QueueGates | None = None

@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable
 
 from scheduler.cache import ClusterCache
-from scheduler.config import ConfigError, ExtenderConfig, QueueConfig
+from scheduler.config import ConfigError, ExtenderConfig, QueueConfig, parse_config
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.podspec import GroupSpec, PodInfo, PodSpecError, group_spec, parse_devices, pod_info
+from scheduler.queuetree import QueueTree, fair_tree
 from scheduler.sharing import ShareRanker, Target
 from scheduler.snapshot import Snapshot, SnapshotError, load_snapshot, queue_order, seconds, stamp
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
@@ -48,14 +49,17 @@ __all__ = [
     "PodInfo",
     "PodSpecError",
     "QueueConfig",
+    "QueueTree",
     "ShareRanker",
     "Snapshot",
     "SnapshotError",
     "Target",
     "build_extender",
     "cache_for",
+    "fair_tree",
     "group_spec",
     "load_snapshot",
+    "parse_config",
     "parse_devices",
     "pod_info",
     "queue_order",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from scheduler import queuetree
 from scheduler.config import ExtenderConfig
 from topology.contract import GATE_QUEUE
 
@@ -22,7 +23,9 @@ __all__ = [
     "admit",
     "dominant_share",
     "dominant_shares",
+    "reclaims",
     "victim_allowed",
+    "victims_keep_guarantees",
     "waits_for_devices",
 ]
 
@@ -136,10 +139,17 @@ def victim_allowed(
 ) -> bool:
     """A victim may be taken from its own queue, or from a queue that stays above the preemptor after.
 
-    Preempting must never push a queue below the preemptor's share (that would invert fairness).
+    Preempting must never push a queue below the preemptor's share (that would invert fairness). Between
+    two queues of ``queueTree`` the tree's rule judges instead: the preemptor takes back what its side of
+    the tree lent, and the victim's side gives back only what it borrowed
+    (:func:`scheduler.queuetree.reclaim_allowed`).
     """
     if victim_queue == preemptor_queue:
         return True
+    tree = cfg.queue_tree
+    if tree is not None and cfg.in_tree(preemptor_queue) and cfg.in_tree(victim_queue):
+        gain, loss = sum(preemptor_pool_gain.values()), sum(victim_pool_loss.values())
+        return queuetree.reclaim_allowed(tree, preemptor_queue, gain, {victim_queue: loss}, queuetree.tree_usage(used))
     after_p = dict(used.get(preemptor_queue, {}))
     for pool, n in preemptor_pool_gain.items():
         after_p[pool] = after_p.get(pool, 0) + n
@@ -149,3 +159,34 @@ def victim_allowed(
     share_p = dominant_share(after_p, capacity, cfg.queue(preemptor_queue).weight)
     share_v = dominant_share(after_v, capacity, cfg.queue(victim_queue).weight)
     return share_v >= share_p
+
+
+def reclaims(preemptor_queue: str, gain: int, victim_queue: str, loss: int, used: Usage, cfg: ExtenderConfig) -> bool:
+    """Whether taking ``loss`` devices from ``victim_queue`` is a reclaim in ``queueTree``: both queues leaves
+    of the tree, different, and :func:`scheduler.queuetree.reclaim_allowed`. A reclaim may take a victim of
+    the preemptor's own priority too, since the devices are the preemptor's queue's own: Kueue's
+    ``reclaimWithinCohort: Any``, short of a victim of a higher priority, which kube-scheduler's preemption
+    never evicts for a lower one."""
+    tree = cfg.queue_tree
+    if (
+        tree is None
+        or victim_queue == preemptor_queue
+        or not (cfg.in_tree(preemptor_queue) and cfg.in_tree(victim_queue))
+    ):
+        return False
+    return queuetree.reclaim_allowed(tree, preemptor_queue, gain, {victim_queue: loss}, queuetree.tree_usage(used))
+
+
+def victims_keep_guarantees(
+    preemptor_queue: str, gain: int, losses: Mapping[str, int], used: Usage, cfg: ExtenderConfig
+) -> bool:
+    """Whether victims freeing ``losses`` (queue -> devices) together leave every queue of ``queueTree`` the
+    guarantees :func:`scheduler.queuetree.reclaim_allowed` keeps (each victim judged alone can pass while
+    several of one queue together cannot); ``True`` without a tree or for a preemptor outside it."""
+    tree = cfg.queue_tree
+    if tree is None or not cfg.in_tree(preemptor_queue):
+        return True
+    mine = {q: n for q, n in losses.items() if q != preemptor_queue and cfg.in_tree(q)}
+    if not mine:
+        return True
+    return queuetree.reclaim_allowed(tree, preemptor_queue, gain, mine, queuetree.tree_usage(used))

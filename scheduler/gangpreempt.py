@@ -8,8 +8,10 @@ room for *all* its missing members, so when kube-scheduler asks about one of the
 1. The victims are chosen for every missing member together by
    :func:`topology.gangpreempt.choose_gang_victims` (one domain of the lowest tier that can hold
    them, the cheapest set of victims by the documented order). Candidates are device holders of a
-   lower priority, not already leaving, that have run their queue's ``minRuntime``, and whose
-   taking leaves their queue's dominant share at least the preemptor's (fair share); a member of a
+   lower priority (or, a reclaim in ``queueTree``, an equal one), not already leaving, that have run
+   their queue's ``minRuntime``, and whose taking leaves their queue's dominant share at least the
+   preemptor's (fair share; in ``queueTree``, its guarantees); a set whose victims together would take a
+   queue of the tree below its guarantees is refused whole (nobody evicted); a member of a
    rigid gang is taken with its whole gang, a member of a running elastic gang only while the gang
    keeps its minimum. PodDisruptionBudgets are read through the host and counted as kube-scheduler
    counts them. When no set frees them all, nobody is evicted.
@@ -143,6 +145,22 @@ class GangPreemption:
             return {}
         if not chosen.units:
             return {}  # it fits as it is: the next filter places it
+        losses: dict[str, int] = {}
+        with self.cache.lock:
+            for unit in chosen.units:
+                for vp in unit.pods:
+                    victim, held = inputs.pods[vp.key], self.cache.pods.held(vp.key)
+                    if victim.queue and held is not None:
+                        losses[victim.queue] = losses.get(victim.queue, 0) + len(held[1])
+            used = self.cache.pods.used_by_queue()
+        if not fairshare.victims_keep_guarantees(info.queue, shape.size * missing, losses, used, self.cfg):
+            log.info(
+                "preempt %s: gang %s: its victims together would take a queue of the tree below its guarantee: "
+                "nobody is evicted",
+                info.key,
+                gang.key,
+            )
+            return {}
         if not chosen.exact:
             log.info(
                 "preempt %s: gang %s: the search for victims hit its bound; the best set found is used",
@@ -233,9 +251,14 @@ class GangPreemption:
         capacity: Mapping[str, int],
         now: float,
     ) -> bool:
-        """A device holder of a lower priority that has run its queue's minimum and whose queue stays at
-        least at the preemptor's share without it."""
-        if p.priority >= info.priority or runs_too_briefly(p, self.cfg, now):
+        """A device holder of a lower priority (or an equal one whose queue borrowed what the preemptor's queue
+        takes back: :func:`scheduler.fairshare.reclaims`) that has run its queue's minimum and whose queue
+        stays at least at the preemptor's share without it (in ``queueTree``: at its guarantees)."""
+        if p.priority > info.priority or runs_too_briefly(p, self.cfg, now):
+            return False
+        if p.priority == info.priority and not fairshare.reclaims(
+            info.queue, shape.size * missing, p.queue, devices, used, self.cfg
+        ):
             return False
         return not p.queue or fairshare.victim_allowed(
             info.queue, {pool: shape.size * missing}, p.queue, {pool: devices}, used, capacity, self.cfg

@@ -5,11 +5,13 @@ the scheduling gate :data:`scheduler.podspec.GATE_QUEUE`. kube-scheduler does no
 a pod its queue holds back is never marked ``PodScheduled=False, reason=Unschedulable`` (the mark
 cluster autoscalers buy nodes for). :class:`QueueGates` removes the gate of each pod its queue admits
 now, in weighted dominant-resource order, by the fair share step's own rule
-(:meth:`scheduler.steps.FairShare.hold_back`, which calls :func:`scheduler.fairshare.admit`): there is
-one fair-share rule, applied at the gate instead of at the filter.
+(:meth:`scheduler.steps.FairShare.hold_back`, which calls :func:`scheduler.fairshare.admit`, or for the
+queues of ``queueTree`` the tree's rules in :mod:`scheduler.queuetree`): there is one fair-share rule,
+applied at the gate instead of at the filter.
 
 :meth:`QueueGates.choose` decides over one state of the cache: the queue with the smallest dominant
-share goes first; its first unit (a pod, or a gang's gated members together) is admitted when the
+share goes first (:meth:`scheduler.steps.FairShare.order_key`; the tree's leaves by its weighted DRF at
+every level); its first unit (a pod, or a gang's gated members together) is admitted when the
 rule lets it go, and its devices are then counted on its queue before the next choice. A unit its
 quota has no room for is passed over (a smaller one behind it may fit); a queue held back for fair
 share waits for this round. Pods already let go but not bound yet (no gate, no node) count on their
@@ -33,7 +35,6 @@ import logging
 import time
 from collections.abc import Callable
 
-from scheduler import fairshare
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.gang import GangManager
@@ -112,13 +113,13 @@ class QueueGates(Loop):
             members.append(p)
         waiting = set(units)
         while waiting:
-            queue = min(waiting, key=lambda q: (self._share(used, capacity, q), q))
+            queue = min(waiting, key=lambda q: self.fair.order_key(q, used, capacity))
             unit = units[queue].pop(0)
             if not units[queue]:
                 waiting.discard(queue)
             ask = dataclasses.replace(unit[0], count=sum(p.count for p in unit))
-            if fairshare.admit(queue, ask.count, used, capacity, self.cfg, {}, quota_only=True) is not None:
-                continue  # its quota has no room for this unit; a smaller one behind it may fit
+            if self.fair.over_quota(ask, used) is not None:
+                continue  # its quota (or its tree's limits) has no room for this unit; a smaller one may fit
             if self.fair.hold_back(ask, used, admitted) is not None:
                 waiting.discard(queue)  # held back for fair share: so are its later units this round
                 continue
@@ -126,9 +127,6 @@ class QueueGates(Loop):
             admitted.update(p.uid for p in unit)
             _charge(used, queue, pool, ask.count)
         return out
-
-    def _share(self, used: dict[str, dict[str, int]], capacity: dict[str, int], queue: str) -> float:
-        return fairshare.dominant_share(used.get(queue, {}), capacity, self.cfg.queue(queue).weight)
 
     # ------------------------------------------------------------------ the writes
 

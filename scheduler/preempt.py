@@ -281,8 +281,11 @@ class Preemption:
                         continue
                     if p.deleting:
                         freed.update(devs)  # an earlier round's victim, still terminating: leaving anyway
-                    elif p.priority < info.priority:
-                        extra[u] = devs
+                    elif p.priority < info.priority or (
+                        p.priority == info.priority
+                        and fairshare.reclaims(info.queue, shape.size, p.queue, len(devs), used, self.cfg)
+                    ):
+                        extra[u] = devs  # lower priority; or equal, taking back what the victim's queue borrowed
                 # Victims the scheduler proposed must be allowed by fair share too, since none is dropped.
                 judged = [u for u in taken if (p := pods.get(u)) is not None and not p.deleting] + sorted(extra)
                 queues = {u: pods[u].queue if u in pods else "" for u in judged}
@@ -320,18 +323,34 @@ class Preemption:
                 continue  # a victim the scheduler needs may not be taken: this node cannot be freed
             if self.elastic_victims(uids) is None:
                 continue  # the scheduler's victims would take an elastic gang below its minimum
-            if fits(frozenset()):
-                out[node] = _victims(uids, pdb)
-                continue
 
-            def keeps_minimum(combo: tuple[str, ...], uids: tuple[str, ...] = uids) -> bool:
-                return self.elastic_victims((*uids, *combo)) is not None
+            # each judged victim's queue and the devices taking it frees
+            freeing = {u: (queues[u], len(taken.get(u) or extra[u])) for u in judged}
+
+            def keeps(
+                combo: tuple[str, ...], uids: tuple[str, ...] = uids, freeing: dict[str, tuple[str, int]] = freeing
+            ) -> bool:
+                """No elastic gang below its minimum, no queue of the tree below its guarantees."""
+                victims = (*uids, *combo)
+                if self.elastic_victims(victims) is None:
+                    return False
+                losses: dict[str, int] = {}
+                for u in victims:
+                    if u in freeing:
+                        q, n = freeing[u]
+                        losses[q] = losses.get(q, 0) + n
+                return fairshare.victims_keep_guarantees(info.queue, shape.size, losses, used, self.cfg)
+
+            if fits(frozenset()):
+                if keeps(()):
+                    out[node] = _victims(uids, pdb)
+                continue
 
             pool_of = [u for u in sorted(extra) if u in allowed]
             surplus = [u for u in pool_of if self.elastic_victims((u,)) is True]
-            chosen = fewest_victims(surplus, extra, fits, priority, keeps_minimum) if surplus else None
+            chosen = fewest_victims(surplus, extra, fits, priority, keeps) if surplus else None
             if chosen is None:
-                chosen = fewest_victims(pool_of, extra, fits, priority, keeps_minimum)
+                chosen = fewest_victims(pool_of, extra, fits, priority, keeps)
             if chosen is None:
                 continue
             out[node] = _victims((*uids, *chosen), pdb)

@@ -22,8 +22,13 @@ below them, the one with the smallest weighted dominant share, where a child's s
 what its subtree uses beyond its subtree's whole quota (it borrows) over what its parent pools from
 its children in ``p``, divided by its weight: a child within its quota has share 0 and goes first.
 
-Nothing here is enforced yet: the extender's fair share (:mod:`scheduler.fairshare`) still runs flat
-queues; this module is the tree's configuration and computation, tested on their own.
+What the extender enforces with it (``queueTree`` in its config; :class:`scheduler.steps.FairShare`, the
+gate loop and the preempt verb call these): a pod of a leaf may take what :func:`available` allows, or
+more while it stays within a guarantee (:func:`guarantee_room`: its queue's own devices, which borrowers
+give back); it waits while a queue that :func:`ranks_before` it (weighted DRF where their paths part)
+has a pod waiting that fits; and a pod may evict a pod of another queue of the tree when
+:func:`reclaim_allowed` says it takes back what its side lent (a reclaim). The extender counts every
+device of its resource in one pool, :data:`POOL` (:func:`tree_usage`).
 """
 
 from __future__ import annotations
@@ -33,8 +38,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from scheduler.config import ConfigError
+from topology.fairness import FairTree
 
-__all__ = ["QueueNode", "QueueTree", "available", "dominant_share", "parse_queue_tree", "pick"]
+__all__ = [
+    "POOL",
+    "QueueNode",
+    "QueueTree",
+    "Usage",
+    "available",
+    "dominant_share",
+    "fair_tree",
+    "guarantee_room",
+    "lent",
+    "order_key",
+    "over_limit",
+    "parse_queue_tree",
+    "path",
+    "pick",
+    "ranks_before",
+    "reclaim_allowed",
+    "tree_usage",
+]
 
 Usage = Mapping[str, Mapping[str, int]]  # leaf queue -> pool -> devices held
 
@@ -50,6 +74,8 @@ class QueueNode:
     borrowing_limit: Mapping[str, int] | None = None  # pool -> devices; a pool absent: no limit
     lending_limit: Mapping[str, int] | None = None  # pool -> devices; a pool absent: lends all
     children: tuple[str, ...] = ()
+    # a leaf's pods are no victims of preemption until they have run this long (seconds; 0: at once)
+    min_runtime_s: float = 0.0
 
     def quota(self, pool: str) -> int:
         return (self.nominal or {}).get(pool, 0)
@@ -161,6 +187,163 @@ def pick(tree: QueueTree, usage: Usage, waiting: Collection[str]) -> str | None:
         level = tree.nodes[chosen].children
 
 
+# ---------------------------------------------------------------------- enforcement
+
+POOL = "devices"
+"""The one device pool the extender's tree counts in: every device of its resource, whatever node holds it
+(a topology fingerprint changes with a device's health, so quotas are not written per topology)."""
+
+
+def tree_usage(used: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """Devices held per queue in :data:`POOL`, from devices held per queue and topology (fair share's counts).
+
+    >>> tree_usage({"a": {"f1": 2, "f2": 3}, "b": {}})
+    {'a': {'devices': 5}, 'b': {'devices': 0}}
+    """
+    return {q: {POOL: sum(pools.values())} for q, pools in used.items()}
+
+
+def path(tree: QueueTree, name: str) -> list[str]:
+    """The queues from ``name``'s root down to ``name``."""
+    out = [name]
+    while (parent := tree.nodes[out[-1]].parent) is not None:
+        out.append(parent)
+    return out[::-1]
+
+
+def guarantee_room(tree: QueueTree, name: str, pool: str, usage: Usage) -> int:
+    """How many more devices ``name`` may take within a guarantee: the most that some queue ``n`` on its path
+    below the root (itself or a cohort above it) has left of every nominal quota in its subtree, which its
+    siblings only borrow, and that ``name`` could take with every queue outside ``n``'s subtree holding
+    nothing (the limits inside ``n`` still hold). A pod within it takes its queue's own devices back from
+    borrowers, free or by preemption (:func:`reclaim_allowed`). A root guarantees nothing against anyone:
+    :func:`available` is its rule.
+
+    >>> t = parse_queue_tree([{"name": "org", "children": [
+    ...     {"name": "a", "nominalQuota": {"p": 8}}, {"name": "b", "nominalQuota": {"p": 8}}]}])
+    >>> guarantee_room(t, "a", "p", {"b": {"p": 16}}), available(t, "a", "p", {"b": {"p": 16}})
+    (8, 0)
+    """
+    best = 0
+    for n in path(tree, name)[1:]:
+        inside = set(tree.subtree(n))
+        own = {q: pools for q, pools in usage.items() if q in inside}  # as if every borrower outside gave back
+        best = max(
+            best, min(available(tree, name, pool, own), tree.total_quota(n, pool) - tree.total_used(n, pool, usage))
+        )
+    return best
+
+
+def over_limit(tree: QueueTree, name: str, count: int, usage: Usage, pool: str = POOL) -> str | None:
+    """Why ``count`` more devices of ``pool`` for leaf queue ``name`` break the tree's limits, or ``None``
+    when they fit what its cohorts lend (:func:`available`) or its guarantee (:func:`guarantee_room`)."""
+    room = available(tree, name, pool, usage)
+    owed = guarantee_room(tree, name, pool, usage)
+    if count <= max(room, owed):
+        return None
+    held = tree.total_used(name, pool, usage)
+    return (
+        f"queue {name!r} has no room in its queue tree: it holds {held} device(s) (nominal quota "
+        f"{tree.nodes[name].quota(pool)}), its cohorts lend it {room} more and {max(0, owed)} of its "
+        f"guarantees are left; this pod asks for {count}"
+    )
+
+
+def lent(tree: QueueTree, name: str, pool: str, usage: Usage) -> int:
+    """How much of ``name``'s idle guarantee its siblings' borrowing uses now: what the children of its parent
+    borrow beyond their quotas, less what the parent's subtree borrows from outside it and the parent's own
+    nominal quota (lent first), shared among the siblings by their idle guarantees (rounded down). A root
+    lends nothing.
+
+    >>> t = parse_queue_tree([{"name": "org", "children": [
+    ...     {"name": "a", "nominalQuota": {"p": 8}}, {"name": "b", "nominalQuota": {"p": 8}}]}])
+    >>> lent(t, "a", "p", {"b": {"p": 14}}), lent(t, "b", "p", {"b": {"p": 14}})
+    (6, 0)
+    """
+    node = tree.nodes[name]
+    if node.parent is None:
+        return 0
+    parent = tree.nodes[node.parent]
+    idle = {s: max(0, tree.total_quota(s, pool) - tree.total_used(s, pool, usage)) for s in parent.children}
+    inside = sum(tree.borrowed(s, pool, usage) for s in parent.children) - tree.borrowed(node.parent, pool, usage)
+    from_siblings = max(0, inside - parent.quota(pool))
+    total = sum(idle.values())
+    if total == 0 or from_siblings == 0:
+        return 0
+    return min(idle[name], from_siblings * idle[name] // total)
+
+
+def ranks_before(tree: QueueTree, first: str, second: str, usage: Usage) -> bool:
+    """Whether queue ``first`` goes before ``second`` by weighted DRF at every level: where their paths part
+    (their lowest common cohort, or the roots), ``first``'s side has the strictly smaller dominant share.
+
+    >>> t = parse_queue_tree([{"name": "org", "children": [
+    ...     {"name": "a", "nominalQuota": {"p": 2}}, {"name": "b", "weight": 3, "nominalQuota": {"p": 2}}]}])
+    >>> ranks_before(t, "a", "b", {}), ranks_before(t, "b", "a", {"a": {"p": 3}, "b": {"p": 3}})
+    (False, True)
+    """
+    pa, pb = path(tree, first), path(tree, second)
+    for x, y in zip(pa, pb, strict=False):
+        if x != y:
+            return dominant_share(tree, x, usage) < dominant_share(tree, y, usage)
+    return False
+
+
+def order_key(tree: QueueTree, name: str, usage: Usage) -> tuple[tuple[float, str], ...]:
+    """A key whose smallest value among waiting queues is :func:`pick`'s choice: the dominant share and name
+    of every queue on ``name``'s path, root first."""
+    return tuple((dominant_share(tree, n, usage), n) for n in path(tree, name))
+
+
+def reclaim_allowed(
+    tree: QueueTree, preemptor: str, gain: int, losses: Mapping[str, int], usage: Usage, pool: str = POOL
+) -> bool:
+    """Whether a pod of leaf ``preemptor`` taking ``gain`` devices may evict pods that free ``losses``
+    (victim leaf -> devices) from other queues: for each victim queue, where the two paths part under
+    their lowest common cohort, the preemptor's side stays within every nominal quota of its subtree
+    (it takes back what it lent), and no queue on the victim's side down to the victim's leaf falls below
+    every nominal quota of its subtree (it gives back only what it borrowed). Victims of the preemptor's
+    own queue are left to the caller's other rules; queues under different roots never lent to each other.
+
+    >>> t = parse_queue_tree([{"name": "org", "children": [
+    ...     {"name": "a", "nominalQuota": {"p": 8}}, {"name": "b", "nominalQuota": {"p": 8}}]}])
+    >>> reclaim_allowed(t, "a", 4, {"b": 4}, {"b": {"p": 14}}, "p")  # b keeps 10 >= its 8
+    True
+    >>> reclaim_allowed(t, "a", 8, {"b": 8}, {"b": {"p": 14}}, "p")  # b would fall to 6, below its 8
+    False
+    """
+    after: dict[str, dict[str, int]] = {q: dict(pools) for q, pools in usage.items()}
+    for victim, n in losses.items():
+        pools = after.setdefault(victim, {})
+        pools[pool] = pools.get(pool, 0) - n
+    pools = after.setdefault(preemptor, {})
+    pools[pool] = pools.get(pool, 0) + gain
+    mine = path(tree, preemptor)
+    for victim, n in losses.items():
+        if victim == preemptor or n <= 0:
+            continue
+        theirs = path(tree, victim)
+        if theirs[0] != mine[0]:
+            return False
+        split = next(i for i, (x, y) in enumerate(zip(mine, theirs, strict=False)) if x != y)
+        side = mine[split]
+        if tree.total_used(side, pool, after) > tree.total_quota(side, pool):
+            return False
+        if any(tree.total_used(n, pool, after) < tree.total_quota(n, pool) for n in theirs[split:]):
+            return False
+    return True
+
+
+def fair_tree(tree: QueueTree, pool: str = POOL) -> FairTree:
+    """The tree as the fairness measure's ideal reads it (:func:`topology.fairness.tree_fill`)."""
+    return FairTree(
+        roots=tree.roots,
+        children={n: node.children for n, node in tree.nodes.items() if node.children},
+        weight={n: node.weight for n, node in tree.nodes.items()},
+        guarantee={n: float(tree.total_quota(n, pool)) for n in tree.nodes},
+    )
+
+
 # ---------------------------------------------------------------------- configuration
 
 
@@ -175,7 +358,7 @@ def _devices(raw: Any, where: str) -> dict[str, int]:
     return out
 
 
-_NODE_KEYS = {"name", "weight", "nominalQuota", "borrowingLimit", "lendingLimit", "children"}
+_NODE_KEYS = {"name", "weight", "nominalQuota", "borrowingLimit", "lendingLimit", "children", "minRuntime"}
 
 
 def parse_queue_tree(raw: Any) -> QueueTree:
@@ -206,6 +389,11 @@ def parse_queue_tree(raw: Any) -> QueueTree:
         if not isinstance(raw_children, list):
             raise ConfigError(f"{where}.children: expected a list, got {raw_children!r}")
         children = tuple(read(c, f"{where}.children[{i}]", name) for i, c in enumerate(raw_children))
+        min_runtime = item.get("minRuntime", 0)
+        if isinstance(min_runtime, bool) or not isinstance(min_runtime, int | float) or not min_runtime >= 0:
+            raise ConfigError(f"{where}.minRuntime: expected a number of seconds >= 0 (like 600), got {min_runtime!r}")
+        if children and "minRuntime" in item:
+            raise ConfigError(f"{where}.minRuntime: only a leaf queue runs pods; {name!r} has children")
         nodes[name] = QueueNode(
             name,
             parent,
@@ -214,6 +402,7 @@ def parse_queue_tree(raw: Any) -> QueueTree:
             _devices(item.get("borrowingLimit", {}), f"{where}.borrowingLimit"),
             _devices(item.get("lendingLimit", {}), f"{where}.lendingLimit"),
             children,
+            float(min_runtime),
         )
         return name
 

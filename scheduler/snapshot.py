@@ -286,12 +286,27 @@ def anonymize(doc: Mapping[str, Any]) -> JsonObj:
     queues = (out.get("config") or {}).get("queues")
     if isinstance(queues, dict):
         out["config"]["queues"] = {h(str(q)): v for q, v in queues.items()}
+    tree = (out.get("config") or {}).get("queueTree")
+    if isinstance(tree, list):
+        out["config"]["queueTree"] = [_anonymous_queue(q) for q in tree]
     out["summary"] = {}  # its names would need the same treatment; it is never read back
     meta = out.setdefault("metadata", {})
     kind, sep, where = str(meta.get("configFrom") or "").partition(" ")
     if sep:
         meta["configFrom"] = f"{kind} {_key(where)}"
     meta["anonymized"] = True
+    return out
+
+
+def _anonymous_queue(node: Any) -> Any:
+    """A node of ``queueTree`` with its name and its children's hashed as pods' queue names are."""
+    if not isinstance(node, Mapping):
+        return node
+    out = dict(node)
+    if isinstance(out.get("name"), str):
+        out["name"] = _hash(out["name"])
+    if isinstance(out.get("children"), list):
+        out["children"] = [_anonymous_queue(c) for c in out["children"]]
     return out
 
 

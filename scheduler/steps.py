@@ -19,10 +19,10 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Container, Mapping
+from collections.abc import Callable, Collection, Container, Mapping
 from typing import Any, ClassVar, Protocol
 
-from scheduler import fairshare
+from scheduler import fairshare, queuetree
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
 from scheduler.decision import Classify
@@ -322,12 +322,49 @@ class FairShare:
         self.fits.hold(state.info.uid)
         return Status(Code.UNRESOLVABLE, hold.reason)
 
-    def over_quota(self, info: PodInfo) -> fairshare.HoldBack | None:
-        """Why the pod's queue's quota stops it now, or ``None``."""
+    def over_quota(
+        self, info: PodInfo, used: Mapping[str, Mapping[str, int]] | None = None
+    ) -> fairshare.HoldBack | None:
+        """Why the pod's queue's quota (or its queue tree's limits) stops it now, or ``None``; ``used``: the
+        devices held per queue and pool (default: the cache's)."""
+        if self.cfg.queue_tree is not None and info.queue in self.cfg.queue_tree.nodes:
+            return self.tree_limit(info, self.cache.pods.used_by_queue() if used is None else used)
         if self.cfg.queue(info.queue).quota is None:
             return None
-        used, capacity = self.cache.pods.used_by_queue(), self.cache.nodes.capacity()
-        return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, {}, quota_only=True)
+        if used is None:
+            used = self.cache.pods.used_by_queue()
+        return fairshare.admit(info.queue, info.count, used, self.cache.nodes.capacity(), self.cfg, {}, quota_only=True)
+
+    def tree_limit(self, info: PodInfo, used: Mapping[str, Mapping[str, int]]) -> fairshare.HoldBack | None:
+        """Why the queue tree's limits stop the pod (its queue a leaf of ``queueTree``, ``info.count`` devices
+        more), or ``None``; a pod naming a cohort of the tree is held back, as no pod runs in a cohort."""
+        tree = self.cfg.queue_tree
+        assert tree is not None
+        node = tree.nodes[info.queue]
+        if node.children:
+            return fairshare.HoldBack(
+                f"queue {info.queue!r} is a cohort of queueTree, not a queue pods run in; name one of its leaves "
+                f"({', '.join(c for c in tree.leaves if info.queue in queuetree.path(tree, c))})"
+            )
+        why = queuetree.over_limit(tree, info.queue, info.count, queuetree.tree_usage(used))
+        return None if why is None else fairshare.HoldBack(why)
+
+    def share_usage(self, used: Mapping[str, Mapping[str, int]]) -> queuetree.Usage:
+        """What the tree's weighted DRF compares, per queue in the tree's pool: the devices held now (``used``,
+        per queue and topology). Limits and reclaim always count the devices held now
+        (:func:`scheduler.queuetree.tree_usage`); this is the one place a queue's usage over time would join
+        its order."""
+        return queuetree.tree_usage(used)
+
+    def order_key(self, queue: str, used: Mapping[str, Mapping[str, int]], capacity: Mapping[str, int]) -> Any:
+        """A sort key of the queues with pods waiting, the smallest first (the gate loop's order): flat queues
+        by their weighted dominant share, then the tree's leaves by its weighted DRF at every level
+        (:func:`scheduler.queuetree.order_key`). Flat and tree queues never hold each other back, so their
+        order among each other only decides which is tried first."""
+        tree = self.cfg.queue_tree
+        if tree is not None and self.cfg.in_tree(queue):
+            return (1, queuetree.order_key(tree, queue, self.share_usage(used)))
+        return (0, ((fairshare.dominant_share(used.get(queue, {}), capacity, self.cfg.queue(queue).weight), queue),))
 
     def hold_back(
         self, info: PodInfo, used: Mapping[str, Mapping[str, int]] | None = None, admitted: Container[str] = ()
@@ -335,9 +372,15 @@ class FairShare:
         """Why the pod's queue must wait, or ``None`` when it may go. The gate loop passes ``used``, the
         devices held per queue and pool with the pods it let go counted in (default: the cache's), and
         ``admitted``, the uids of the pending pods it let go, which hold nobody back (they wait for a
-        node, not for their queue)."""
+        node, not for their queue).
+
+        A queue of ``queueTree`` is judged by the tree (its limits, then weighted DRF at every level among
+        the tree's queues); any other by the flat rules among the queues outside the tree."""
         if used is None:
             used = self.cache.pods.used_by_queue()
+        tree = self.cfg.queue_tree
+        if tree is not None and info.queue in tree.nodes:
+            return self._tree_hold_back(info, used, admitted)
         capacity = self.cache.nodes.capacity()
         qcfg = self.cfg.queue(info.queue)
         if qcfg.quota is None and not self.cfg.fair_share:
@@ -345,31 +388,91 @@ class FairShare:
         waiting: dict[str, str] = {}
         if self.cfg.fair_share:
             mine = fairshare.dominant_share(used.get(info.queue, {}), capacity, qcfg.weight)
+            flat = self._flat_quota_stops(used)
             if self.gangs.is_surplus(info):
                 # Above its gang's minimum: joins only while no other queue has a pod waiting that fits.
-                waiting = self._waiting_below(info, float("inf"), used, capacity, admitted, surplus=True)
+                waiting = self._waiting_before(info, self._flat, flat, admitted, surplus=True)
                 return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting, surplus=True)
             if mine > 0:
-                waiting = self._waiting_below(info, mine, used, capacity, admitted)
+                below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue)
+
+                def before(q: str) -> bool:
+                    if q not in below:
+                        share = fairshare.dominant_share(used.get(q, {}), capacity, self.cfg.queue(q).weight)
+                        below[q] = self._flat(q) and share < mine
+                    return below[q]
+
+                waiting = self._waiting_before(info, before, flat, admitted)
         return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting)
 
-    def _waiting_below(
+    def _tree_hold_back(
+        self, info: PodInfo, used: Mapping[str, Mapping[str, int]], admitted: Container[str]
+    ) -> fairshare.HoldBack | None:
+        tree = self.cfg.queue_tree
+        assert tree is not None
+        limit = self.tree_limit(info, used)
+        if limit is not None or not self.cfg.fair_share:
+            return limit
+        held, usage = queuetree.tree_usage(used), self.share_usage(used)
+        surplus = self.gangs.is_surplus(info)
+        ranked: dict[str, bool] = {}
+
+        def before(q: str) -> bool:
+            if q not in ranked:
+                ranked[q] = self.cfg.in_tree(q) and (surplus or queuetree.ranks_before(tree, q, info.queue, usage))
+            return ranked[q]
+
+        def stops(p: PodInfo) -> bool:
+            return queuetree.over_limit(tree, p.queue, p.count, held) is not None
+
+        waiting = self._waiting_before(info, before, stops, admitted, surplus=surplus)
+        if not waiting:
+            return None
+        other, pod = min(waiting.items())
+        if surplus:
+            return fairshare.HoldBack(
+                f"queue {info.queue!r}: this member is above its elastic gang's minimum and waits while queue "
+                f"{other!r} has {pod} waiting that fits"
+            )
+        split = next(
+            (x, y)
+            for x, y in zip(queuetree.path(tree, info.queue), queuetree.path(tree, other), strict=False)
+            if x != y
+        )
+        return fairshare.HoldBack(
+            f"queue {info.queue!r} waits its turn in the queue tree: {split[0]!r} (dominant share "
+            f"{queuetree.dominant_share(tree, split[0], usage):.2f}) goes after {split[1]!r} (share "
+            f"{queuetree.dominant_share(tree, split[1], usage):.2f}), whose queue {other!r} has {pod} waiting "
+            "that fits; held back"
+        )
+
+    def _flat(self, queue: str) -> bool:
+        """Whether ``queue`` is outside ``queueTree`` (flat rules judge its pods)."""
+        return self.cfg.queue_tree is None or queue not in self.cfg.queue_tree.nodes
+
+    def _flat_quota_stops(self, used: Mapping[str, Mapping[str, int]]) -> Callable[[PodInfo], bool]:
+        def stops(p: PodInfo) -> bool:
+            quota = self.cfg.queue(p.queue).quota
+            return quota is not None and sum(used.get(p.queue, {}).values()) + p.count > quota
+
+        return stops
+
+    def _waiting_before(
         self,
         info: PodInfo,
-        mine: float,
-        used: Mapping[str, Mapping[str, int]],
-        capacity: Mapping[str, int],
+        before: Callable[[str], bool],
+        quota_stops: Callable[[PodInfo], bool],
         admitted: Container[str] = (),
         *,
         surplus: bool = False,
     ) -> dict[str, str]:
-        """Other queues below ``mine`` that have a pending pod which fits some node now.
+        """Other queues that go ``before`` the pod's and have a pending pod which fits some node now, and
+        which ``quota_stops`` does not stop (a pod its own queue's limits stop holds nobody back).
 
         For a ``surplus`` member, other queues' surplus members do not count (two elastic gangs
         would hold each other back forever)."""
         lower: dict[str, list[PodInfo]] = {}
         gate_mode = self.cfg.queue_holds == "gate"
-        below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue, not per pod)
         for p in self.cache.pods.pending(other_than=info.queue):
             if p.uid == info.uid or p.uid in admitted:
                 continue
@@ -379,16 +482,11 @@ class FairShare:
                 # our last filter found no node for it, or kube-scheduler could not place it (and not because
                 # we held it back), and no room grew since: it holds nobody back
                 continue
-            under = below.get(p.queue)
-            if under is None:
-                weight = self.cfg.queue(p.queue).weight
-                under = below[p.queue] = fairshare.dominant_share(used.get(p.queue, {}), capacity, weight) < mine
-            if not under:
+            if not before(p.queue):
                 continue
             if p.gang is not None and self.gangs.is_surplus(p):
                 continue  # a member above its gang's minimum yields to every other pod: it holds nobody back
-            quota = self.cfg.queue(p.queue).quota
-            if quota is not None and sum(used.get(p.queue, {}).values()) + p.count > quota:
+            if quota_stops(p):
                 continue  # its own queue's quota stops it: it holds nobody back
             lower.setdefault(p.queue, []).append(p)
         if not lower:

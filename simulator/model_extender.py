@@ -26,7 +26,7 @@ import itertools
 import logging
 from collections.abc import Mapping, Sequence
 
-from scheduler.factory import ClusterCache, ExtenderConfig, QueueConfig, build_extender
+from scheduler.factory import ClusterCache, ExtenderConfig, QueueConfig, QueueTree, build_extender
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.extcluster import (
     NAMESPACE,
@@ -69,6 +69,7 @@ class ExtenderModel(TopoNodes):
         record: bool = False,
         config: ExtenderConfig | None = None,
         preemption: str = "extender",
+        queue_tree: QueueTree | None = None,
     ) -> None:
         if preemption not in PREEMPTIONS:
             raise ValueError(f"preemption: got {preemption!r}; allowed: {', '.join(PREEMPTIONS)}")
@@ -94,6 +95,9 @@ class ExtenderModel(TopoNodes):
             # queue holds by scheduling gates need the leader's background loop, which time mode does not run:
             # fair share and quotas hold pods back in the filter instead, as the default config does
             cfg = dataclasses.replace(config, policy=policy.value, queue_holds=ExtenderConfig().queue_holds)
+        if queue_tree is not None:  # the tree's queues are judged by the tree; the others keep their weights
+            flat = {q: c for q, c in cfg.queues.items() if q not in queue_tree.nodes}
+            cfg = dataclasses.replace(cfg, queue_tree=queue_tree, queues=flat)
         cfg = dataclasses.replace(cfg, leader_election=dataclasses.replace(cfg.leader_election, enabled=False))
         self.resource = cfg.resource_name
         self.cache = ClusterCache(cfg.resource_name, clock=lambda: self.now)
@@ -116,7 +120,9 @@ class ExtenderModel(TopoNodes):
         # under ``upstream``: job -> node -> devices kube-scheduler nominated its members to there (one node per
         # preemption, each standing for one more member's nomination); pods of no higher priority leave them
         self.nominated: dict[str, dict[str, int]] = {}
-        self._ages = any(q.min_runtime_s > 0 for q in cfg.queues.values())
+        self._ages = any(q.min_runtime_s > 0 for q in cfg.queues.values()) or (
+            cfg.queue_tree is not None and any(n.min_runtime_s > 0 for n in cfg.queue_tree.nodes.values())
+        )
         self.repairs = 0
         self.bound: dict[str, dict[int, Member]] = {}  # job -> member -> (node, devices) its pod is bound to
         self.jobs: dict[str, Job] = {}

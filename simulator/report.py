@@ -203,8 +203,9 @@ class TimeSummary:
 
 def fairness_of(result: TimeResult, window_s: float = DEFAULT_WINDOW_S) -> list[Window]:
     """The fairness measure's windows of a time run: each queue's device-time against its weighted max-min
-    fair share given what it held and had waiting (:func:`topology.fairness.fairness_windows`)."""
-    return fairness_windows(result.queue_samples, result.weights, window_s, end=result.horizon)
+    fair share given what it held and had waiting (:func:`topology.fairness.fairness_windows`); with the
+    run's queue tree, its hierarchical share (:func:`topology.fairness.tree_fill`)."""
+    return fairness_windows(result.queue_samples, result.weights, window_s, end=result.horizon, tree=result.fair_tree)
 
 
 def jain_index(values: Sequence[float]) -> float:

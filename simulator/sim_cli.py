@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from scheduler.factory import ExtenderConfig
+    from scheduler.factory import ExtenderConfig, QueueTree
     from simulator.jobs import Job
     from simulator.report import Report
     from simulator.snapstart import SnapStart
@@ -187,6 +187,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         help="time: fair-share weights per queue (default 1 each)",
     )
     p.add_argument(
+        "--queue-tree",
+        metavar="FILE",
+        help="time: the extender's queueTree (YAML: the list of root queues, or an extender config with "
+        "queueTree) for the icl policies; every policy's fairness is measured against the tree's ideal",
+    )
+    p.add_argument(
         "--backfill", type=_number(int, 1), default=8, help="time: jobs tried per queue per pass (default 8)"
     )
     p.add_argument(
@@ -294,6 +300,31 @@ def _weights(text: str) -> dict[str, float]:
         if not w > 0:
             raise ValueError(f"{key}: a weight must be > 0, got {w}")
     return weights
+
+
+def _queue_tree(path: str, queues: Sequence[str]) -> QueueTree:
+    """``--queue-tree``: the tree, read and checked by the extender's own config parser; one of its leaves
+    must be a queue of the workload."""
+    import yaml
+
+    from scheduler.factory import ConfigError, parse_config
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"--queue-tree: {exc}") from None
+    if isinstance(raw, dict) and "queueTree" in raw:
+        raw = raw["queueTree"]
+    try:
+        tree = parse_config({"queueTree": raw}).queue_tree
+    except ConfigError as exc:
+        raise UsageError(f"--queue-tree {path}: {exc}") from None
+    if tree is None or not set(tree.leaves) & set(queues):
+        leaves = ", ".join(tree.leaves) if tree is not None else "none"
+        raise UsageError(
+            f"--queue-tree {path}: none of its leaves ({leaves}) is a queue of the workload ({', '.join(queues)})"
+        )
+    return tree
 
 
 def _failures(text: str | None, repair: float, builtin: bool) -> FailureRates:
@@ -636,6 +667,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
     for q in weights or {}:
         if q not in queues:
             raise UsageError(f"--weights: {unknown_name('queue', q, queues)} (the workload's queues)")
+    queue_tree = _queue_tree(args.queue_tree, queues) if args.queue_tree else None
     network = None
     if args.network or args.gang_tier:
         if not isinstance(cluster, ClusterSpec):
@@ -678,6 +710,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
             running=start.running if start is not None else (),
             config=_snapshot_config(start, weights) if start is not None else None,
             preemption=args.preemption,
+            queue_tree=queue_tree,
         )
         report.time_results[name] = res
         report.time_summaries[name] = summarise(res)

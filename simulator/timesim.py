@@ -58,7 +58,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.factory import ExtenderConfig
+from scheduler.factory import ExtenderConfig, QueueTree, fair_tree
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.jobs import Job
 from simulator.model_extender import ExtenderModel
@@ -77,7 +77,7 @@ from simulator.timebase import (
     Victim,
 )
 from topology import TopologyError
-from topology.fairness import QueueSample
+from topology.fairness import FairTree, QueueSample
 from topology.gpushare import GpuNodeSpec
 from topology.policy import PolicyName
 
@@ -152,6 +152,8 @@ class TimeResult:
     """After each event batch: healthy devices, devices held and devices waiting per queue (queued jobs
     whole, running elastic gangs up to their maximum): the fairness measure's input
     (:func:`topology.fairness.fairness_windows`)."""
+    fair_tree: FairTree | None = None
+    """The extender's queue tree as the fairness measure's ideal reads it, when the run has one."""
     log: list[tuple[object, ...]] = field(default_factory=list)
     """Under the extender, with ``record``: every write to its cluster and every scheduling attempt with
     its answer, in order (:class:`simulator.extcluster.LocalAPI`)."""
@@ -176,6 +178,7 @@ def run_time(
     config: ExtenderConfig | None = None,
     until_started: Collection[str] = (),
     preemption: str = "extender",
+    queue_tree: QueueTree | None = None,
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -196,6 +199,8 @@ def run_time(
     stops once each of them has started or is rejected (``kubectl icl whatif`` asks no more).
     ``preemption`` (:data:`simulator.timebase.PREEMPTIONS`) says how a pod preempts under the ``icl``
     policies: through the extender's preempt verb, kube-scheduler's own preemption alone, or not at all.
+    ``queue_tree`` is the extender's ``queueTree`` for the ``icl`` policies (over ``config``'s, if any); every
+    policy's fairness is then measured against the tree's ideal (:func:`topology.fairness.tree_fill`).
     """
     if resize_s < 0:
         raise ValueError(f"resize_s: must be >= 0, got {resize_s}")
@@ -223,7 +228,14 @@ def run_time(
                 c = KubeletModel(spec, gang_tier)
             else:
                 c = extender = ExtenderModel(
-                    spec, pol, gang_tier, weights, record=record, config=config, preemption=preemption
+                    spec,
+                    pol,
+                    gang_tier,
+                    weights,
+                    record=record,
+                    config=config,
+                    preemption=preemption,
+                    queue_tree=queue_tree,
                 )
         except TopologyError as exc:
             raise ValueError(f"gang_tier: {exc}") from None
@@ -232,6 +244,8 @@ def run_time(
     result = run.run(progress, until_started)
     if extender is not None:
         result.log = extender.log
+    if queue_tree is not None:
+        result.fair_tree = fair_tree(queue_tree)
     return result
 
 

@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology.fairness import QueueSample, Window, WindowMeter, fairness_windows, summary, water_fill
+from topology.fairness import (
+    FairTree,
+    QueueSample,
+    Window,
+    WindowMeter,
+    fairness_windows,
+    summary,
+    tree_fill,
+    water_fill,
+)
 
 QUEUES = ("a", "b", "c")
 
@@ -161,3 +170,50 @@ def test_a_meter_fed_live_closes_a_window_only_once_time_passes_its_end() -> Non
     assert meter.windows == [Window(0.0, 60.0, 120.0, {"a": 59.0 + 2.0}, {"a": 2 * 59.0 + 2.0})]
     with pytest.raises(ValueError, match="out of order"):
         meter.observe(QueueSample(1.0, 2, {}, {}))
+
+
+# ---------------------------------------------------------------------- the queue tree's ideal
+
+
+@settings(max_examples=200)
+@given(
+    st.integers(0, 40),
+    st.lists(st.integers(0, 20), min_size=2, max_size=4),
+    st.lists(st.integers(1, 3), min_size=4, max_size=4),
+    st.lists(st.integers(0, 10), min_size=4, max_size=4),
+)
+def test_the_tree_ideal_hands_out_what_is_asked_up_to_capacity_guarantees_first(
+    capacity: int, asks: list[int], weights: list[int], guarantees: list[int]
+) -> None:
+    """Two teams (x: the first half of the leaves, y: the rest) under one root: every leaf gets at most what
+    it asks, the total is ``min(capacity, asks)``, a team gets at least ``min(asked, guarantee)`` when the
+    guarantees fit the capacity, and with no guarantees a one-level tree is :func:`water_fill` itself."""
+    leaves = [f"l{i}" for i in range(len(asks))]
+    half = len(leaves) // 2
+    tree = FairTree(
+        ("org",),
+        {"org": ("x", "y"), "x": tuple(leaves[:half]), "y": tuple(leaves[half:])},
+        {"x": weights[0], "y": weights[1], **{q: weights[i % 4] for i, q in enumerate(leaves)}},
+        {"x": guarantees[0], "y": guarantees[1], **{q: guarantees[i % 4] for i, q in enumerate(leaves)}},
+    )
+    demand = {q: float(a) for q, a in zip(leaves, asks, strict=True)}
+    got = tree_fill(capacity, demand, tree)
+    assert all(got[q] <= demand[q] + 1e-9 for q in leaves)
+    assert sum(got.values()) == pytest.approx(min(capacity, sum(asks)))
+    if guarantees[0] + guarantees[1] <= capacity:
+        for team, kids in (("x", leaves[:half]), ("y", leaves[half:])):
+            asked = sum(demand[q] for q in kids)
+            assert sum(got[q] for q in kids) >= min(asked, tree.guarantee[team]) - 1e-9
+    flat = FairTree(("org",), {"org": tuple(leaves)}, {q: weights[i % 4] for i, q in enumerate(leaves)}, {})
+    assert tree_fill(capacity, demand, flat) == pytest.approx(water_fill(capacity, demand, flat.weight))
+
+
+def test_a_meter_with_a_tree_measures_tree_queues_against_the_tree_and_others_against_the_rest() -> None:
+    """Tree: team a (a1) guaranteed 6 of 8, team b (b1) 2; flat queue f outside it. a1 and b1 ask 8 each,
+    f asks 2: the tree's queues take the 8 the cluster has (a1 6, b1 2), f nothing; holding 4 : 4 is off
+    by 2 devices each way, half of the cluster's 8 counted once: 25 %."""
+    tree = FairTree(("org",), {"org": ("a", "b"), "a": ("a1",), "b": ("b1",)}, {}, {"a": 6, "b": 2, "a1": 6, "b1": 2})
+    meter = WindowMeter({}, 600, tree=tree)
+    assert meter.ideal(8, {"a1": 8, "b1": 8, "f": 2}) == {"a1": 6.0, "b1": 2.0, "f": 0.0}
+    windows = fairness_windows([QueueSample(0, 8, {"a1": 4, "b1": 4}, {"a1": 4, "b1": 4})], {}, 600, 600, tree)
+    assert windows[0].error_pct == pytest.approx(25.0)

@@ -21,7 +21,7 @@ from test_scheduler_policies import Cluster
 from test_scheduler_policies import _preempt as _preempt_only
 
 from scheduler.cache import ClusterCache
-from scheduler.config import ExtenderConfig, QueueConfig
+from scheduler.config import ExtenderConfig, QueueConfig, parse_config
 from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.wire import RECORD_ANNOTATION, Record, lease_record, read_record
@@ -307,3 +307,51 @@ def test_a_gang_sized_by_its_pod_group_gets_whole_gang_victims_before_any_filter
     c.add(pod_obj("w1", 8, "ring", priority=100, labels=labels))
     assert _preempt_only(c, w0, _uids(low)) == {"a": [low["a"]["metadata"]["uid"]]}
     assert _evicted(c) == ["lo-b"], "victims for both members, in one rack"
+
+
+def _tree_racks() -> Cluster:
+    """Racks r0 (a, b) and r1 (c, d); queueTree org: team-a (a1, 16 guaranteed), team-b (b1, b2, 8 each)."""
+    cfg = parse_config(
+        {
+            "tiers": [RACK],
+            "queueTree": [
+                {
+                    "name": "org",
+                    "children": [
+                        {"name": "team-a", "children": [{"name": "a1", "nominalQuota": {"devices": 16}}]},
+                        {
+                            "name": "team-b",
+                            "children": [
+                                {"name": "b1", "nominalQuota": {"devices": 8}},
+                                {"name": "b2", "nominalQuota": {"devices": 8}},
+                            ],
+                        },
+                    ],
+                }
+            ],
+        }
+    )
+    labels = {n: {RACK: "r0" if n in "ab" else "r1"} for n in "abcd"}
+    return Cluster(dict.fromkeys(labels, "ring:8"), cfg, labels)
+
+
+def test_a_gang_reclaims_a_rack_only_when_its_victims_together_keep_every_guarantee() -> None:
+    """a1's gang of 2 x ring:8 (its 16 guaranteed) reclaims from team-b, which borrows 16. b1 and b2 each
+    hold a whole rack (16, of 8 guaranteed): each victim alone leaves its queue at 8, but either rack's two
+    victims would take their queue to 0, so nobody is evicted. With each rack holding one pod of b1 and
+    one of b2, either rack frees the gang, each queue keeping its 8."""
+    c = _tree_racks()
+    low = {n: _low(c, n, namespace="b1" if n in "ab" else "b2") for n in "abcd"}
+    w0 = _member(c, "w0", namespace="a1")
+    _member(c, "w1", namespace="a1")
+    assert _preempt(c, w0, _uids(low)) == {}
+    assert _evicted(c) == []
+    c = _tree_racks()
+    low = {n: _low(c, n, namespace="b2" if n in "bc" else "b1") for n in "abcd"}
+    w0 = _member(c, "w0", namespace="a1")
+    _member(c, "w1", namespace="a1")
+    answer = _preempt(c, w0, _uids(low))
+    assert len(answer) == 1, answer
+    (node,) = answer
+    rack = "ab" if node in "ab" else "cd"
+    assert _evicted(c) == [f"lo-{n}" for n in rack if n != node], "the other node of the same rack"

@@ -14,7 +14,7 @@ import yaml
 
 from kubectlicl import cli, html, render, views
 from kubectlicl.state import State, read_state, reservations
-from scheduler.config import ExtenderConfig, QueueConfig
+from scheduler.config import ExtenderConfig, QueueConfig, parse_config
 from scheduler.gangrecords import GangRecords, Reservation, Slot
 from scheduler.wire import RECORD_ANNOTATION, lease_record
 from topology import Health, build_preset, encode_annotation
@@ -276,6 +276,75 @@ def test_queues_take_weight_and_quota_from_the_config_and_shares_from_the_extend
     assert re.split(r"\s{3,}", lines[2]) == ["research", "2", "8", "6", "0.250", "1", "mesh:2x2=2,ring:8=4"]
     doc = render.queue_docs([research], "configmap kube-icl/kube-icl-extender")
     assert doc["configFrom"] == "configmap kube-icl/kube-icl-extender" and doc["items"][0]["dominantShare"] == 0.25
+
+
+def test_queues_show_the_tree_indented_with_guarantees_borrowed_and_lent_devices() -> None:
+    """org: team-a (a1, a2) idle, team-b (b1) holding 12 of its 8: team-b borrows 4 that team-a lends,
+    each of team-a's projects 2 of its idle 4."""
+    cfg = parse_config(
+        {
+            "queueTree": [
+                {
+                    "name": "org",
+                    "children": [
+                        {
+                            "name": "team-a",
+                            "weight": 2,
+                            "children": [
+                                {"name": "a1", "nominalQuota": {"devices": 4}},
+                                {"name": "a2", "nominalQuota": {"devices": 4}},
+                            ],
+                        },
+                        {"name": "team-b", "children": [{"name": "b1", "nominalQuota": {"devices": 8}}]},
+                    ],
+                }
+            ],
+            "queues": {"batch": {"weight": 1}},
+        }
+    )
+    pods = (
+        pod("b-n1", 8, node_name="n1", devices="0,1,2,3,4,5,6,7", queue="b1"),
+        pod("b-n2", 4, node_name="n2", devices="0,1,2,3", queue="b1"),
+        pod("a1-wait", 2, queue="a1"),
+        pod("x", 2, namespace="batch", node_name="n2", devices="4,5"),
+    )
+    got = state([node("n1"), node("n2")], *pods, cfg=cfg)
+    flat = views.queue_views(got)
+    assert [q.name for q in flat] == ["batch"], "the tree's queues are shown in the tree, not as flat queues"
+    tree = {n.name: n for n in views.queue_tree_views(got)}
+    assert list(tree) == ["org", "team-a", "a1", "a2", "team-b", "b1"]
+    b, a = tree["team-b"], tree["team-a"]
+    assert (b.guarantee, b.held, b.borrowed, b.lent) == (8, 12, 4, 0)
+    assert (a.guarantee, a.held, a.borrowed, a.lent, a.pending, a.weight) == (8, 0, 0, 4, 1, 2.0)
+    assert (tree["a1"].lent, tree["a2"].lent, tree["b1"].borrowed) == (0, 0, 4)
+    assert b.share == pytest.approx(4 / 16) and a.share == 0.0
+    lines = render.queue_tree_table(list(tree.values())).splitlines()
+    assert re.split(r"\s{3,}", lines[0]) == [
+        "QUEUE TREE",
+        "WEIGHT",
+        "GUARANTEE",
+        "HELD",
+        "BORROWED",
+        "LENT",
+        "SHARE",
+        "PENDING",
+    ]
+    assert lines[2].startswith("  team-a ") and lines[3].startswith("    a1 ")
+    assert re.split(r"\s{3,}", lines[5].strip()) == ["team-b", "1", "8", "12", "4", "0", "0.250", "0"]
+    doc = render.queue_docs(flat, "", list(tree.values()))
+    assert doc["tree"][1] == {
+        "queue": "team-a",
+        "parent": "org",
+        "depth": 1,
+        "leaf": False,
+        "weight": 2.0,
+        "guarantee": 8,
+        "held": 0,
+        "borrowed": 0,
+        "lent": 4,
+        "dominantShare": 0.0,
+        "pending": 1,
+    }
 
 
 def test_the_html_page_draws_every_chip_self_contained() -> None:

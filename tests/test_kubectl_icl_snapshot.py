@@ -105,6 +105,30 @@ def test_anonymized_names_are_stable_hashes_and_the_state_keeps_its_shape() -> N
     assert shares == sorted((q.weight, q.quota, q.devices, q.pending) for q in views.queue_views(state))
 
 
+def test_an_anonymized_snapshot_hides_the_queue_trees_names_and_keeps_its_accounts() -> None:
+    """The tree's names are hashed as the pods' queue names are, so the tree still holds the same devices."""
+    tree = {
+        "queueTree": [
+            {
+                "name": "secret-org",
+                "children": [
+                    {"name": "research", "nominalQuota": {"devices": 4}},
+                    {"name": "ml", "nominalQuota": {"devices": 4}},
+                ],
+            }
+        ]
+    }
+    nodes, pods, leases = _cluster()
+    state = read_state(parse_config(tree), nodes, pods, leases, now=NOW)
+    doc = capture(tree, "flags", state, pods, leases, hide_names=True)
+    text = dump(doc, "yaml")
+    assert "secret-org" not in text and "research" not in text
+    hidden = state_of(load_snapshot(text))
+    accounts = [(n.depth, n.guarantee, n.held, n.borrowed, n.lent) for n in views.queue_tree_views(hidden)]
+    assert accounts == [(n.depth, n.guarantee, n.held, n.borrowed, n.lent) for n in views.queue_tree_views(state)]
+    assert [n.held for n in views.queue_tree_views(state)] == [4, 2, 2], "research: solo; ml: w0"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -161,3 +161,38 @@ def test_sim_without_matplotlib_asks_for_the_plot_extra_before_running(
     assert not out.exists()
     assert main([*small, "--out", str(out), "--no-plots"]) == 0
     assert (out / "fill_runs.csv").exists() and not list(out.glob("*.png"))
+
+
+def test_sim_time_with_a_queue_tree_measures_fairness_against_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--queue-tree``: the extender judges the trace's queues by the tree, every policy's fairness is
+    measured against the tree's ideal; a tree that is not a valid config, or that names none of the
+    workload's queues, is one clear line."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("pools:\n  - name: r\n    count: 2\n    topology: ring:8\n")
+    jobs = [Job(f"j{i}", i * 10.0, 900.0, 2, "ring", queue="a" if i % 3 else "b") for i in range(24)]
+    trace = tmp_path / "jobs.csv"
+    write_jobs_csv(jobs, trace)
+    tree = tmp_path / "tree.yaml"
+    tree.write_text(
+        "queueTree:\n  - name: org\n    children:\n"
+        "      - {name: a, nominalQuota: {devices: 4}}\n      - {name: b, nominalQuota: {devices: 12}}\n"
+    )
+    base = ["sim", "--mode", "time", "--cluster", str(cluster), "--trace", str(trace), "--no-plots", "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "flat"), "--policies", "icl"]) == 0
+    assert main([*base, "--out", str(tmp_path / "tree"), "--policies", "icl", "--queue-tree", str(tree)]) == 0
+    flat, hier = (
+        sum(float(r["ideal_b"]) for r in csv.DictReader((tmp_path / d / "time_fairness.csv").open()))
+        for d in ("flat", "tree")
+    )
+    capsys.readouterr()
+    assert hier > flat, "b's guarantee (12 of 16) gives it more of the ideal than equal weights do"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- {name: org, children: [{name: a, nominalQuota: {gpu: 4}}]}\n")
+    assert main([*base, "--out", str(tmp_path / "o"), "--queue-tree", str(bad)]) == 2
+    assert "unknown device pool 'gpu'" in capsys.readouterr().err
+    other = tmp_path / "other.yaml"
+    other.write_text("- {name: org, children: [{name: zz, nominalQuota: {devices: 4}}]}\n")
+    assert main([*base, "--out", str(tmp_path / "o"), "--queue-tree", str(other)]) == 2
+    assert "none of its leaves (zz) is a queue of the workload (a, b)" in capsys.readouterr().err

@@ -30,7 +30,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["DEFAULT_WINDOW_S", "QueueSample", "Window", "WindowMeter", "fairness_windows", "summary", "water_fill"]
+__all__ = [
+    "DEFAULT_WINDOW_S",
+    "FairTree",
+    "QueueSample",
+    "Window",
+    "WindowMeter",
+    "fairness_windows",
+    "summary",
+    "tree_fill",
+    "water_fill",
+]
 
 DEFAULT_WINDOW_S = 600.0
 """The default window: 10 minutes of simulated or real time."""
@@ -60,6 +70,62 @@ def water_fill(capacity: float, demand: Mapping[str, float], weight: Mapping[str
             return out
         left -= out[q]
         wsum -= w
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class FairTree:
+    """A tree of queues as the ideal needs it: the roots, each queue's children, weight and guarantee (every
+    nominal quota of its subtree, devices). Leaves are the queues that hold devices."""
+
+    roots: tuple[str, ...]
+    children: Mapping[str, tuple[str, ...]]
+    weight: Mapping[str, float]
+    guarantee: Mapping[str, float]
+
+    def leaves(self, name: str) -> list[str]:
+        kids = self.children.get(name, ())
+        return [name] if not kids else [leaf for c in kids for leaf in self.leaves(c)]
+
+
+def tree_fill(capacity: float, demand: Mapping[str, float], tree: FairTree) -> dict[str, float]:
+    """The hierarchical fair allocation of ``capacity`` among the leaves of ``tree`` with ``demand``: the
+    roots share ``capacity`` by weighted max-min (:func:`water_fill`), and each queue shares what it gets
+    among its children, each first up to its guarantee (by weighted max-min over the guarantees, when
+    they do not all fit), the rest by weighted max-min over what they ask beyond it: weighted
+    dominant-resource fairness at every level, as the queue tree ranks queues (a queue within its
+    guarantee first, borrowers by what they borrow per weight). Queues of ``demand`` outside the tree get
+    nothing. Limits on lending and borrowing are not modelled.
+
+    Below, org's 32 devices: a and b get their guarantees (8 each), the 16 left go 3 : 1 (a 20, b 12); a's
+    20: a1 its 8, the 12 left 1 : 1.
+
+    >>> t = FairTree(("org",), {"org": ("a", "b"), "a": ("a1", "a2")}, {"a": 3}, {"a": 8, "a1": 8, "b": 8})
+    >>> tree_fill(32, {"a1": 30, "a2": 30, "b": 30}, t)
+    {'a1': 14.0, 'a2': 6.0, 'b': 12.0}
+    """
+    out = {q: 0.0 for q in demand}
+
+    def asks(name: str) -> float:
+        return sum(demand.get(leaf, 0.0) for leaf in tree.leaves(name))
+
+    def share(name: str, amount: float) -> None:
+        kids = tree.children.get(name, ())
+        if not kids:
+            if name in out:
+                out[name] = amount
+            return
+        want = {c: asks(c) for c in kids}
+        weight = {c: tree.weight.get(c, 1.0) for c in kids}
+        first = {c: min(want[c], tree.guarantee.get(c, 0.0)) for c in kids}
+        base = water_fill(amount, first, weight)
+        rest = water_fill(amount - sum(base.values()), {c: want[c] - base[c] for c in kids}, weight)
+        for c in kids:
+            share(c, base[c] + rest[c])
+
+    tops = water_fill(capacity, {r: asks(r) for r in tree.roots}, {r: tree.weight.get(r, 1.0) for r in tree.roots})
+    for root, amount in tops.items():
+        share(root, amount)
     return out
 
 
@@ -102,6 +168,10 @@ class WindowMeter:
     weights: Mapping[str, float]
     window_s: float = DEFAULT_WINDOW_S
     windows: list[Window] = field(default_factory=list)
+    # with a tree of queues, the ideal is :func:`tree_fill` over the tree's queues and :func:`water_fill`
+    # over the others, which share what the tree's queues do not ask (flat and tree queues never hold
+    # each other back)
+    tree: FairTree | None = None
     _last: QueueSample | None = None
     _start: float = 0.0
     _cap: float = 0.0
@@ -130,7 +200,7 @@ class WindowMeter:
 
     def _account(self, s: QueueSample, until: float) -> None:
         demand = {q: s.held.get(q, 0.0) + s.waiting.get(q, 0.0) for q in set(s.held) | set(s.waiting)}
-        ideal = water_fill(s.capacity, demand, self.weights)
+        ideal = self.ideal(s.capacity, demand)
         t = s.t
         while t < until:
             end = min(until, self._start + self.window_s)
@@ -149,6 +219,17 @@ class WindowMeter:
         self._start, self._cap = end, 0.0
         self._achieved, self._ideal = {}, {}
 
+    def ideal(self, capacity: float, demand: Mapping[str, float]) -> dict[str, float]:
+        """The instantaneous ideal of every queue of ``demand``."""
+        if self.tree is None:
+            return water_fill(capacity, demand, self.weights)
+        inside = {leaf for root in self.tree.roots for leaf in self.tree.leaves(root)}
+        tree = tree_fill(capacity, {q: d for q, d in demand.items() if q in inside}, self.tree)
+        flat = water_fill(
+            capacity - sum(tree.values()), {q: d for q, d in demand.items() if q not in inside}, self.weights
+        )
+        return {**flat, **tree}
+
     def finish(self, end: float) -> None:
         """Count the last state up to ``end`` and close the partial window it leaves (if any time is in it)."""
         if self._last is None:
@@ -160,7 +241,11 @@ class WindowMeter:
 
 
 def fairness_windows(
-    samples: Iterable[QueueSample], weights: Mapping[str, float], window_s: float = DEFAULT_WINDOW_S, end: float = 0.0
+    samples: Iterable[QueueSample],
+    weights: Mapping[str, float],
+    window_s: float = DEFAULT_WINDOW_S,
+    end: float = 0.0,
+    tree: FairTree | None = None,
 ) -> list[Window]:
     """The windows of a whole run: ``samples`` in time order, each holding until the next; the last
     holds until ``end`` (when later than it), where the last, partial window closes.
@@ -169,7 +254,7 @@ def fairness_windows(
     >>> [round(w.error_pct, 1) for w in fairness_windows(s, {"a": 1, "b": 1}, 600, 1200)]
     [50.0, 0.0]
     """
-    meter = WindowMeter(weights, window_s)
+    meter = WindowMeter(weights, window_s, tree=tree)
     last = None
     for s in samples:
         meter.observe(s)
