@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -79,11 +79,20 @@ class _Inputs:
 class GangPreemption:
     """The preempt verb's answer for a member of a gang that cannot be placed (see the module)."""
 
-    def __init__(self, cache: ClusterCache, cfg: ExtenderConfig, gangs: GangManager, host: Host) -> None:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        cfg: ExtenderConfig,
+        gangs: GangManager,
+        host: Host,
+        effective: Callable[[fairshare.Usage], fairshare.Usage] | None = None,
+    ) -> None:
+        """``effective``: the usage fair share judges shares on, from the devices held (default: those)."""
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
         self.host = host
+        self.effective = effective
 
     def answer(
         self, state: CycleState, proposed: Mapping[str, tuple[tuple[str, ...], int]]
@@ -160,7 +169,9 @@ class GangPreemption:
         gang = info.gang
         assert gang is not None
         now = self.gangs.book.wall()
-        used = self.cache.pods.used_by_queue()
+        used: fairshare.Usage = self.cache.pods.used_by_queue()
+        if self.effective is not None:
+            used = self.effective(used)
         capacity = self.cache.nodes.capacity()
         views = self.cache.nodes.usable_views(eligible)
         held = self.gangs.book.held_for(gang.key)  # what the gang collects is its own to use

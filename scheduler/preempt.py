@@ -190,6 +190,10 @@ def fewest_victims(
     return None
 
 
+def _held(used: fairshare.Usage) -> fairshare.Usage:
+    return used
+
+
 class Preemption:
     """Victims per node for one preemption request (the pod already read into a :class:`CycleState`)."""
 
@@ -200,15 +204,18 @@ class Preemption:
         gangs: GangManager,
         host: Host,
         named: NamedVictims | None = None,
+        effective: Callable[[fairshare.Usage], fairshare.Usage] | None = None,
     ) -> None:
         """``host``: whether fair share holds a pod back, and reads of cached pods again from the API server
-        (:meth:`scheduler.host.Host.confirm`)."""
+        (:meth:`scheduler.host.Host.confirm`); ``effective``: the usage fair share judges shares on, from the
+        devices held (:meth:`scheduler.steps.FairShare.effective`; default: the devices held)."""
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
         self.host = host
         self.named = named if named is not None else NamedVictims(cache)
-        self.whole_gang = GangPreemption(cache, cfg, gangs, host)
+        self.effective = effective if effective is not None else _held
+        self.whole_gang = GangPreemption(cache, cfg, gangs, host, self.effective)
 
     def victims(self, state: CycleState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         proposed = {n: (tuple(dict.fromkeys(u)), pdb) for n, (u, pdb) in args.victim_uids().items() if u}
@@ -261,7 +268,7 @@ class Preemption:
         if whole is not None:
             return whole  # a gang that misses members: victims for all of them, or nobody
         now = self.gangs.book.wall()
-        used = self.cache.pods.used_by_queue()
+        used = self.effective(self.cache.pods.used_by_queue())
         capacity = self.cache.nodes.capacity()
         out: dict[str, MetaVictims] = {}
         for node, (uids, pdb) in sorted(proposed.items()):

@@ -45,6 +45,7 @@ from scheduler.podspec import (
     sized_rank,
 )
 from scheduler.sharing import LiveShareRanker
+from scheduler.usagehistory import UsageHistory
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape, ShapeError, parse_shape
 from topology.contract import DEFAULT_RESOURCE
@@ -288,20 +289,34 @@ class GangAdmission:
 
 class FairShare:
     """Weighted dominant-resource fairness and quotas (:mod:`scheduler.fairshare`): a queue over its
-    share waits while an under-share queue has a pod that fits somewhere."""
+    share waits while an under-share queue has a pod that fits somewhere. Shares are judged on
+    :meth:`effective` usage (with a usage half-life, the devices held plus the decayed device-time:
+    :class:`scheduler.usagehistory.UsageHistory`); quotas on the devices held."""
 
     name = "FairShare"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNRESOLVABLE: Outcome("held", "QueueHeldBack")}
 
     def __init__(
-        self, cache: ClusterCache, cfg: ExtenderConfig, gangs: GangManager, ranker: LinkedRanker, fits: FitMemory
+        self,
+        cache: ClusterCache,
+        cfg: ExtenderConfig,
+        gangs: GangManager,
+        ranker: LinkedRanker,
+        fits: FitMemory,
+        history: UsageHistory | None = None,
     ) -> None:
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
         self.ranker = ranker
         self.fits = fits
+        self.history = history
         cache.on_pod_change(self._pod_changed)
+
+    def effective(self, used: fairshare.Usage) -> fairshare.Usage:
+        """The usage shares are judged on: ``used`` (devices held per queue and pool) plus each queue's
+        decayed usage in devices with a usage half-life; ``used`` itself without one."""
+        return used if self.history is None else self.history.effective(used)
 
     def _pod_changed(self, change: PodChange) -> None:
         # The cache tells a pod's deletion or end (a bound pod's hold-back already ended with the
@@ -330,7 +345,7 @@ class FairShare:
         return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, {}, quota_only=True)
 
     def hold_back(
-        self, info: PodInfo, used: Mapping[str, Mapping[str, int]] | None = None, admitted: Container[str] = ()
+        self, info: PodInfo, used: fairshare.Usage | None = None, admitted: Container[str] = ()
     ) -> fairshare.HoldBack | None:
         """Why the pod's queue must wait, or ``None`` when it may go. The gate loop passes ``used``, the
         devices held per queue and pool with the pods it let go counted in (default: the cache's), and
@@ -343,30 +358,37 @@ class FairShare:
         if qcfg.quota is None and not self.cfg.fair_share:
             return None
         waiting: dict[str, str] = {}
+        shares = self.effective(used)
         if self.cfg.fair_share:
-            mine = fairshare.dominant_share(used.get(info.queue, {}), capacity, qcfg.weight)
+            mine = fairshare.dominant_share(shares.get(info.queue, {}), capacity, qcfg.weight)
             if self.gangs.is_surplus(info):
                 # Above its gang's minimum: joins only while no other queue has a pod waiting that fits.
                 waiting = self._waiting_below(info, float("inf"), used, capacity, admitted, surplus=True)
-                return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting, surplus=True)
+                return fairshare.admit(
+                    info.queue, info.count, used, capacity, self.cfg, waiting, surplus=True, shares=shares
+                )
             if mine > 0:
-                waiting = self._waiting_below(info, mine, used, capacity, admitted)
-        return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting)
+                waiting = self._waiting_below(info, mine, used, capacity, admitted, shares=shares)
+        return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting, shares=shares)
 
     def _waiting_below(
         self,
         info: PodInfo,
         mine: float,
-        used: Mapping[str, Mapping[str, int]],
+        used: fairshare.Usage,
         capacity: Mapping[str, int],
         admitted: Container[str] = (),
         *,
         surplus: bool = False,
+        shares: fairshare.Usage | None = None,
     ) -> dict[str, str]:
-        """Other queues below ``mine`` that have a pending pod which fits some node now.
+        """Other queues below ``mine`` that have a pending pod which fits some node now (their share judged
+        on ``shares``, default ``used``; their quota on ``used``).
 
         For a ``surplus`` member, other queues' surplus members do not count (two elastic gangs
         would hold each other back forever)."""
+        if shares is None:
+            shares = used
         lower: dict[str, list[PodInfo]] = {}
         gate_mode = self.cfg.queue_holds == "gate"
         below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue, not per pod)
@@ -382,7 +404,7 @@ class FairShare:
             under = below.get(p.queue)
             if under is None:
                 weight = self.cfg.queue(p.queue).weight
-                under = below[p.queue] = fairshare.dominant_share(used.get(p.queue, {}), capacity, weight) < mine
+                under = below[p.queue] = fairshare.dominant_share(shares.get(p.queue, {}), capacity, weight) < mine
             if not under:
                 continue
             if p.gang is not None and self.gangs.is_surplus(p):

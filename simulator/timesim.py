@@ -176,6 +176,7 @@ def run_time(
     config: ExtenderConfig | None = None,
     until_started: Collection[str] = (),
     preemption: str = "extender",
+    usage_half_life_s: float | None = None,
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -196,6 +197,8 @@ def run_time(
     stops once each of them has started or is rejected (``kubectl icl whatif`` asks no more).
     ``preemption`` (:data:`simulator.timebase.PREEMPTIONS`) says how a pod preempts under the ``icl``
     policies: through the extender's preempt verb, kube-scheduler's own preemption alone, or not at all.
+    ``usage_half_life_s`` (the ``icl`` policies) is fair share's usage half-life in simulated seconds (0: off;
+    ``None``: the config's, off by default).
     """
     if resize_s < 0:
         raise ValueError(f"resize_s: must be >= 0, got {resize_s}")
@@ -223,7 +226,14 @@ def run_time(
                 c = KubeletModel(spec, gang_tier)
             else:
                 c = extender = ExtenderModel(
-                    spec, pol, gang_tier, weights, record=record, config=config, preemption=preemption
+                    spec,
+                    pol,
+                    gang_tier,
+                    weights,
+                    record=record,
+                    config=config,
+                    preemption=preemption,
+                    usage_half_life_s=usage_half_life_s,
                 )
         except TopologyError as exc:
             raise ValueError(f"gang_tier: {exc}") from None
