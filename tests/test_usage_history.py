@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 import pytest
@@ -390,3 +391,37 @@ def test_time_mode_a_queue_idle_for_hours_goes_before_the_one_that_held_the_clus
     assert off == {"a": [2 * HOUR] * 2 + [3 * HOUR] * 2, "b": [2 * HOUR] * 2 + [3 * HOUR] * 2}
     on = _idle_queue_run(HOUR)
     assert on == {"a": [3 * HOUR] * 4, "b": [2 * HOUR] * 4}
+
+
+# ------------------------------------------------------------------ kubectl icl queues
+
+
+def test_kubectl_icl_queues_counts_the_recorded_usage_in_the_shares_it_shows() -> None:
+    """``kubectl icl queues`` reads the usage record as a starting replica does: alpha holds nothing now but
+    used both nodes for an hour, so its share is its decayed usage over the cluster's 16 devices."""
+    from kubectlicl import render, views
+    from kubectlicl.state import adopt_usage, read_state
+    from tests.test_kubectl_icl import NOW, node, pod
+
+    cfg = ExtenderConfig(usage_half_life_s=HOUR)
+    nodes = [node("n1"), node("n2")]
+    pods = [pod("b1", 2, namespace="beta", node_name="n1", devices="0,1")]
+    state = read_state(cfg, nodes, pods, now=NOW)
+    pool = next(iter(state.cache.nodes.capacity()))
+    written = DecayedUsage(HOUR, NOW - HOUR, {"alpha": {pool: 16 * mean_lifetime(HOUR)}})
+    name = usage_record_name(cfg.leader_election.name)
+    lease = usage_lease(written, cfg.leader_election.namespace, name, "replica-1")
+    assert adopt_usage(state, [lease]) == []
+    alpha, beta = views.queue_views(state)
+    want = 16 * 0.5  # one half-life since the record
+    assert (alpha.name, alpha.devices, alpha.usage) == ("alpha", 0, pytest.approx(want))
+    assert alpha.share == pytest.approx(want / 16)
+    beta_usage = 2 * -math.expm1(-HOUR / mean_lifetime(HOUR))  # held 2 since the record's time
+    assert beta.usage == pytest.approx(beta_usage) and beta.share == pytest.approx((2 + beta_usage) / 16)
+    lines = render.queues_table([alpha, beta]).splitlines()
+    assert lines[0].split() == ["QUEUE", "WEIGHT", "QUOTA", "DEVICES", "USAGE", "SHARE", "PENDING", "POOLS"]
+    assert lines[1].split()[:6] == ["alpha", "1", "<none>", "0", "8.0", "0.500"]
+    assert render.queue_docs([alpha], "")["items"][0]["usageDevices"] == pytest.approx(8.0)
+    missing = read_state(cfg, nodes, pods, now=NOW)
+    why = f"usage record kube-system/{name} not found: shares count only the devices held"
+    assert adopt_usage(missing, []) == [why]
