@@ -260,7 +260,10 @@ class Extender:
         book = self.gangs.book
         stale = book.restore(book.records.read())
         book.records.delete_named(stale)
-        self.load_usage()  # the previous holder's last usage record: shares go on from it
+        try:
+            self.load_usage()  # the previous holder's last usage record: shares go on from it
+        except KubeError as exc:  # not worth refusing the Lease over: the usage goes on from this replica's
+            log.warning("cannot read the usage record: %s", exc)
         log.info(
             "reconciled: %d pods newer than the watch, %d gang reservations restored, %d stale records",
             merged,
@@ -569,7 +572,8 @@ class Extender:
 
     def load_usage(self) -> bool:
         """Read the usage record and adopt it when newer than the last adopted (a start, a takeover, a
-        standby following the holder's writes); whether it was adopted."""
+        standby following the holder's writes); whether it was adopted. :class:`KubeError` when the API
+        server does not answer."""
         record = self._usage_record
         if record is None:
             return False
@@ -584,23 +588,29 @@ class Extender:
         return adopted
 
     def _read_usage(self) -> None:
-        self.load_usage()
+        """Read the record (background): the first successful read lets this replica write it."""
+        try:
+            self.load_usage()
+        except KubeError as exc:
+            log.warning("cannot read the usage record: %s", exc)
+            return
+        self._usage_loaded = True
 
     def _sync_usage(self) -> None:
         """Every ``fairShare.usageWriteSeconds``: the Lease holder writes the usage record, another replica
-        reads it; the first read waits for the cache to have listed the pods (the holdings since the record's
-        time are the cache's). Both on the background worker."""
+        reads it. A replica writes only once it has read the record (or found none) after its start, which
+        waits for the cache to have listed the pods (the holdings since the record's time are the cache's):
+        a restart never overwrites the history it has not read. Both on the background worker."""
         record = self._usage_record
         if record is None or not self.cache.pods_synced:
             return
         now = time.monotonic()
-        if now < self._usage_due and self._usage_loaded:
+        if now < self._usage_due:
             return
         self._usage_due = now + self.cfg.usage_write_s
-        if not self._usage_loaded:
-            self._usage_loaded = True
+        if not self._usage_loaded or not self.leading():
             self._background.put(self._read_usage)
-        elif self.leading():
+        else:
             state = self.usage.state()
             if state is not None:
                 holder = self.holder()
@@ -611,8 +621,6 @@ class Extender:
                         log.warning("%s", why)
 
                 self._background.put(write)
-        else:
-            self._background.put(self._read_usage)
 
     def last_fairness_window(self) -> Window | None:
         """The fairness measure's last closed window (``None`` until one closed)."""

@@ -46,13 +46,9 @@ class UsageRecord:
         return ""
 
     def read(self) -> DecayedUsage | None:
-        """The recorded usage; ``None`` when there is none, it cannot be read (logged), or the API server
-        does not answer (logged)."""
-        try:
-            lease = self.api.get_lease(self.namespace, self.name)
-        except KubeError as exc:
-            log.warning("cannot read the usage record %s/%s: %s", self.namespace, self.name, exc)
-            return None
+        """The recorded usage; ``None`` when there is none or it cannot be read (logged: the next write
+        replaces it). :class:`scheduler.kube.KubeError` when the API server does not answer."""
+        lease = self.api.get_lease(self.namespace, self.name)
         if lease is None:
             return None
         try:

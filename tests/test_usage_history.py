@@ -23,6 +23,7 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, ExtenderConfig, LeaderElectionConfig, QueueConfig, parse_config
 from scheduler.extender import Extender
 from scheduler.informer import Informer
+from scheduler.kube import KubeError
 from scheduler.podspec import GATE_QUEUE
 from scheduler.steps import FairShare
 from scheduler.usagehistory import UsageHistory
@@ -343,6 +344,42 @@ def test_a_restarted_replica_goes_on_from_the_record() -> None:
 
 def _pool_of(c: Cluster, queue: str, devices: int) -> dict[str, dict[str, int]]:
     return {queue: {next(iter(c.cache.nodes.capacity())): devices}}
+
+
+class _Unreadable(MemoryKubeAPI):
+    """Leases cannot be read while ``down``."""
+
+    down = True
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.down:
+            raise KubeError(503, "the server is currently unable to handle the request")
+        return super().get_lease(namespace, name)
+
+
+def test_a_replica_that_could_not_read_the_record_after_its_start_does_not_overwrite_it() -> None:
+    api = _Unreadable()
+    api.down = False
+    cfg = ExtenderConfig(usage_half_life_s=HOUR, usage_write_s=1e-9, leader_election=NO_ELECTION)
+    one = Cluster(["a", "b"], cfg, api=api)  # one replica, no election: it always writes
+    one.add(_held("alpha-a", "alpha", "a"))
+    for _ in range(3):
+        one.clock.t += HOUR
+        one.sweep()
+    before = read_usage(api.get_lease("kube-system", "kube-icl-extender-usage") or {})
+    api.down = True
+    again = Cluster([], one.ext.cfg, api=api, clock=one.clock)
+    for _ in range(3):
+        one.clock.t += 60.0
+        again.sweep()
+    api.down = False
+    assert read_usage(api.get_lease("kube-system", "kube-icl-extender-usage") or {}) == before
+    again.sweep()  # reads it now, then writes from it
+    again.sweep()
+    after = read_usage(api.get_lease("kube-system", "kube-icl-extender-usage") or {})
+    assert after.as_of == one.clock.t and after.devices()["alpha"] == pytest.approx(
+        before.advanced(after.as_of, _pool_of(one, "alpha", 8)).devices()["alpha"], rel=1e-9
+    )
 
 
 def test_a_record_under_another_half_life_keeps_its_effective_devices() -> None:
