@@ -183,6 +183,7 @@ class Extender:
             record=self._record,
         )
         self.metrics.attach_state(self._queue_metrics, self.ranker.free_shapes)
+        self.metrics.attach_usage(lambda: {q: sum(p.values()) for q, p in self.usage.devices().items()})
         # the fairness measure over the cache's running and pending pods, sampled by sweep()
         self.fairness = WindowMeter(_Weights(cfg))
         self.metrics.attach_fairness(self.last_fairness_window)

@@ -462,3 +462,14 @@ def test_kubectl_icl_queues_counts_the_recorded_usage_in_the_shares_it_shows() -
     missing = read_state(cfg, nodes, pods, now=NOW)
     why = f"usage record kube-system/{name} not found: shares count only the devices held"
     assert adopt_usage(missing, []) == [why]
+
+
+def test_metrics_show_each_queues_decayed_usage_and_the_share_that_counts_it() -> None:
+    c = Cluster(["a", "b"], ExtenderConfig(usage_half_life_s=HOUR))
+    _alpha_held_both_nodes_for(c, 2 * HOUR)
+    text = c.ext.metrics.render().decode()
+    assert 'kube_icl_queue_usage_devices{queue="alpha"} 12.0' in text
+    assert 'kube_icl_queue_dominant_share{queue="alpha"} 0.75' in text
+    off = Cluster(["a", "b"], ExtenderConfig())
+    _alpha_held_both_nodes_for(off, 2 * HOUR)
+    assert "kube_icl_queue_usage_devices{" not in off.ext.metrics.render().decode()
