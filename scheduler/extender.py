@@ -263,6 +263,7 @@ class Extender:
         book.records.delete_named(stale)
         try:
             self.load_usage()  # the previous holder's last usage record: shares go on from it
+            self._usage_loaded = True
         except KubeError as exc:  # not worth refusing the Lease over: the usage goes on from this replica's
             log.warning("cannot read the usage record: %s", exc)
         log.info(
