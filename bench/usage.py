@@ -86,7 +86,7 @@ def idle_jobs() -> list[Job]:
 
 def run(mix: str, seed: int, half_life: float, runtimes: Sequence[float]) -> TimeResult:
     if mix == "builtin":
-        spec, jobs = builtin_cluster(), synthetic_jobs(1500, seed)
+        spec, jobs = builtin_cluster(), synthetic_jobs(1500, seed, mean_interarrival=120.0)  # icl sim's default
         failures = FailureRates(0.0005, 0.0002, 0.0002, 1800.0)  # icl sim's built-in rates
         return run_time(spec, jobs, "icl", seed=seed, failures=failures, usage_half_life_s=half_life)
     if mix == "philly":
