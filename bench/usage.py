@@ -12,7 +12,8 @@ Each mix is replayed under ``icl`` (the extender decides every placement) once p
   devices; three queues of weight 1 sharing one arrival stream; the built-in failure rates).
 - ``philly``: 8 nodes of ring:8 (64 devices), three queues of weight 1 whose jobs run the durations of
   Microsoft's Philly trace (``../shared/data/philly``, clipped to 60 s .. 12 h): ``steady`` offers half the
-  cluster all along, ``bursty`` 1.5 times the cluster for the first 2 hours of every 8, ``late`` nothing
+  cluster all along, ``bursty`` 6 times the cluster in the first 2 hours of every 8 (1.5 times over the
+8 hours), ``late`` nothing
   for 24 hours, then the cluster's worth; arrivals for 48 hours. Shapes: 1 device, rings of 2, 4 and 8.
 - ``idle``: 4 nodes of ring:8; queue ``a`` holds the whole cluster for 2 hours with 16 jobs of 2 devices,
   queue ``b`` nothing; at 2 hours, as a's jobs end, both submit 4 whole-node jobs of an hour (a's first in
@@ -74,7 +75,7 @@ def philly_jobs(seed: int, runtimes: Sequence[float], nodes: int = 8, hours: flo
 
     stream("steady", 0.5, 0.0, hours * HOUR)
     for burst in range(int(hours // 8)):
-        stream("bursty", 1.5 * 4, burst * 8 * HOUR, (burst * 8 + 2) * HOUR)  # 1.5 x the cluster over 2 of 8 h
+        stream("bursty", 6.0, burst * 8 * HOUR, (burst * 8 + 2) * HOUR)  # 1.5 x the cluster over the 8 hours
     stream("late", 1.0, 24 * HOUR, hours * HOUR)
     return sorted(jobs, key=lambda j: (j.submit, j.id))
 
