@@ -431,9 +431,10 @@ def _run(args: argparse.Namespace, reader: Any) -> int:
 
     # queues
     state = read_state(cfg, reader.nodes(), reader.pods(), now=now)
+    usage_warnings = _usage(reader, state) if cfg.usage_half_life_s > 0 else []
     queue_list = views.queue_views(state)
     tree = views.queue_tree_views(state)
-    _warn(state.warnings)
+    _warn([*state.warnings, *usage_warnings])
     if not queue_list and not tree:
         print("No queues found (no configured queue and no pod asking devices).", file=sys.stderr)
         return EXIT_OK
@@ -523,6 +524,18 @@ def _whatif(args: argparse.Namespace, reader: Any, cfg: Any, source: str, now: f
         print()
         print(render.node_drawings(views.node_summaries(after, tiers=cfg.tiers)))
     return EXIT_OK
+
+
+def _usage(reader: Any, state: Any) -> list[str]:
+    """Fair share's usage record taken into the shares (a usage half-life); a refusal is a warning."""
+    from .cluster import ClusterError
+    from .state import adopt_usage
+
+    try:
+        leases = reader.usage_leases(state.config.leader_election.namespace)
+    except ClusterError as exc:
+        return [f"usage record not read: {exc}"]
+    return adopt_usage(state, leases)
 
 
 def _leases(reader: Any, cfg: Any, source: str, namespace: str) -> tuple[list[Any], list[str]]:

@@ -18,7 +18,7 @@ import yaml
 
 from kubeauth import KubeSession, resolve
 from scheduler.config import ConfigError, ExtenderConfig, parse_config
-from scheduler.wire import RECORD_LABEL
+from scheduler.wire import RECORD_LABEL, USAGE_LABEL
 
 __all__ = ["ClusterError", "ExtenderSettings", "Reader", "extender_settings"]
 
@@ -163,6 +163,22 @@ class Reader:
 
         where = f" in {namespace}" if namespace else ""
         return self._list(f"list leases -l {RECORD_LABEL}{where}", call)
+
+    def usage_leases(self, namespace: str) -> list[dict[str, Any]]:
+        """The extender's usage records (fair share's decayed usage) in ``namespace``."""
+        from kubernetes import client
+
+        def call(api: Any, token: str | None) -> Any:
+            return client.CoordinationV1Api(api).list_namespaced_lease(
+                namespace,
+                label_selector=USAGE_LABEL,
+                limit=500,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=TIMEOUT_S,
+            )
+
+        return self._list(f"list leases -l {USAGE_LABEL} in {namespace}", call)
 
     def priority_classes(self) -> list[dict[str, Any]]:
         """The PriorityClasses: the priority the API server gives a pod that names one (or none, the

@@ -270,13 +270,17 @@ def _weight(w: float) -> str:
 
 
 def queues_table(queues: Sequence[QueueView]) -> str:
-    headers = ["QUEUE", "WEIGHT", "QUOTA", "DEVICES", "SHARE", "PENDING", "POOLS"]
+    """One row per queue; a USAGE column (decayed usage in devices, which SHARE counts) when some queue has
+    usage history."""
+    history = any(q.usage for q in queues)
+    headers = ["QUEUE", "WEIGHT", "QUOTA", "DEVICES", *(["USAGE"] if history else []), "SHARE", "PENDING", "POOLS"]
     rows = [
         [
             q.name,
             _weight(q.weight),
             "<none>" if q.quota is None else str(q.quota),
             str(q.devices),
+            *([f"{q.usage:.1f}"] if history else []),
             f"{q.share:.3f}",
             str(q.pending),
             ",".join(f"{pool}={n}" for pool, n in q.pools.items()) or "<none>",
@@ -325,6 +329,7 @@ def queue_tree_docs(nodes: Sequence[QueueTreeView]) -> list[dict[str, Any]]:
 
 
 def queue_docs(queues: Sequence[QueueView], source: str, tree: Sequence[QueueTreeView] = ()) -> dict[str, Any]:
+    history = any(q.usage for q in queues)
     return {
         "kind": "QueueList",
         "configFrom": source,
@@ -338,6 +343,7 @@ def queue_docs(queues: Sequence[QueueView], source: str, tree: Sequence[QueueTre
                 "dominantShare": round(q.share, 6),
                 "pending": q.pending,
                 "pools": dict(q.pools),
+                **({"usageDevices": round(q.usage, 6)} if history else {}),
             }
             for q in queues
         ],

@@ -24,9 +24,9 @@ from scheduler.config import ExtenderConfig
 from scheduler.extender import Extender
 from scheduler.factory import build_extender, cache_for
 from scheduler.podspec import PodInfo, PodSpecError, pod_info
-from scheduler.wire import RECORD_LABEL, Record, WireError, read_record
+from scheduler.wire import RECORD_LABEL, Record, WireError, read_record, read_usage, usage_record_name
 
-__all__ = ["Listed", "State", "read_state", "reservations"]
+__all__ = ["Listed", "State", "adopt_usage", "read_state", "reservations"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,30 @@ class State:
     records: tuple[Listed, ...]  # every record listed, in force or not
     warnings: tuple[str, ...]  # pods and records the extender's readers cannot read
     now: float  # wall clock of the reads
+
+
+def adopt_usage(state: State, leases: Iterable[Mapping[str, Any]]) -> list[str]:
+    """With a usage half-life, take the extender's usage record among ``leases`` (its Lease namespace,
+    ``<leaseName>-usage``) into the extender's fair share, as a replica that starts does, so that shares count
+    the decayed usage it judges on; warnings for a record that cannot be read or is missing."""
+    cfg = state.config
+    if cfg.usage_half_life_s <= 0:
+        return []
+    election = cfg.leader_election
+    name = usage_record_name(election.name)
+    for lease in leases:
+        meta = lease.get("metadata") or {}
+        if meta.get("name") != name or meta.get("namespace", election.namespace) != election.namespace:
+            continue
+        try:
+            record = read_usage(lease)
+        except WireError as exc:
+            return [f"lease {election.namespace}/{name}: {exc}"]
+        with state.cache.lock:
+            used = state.cache.pods.used_by_queue()
+        state.extender.usage.adopt(record, used)
+        return []
+    return [f"usage record {election.namespace}/{name} not found: shares count only the devices held"]
 
 
 def _uid(obj: Mapping[str, Any]) -> str:

@@ -109,6 +109,7 @@ class QueueView:
     share: float  # weighted dominant share (scheduler.fairshare)
     pending: int  # its pods asking devices that have no node yet
     pools: Mapping[str, int] = field(default_factory=dict)  # topology name -> devices held there
+    usage: float = 0.0  # its decayed usage in devices, which the share counts (a usage half-life; else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +307,7 @@ def queue_views(state: State) -> list[QueueView]:
             if topo is not None:
                 names[topo.fingerprint] = topo.name or topo.fingerprint[:12]
         usage = state.extender.queue_usage()
-    used, shares, pending = usage.used, usage.shares, usage.pending
+    used, shares, pending, decayed = usage.used, usage.shares, usage.pending, usage.decayed
     out: list[QueueView] = []
     tree = cfg.queue_tree.nodes if cfg.queue_tree is not None else {}
     for queue in sorted((set(shares) | set(pending)) - set(tree)):
@@ -321,6 +322,7 @@ def queue_views(state: State) -> list[QueueView]:
                 share=shares.get(queue, 0.0),
                 pending=pending.get(queue, 0),
                 pools=_by_name(held, names),
+                usage=sum(decayed.get(queue, {}).values()),
             )
         )
     return out

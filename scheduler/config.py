@@ -21,6 +21,7 @@ Example::
     decideCpuPods: false        # true: pods asking no device are placed by the share policy too
     schedulerName: kube-icl     # the profile whose pods the extender serves (decideCpuPods counts them)
     events: {enabled: true, onBind: false}
+    fairShare: {enabled: true, usageHalfLifeSeconds: 86400, usageWriteSeconds: 30}   # or true / false
     queueHolds: filter          # or gate: a held pod waits behind a scheduling gate, never Unschedulable
     queues:
       research: {weight: 2}
@@ -34,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +149,11 @@ class ExtenderConfig:
     # node label keys of the network tiers above the link domain, lowest first (topology.parse_tiers)
     tiers: tuple[str, ...] = ()
     fair_share: bool = True
+    # usage over time (docs/scheduler.md, "Usage over time"): a queue's share counts its device-time decayed
+    # with this half-life, in seconds, beside what it holds; 0: off, the share is what it holds now
+    usage_half_life_s: float = 0.0
+    # how often the extender Lease's holder writes the decayed usage to the API server (and a standby reads it)
+    usage_write_s: float = 30.0
     # how a pod its queue holds back waits (docs/scheduler.md, "Holds as scheduling gates"): "filter", the
     # filter fails every node (kube-scheduler marks the pod Unschedulable); "gate", behind the scheduling
     # gate the chart's admission policy adds, which the lease holder removes when the queue admits the pod
@@ -288,6 +295,32 @@ def _queue_holds(value: Any) -> str:
             "behind the scheduling gate kube-icl.io/queue)"
         )
     return str(value)
+
+
+def _fair_share(raw: Any) -> dict[str, Any]:
+    """``fairShare``: ``true``/``false``, or a mapping ``{enabled, usageHalfLifeSeconds, usageWriteSeconds}``."""
+    if isinstance(raw, bool):
+        return {"fair_share": raw}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"fairShare: expected true, false or a mapping of enabled, usageHalfLifeSeconds, usageWriteSeconds, "
+            f"got {raw!r}"
+        )
+    _check_keys(raw, {"enabled", "usageHalfLifeSeconds", "usageWriteSeconds"}, "fairShare")
+    out: dict[str, Any] = {}
+    if "enabled" in raw:
+        out["fair_share"] = _bool(raw["enabled"], "fairShare.enabled")
+    if "usageHalfLifeSeconds" in raw:
+        value = raw["usageHalfLifeSeconds"]
+        if value is not None:  # null: off, as 0
+            out["usage_half_life_s"] = _seconds(value, "fairShare.usageHalfLifeSeconds")
+            if not math.isfinite(out["usage_half_life_s"]):
+                raise ConfigError("fairShare.usageHalfLifeSeconds: must be finite (0 turns usage history off)")
+    if "usageWriteSeconds" in raw:
+        out["usage_write_s"] = _num(raw["usageWriteSeconds"], "fairShare.usageWriteSeconds", strict=True)
+        if not math.isfinite(out["usage_write_s"]):
+            raise ConfigError(f"fairShare.usageWriteSeconds: must be finite, got {raw['usageWriteSeconds']!r}")
+    return out
 
 
 def _kueue(raw: Any, top: Mapping[str, Any], queues: Mapping[str, QueueConfig]) -> KueueConfig:
@@ -438,7 +471,7 @@ def parse_config(raw: Any) -> ExtenderConfig:
         except TopologyError as exc:
             raise ConfigError(str(exc)) from None
     if "fairShare" in top:
-        kw["fair_share"] = _bool(top["fairShare"], "fairShare")
+        kw.update(_fair_share(top["fairShare"]))
     if "queueHolds" in top:
         kw["queue_holds"] = _queue_holds(top["queueHolds"])
     if "defaultQueueWeight" in top:

@@ -49,6 +49,8 @@ from scheduler.preempt import NamedVictims, Preemption
 from scheduler.profiles import build_profiles
 from scheduler.sharing import LiveShareRanker
 from scheduler.steps import FairShare, GangSize, ReadPod, SeenPods
+from scheduler.usagehistory import UsageHistory
+from scheduler.usagerecord import UsageRecord
 from scheduler.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
@@ -57,7 +59,9 @@ from scheduler.wire import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     HostPriority,
+    usage_record_name,
 )
+from topology.decay import DecayedUsage
 from topology.fairness import QueueSample, Window, WindowMeter
 
 __all__ = ["Extender"]
@@ -145,13 +149,22 @@ class Extender:
         self._read = ReadPod(cfg, self._seen, classify)
         if cfg.decide_cpu_pods:  # the pods it decides are part of the workload its share policy protects
             cache.count_cpu_pods_of(cfg.scheduler_name)  # a no-op when the cache was built counting them
-        self._fair = FairShare(cache, cfg, self.gangs, self.ranker, self.decision.fits)
+        # fair share's usage over time (fairShare.usageHalfLifeSeconds; off at 0), on the wall clock that the
+        # replicas' usage record is kept on (the run's clock in time mode)
+        self.usage = UsageHistory(cfg.usage_half_life_s, wall)
+        self._usage_record: UsageRecord | None = None
+        if api is not None and self.usage.enabled:
+            name = usage_record_name(cfg.leader_election.name)
+            self._usage_record = UsageRecord(api, cfg.leader_election.namespace, name)
+        self._usage_due = 0.0  # time.monotonic() of the next write (holder) or read (others) of the record
+        self._usage_loaded = False  # the record was read once the cache had listed the pods
+        self._fair = FairShare(cache, cfg, self.gangs, self.ranker, self.decision.fits, self.usage)
         # The gang size step (public: its group_sizes are the gang sizes read from PodGroup objects).
         self.gang_size = GangSize(api, cfg.resource_name)
         layouts = self.gangs.member_layouts
         self._binding = Binding(api, cache, layouts, self._unsure, cfg.kube.request_timeout_s) if api else None
         named = NamedVictims(cache, ttl_s=max(30.0, 2 * cfg.kube.request_timeout_s))
-        self.preemption = Preemption(cache, cfg, self.gangs, self, named)
+        self.preemption = Preemption(cache, cfg, self.gangs, self, named, self._fair.effective)
         self._record = GangRecord(self.gangs.book)
         self.cycle = build_profiles(
             cfg,
@@ -170,6 +183,7 @@ class Extender:
             record=self._record,
         )
         self.metrics.attach_state(self._queue_metrics, self.ranker.free_shapes)
+        self.metrics.attach_usage(lambda: {q: sum(p.values()) for q, p in self.usage.devices().items()})
         # the fairness measure over the cache's running and pending pods, sampled by sweep()
         tree = queuetree.fair_tree(cfg.queue_tree) if cfg.queue_tree is not None else None
         self.fairness = WindowMeter(_Weights(cfg), tree=tree)
@@ -248,6 +262,11 @@ class Extender:
         book = self.gangs.book
         stale = book.restore(book.records.read())
         book.records.delete_named(stale)
+        try:
+            self.load_usage()  # the previous holder's last usage record: shares go on from it
+            self._usage_loaded = True
+        except KubeError as exc:  # not worth refusing the Lease over: the usage goes on from this replica's
+            log.warning("cannot read the usage record: %s", exc)
         log.info(
             "reconciled: %d pods newer than the watch, %d gang reservations restored, %d stale records",
             merged,
@@ -443,6 +462,8 @@ class Extender:
 
     def sweep(self) -> None:
         self.observe_fairness()
+        self.observe_usage()
+        self._sync_usage()
         self.gangs.sweep(self.cache.clock())
         # gangs none of whose members kube-scheduler lets reach the filter
         self.gangs.collect_waiting(lambda: not self.lead(0.0))
@@ -522,7 +543,8 @@ class Extender:
             pending: dict[str, int] = {}
             for pod in self.cache.pods.pending():
                 pending[pod.queue] = pending.get(pod.queue, 0) + 1
-        return fairshare.QueueStanding(used, capacity, fairshare.dominant_shares(used, capacity, self.cfg), pending)
+        shares = fairshare.dominant_shares(self._fair.effective(used), capacity, self.cfg)
+        return fairshare.QueueStanding(used, capacity, shares, pending, self.usage.devices())
 
     def observe_fairness(self) -> None:
         """Feed the fairness measure the cluster now: healthy devices, and per queue the devices held and the
@@ -543,6 +565,66 @@ class Extender:
         if len(self.fairness.windows) > 1:
             del self.fairness.windows[:-1]  # only the last closed window is shown
 
+    def observe_usage(self) -> None:
+        """Feed fair share's usage history the devices each queue holds now (held since the last call)."""
+        if not self.usage.enabled:
+            return
+        with self.cache.lock:
+            used = self.cache.pods.used_by_queue()
+        self.usage.observe(used)
+
+    def load_usage(self) -> bool:
+        """Read the usage record and adopt it when newer than the last adopted (a start, a takeover, a
+        standby following the holder's writes); whether it was adopted. :class:`KubeError` when the API
+        server does not answer."""
+        record = self._usage_record
+        if record is None:
+            return False
+        state = record.read()
+        if state is None:
+            return False
+        with self.cache.lock:
+            used = self.cache.pods.used_by_queue()
+        adopted = self.usage.adopt(state, used)
+        if adopted:
+            log.info("usage record %s/%s adopted, as of %.3f", record.namespace, record.name, state.as_of)
+        return adopted
+
+    def _read_usage(self) -> None:
+        """Read the record (background): the first successful read lets this replica write it."""
+        try:
+            self.load_usage()
+        except KubeError as exc:
+            log.warning("cannot read the usage record: %s", exc)
+            return
+        self._usage_loaded = True
+
+    def _sync_usage(self) -> None:
+        """Every ``fairShare.usageWriteSeconds``: the Lease holder writes the usage record, another replica
+        reads it. A replica writes only once it has read the record (or found none) after its start, which
+        waits for the cache to have listed the pods (the holdings since the record's time are the cache's):
+        a restart never overwrites the history it has not read. Both on the background worker."""
+        record = self._usage_record
+        if record is None or not self.cache.pods_synced:
+            return
+        now = time.monotonic()
+        if now < self._usage_due:
+            return
+        self._usage_due = now + self.cfg.usage_write_s
+        if not self._usage_loaded or not self.leading():
+            self._background.put(self._read_usage)
+        else:
+            state = self.usage.state()
+            if state is not None:
+                holder = self.holder()
+
+                def write(state: DecayedUsage = state) -> None:
+                    why = record.write(state, holder)
+                    if why:
+                        log.warning("%s", why)
+
+                self._background.put(write)
+
     def last_fairness_window(self) -> Window | None:
         """The fairness measure's last closed window (``None`` until one closed)."""
         windows = self.fairness.windows
@@ -561,12 +643,22 @@ class Extender:
                 "devices": sum(used.get(q, {}).values()),
                 "weight": self.cfg.queue(q).weight,
                 "quota": self.cfg.queue(q).quota,
+                **({"usageDevices": round(sum(usage.decayed.get(q, {}).values()), 6)} if self.usage.enabled else {}),
             }
             for q, s in shares.items()
         }
-        return {
+        out = {
             **self.cache.debug_state(),
             "reservations": self.gangs.book.debug_state(),
             "queues": queues,
             "capacity": capacity,
         }
+        state = self.usage.state()
+        if state is not None:
+            # the decayed device-seconds themselves, as of their time: what the usage record holds
+            out["usage"] = {
+                "halfLifeSeconds": state.half_life_s,
+                "asOf": state.as_of,
+                "queues": {q: dict(pools) for q, pools in state.device_seconds.items()},
+            }
+        return out

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -81,11 +81,20 @@ class _Inputs:
 class GangPreemption:
     """The preempt verb's answer for a member of a gang that cannot be placed (see the module)."""
 
-    def __init__(self, cache: ClusterCache, cfg: ExtenderConfig, gangs: GangManager, host: Host) -> None:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        cfg: ExtenderConfig,
+        gangs: GangManager,
+        host: Host,
+        effective: Callable[[fairshare.Usage], fairshare.Usage] | None = None,
+    ) -> None:
+        """``effective``: the usage fair share judges shares on, from the devices held (default: those)."""
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
         self.host = host
+        self.effective = effective
 
     def answer(
         self, state: CycleState, proposed: Mapping[str, tuple[tuple[str, ...], int]]
@@ -178,7 +187,8 @@ class GangPreemption:
         gang = info.gang
         assert gang is not None
         now = self.gangs.book.wall()
-        used = self.cache.pods.used_by_queue()
+        by_queue = self.cache.pods.used_by_queue()  # limits and guarantees count the devices held
+        used: fairshare.Usage = by_queue if self.effective is None else self.effective(by_queue)
         capacity = self.cache.nodes.capacity()
         views = self.cache.nodes.usable_views(eligible)
         held = self.gangs.book.held_for(gang.key)  # what the gang collects is its own to use
@@ -200,7 +210,7 @@ class GangPreemption:
                     room.update(devs)  # leaving anyway
                     continue
                 pool = view.topology.fingerprint
-                if self._may_take(info, shape, missing, p, pool, len(devs), used, capacity, now):
+                if self._may_take(info, shape, missing, p, pool, len(devs), used, by_queue, capacity, now):
                     where[uid] = (name, devs, pool)
                     pods[uid] = p
             free[name] = frozenset(room)
@@ -230,7 +240,9 @@ class GangPreemption:
                 node, devs = self.cache.pods.held(m.uid) or ("", ())
                 topo = self.cache.nodes.topology_of(node)
                 pool = topo.fingerprint if topo is not None else ""
-                if topo is not None and self._may_take(info, shape, missing, m, pool, len(devs), used, capacity, now):
+                if topo is not None and self._may_take(
+                    info, shape, missing, m, pool, len(devs), used, by_queue, capacity, now
+                ):
                     where[m.uid] = (node, devs, pool)  # on a node the gang cannot use: taken with its gang
             if any(m.uid not in where for m in holding):
                 continue  # a member that may not be taken keeps its whole gang
@@ -248,6 +260,7 @@ class GangPreemption:
         pool: str,
         devices: int,
         used: fairshare.Usage,
+        held: Mapping[str, Mapping[str, int]],
         capacity: Mapping[str, int],
         now: float,
     ) -> bool:
@@ -257,11 +270,11 @@ class GangPreemption:
         if p.priority > info.priority or runs_too_briefly(p, self.cfg, now):
             return False
         if p.priority == info.priority and not fairshare.reclaims(
-            info.queue, shape.size * missing, p.queue, devices, used, self.cfg
+            info.queue, shape.size * missing, p.queue, devices, held, self.cfg
         ):
             return False
         return not p.queue or fairshare.victim_allowed(
-            info.queue, {pool: shape.size * missing}, p.queue, {pool: devices}, used, capacity, self.cfg
+            info.queue, {pool: shape.size * missing}, p.queue, {pool: devices}, used, capacity, self.cfg, held
         )
 
     # ------------------------------------------------------------------ reserve, answer, evict

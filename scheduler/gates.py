@@ -9,16 +9,17 @@ now, in weighted dominant-resource order, by the fair share step's own rule
 queues of ``queueTree`` the tree's rules in :mod:`scheduler.queuetree`): there is one fair-share rule,
 applied at the gate instead of at the filter.
 
-:meth:`QueueGates.choose` decides over one state of the cache: the queue with the smallest dominant
-share goes first (:meth:`scheduler.steps.FairShare.order_key`; the tree's leaves by its weighted DRF at
-every level); its first unit (a pod, or a gang's gated members together) is admitted when the
-rule lets it go, and its devices are then counted on its queue before the next choice. A unit its
-quota has no room for is passed over (a smaller one behind it may fit); a queue held back for fair
-share waits for this round. Pods already let go but not bound yet (no gate, no node) count on their
-queue as held, so a quota is never handed out twice while bindings are in flight (their pool is not
-known before they bind: they count on the largest pool), and hold nobody back (they wait for a
-node, not for their queue). A gated pod that asks for no whole device (a share, a gang member
-asking none) and a member of a gang that holds a reservation go at once: no queue decides them.
+:meth:`QueueGates.choose` decides over one state of the cache: the queue with the smallest dominant share goes
+first (:meth:`scheduler.steps.FairShare.order_key`; the tree's leaves by its weighted DRF at every level; with
+a usage half-life, shares judged on the effective usage: the devices held plus the decayed device-time,
+:meth:`scheduler.steps.FairShare.effective`); its first unit (a pod, or a gang's gated members together) is
+admitted when the rule lets it go, and its devices are then counted on its queue before the next choice. A
+unit its quota has no room for is passed over (a smaller one behind it may fit); a queue held back for fair
+share waits for this round. Pods already let go but not bound yet (no gate, no node) count on their queue as
+held, so a quota is never handed out twice while bindings are in flight (their pool is not known before they
+bind: they count on the largest pool), and hold nobody back (they wait for a node, not for their queue). A
+gated pod that asks for no whole device (a share, a gang member asking none) and a member of a gang that holds
+a reservation go at once: no queue decides them.
 
 Only the extender Lease's holder removes gates (a replica without leader election always does); a
 replica with gated pods to let go takes the Lease when it is free, as a bind does. It

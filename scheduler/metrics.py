@@ -6,7 +6,9 @@
 - ``kube_icl_gang_reservations``: gang reservations held now;
   ``kube_icl_gang_reservation_events_total{outcome}``: reserved / completed / expired / failed /
   shrunk (an elastic gang lost members and runs on).
-- ``kube_icl_queue_dominant_share{queue}``, ``kube_icl_queue_devices{queue}``: fair share state.
+- ``kube_icl_queue_dominant_share{queue}``, ``kube_icl_queue_devices{queue}``: fair share state;
+  ``kube_icl_queue_usage_devices{queue}``: with a usage half-life, each queue's decayed usage in devices,
+  which its dominant share counts beside the devices it holds (no samples without one).
 - ``kube_icl_node_free_shapes{node,shape}``: how many disjoint rings of each size still fit
   on each node's free devices (computed at scrape time, cached per topology and free set).
 - ``kube_icl_extender_lease_holder``: 1 while this replica holds the extender Lease (it binds);
@@ -65,6 +67,23 @@ class _StateCollector:
         for (node, shape), n in sorted(self._free_shapes().items()):
             shapes.add_metric([node, shape], n)
         yield shapes
+
+
+class _UsageCollector:
+    """Each queue's decayed usage in devices (fair share's usage history), read when scraped."""
+
+    def __init__(self, usage: Callable[[], dict[str, float]]) -> None:
+        self._usage = usage
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(
+            "kube_icl_queue_usage_devices",
+            "Decayed device-time per queue over the half-life's mean lifetime, devices (counted in its share)",
+            labels=["queue"],
+        )
+        for queue, n in sorted(self._usage().items()):
+            family.add_metric([queue], n)
+        yield family
 
 
 class _ServerCollector:
@@ -198,6 +217,10 @@ class Metrics:
         free_shapes: Callable[[], dict[tuple[str, str], int]],
     ) -> None:
         self.registry.register(_StateCollector(queues, free_shapes))
+
+    def attach_usage(self, usage: Callable[[], dict[str, float]]) -> None:
+        """Each queue's decayed usage in devices (fair share's usage history; empty without a half-life)."""
+        self.registry.register(_UsageCollector(usage))
 
     def attach_fairness(self, last: Callable[[], Window | None]) -> None:
         """The fairness measure's last closed window (``None`` until one closed)."""

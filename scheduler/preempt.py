@@ -190,6 +190,10 @@ def fewest_victims(
     return None
 
 
+def _held(used: fairshare.Usage) -> fairshare.Usage:
+    return used
+
+
 class Preemption:
     """Victims per node for one preemption request (the pod already read into a :class:`CycleState`)."""
 
@@ -200,15 +204,18 @@ class Preemption:
         gangs: GangManager,
         host: Host,
         named: NamedVictims | None = None,
+        effective: Callable[[fairshare.Usage], fairshare.Usage] | None = None,
     ) -> None:
         """``host``: whether fair share holds a pod back, and reads of cached pods again from the API server
-        (:meth:`scheduler.host.Host.confirm`)."""
+        (:meth:`scheduler.host.Host.confirm`); ``effective``: the usage fair share judges shares on, from the
+        devices held (:meth:`scheduler.steps.FairShare.effective`; default: the devices held)."""
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
         self.host = host
         self.named = named if named is not None else NamedVictims(cache)
-        self.whole_gang = GangPreemption(cache, cfg, gangs, host)
+        self.effective = effective if effective is not None else _held
+        self.whole_gang = GangPreemption(cache, cfg, gangs, host, self.effective)
 
     def victims(self, state: CycleState, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         proposed = {n: (tuple(dict.fromkeys(u)), pdb) for n, (u, pdb) in args.victim_uids().items() if u}
@@ -261,7 +268,8 @@ class Preemption:
         if whole is not None:
             return whole  # a gang that misses members: victims for all of them, or nobody
         now = self.gangs.book.wall()
-        used = self.cache.pods.used_by_queue()
+        held = self.cache.pods.used_by_queue()  # limits and guarantees count the devices held
+        used = self.effective(held)  # shares: with a usage half-life, the decayed usage added
         capacity = self.cache.nodes.capacity()
         out: dict[str, MetaVictims] = {}
         for node, (uids, pdb) in sorted(proposed.items()):
@@ -283,7 +291,7 @@ class Preemption:
                         freed.update(devs)  # an earlier round's victim, still terminating: leaving anyway
                     elif p.priority < info.priority or (
                         p.priority == info.priority
-                        and fairshare.reclaims(info.queue, shape.size, p.queue, len(devs), used, self.cfg)
+                        and fairshare.reclaims(info.queue, shape.size, p.queue, len(devs), held, self.cfg)
                     ):
                         extra[u] = devs  # lower priority; or equal, taking back what the victim's queue borrowed
                 # Victims the scheduler proposed must be allowed by fair share too, since none is dropped.
@@ -316,6 +324,7 @@ class Preemption:
                     used,
                     capacity,
                     self.cfg,
+                    held,
                 )
             }
             allowed -= {u for u in judged if u in pods and runs_too_briefly(pods[u], self.cfg, now)}
@@ -339,7 +348,7 @@ class Preemption:
                     if u in freeing:
                         q, n = freeing[u]
                         losses[q] = losses.get(q, 0) + n
-                return fairshare.victims_keep_guarantees(info.queue, shape.size, losses, used, self.cfg)
+                return fairshare.victims_keep_guarantees(info.queue, shape.size, losses, held, self.cfg)
 
             if fits(frozenset()):
                 if keeps(()):

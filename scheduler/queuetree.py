@@ -61,6 +61,9 @@ __all__ = [
 ]
 
 Usage = Mapping[str, Mapping[str, int]]  # leaf queue -> pool -> devices held
+# leaf queue -> pool -> devices the order by weighted DRF compares: held, or with a usage half-life the
+# effective usage (held plus decayed device-time, :mod:`topology.decay`); limits and reclaim count held only
+Shares = Mapping[str, Mapping[str, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,11 @@ class QueueTree:
         """What the subtree of ``name`` holds beyond its whole quota (borrowed from outside it)."""
         return max(0, self.total_used(name, pool, usage) - self.total_quota(name, pool))
 
+    def borrowed_share(self, name: str, pool: str, shares: Shares) -> float:
+        """:meth:`borrowed` on :data:`Shares` (devices held, or effective usage with a half-life)."""
+        total = sum(shares.get(n, {}).get(pool, 0.0) for n in self.subtree(name) if not self.nodes[n].children)
+        return max(0.0, total - self.total_quota(name, pool))
+
 
 def available(tree: QueueTree, name: str, pool: str, usage: Usage) -> int:
     """How many more devices of ``pool`` queue ``name`` may take now (Kueue's rule, see the module doc).
@@ -159,7 +167,7 @@ def available(tree: QueueTree, name: str, pool: str, usage: Usage) -> int:
     return local + from_parent
 
 
-def dominant_share(tree: QueueTree, name: str, usage: Usage) -> float:
+def dominant_share(tree: QueueTree, name: str, usage: Shares) -> float:
     """``name``'s weighted dominant share among its siblings: per pool, what its subtree borrows over what
     its parent pools from its children, the largest, divided by its weight (0 within its quota)."""
     node = tree.nodes[name]
@@ -167,13 +175,13 @@ def dominant_share(tree: QueueTree, name: str, usage: Usage) -> float:
     best = 0.0
     for pool in sorted(tree.pools() | {p for q in usage.values() for p in q}):
         pooled = sum(tree.subtree_quota(s, pool) - tree.guaranteed(s, pool) for s in siblings)
-        borrowed = tree.borrowed(name, pool, usage)
+        borrowed = tree.borrowed_share(name, pool, usage)
         if borrowed > 0:
             best = max(best, borrowed / pooled if pooled > 0 else float("inf"))
     return best / node.weight
 
 
-def pick(tree: QueueTree, usage: Usage, waiting: Collection[str]) -> str | None:
+def pick(tree: QueueTree, usage: Shares, waiting: Collection[str]) -> str | None:
     """The leaf queue of ``waiting`` that goes next: from the roots down, the child with a waiting leaf
     below it and the smallest weighted dominant share (then by name); ``None`` when nothing waits."""
     level: tuple[str, ...] = tree.roots
@@ -273,7 +281,7 @@ def lent(tree: QueueTree, name: str, pool: str, usage: Usage) -> int:
     return min(idle[name], from_siblings * idle[name] // total)
 
 
-def ranks_before(tree: QueueTree, first: str, second: str, usage: Usage) -> bool:
+def ranks_before(tree: QueueTree, first: str, second: str, usage: Shares) -> bool:
     """Whether queue ``first`` goes before ``second`` by weighted DRF at every level: where their paths part
     (their lowest common cohort, or the roots), ``first``'s side has the strictly smaller dominant share.
 
@@ -289,7 +297,7 @@ def ranks_before(tree: QueueTree, first: str, second: str, usage: Usage) -> bool
     return False
 
 
-def order_key(tree: QueueTree, name: str, usage: Usage) -> tuple[tuple[float, str], ...]:
+def order_key(tree: QueueTree, name: str, usage: Shares) -> tuple[tuple[float, str], ...]:
     """A key whose smallest value among waiting queues is :func:`pick`'s choice: the dominant share and name
     of every queue on ``name``'s path, root first."""
     return tuple((dominant_share(tree, n, usage), n) for n in path(tree, name))

@@ -45,6 +45,7 @@ from scheduler.podspec import (
     sized_rank,
 )
 from scheduler.sharing import LiveShareRanker
+from scheduler.usagehistory import UsageHistory
 from scheduler.wire import MAX_PRIORITY
 from topology import Shape, ShapeError, parse_shape
 from topology.contract import DEFAULT_RESOURCE
@@ -288,20 +289,34 @@ class GangAdmission:
 
 class FairShare:
     """Weighted dominant-resource fairness and quotas (:mod:`scheduler.fairshare`): a queue over its
-    share waits while an under-share queue has a pod that fits somewhere."""
+    share waits while an under-share queue has a pod that fits somewhere. Shares are judged on
+    :meth:`effective` usage (with a usage half-life, the devices held plus the decayed device-time:
+    :class:`scheduler.usagehistory.UsageHistory`); quotas on the devices held."""
 
     name = "FairShare"
     outcomes: ClassVar[Mapping[Code, Outcome]] = {Code.UNRESOLVABLE: Outcome("held", "QueueHeldBack")}
 
     def __init__(
-        self, cache: ClusterCache, cfg: ExtenderConfig, gangs: GangManager, ranker: LinkedRanker, fits: FitMemory
+        self,
+        cache: ClusterCache,
+        cfg: ExtenderConfig,
+        gangs: GangManager,
+        ranker: LinkedRanker,
+        fits: FitMemory,
+        history: UsageHistory | None = None,
     ) -> None:
         self.cache = cache
         self.cfg = cfg
         self.gangs = gangs
         self.ranker = ranker
         self.fits = fits
+        self.history = history
         cache.on_pod_change(self._pod_changed)
+
+    def effective(self, used: fairshare.Usage) -> fairshare.Usage:
+        """The usage shares are judged on: ``used`` (devices held per queue and pool) plus each queue's
+        decayed usage in devices with a usage half-life; ``used`` itself without one."""
+        return used if self.history is None else self.history.effective(used)
 
     def _pod_changed(self, change: PodChange) -> None:
         # The cache tells a pod's deletion or end (a bound pod's hold-back already ended with the
@@ -349,12 +364,11 @@ class FairShare:
         why = queuetree.over_limit(tree, info.queue, info.count, queuetree.tree_usage(used))
         return None if why is None else fairshare.HoldBack(why)
 
-    def share_usage(self, used: Mapping[str, Mapping[str, int]]) -> queuetree.Usage:
+    def share_usage(self, used: Mapping[str, Mapping[str, int]]) -> queuetree.Shares:
         """What the tree's weighted DRF compares, per queue in the tree's pool: the devices held now (``used``,
-        per queue and topology). Limits and reclaim always count the devices held now
-        (:func:`scheduler.queuetree.tree_usage`); this is the one place a queue's usage over time would join
-        its order."""
-        return queuetree.tree_usage(used)
+        per queue and topology) plus, with a usage half-life, the decayed usage (:meth:`effective`). Limits and
+        reclaim always count the devices held now (:func:`scheduler.queuetree.tree_usage`)."""
+        return {q: {queuetree.POOL: sum(pools.values())} for q, pools in self.effective(used).items()}
 
     def order_key(self, queue: str, used: Mapping[str, Mapping[str, int]], capacity: Mapping[str, int]) -> Any:
         """A sort key of the queues with pods waiting, the smallest first (the gate loop's order): flat queues
@@ -364,7 +378,8 @@ class FairShare:
         tree = self.cfg.queue_tree
         if tree is not None and self.cfg.in_tree(queue):
             return (1, queuetree.order_key(tree, queue, self.share_usage(used)))
-        return (0, ((fairshare.dominant_share(used.get(queue, {}), capacity, self.cfg.queue(queue).weight), queue),))
+        shares = self.effective({queue: used.get(queue, {})})
+        return (0, ((fairshare.dominant_share(shares.get(queue, {}), capacity, self.cfg.queue(queue).weight), queue),))
 
     def hold_back(
         self, info: PodInfo, used: Mapping[str, Mapping[str, int]] | None = None, admitted: Container[str] = ()
@@ -386,24 +401,27 @@ class FairShare:
         if qcfg.quota is None and not self.cfg.fair_share:
             return None
         waiting: dict[str, str] = {}
+        shares = self.effective(used)
         if self.cfg.fair_share:
-            mine = fairshare.dominant_share(used.get(info.queue, {}), capacity, qcfg.weight)
+            mine = fairshare.dominant_share(shares.get(info.queue, {}), capacity, qcfg.weight)
             flat = self._flat_quota_stops(used)
             if self.gangs.is_surplus(info):
                 # Above its gang's minimum: joins only while no other queue has a pod waiting that fits.
                 waiting = self._waiting_before(info, self._flat, flat, admitted, surplus=True)
-                return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting, surplus=True)
+                return fairshare.admit(
+                    info.queue, info.count, used, capacity, self.cfg, waiting, surplus=True, shares=shares
+                )
             if mine > 0:
                 below: dict[str, bool] = {}  # queue -> its dominant share is below ``mine`` (once per queue)
 
                 def before(q: str) -> bool:
                     if q not in below:
-                        share = fairshare.dominant_share(used.get(q, {}), capacity, self.cfg.queue(q).weight)
+                        share = fairshare.dominant_share(shares.get(q, {}), capacity, self.cfg.queue(q).weight)
                         below[q] = self._flat(q) and share < mine
                     return below[q]
 
                 waiting = self._waiting_before(info, before, flat, admitted)
-        return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting)
+        return fairshare.admit(info.queue, info.count, used, capacity, self.cfg, waiting, shares=shares)
 
     def _tree_hold_back(
         self, info: PodInfo, used: Mapping[str, Mapping[str, int]], admitted: Container[str]

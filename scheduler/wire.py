@@ -15,7 +15,9 @@ and what was wrong; nothing else escapes for any JSON value.
 The extender's other wire contract lives here too: the gang reservation records it
 keeps in the API server (Leases: :data:`RECORD_LABEL`, :data:`RECORD_ANNOTATION`,
 names from :func:`record_name`), with their one writer (:func:`lease_record`) and
-one reader (:func:`read_record`), used by the extender and by ``kubectl icl``.
+one reader (:func:`read_record`), used by the extender and by ``kubectl icl``; and the usage record
+(fair share's decayed usage, :data:`USAGE_ANNOTATION`: :func:`usage_lease` writes it, :func:`read_usage`
+reads it).
 """
 
 from __future__ import annotations
@@ -31,12 +33,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from topology.decay import DecayedUsage
+
 __all__ = [
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "RECORD_ANNOTATION",
     "RECORD_LABEL",
     "RECORD_PREFIX",
+    "USAGE_ANNOTATION",
+    "USAGE_LABEL",
     "ExtenderArgs",
     "ExtenderBindingArgs",
     "ExtenderBindingResult",
@@ -61,7 +67,10 @@ __all__ = [
     "parse_preemption_result",
     "parse_priorities",
     "read_record",
+    "read_usage",
     "record_name",
+    "usage_lease",
+    "usage_record_name",
     "written_at",
 ]
 
@@ -648,3 +657,85 @@ def written_at(lease: Mapping[str, Any]) -> float:
         return datetime.datetime.strptime(raw, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC).timestamp()
     except ValueError:
         return math.inf
+
+
+# --------------------------------------------------------------------- the usage record
+#
+# Each queue's decayed device-time (fair share's usage history, :mod:`topology.decay`), recorded by the extender
+# Lease's holder as a ``coordination.k8s.io/v1`` Lease beside the extender's own, so that a restarted replica
+# or a standby taking over starts from it (:class:`scheduler.usagerecord.UsageRecord` writes and reads it).
+
+USAGE_ANNOTATION = "kube-icl.io/usage"  # the decayed usage, as JSON
+USAGE_LABEL = "kube-icl.io/usage-record"  # label ("true") of the usage record's Lease
+USAGE_SUFFIX = "-usage"  # the record's Lease name: the extender Lease's name, then this
+
+
+def usage_record_name(lease_name: str) -> str:
+    """The Lease name of the usage record of the extender whose own Lease is ``lease_name``.
+
+    >>> usage_record_name("kube-icl-extender")
+    'kube-icl-extender-usage'
+    """
+    return lease_name + USAGE_SUFFIX
+
+
+def usage_lease(usage: DecayedUsage, namespace: str, name: str, holder: str) -> JsonObj:
+    """The Lease that records ``usage``: in :data:`USAGE_ANNOTATION`, ``{"halfLifeSeconds", "asOf",
+    "queues": {queue: {pool: decayed device-seconds}}}``, ``asOf`` in wall-clock seconds; the Lease's
+    ``renewTime`` is the same instant and ``holderIdentity`` the replica that wrote it.
+
+    >>> body = usage_lease(DecayedUsage(3600.0, 1.5, {"a": {"fp": 7.25}}), "kube-system", "x-usage", "r1")
+    >>> body["metadata"]["annotations"][USAGE_ANNOTATION]
+    '{"asOf":1.5,"halfLifeSeconds":3600.0,"queues":{"a":{"fp":7.25}}}'
+    >>> read_usage(body) == DecayedUsage(3600.0, 1.5, {"a": {"fp": 7.25}})
+    True
+    """
+    body = {
+        "halfLifeSeconds": usage.half_life_s,
+        "asOf": usage.as_of,
+        "queues": {q: dict(sorted(pools.items())) for q, pools in sorted(usage.device_seconds.items())},
+    }
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {USAGE_LABEL: "true", "app.kubernetes.io/name": "kube-icl"},
+            "annotations": {USAGE_ANNOTATION: json.dumps(body, sort_keys=True, separators=(",", ":"))},
+        },
+        "spec": {"holderIdentity": holder, "renewTime": _micro(usage.as_of)},
+    }
+
+
+def read_usage(lease: Mapping[str, Any]) -> DecayedUsage:
+    """The decayed usage a usage record holds; :class:`WireError` naming the annotation and what is wrong.
+
+    >>> read_usage({"metadata": {"annotations": {USAGE_ANNOTATION: '{"halfLifeSeconds": 0, "asOf": 1, "queues": {}}'}}})
+    Traceback (most recent call last):
+    ...
+    scheduler.wire.WireError: annotation kube-icl.io/usage: half_life_s: must be > 0, got 0.0
+    """
+    meta = lease.get("metadata") or {}
+    where = f"annotation {USAGE_ANNOTATION}"
+    try:
+        body = json.loads((meta.get("annotations") or {})[USAGE_ANNOTATION])
+        if not isinstance(body, dict) or not isinstance(body["queues"], dict):
+            raise TypeError("expected an object with queues an object of queue -> pool -> device-seconds")
+        queues: dict[str, dict[str, float]] = {}
+        for q, pools in body["queues"].items():
+            if not isinstance(pools, dict):
+                raise TypeError(f"queues.{q}: expected an object of pool -> device-seconds, got {pools!r}")
+            queues[str(q)] = {str(pool): _number(v, f"queues.{q}.{pool}") for pool, v in pools.items()}
+        return DecayedUsage(_number(body["halfLifeSeconds"], "halfLifeSeconds"), _number(body["asOf"], "asOf"), queues)
+    except KeyError as exc:
+        what = "missing" if exc.args and exc.args[0] == USAGE_ANNOTATION else f"no field {exc.args[0]!r}"
+        raise WireError(f"{where}: {what}") from None
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"{where}: {exc}") from None
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where}: expected a number, got {value!r}")
+    return float(value)

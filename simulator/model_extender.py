@@ -11,8 +11,10 @@ its fair share, preemption through its preempt verb (kube-scheduler's dry run he
 extender, or let nobody preempt). The extender's own evictions (a whole-gang preemption's victims on the nodes
 kube-scheduler did not take, a failed gang's members) run in the same step as the answer that queued them, and
 their pods' jobs end as kube-scheduler's victims' do. The extender's wall clock is the run's, so a queue's
-``minRuntime`` counts simulated seconds from each pod's ``status.startTime``. Who holds which device is the
-cache's: the model keeps no ledger of its own.
+``minRuntime`` counts simulated seconds from each pod's ``status.startTime``, and fair share's usage half-life
+(``fairShare.usageHalfLifeSeconds``) decays each queue's device-time on simulated time: before each event
+batch the extender's usage history is fed what the queues held since the last one, exactly. Who holds
+which device is the cache's: the model keeps no ledger of its own.
 
 Jobs wait in kube-scheduler's queue (``kube_queue``). Elastic gangs (``grows``): the minimum is placed all at
 once (the gang manager reserves it); members above it join one at a time through the extender's filter (next to
@@ -70,6 +72,7 @@ class ExtenderModel(TopoNodes):
         config: ExtenderConfig | None = None,
         preemption: str = "extender",
         queue_tree: QueueTree | None = None,
+        usage_half_life_s: float | None = None,
     ) -> None:
         if preemption not in PREEMPTIONS:
             raise ValueError(f"preemption: got {preemption!r}; allowed: {', '.join(PREEMPTIONS)}")
@@ -99,6 +102,8 @@ class ExtenderModel(TopoNodes):
             flat = {q: c for q, c in cfg.queues.items() if q not in queue_tree.nodes}
             cfg = dataclasses.replace(cfg, queue_tree=queue_tree, queues=flat)
         cfg = dataclasses.replace(cfg, leader_election=dataclasses.replace(cfg.leader_election, enabled=False))
+        if usage_half_life_s is not None:  # fair share's usage half-life, on the run's clock (0: off)
+            cfg = dataclasses.replace(cfg, usage_half_life_s=usage_half_life_s)
         self.resource = cfg.resource_name
         self.cache = ClusterCache(cfg.resource_name, clock=lambda: self.now)
         self.api = LocalAPI(self.cache, record=record)
@@ -155,6 +160,8 @@ class ExtenderModel(TopoNodes):
     def tick(self, t: float) -> None:
         self.now = t
         self.api.note("clock", t)
+        # nothing changes between event batches: what the cache holds now was held since the last batch
+        self.extender.observe_usage()
         self._run_evictions()
 
     def _run_evictions(self) -> None:

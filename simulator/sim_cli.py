@@ -218,6 +218,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: a
         "(victims by device count, one pod at a time), or none",
     )
     p.add_argument(
+        "--usage-half-life",
+        type=_number(float, 0.0),
+        default=None,
+        metavar="S",
+        help="time, icl policies: fair share's usage half-life in simulated seconds: a queue's share counts its "
+        "decayed device-time beside what it holds (fairShare.usageHalfLifeSeconds; 0: off, the default)",
+    )
+    p.add_argument(
         "--network",
         action="store_true",
         help="time: charge each gang the all-reduce cost of the tiers it crosses (the spec's network:, else the "
@@ -686,6 +694,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
         f"link {failures.link_per_hour}, node {failures.node_per_hour}, repair {failures.repair_s:.0f}s; "
         f"invalid-shape slowdown x{args.invalid_slowdown}"
         + (f"; gangs within one {args.gang_tier}" if args.gang_tier else "")
+        + (f"; fair share usage half-life {args.usage_half_life:g} s" if args.usage_half_life else "")
         + (
             f"; network model: {network.algorithm.value} all-reduce, {network.share:.0%} communication"
             if network
@@ -711,6 +720,7 @@ def _run_time(args: argparse.Namespace, report: Report) -> None:
             config=_snapshot_config(start, weights) if start is not None else None,
             preemption=args.preemption,
             queue_tree=queue_tree,
+            usage_half_life_s=args.usage_half_life,
         )
         report.time_results[name] = res
         report.time_summaries[name] = summarise(res)

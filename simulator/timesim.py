@@ -179,6 +179,7 @@ def run_time(
     until_started: Collection[str] = (),
     preemption: str = "extender",
     queue_tree: QueueTree | None = None,
+    usage_half_life_s: float | None = None,
 ) -> TimeResult:
     """Replay ``jobs`` on a cluster under ``policy``; deterministic for a seed.
 
@@ -201,6 +202,8 @@ def run_time(
     policies: through the extender's preempt verb, kube-scheduler's own preemption alone, or not at all.
     ``queue_tree`` is the extender's ``queueTree`` for the ``icl`` policies (over ``config``'s, if any); every
     policy's fairness is then measured against the tree's ideal (:func:`topology.fairness.tree_fill`).
+    ``usage_half_life_s`` (the ``icl`` policies) is fair share's usage half-life in simulated seconds (0: off;
+    ``None``: the config's, off by default).
     """
     if resize_s < 0:
         raise ValueError(f"resize_s: must be >= 0, got {resize_s}")
@@ -236,6 +239,7 @@ def run_time(
                     config=config,
                     preemption=preemption,
                     queue_tree=queue_tree,
+                    usage_half_life_s=usage_half_life_s,
                 )
         except TopologyError as exc:
             raise ValueError(f"gang_tier: {exc}") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubectlicl.cluster import EXTENDER_SELECTOR
+from scheduler.wire import USAGE_LABEL
 
 __all__ = ["ListedCluster"]
 
@@ -39,6 +40,13 @@ class ListedCluster:
 
     def reservation_leases(self, namespace: str = "") -> list[dict[str, Any]]:
         return [lease for lease in self._leases if not namespace or lease["metadata"]["namespace"] == namespace]
+
+    def usage_leases(self, namespace: str) -> list[dict[str, Any]]:
+        return [
+            lease
+            for lease in self._leases
+            if lease["metadata"]["namespace"] == namespace and USAGE_LABEL in (lease["metadata"].get("labels") or {})
+        ]
 
     def extender_configmaps(self, namespace: str = "") -> list[dict[str, Any]]:
         # as the API server answers the label selector the reader sends: every label must match
