@@ -10,8 +10,11 @@ its fair share, preemption through its preempt verb (kube-scheduler's dry run he
 :data:`simulator.timebase.PREEMPTIONS`, may instead leave the verb out, as kube-scheduler without a preempting
 extender, or let nobody preempt). The extender's own evictions (a whole-gang preemption's victims on the nodes
 kube-scheduler did not take, a failed gang's members) run in the same step as the answer that queued them, and
-their pods' jobs end as kube-scheduler's victims' do. The extender's wall clock is the run's, so a queue's
-``minRuntime`` counts simulated seconds from each pod's ``status.startTime``. Who holds which device is the
+their pods' jobs end as kube-scheduler's victims' do. At each event batch the extender's own periodic sweep
+runs (``Extender.sweep``, what ``icl extender`` runs every second): reservations expire, and with
+``gangCollect`` a waiting gang starts collecting or moves to a cheaper domain there as in the product, so
+a reservation with backfill is the extender's decision here too. The extender's wall clock is the run's, so a
+queue's ``minRuntime`` counts simulated seconds from each pod's ``status.startTime``. Who holds which device is the
 cache's: the model keeps no ledger of its own.
 
 Jobs wait in kube-scheduler's queue (``kube_queue``). Elastic gangs (``grows``): the minimum is placed all at
@@ -24,9 +27,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 from collections.abc import Mapping, Sequence
 
 from scheduler.factory import ClusterCache, ExtenderConfig, QueueConfig, build_extender
+from scheduler.gang import REPLAN_COLLECTING_S
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.extcluster import (
     NAMESPACE,
@@ -46,11 +51,16 @@ from topology import Placer
 from topology.contract import ANN_DEVICES
 from topology.policy import PolicyName
 
-__all__ = ["FLUSH_S", "ExtenderModel"]
+__all__ = ["FLUSH_S", "SWEEP_WAKE_S", "ExtenderModel"]
 
 FLUSH_S = 300.0
 """How long kube-scheduler keeps a pod in its unschedulable queue before trying it again with no cluster event
 (``podMaxInUnschedulablePodsDuration``, 5 minutes by default)."""
+
+SWEEP_WAKE_S = REPLAN_COLLECTING_S
+"""While a gang waits and ``gangCollect`` is on, time mode runs the extender's sweep at least this often in
+simulated time (the extender's own loop runs it every second; between events only time changes the sweep's
+answer: a gang's wait reaching ``gangCollect.afterSeconds``, a collecting gang due to be planned again)."""
 
 
 class ExtenderModel(TopoNodes):
@@ -117,6 +127,7 @@ class ExtenderModel(TopoNodes):
         # preemption, each standing for one more member's nomination); pods of no higher priority leave them
         self.nominated: dict[str, dict[str, int]] = {}
         self._ages = any(q.min_runtime_s > 0 for q in cfg.queues.values())
+        self._collects = cfg.collect_after_s is not None or cfg.collect_priority is not None
         self.repairs = 0
         self.bound: dict[str, dict[int, Member]] = {}  # job -> member -> (node, devices) its pod is bound to
         self.jobs: dict[str, Job] = {}
@@ -147,8 +158,11 @@ class ExtenderModel(TopoNodes):
         return float(sum(n for pools in self.cache.pods.used_by_queue().values() for n in pools.values()))
 
     def tick(self, t: float) -> None:
+        """The clock moves to ``t``: the extender's periodic sweep runs (reservations expire, a waiting gang
+        starts collecting or moves to a cheaper domain), then the evictions queued so far."""
         self.now = t
         self.api.note("clock", t)
+        self.extender.sweep()
         self._run_evictions()
 
     def _run_evictions(self) -> None:
@@ -165,7 +179,12 @@ class ExtenderModel(TopoNodes):
         self.pending.setdefault(job.id, {})[member] = pod
 
     def wakeup(self) -> float | None:
-        return min(self.flush_at.values(), default=None)
+        """The next unschedulable-queue flush due, and, while ``gangCollect`` is on and a gang waits, the next
+        sweep (:data:`SWEEP_WAKE_S`)."""
+        due = min(self.flush_at.values(), default=None)
+        if self._collects and any(self.jobs[j].gang > 1 for j, pods in self.pending.items() if pods):
+            due = min(due if due is not None else math.inf, self.now + SWEEP_WAKE_S)
+        return due
 
     def queued(self, job: Job) -> None:
         """The job (again) waits: a pending pod per member (up to an elastic gang's maximum)."""
