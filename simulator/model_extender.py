@@ -183,7 +183,9 @@ class ExtenderModel(TopoNodes):
         sweep (:data:`SWEEP_WAKE_S`)."""
         due = min(self.flush_at.values(), default=None)
         if self._collects and any(self.jobs[j].gang > 1 for j, pods in self.pending.items() if pods):
-            due = min(due if due is not None else math.inf, self.now + SWEEP_WAKE_S)
+            # on a fixed grid of simulated time: every batch asks for the same next sweep, not a chain of its own
+            sweep = (math.floor(self.now / SWEEP_WAKE_S) + 1) * SWEEP_WAKE_S
+            due = min(due if due is not None else math.inf, sweep)
         return due
 
     def queued(self, job: Job) -> None:
