@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of the holders (default 1)")
     parser.add_argument("--timeout", type=float, default=420.0, help="seconds a side may take (default 420)")
     parser.add_argument("--settle", type=float, default=30.0, help="seconds without a victim or bind (default 30)")
+    parser.add_argument("--sides", default="kube-icl,upstream", help="the sides to run, in order")
     args = parser.parse_args(argv)
     binaries, reason = find_binaries()
     if binaries is None:
@@ -123,13 +124,15 @@ def main(argv: list[str] | None = None) -> int:
                     timeout_s=args.timeout,
                     progress=_say,
                 )
-                for side in ("kube-icl", "upstream")
+                for side in args.sides.split(",")
             }
             delete_nodes(plane, [s.name for s in specs])
         finally:
             survivors = plane.stop()
             if survivors:
                 _say(f"processes survived the control plane's stop: {survivors}")
+    if set(sides) != {"kube-icl", "upstream"}:
+        return 0
     icl, upstream = sides["kube-icl"], sides["upstream"]
     shapes = ", ".join(f"{g.members} x ring:{g.devices}" for g in gangs)
     print()

@@ -7,9 +7,10 @@ room for *all* its missing members, so when kube-scheduler asks about one of the
 
 1. The victims are chosen for every missing member together by
    :func:`topology.gangpreempt.choose_gang_victims` (one domain of the lowest tier that can hold
-   them, the cheapest set of victims by the documented order). Candidates are device holders of a
-   lower priority, not already leaving, that have run their queue's ``minRuntime``, and whose
-   taking leaves their queue's dominant share at least the preemptor's (fair share); a member of a
+   them, the cheapest set of victims by the documented order, the victims' run time so far last).
+   Candidates are device holders of a lower priority, not already leaving, that have run their
+   queue's ``minRuntime``, and whose taking leaves their queue's dominant share at least the
+   preemptor's (fair share); a member of a
    rigid gang is taken with its whole gang, a member of a running elastic gang only while the gang
    keeps its minimum. PodDisruptionBudgets are read through the host and counted as kube-scheduler
    counts them. When no set frees them all, nobody is evicted.
@@ -56,6 +57,11 @@ def runs_too_briefly(pod: PodInfo, cfg: ExtenderConfig, now: float) -> bool:
     at all), so it is no victim; wall-clock ``now``."""
     least = cfg.queue(pod.queue).min_runtime_s
     return least > 0 and (pod.started is None or now - pod.started < least)
+
+
+def _ran(pod: PodInfo, now: float) -> int:
+    """Whole seconds ``pod`` has run by wall-clock ``now`` (0: not started)."""
+    return max(0, int(now - pod.started)) if pod.started is not None else 0
 
 
 class _Unit(NamedTuple):
@@ -107,9 +113,13 @@ class GangPreemption:
                 return None
             inputs = self._inputs(info, shape, missing, self.gangs.asked.get(gang.key, frozenset()) | set(proposed))
         budgets, covers = self.host.disruption_budgets(list(inputs.pods.values()))
+        now = self.gangs.book.wall()
         units = [
             VictimUnit(
-                u.key, tuple(VictimPod(p.uid, p.priority, covers.get(p.uid, ())) for p in u.pods), u.freed, u.group
+                u.key,
+                tuple(VictimPod(p.uid, p.priority, covers.get(p.uid, ()), _ran(p, now)) for p in u.pods),
+                u.freed,
+                u.group,
             )
             for u in inputs.units
         ]

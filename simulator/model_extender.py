@@ -30,8 +30,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 
-from scheduler.factory import ClusterCache, ExtenderConfig, QueueConfig, build_extender
-from scheduler.gang import REPLAN_COLLECTING_S
+from scheduler.factory import REPLAN_COLLECTING_S, ClusterCache, ExtenderConfig, QueueConfig, build_extender
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.extcluster import (
     NAMESPACE,

@@ -80,6 +80,7 @@ class PreemptSide:
     valid: dict[str, int] = field(default_factory=dict)  # gang -> members bound on a valid shape
     devices: dict[str, tuple[str, ...]] = field(default_factory=dict)  # member -> its devices
     free_after: dict[str, set[str]] = field(default_factory=dict)  # node -> devices no survivor holds
+    reasons: dict[str, str] = field(default_factory=dict)  # member not bound -> kube-scheduler's last message
 
     def running(self) -> list[str]:
         return [g for g, n in self.bound.items() if n == self.members[g]]
@@ -234,6 +235,13 @@ def run_preempt_side(
             times = [watch.bound_at[n] for n in names if n in watch.bound_at]
             result.seconds_to_run[gang.name] = max(times) - began if len(times) == len(names) else math.nan
             result.devices.update({n: tuple(devices.get(n) or ()) for n in names if n in placed})
+        pods = {p.metadata.name: p for p in plane.core.list_namespaced_pod(namespace).items}
+        for name in everyone:
+            if name not in placed and name in pods:
+                conditions = (pods[name].status and pods[name].status.conditions) or []
+                result.reasons[name] = " ".join(c.message or "" for c in conditions if c.type == "PodScheduled")
+        if result.reasons and extender is not None:
+            progress(f"[{side}] members not bound: {result.reasons}\nthe extender's log:\n{extender.log_tail(80)}")
         progress(
             f"[{side}] {len(gone)} victims, {len(result.running())}/{len(gangs)} gangs running, "
             f"{sum(result.valid.values())}/{sum(result.members.values())} members on valid shapes"
