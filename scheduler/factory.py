@@ -28,7 +28,6 @@ from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, ExtenderConfig, QueueConfig
 from scheduler.events import EventRecorder
 from scheduler.extender import Extender
-from scheduler.gang import REPLAN_COLLECTING_S
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.podspec import GroupSpec, PodInfo, PodSpecError, group_spec, parse_devices, pod_info
 from scheduler.sharing import ShareRanker, Target
@@ -36,7 +35,6 @@ from scheduler.snapshot import Snapshot, SnapshotError, load_snapshot, queue_ord
 from scheduler.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs, MetaPod, MetaVictims
 
 __all__ = [
-    "REPLAN_COLLECTING_S",
     "ClusterCache",
     "ConfigError",
     "ExtenderArgs",

@@ -27,10 +27,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import math
 from collections.abc import Mapping, Sequence
 
-from scheduler.factory import REPLAN_COLLECTING_S, ClusterCache, ExtenderConfig, QueueConfig, build_extender
+from scheduler.factory import ClusterCache, ExtenderConfig, QueueConfig, build_extender
 from simulator.clusterspec import ClusterSpec, NodeSpec
 from simulator.extcluster import (
     NAMESPACE,
@@ -50,16 +49,11 @@ from topology import Placer
 from topology.contract import ANN_DEVICES
 from topology.policy import PolicyName
 
-__all__ = ["FLUSH_S", "SWEEP_WAKE_S", "ExtenderModel"]
+__all__ = ["FLUSH_S", "ExtenderModel"]
 
 FLUSH_S = 300.0
 """How long kube-scheduler keeps a pod in its unschedulable queue before trying it again with no cluster event
 (``podMaxInUnschedulablePodsDuration``, 5 minutes by default)."""
-
-SWEEP_WAKE_S = REPLAN_COLLECTING_S
-"""While a gang waits and ``gangCollect`` is on, time mode runs the extender's sweep at least this often in
-simulated time (the extender's own loop runs it every second; between events only time changes the sweep's
-answer: a gang's wait reaching ``gangCollect.afterSeconds``, a collecting gang due to be planned again)."""
 
 
 class ExtenderModel(TopoNodes):
@@ -126,7 +120,6 @@ class ExtenderModel(TopoNodes):
         # preemption, each standing for one more member's nomination); pods of no higher priority leave them
         self.nominated: dict[str, dict[str, int]] = {}
         self._ages = any(q.min_runtime_s > 0 for q in cfg.queues.values())
-        self._collects = cfg.collect_after_s is not None or cfg.collect_priority is not None
         self.repairs = 0
         self.bound: dict[str, dict[int, Member]] = {}  # job -> member -> (node, devices) its pod is bound to
         self.jobs: dict[str, Job] = {}
@@ -178,14 +171,12 @@ class ExtenderModel(TopoNodes):
         self.pending.setdefault(job.id, {})[member] = pod
 
     def wakeup(self) -> float | None:
-        """The next unschedulable-queue flush due, and, while ``gangCollect`` is on and a gang waits, the next
-        sweep (:data:`SWEEP_WAKE_S`)."""
-        due = min(self.flush_at.values(), default=None)
-        if self._collects and any(self.jobs[j].gang > 1 for j, pods in self.pending.items() if pods):
-            # on a fixed grid of simulated time: every batch asks for the same next sweep, not a chain of its own
-            sweep = (math.floor(self.now / SWEEP_WAKE_S) + 1) * SWEEP_WAKE_S
-            due = min(due if due is not None else math.inf, sweep)
-        return due
+        """The next unschedulable-queue flush due, and the time a waiting gang will have waited
+        ``gangCollect.afterSeconds`` (the sweep then starts its collecting: the one sweep decision that time
+        alone changes between events)."""
+        flush = min(self.flush_at.values(), default=None)
+        due = [t for t in (flush, self.extender.gangs.next_collect_at()) if t is not None]
+        return min(due, default=None)
 
     def queued(self, job: Job) -> None:
         """The job (again) waits: a pending pod per member (up to an elastic gang's maximum)."""
