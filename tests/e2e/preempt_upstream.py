@@ -210,10 +210,10 @@ def run_preempt_side(
         gone = sorted(set(holders) - set(every))
         result.victims = gone
         result.victim_priorities = [_priority_of(plane, holders[v].priority_class) for v in gone]
-        for group in sorted({holders[v].group for v in gone if holders[v].group}):
-            result.groups_hit.append(group)
-            if any(h.group == group and h.name in every for h in holders.values()):
-                result.groups_left_broken.append(group)
+        for hit in sorted({holders[v].group for v in gone if holders[v].group}):
+            result.groups_hit.append(hit)
+            if any(h.group == hit and h.name in every for h in holders.values()):
+                result.groups_left_broken.append(hit)
         survivors: dict[str, list[str]] = {}
         for name, h in holders.items():
             if name in every:
