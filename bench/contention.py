@@ -29,9 +29,14 @@ The same trace is replayed under ``icl`` (the extender decides every placement) 
   run frees enough devices by count on one node per attempt, for one pod at a time, blind to shapes and
   to the rest of the gang; the pod is nominated there, and lower-priority pods leave nominated devices
   alone, until every member holds a nomination.
+- ``reservation``: nobody preempts; a big gang collects (``gangCollect`` at its priority: at once): the
+  devices freed in its cheapest domain are held for it until it has them all (the extender's sweep and its
+  members' filters, ``scheduler/gang.py``). No job states a runtime, so nothing backfills held devices.
+- ``reservation + backfill``: the same, and every job states its run time (``kube-icl.io/expected-runtime``,
+  exactly its duration): a pod may use held devices when it ends before the gang's expected start.
 
-Further policies plug in as rows of :data:`POLICIES` (a preemption mode and the extender's config:
-reservations with backfill, when the extender has them, are one more row).
+Further policies plug in as rows of :data:`POLICIES` (a preemption mode, the extender's config, whether the
+jobs state their run time).
 
 Printed (and written to ``OUT/contention.json``, plotted to ``--plot``, default ``OUT/contention.png``):
 big gangs' wait p50 / p95 / max and how many started, the small jobs' mean and p95 wait, utilisation over
@@ -77,12 +82,20 @@ class Policy:
 
     preemption: str
     config: Callable[[ExtenderConfig], ExtenderConfig] | None = None
+    stated: bool = False  # every job states its run time (its duration) on its pods
+
+
+def collecting(cfg: ExtenderConfig) -> ExtenderConfig:
+    """The extender's config with ``gangCollect.priority`` at the big gangs' priority: they collect at once."""
+    return dataclasses.replace(cfg, collect_priority=BIG_PRIORITY)
 
 
 POLICIES: dict[str, Policy] = {
     "no preemption": Policy("none"),
     "whole-gang": Policy("extender"),
     "upstream per-pod": Policy("upstream"),
+    "reservation": Policy("none", collecting),
+    "reservation + backfill": Policy("none", collecting, stated=True),
 }
 BASELINE = "no preemption"
 
@@ -340,8 +353,9 @@ def main(argv: list[str] | None = None) -> int:
             pol = POLICIES[name]
             config = pol.config(base_config(spec)) if pol.config is not None else None
             bar = Progress(f"{name} seed {seed}")
+            trace = [dataclasses.replace(j, stated_runtime=j.duration) for j in jobs] if pol.stated else jobs
             res = run_time(
-                spec, jobs, "icl", seed=seed, weights=WEIGHTS, preemption=pol.preemption, config=config, progress=bar
+                spec, trace, "icl", seed=seed, weights=WEIGHTS, preemption=pol.preemption, config=config, progress=bar
             )
             runs[name].append(measure(res, window))
             print(f"  {name}: {res.seconds:.1f} s", file=sys.stderr)

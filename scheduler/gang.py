@@ -332,6 +332,22 @@ class GangManager:
             if asked is None:
                 self.asked.pop(gang.key, None)  # whole-gang preemption counts only nodes kube-scheduler sent
 
+    def next_collect_at(self) -> float | None:
+        """The earliest time still to come at which a gang that waits without a reservation will have waited
+        ``gangCollect.afterSeconds`` (the sweep then starts its collecting); None when no such time is known.
+        Only time changes this answer between cluster events: a replay of simulated time wakes the sweep
+        then."""
+        if self.collect_after_s is None:
+            return None
+        with self.cache.lock:
+            now = self.cache.clock()
+            due = [
+                since + self.collect_after_s
+                for key, since in self.unplaced_since.items()
+                if key not in self.book.reservations
+            ]
+        return min((d for d in due if d > now), default=None)
+
     def _due_plan(self, key: str, now: float) -> bool:
         """Whether the sweep plans gang ``key`` (lock held): it has no reservation, or a collecting one that was
         not planned for :data:`REPLAN_COLLECTING_S`."""

@@ -6,15 +6,15 @@ there. A gang that cannot be placed (a rigid gang, or an elastic gang below its 
 room for *all* its missing members, so when kube-scheduler asks about one of them:
 
 1. The victims are chosen for every missing member together by
-   :func:`topology.gangpreempt.choose_gang_victims` (one domain of the lowest tier that can hold
-   them, the cheapest set of victims by the documented order). Candidates are device holders of a
-   lower priority (or, a reclaim in ``queueTree``, an equal one), not already leaving, that have run
-   their queue's ``minRuntime``, and whose taking leaves their queue's dominant share at least the
-   preemptor's (fair share; in ``queueTree``, its guarantees); a set whose victims together would take a
-   queue of the tree below its guarantees is refused whole (nobody evicted); a member of a
-   rigid gang is taken with its whole gang, a member of a running elastic gang only while the gang
-   keeps its minimum. PodDisruptionBudgets are read through the host and counted as kube-scheduler
-   counts them. When no set frees them all, nobody is evicted.
+   :func:`topology.gangpreempt.choose_gang_victims` (one domain of the lowest tier that can hold them,
+   the cheapest set of victims by the documented order, the victims' run time so far last). Candidates
+   are device holders of a lower priority (or, a reclaim in ``queueTree``, an equal one), not already
+   leaving, that have run their queue's ``minRuntime``, and whose taking leaves their queue's dominant
+   share at least the preemptor's (fair share; in ``queueTree``, its guarantees); a set whose victims
+   together would take a queue of the tree below its guarantees is refused whole (nobody evicted); a
+   member of a rigid gang is taken with its whole gang, a member of a running elastic gang only while
+   the gang keeps its minimum. PodDisruptionBudgets are read through the host and counted as
+   kube-scheduler counts them. When no set frees them all, nobody is evicted.
 2. The gang's slots (each member's exact devices once the victims are gone) are reserved in the gang
    book at once, those still held by victims *waiting* (:meth:`scheduler.gangholds.GangHolds.settle`
    reserves them as the victims go, before anyone else's filter); the reservation's record is
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -45,7 +45,7 @@ from scheduler.gangrecords import Reservation
 from scheduler.host import Host
 from scheduler.podspec import GangRef, PodInfo
 from scheduler.wire import MetaPod, MetaVictims
-from topology import NodeTopology, Shape, TopologyError, place_gang
+from topology import NodeTopology, Placement, Shape, TopologyError, place_gang
 from topology.gangpreempt import GangVictims, VictimPod, VictimUnit, choose_gang_victims
 
 __all__ = ["GangPreemption", "runs_too_briefly"]
@@ -58,6 +58,11 @@ def runs_too_briefly(pod: PodInfo, cfg: ExtenderConfig, now: float) -> bool:
     at all), so it is no victim; wall-clock ``now``."""
     least = cfg.queue(pod.queue).min_runtime_s
     return least > 0 and (pod.started is None or now - pod.started < least)
+
+
+def _ran(pod: PodInfo, now: float) -> int:
+    """Whole seconds ``pod`` has run by wall-clock ``now`` (0: not started)."""
+    return max(0, int(now - pod.started)) if pod.started is not None else 0
 
 
 class _Unit(NamedTuple):
@@ -118,9 +123,13 @@ class GangPreemption:
                 return None
             inputs = self._inputs(info, shape, missing, self.gangs.asked.get(gang.key, frozenset()) | set(proposed))
         budgets, covers = self.host.disruption_budgets(list(inputs.pods.values()))
+        now = self.gangs.book.wall()
         units = [
             VictimUnit(
-                u.key, tuple(VictimPod(p.uid, p.priority, covers.get(p.uid, ())) for p in u.pods), u.freed, u.group
+                u.key,
+                tuple(VictimPod(p.uid, p.priority, covers.get(p.uid, ()), _ran(p, now)) for p in u.pods),
+                u.freed,
+                u.group,
             )
             for u in inputs.units
         ]
@@ -192,14 +201,15 @@ class GangPreemption:
         capacity = self.cache.nodes.capacity()
         views = self.cache.nodes.usable_views(eligible)
         held = self.gangs.book.held_for(gang.key)  # what the gang collects is its own to use
+        promised = self._promised(gang.key)
         topologies: dict[str, NodeTopology] = {}
         free: dict[str, frozenset[str]] = {}
         where: dict[str, tuple[str, tuple[str, ...], str]] = {}  # candidate uid -> (node, devices, pool)
         pods: dict[str, PodInfo] = {}
         for name, view in sorted(views.items()):
             here = self.cache.nodes.holders(name)
-            if here is None or view.unattributed:
-                continue
+            if here is None or view.unattributed or name in promised:
+                continue  # devices nobody can name, or promised to another gang whose victims are leaving
             topologies[name] = view.topology
             room = set(view.free) | held.get(name, set())
             for uid, devs in here.owners.items():
@@ -316,6 +326,16 @@ class GangPreemption:
             log.info("preempt %s: gang %s: not evicting: %s", info.key, gang.key, why)
             return {}
         with self.cache.lock:
+            taken = self._taken_meanwhile(gang.key, found.members)
+            if taken:
+                log.info(
+                    "preempt %s: gang %s: devices on %s were reserved for another gang while the victims were "
+                    "chosen; nobody is evicted (kube-scheduler asks again)",
+                    info.key,
+                    gang.key,
+                    ",".join(taken),
+                )
+                return {}
             numbers = self.gangs.slot_numbers(info, self.gangs.placed(gang), missing)
             self.gangs.book.release(gang.key, replaced=True)  # its collection, if any: these slots replace it
             res, why = self.gangs.book.reserve(info, shape, found, self.cache.clock(), numbers, waiting=True)
@@ -356,6 +376,34 @@ class GangPreemption:
                 if other != node:
                     self._evict(inputs.pods[uid], info, gang)
         return answer
+
+    def _promised(self, key: str) -> set[str]:
+        """The nodes where another gang's slot waits for the victims of its own preemption (lock held): their
+        devices are promised, leaving pods' included, so no other preemption counts on them."""
+        return {
+            s.node
+            for other, res in self.gangs.book.reservations.items()
+            if other != key and not res.collecting
+            for s in res.slots
+            if s.waiting
+        }
+
+    def _taken_meanwhile(self, key: str, members: Sequence[tuple[str, Placement]]) -> list[str]:
+        """The nodes of ``members`` (node, placement) where a device is neither free nor held by a pod, or where
+        another gang's slot now waits (lock held): reserved for someone else since the victims were chosen (the
+        search runs without the lock), so a slot there would wait for no victim."""
+        promised = self._promised(key)
+        own = self.gangs.book.held_for(key)  # what the gang collects is its own
+        out = []
+        for node, placement in members:
+            here = self.cache.nodes.holders(node)
+            if here is None or node in promised:
+                out.append(node)
+                continue
+            owned = {d for devs in here.owners.values() for d in devs}
+            if not set(placement.devices) <= here.view.free | owned | own.get(node, set()):
+                out.append(node)
+        return sorted(set(out))
 
     def _evict(self, victim: PodInfo, preemptor: PodInfo, gang: GangRef) -> None:
         why = f"preempted by gang {gang.name!r} (pod {preemptor.key}, priority {preemptor.priority})"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -47,6 +48,7 @@ from topology import ClusterView, NodeTopology, encode_annotation
 from topology.cluster import COORDS_LABEL, DOMAIN_KIND_LABEL, DOMAIN_LABEL
 from topology.contract import (
     ANN_DEVICES,
+    ANN_EXPECTED_RUNTIME,
     ANN_GANG,
     ANN_GANG_MAX,
     ANN_GANG_MIN,
@@ -115,8 +117,10 @@ def node_object(
 def member_pod(job: Job, member: int, uid: str, resource: str, gang_tier: str | None = None) -> JsonObj:
     """Member ``member`` of ``job`` as a pending ``v1.Pod`` (name ``<job>-<member>``, uid ``uid``): its
     requests, shape and queue; a gang's name and size (an elastic gang: minimum and maximum) and the tier it
-    must stay within."""
+    must stay within; the runtime the job states, if any."""
     ann = {ANN_SHAPE: job.shape, ANN_QUEUE: job.queue}
+    if job.stated_runtime > 0:
+        ann[ANN_EXPECTED_RUNTIME] = str(math.ceil(job.stated_runtime))  # whole seconds, never short
     if job.gang > 1:
         ann[ANN_GANG] = job.id
         if job.elastic:

@@ -27,6 +27,11 @@ priority        0         the pods' priority (time mode under the extender: a
 on_preempt      requeue   what a job preemption takes members of does:
                           ``requeue`` (waits again, its progress lost) or
                           ``fail`` (ends, not run again)
+runtime         0         seconds the job states it runs, written on its pods
+                          as ``kube-icl.io/expected-runtime`` (the extender
+                          lets such a pod backfill devices a collecting gang
+                          holds when it ends before the gang's expected
+                          start); 0: it states none
 ==============  ========  =====================================================
 """
 
@@ -67,6 +72,7 @@ JOB_FIELDS = (
     "min_gang",
     "priority",
     "on_preempt",
+    "runtime",
 )
 
 ON_PREEMPT = ("requeue", "fail")
@@ -92,6 +98,7 @@ class Job:
     gang_min: int = 0  # an elastic gang's minimum (``gang`` is its maximum); 0: rigid
     priority: int = 0  # its pods' priority (kube-scheduler's PrioritySort and preemption)
     on_preempt: str = "requeue"  # what preemption taking its members does: ``requeue`` or ``fail`` (it ends)
+    stated_runtime: float = 0.0  # seconds it states it runs (``kube-icl.io/expected-runtime``); 0: none
 
     def __post_init__(self) -> None:
         where = f"job {self.id!r}"
@@ -109,6 +116,8 @@ class Job:
             raise JobFormatError(f"{where}: a fractional share (gpu_milli {self.gpu_milli}) needs count 1")
         if not 0 <= self.gang_min <= self.gang:
             raise JobFormatError(f"{where}: min_gang must be in 0..gang ({self.gang}), got {self.gang_min}")
+        if self.stated_runtime < 0:
+            raise JobFormatError(f"{where}: runtime must be >= 0, got {self.stated_runtime}")
         if self.on_preempt not in ON_PREEMPT:
             raise JobFormatError(f"{where}: on_preempt must be one of {', '.join(ON_PREEMPT)}, got {self.on_preempt!r}")
 
@@ -173,6 +182,7 @@ def _job(where: str, index: int, rec: Mapping[str, object]) -> Job:
             gang_min=int(_num(rec, "min_gang", 0)),
             priority=int(_num(rec, "priority", 0)),
             on_preempt=str(rec.get("on_preempt") or "requeue"),
+            stated_runtime=_num(rec, "runtime", 0),
         )
     except JobFormatError as exc:
         raise JobFormatError(f"{where}: {exc}") from None
@@ -272,6 +282,7 @@ def write_jobs_csv(jobs: Sequence[Job], path: str | Path) -> None:
                     j.gang_min,
                     j.priority,
                     j.on_preempt,
+                    j.stated_runtime,
                 ]
             )
 

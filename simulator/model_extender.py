@@ -10,10 +10,13 @@ its fair share, preemption through its preempt verb (kube-scheduler's dry run he
 :data:`simulator.timebase.PREEMPTIONS`, may instead leave the verb out, as kube-scheduler without a preempting
 extender, or let nobody preempt). The extender's own evictions (a whole-gang preemption's victims on the nodes
 kube-scheduler did not take, a failed gang's members) run in the same step as the answer that queued them, and
-their pods' jobs end as kube-scheduler's victims' do. The extender's wall clock is the run's, so a queue's
-``minRuntime`` counts simulated seconds from each pod's ``status.startTime``, and fair share's usage half-life
-(``fairShare.usageHalfLifeSeconds``) decays each queue's device-time on simulated time: before each event
-batch the extender's usage history is fed what the queues held since the last one, exactly. Who holds
+their pods' jobs end as kube-scheduler's victims' do. At each event batch the extender's own periodic sweep
+runs (``Extender.sweep``, what ``icl extender`` runs every second): reservations expire, and with
+``gangCollect`` a waiting gang starts collecting or moves to a cheaper domain there as in the product, so
+a reservation with backfill is the extender's decision here too. The extender's wall clock is the run's, so a
+queue's ``minRuntime`` counts simulated seconds from each pod's ``status.startTime``, and fair share's usage
+half-life (``fairShare.usageHalfLifeSeconds``) decays each queue's device-time on simulated time: before each
+event batch the extender's usage history is fed what the queues held since the last one, exactly. Who holds
 which device is the cache's: the model keeps no ledger of its own.
 
 Jobs wait in kube-scheduler's queue (``kube_queue``). Elastic gangs (``grows``): the minimum is placed all at
@@ -158,10 +161,12 @@ class ExtenderModel(TopoNodes):
         return float(sum(n for pools in self.cache.pods.used_by_queue().values() for n in pools.values()))
 
     def tick(self, t: float) -> None:
+        """The clock moves to ``t``: the extender's periodic sweep runs (the queues' usage is fed what they held
+        since the last batch, exactly, as nothing changes between batches; reservations expire, a waiting gang
+        starts collecting or moves to a cheaper domain), then the evictions queued so far."""
         self.now = t
         self.api.note("clock", t)
-        # nothing changes between event batches: what the cache holds now was held since the last batch
-        self.extender.observe_usage()
+        self.extender.sweep()
         self._run_evictions()
 
     def _run_evictions(self) -> None:
@@ -178,7 +183,12 @@ class ExtenderModel(TopoNodes):
         self.pending.setdefault(job.id, {})[member] = pod
 
     def wakeup(self) -> float | None:
-        return min(self.flush_at.values(), default=None)
+        """The next unschedulable-queue flush due, and the time a waiting gang will have waited
+        ``gangCollect.afterSeconds`` (the sweep then starts its collecting: the one sweep decision that time
+        alone changes between events)."""
+        flush = min(self.flush_at.values(), default=None)
+        due = [t for t in (flush, self.extender.gangs.next_collect_at()) if t is not None]
+        return min(due, default=None)
 
     def queued(self, job: Job) -> None:
         """The job (again) waits: a pending pod per member (up to an elastic gang's maximum)."""

@@ -136,6 +136,27 @@ def test_a_member_asking_while_the_victims_leave_names_nobody_new() -> None:
     assert "wait for the victims of its preemption" in next(iter(c.filter(w1).failed_nodes.values()))
 
 
+def test_a_second_gang_leaves_the_nodes_where_the_first_gangs_slots_wait_for_their_victims() -> None:
+    """Gang g takes rack r0 (a, b); its victims are leaving, not gone. Gang h, as urgent, asks next: the leaving
+    pods' devices are promised to g's waiting slots, so h frees rack r1 (c, d) instead of counting a and b
+    free, and no device is reserved twice."""
+    c = _racks()
+    low = {n: _low(c, n) for n in "abcd"}
+    w0, _w1 = _member(c, "w0"), _member(c, "w1")
+    assert _preempt(c, w0, _uids(low)) == {"a": [low["a"]["metadata"]["uid"]]}
+    for n in "ab":
+        c.add({**low[n], "metadata": {**low[n]["metadata"], "deletionTimestamp": _started(0)}})
+    ann = {"kube-icl.io/gang": "h", "kube-icl.io/gang-size": "2"}
+    v0 = c.add(pod_obj("v0", 8, "ring", priority=100, annotations=ann))
+    c.add(pod_obj("v1", 8, "ring", priority=100, annotations=ann))
+    answer = _preempt(c, v0, _uids({n: low[n] for n in "cd"}))  # a, b: kube-scheduler counts their room taken
+    assert set(answer) <= {"c", "d"} and answer, answer
+    g, h = c.ext.gangs.book.reservations["default/g"], c.ext.gangs.book.reservations["default/h"]
+    assert {s.node for s in g.slots} == {"a", "b"} and {s.node for s in h.slots} == {"c", "d"}
+    (other,) = {"c", "d"} - set(answer)
+    assert _evicted(c) == ["lo-b", f"lo-{other}"], "g's other node's victim, then h's other node's"
+
+
 def test_the_waiting_reservation_survives_a_failover() -> None:
     c = _racks()
     low = {n: _low(c, n) for n in "abcd"}

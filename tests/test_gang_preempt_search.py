@@ -1,9 +1,9 @@
 """Whole-gang victim selection (:func:`topology.gangpreempt.choose_gang_victims`) against brute force.
 
-Small clusters of two to four nodes in racks, every device held by a pod of some priority (some
-covered by disruption budgets, some members of a rigid gang that spans nodes, some members of an
-elastic gang that may lose a few): the search's answer costs exactly what the cheapest set found
-by trying every subset of every domain costs, at the same (lowest) level, and the gang then fits.
+Small clusters of two to four nodes in racks, every device held by a pod of some priority and some run
+time so far (some covered by disruption budgets, some members of a rigid gang that spans nodes, some
+members of an elastic gang that may lose a few): the search's answer costs exactly what the cheapest set
+found by trying every subset of every domain costs, at the same (lowest) level, and the gang then fits.
 """
 
 from __future__ import annotations
@@ -119,7 +119,10 @@ def clusters(draw: st.DrawFn) -> Case:
         i += take
         vpods = tuple(
             VictimPod(
-                f"p{j}", draw(st.integers(0, 3)), tuple(draw(st.lists(st.sampled_from(("b0", "b1")), max_size=1)))
+                f"p{j}",
+                draw(st.integers(0, 3)),
+                tuple(draw(st.lists(st.sampled_from(("b0", "b1")), max_size=1))),
+                draw(st.sampled_from((0, 60, 3600))),
             )
             for j in chunk
         )
@@ -215,7 +218,23 @@ def test_a_rigid_gang_victim_costs_all_its_members() -> None:
         1,
     )
     assert found is not None and {u.key for u in found.units} == {"s0", "s1"}
-    assert found.cost == (0, 0, 2, 4)
+    assert found.cost == (0, 0, 2, 4, 0)
+
+
+def test_among_equal_victims_those_that_started_most_recently_go() -> None:
+    """Three nodes, each freed by one pod of one priority and size: the gang of two takes the two that have
+    run the least (the work preemption throws away), whatever their order by name."""
+    topo = build_preset("ring:4")
+    all4 = ("0", "1", "2", "3")
+    ran = {"a": 7200, "b": 60, "c": 600}
+    units = [VictimUnit(k, (VictimPod(k, 1, (), r),), ((f"n-{k}", all4),)) for k, r in ran.items()]
+    none = frozenset[str]()
+    nodes = [f"n-{k}" for k in ran]
+    found = choose_gang_victims(
+        ClusterView(), dict.fromkeys(nodes, topo), dict.fromkeys(nodes, none), units, parse_shape("ring", count=4), 2
+    )
+    assert found is not None and {u.key for u in found.units} == {"b", "c"}
+    assert found.cost == (0, 1, 2, 8, 660)
 
 
 def test_budget_violations_count_as_kube_scheduler_counts_them() -> None:

@@ -13,7 +13,9 @@ shrunk), two queues of different weights under the extender's fair share (which 
 some decisions), jobs of a higher priority that preempt, and failures of devices and links. A second trace
 has a big gang of a high priority arrive on a cluster full of small jobs: its whole-gang preemption takes
 victims on several nodes, those of the node kube-scheduler takes deleted by it, the others evicted by the
-extender itself, and the gang then lands on the slots its preemption reserved.
+extender itself, and the gang then lands on the slots its preemption reserved. A third has a big gang at the
+small jobs' own priority collect devices (``gangCollect``) while small jobs that state their runtime backfill
+the devices it holds. At every clock step the test's extender runs its periodic sweep, as time mode runs it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ import copy
 import dataclasses
 from typing import Any
 
+import pytest
+
+from scheduler.backfill import Backfill
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig, QueueConfig
 from scheduler.extender import Extender
@@ -48,9 +53,11 @@ class _Replay:
     """The test's extender, fed what time mode's log says its watch delivered, and a kube-scheduler-like
     driver over its verbs."""
 
-    def __init__(self, tiers: tuple[str, ...]) -> None:
+    def __init__(self, tiers: tuple[str, ...], config: ExtenderConfig | None = None) -> None:
         self.now = 0.0
-        cfg = ExtenderConfig(policy="icl", tiers=tiers, queues={q: QueueConfig(q, w) for q, w in WEIGHTS.items()})
+        cfg = config or ExtenderConfig(
+            policy="icl", tiers=tiers, queues={q: QueueConfig(q, w) for q, w in WEIGHTS.items()}
+        )
         cfg = dataclasses.replace(cfg, leader_election=dataclasses.replace(cfg.leader_election, enabled=False))
         self.api = MemoryKubeAPI()
         self.cache = ClusterCache(cfg.resource_name, clock=lambda: self.now)
@@ -60,6 +67,7 @@ class _Replay:
         kind = entry[0]
         if kind == "clock":
             self.now = entry[1]
+            self.ext.sweep()  # the extender's periodic housekeeping, at each step of time mode's clock
         elif kind == "node":
             obj = copy.deepcopy(entry[1])
             self.api.nodes[obj["metadata"]["name"]] = obj
@@ -135,9 +143,9 @@ class _Replayed:
     before the next attempt."""
 
 
-def _replay(log: list[tuple[Any, ...]]) -> _Replayed:
+def _replay(log: list[tuple[Any, ...]], config: ExtenderConfig | None = None) -> _Replayed:
     """Every entry of time mode's log through the test's extender, each attempt and preemption compared."""
-    out = _Replayed(_Replay(builtin_cluster().view.tier_keys))
+    out = _Replayed(_Replay(builtin_cluster().view.tier_keys, config))
     replay = out.replay
     evicting: set[str] = set()
     for entry in log:
@@ -196,3 +204,37 @@ def test_a_big_gang_preempts_whole_through_the_extender_and_lands_where_it_reser
     taken, evicted_on = out.rounds[0]
     assert evicted_on - {taken}
     assert sum(r.preempted for r in result.records) > 0 and result.preempted_device_seconds > 0
+
+
+def test_a_collecting_gang_and_the_pods_that_backfill_around_it_are_decided_as_the_extender_decides() -> None:
+    # small jobs fill the cluster and nobody preempts; half state their runtime. The big gang, at the priority
+    # gangCollect names, collects at once; pods that end before its expected start backfill what it holds.
+    jobs = synthetic_jobs(70, 5, queues=WEIGHTS, mean_interarrival=30.0, mean_duration=3600.0)
+    small = [
+        dataclasses.replace(j, stated_runtime=j.duration if i % 2 else 0.0) for i, j in enumerate(jobs) if j.gang == 1
+    ]
+    big = Job("big", 1800.0, 1800.0, 8, "ring", gang=8, queue="prod", priority=50)
+    spec = builtin_cluster()
+    cfg = ExtenderConfig(
+        policy="icl",
+        tiers=spec.view.tier_keys,
+        queues={q: QueueConfig(q, w) for q, w in WEIGHTS.items()},
+        collect_priority=50,
+    )
+    result = run_time(spec, [*small, big], "icl", seed=3, weights=WEIGHTS, record=True, config=cfg, preemption="none")
+    lent: list[str] = []
+    lend = Backfill.lend
+
+    def counting(self: Backfill, info: Any, node: str, devices: Any) -> None:
+        lent.append(info.key)
+        lend(self, info, node, devices)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Backfill, "lend", counting)
+        out = _replay(result.log, cfg)
+    rec = next(r for r in result.records if r.job.id == "big")
+    assert rec.starts and rec.valid, "the big gang ran once it had collected, every member on a ring of 8"
+    assert out.preemptions == 0 and result.preemptions == 0
+    assert out.replay.ext.metrics.gang_events.labels("collected")._value.get() >= 1, "it collected its devices"
+    assert lent, "a pod that ends before the gang's expected start used devices the gang held"
+    assert all(not k.startswith("sim/big-") for k in lent)

@@ -137,7 +137,7 @@ def test_inputs_are_printed_with_the_clusters_they_ran_on(
             "jobs.csv",
             "id,submit,duration,count,shap\nj,0,10,2,ring\n",
             read_jobs,
-            r"jobs.csv:1: unknown column 'shap'; allowed: id, submit, .*priority, on_preempt; did you mean 'shape'\?",
+            r"jobs.csv:1: unknown column 'shap'; allowed: id, submit, .*on_preempt, runtime; did you mean 'shape'\?",
         ),
         (
             "jobs.json",

@@ -17,7 +17,9 @@ member fails the whole gang). :func:`choose_gang_victims` picks the units:
      once when a budget it is covered by goes below zero (kube-scheduler's count);
    - the highest priority among the victims;
    - the victims, weighted by the gangs they break (a rigid gang counts all its members);
-   - the devices freed.
+   - the devices freed;
+   - the victims' run time so far, summed (the work preemption throws away: among sets equal so far, the
+     victims that started most recently go).
 
    Ties keep the first domain by key, then the set found first. A unit in a ``group`` (an elastic
    gang's member) is taken at most ``limits[group]`` times (the members it may lose).
@@ -35,7 +37,7 @@ found so far is returned (``exact`` False). Pure: no I/O, the inputs are values.
 ...          VictimUnit("b", (VictimPod("b", 0),), (("n0", ("2", "3")),))]
 >>> found = choose_gang_victims(ClusterView(), {"n0": ring}, {"n0": {"0", "1"}}, units, parse_shape("ring", count=2), 2)
 >>> [u.key for u in found.units], found.cost
-(['b'], (0, 0, 1, 2))
+(['b'], (0, 0, 1, 2, 0))
 """
 
 from __future__ import annotations
@@ -56,17 +58,19 @@ __all__ = ["Cost", "GangVictims", "VictimPod", "VictimUnit", "budget_violations"
 
 MAX_STEPS = 20_000  # search nodes per call; past it the best set found so far is answered
 
-#: (budget violations, highest victim priority, victims weighted by gangs broken, devices freed)
-Cost = tuple[int, int, int, int]
+#: (budget violations, highest victim priority, victims weighted by gangs broken, devices freed, seconds run)
+Cost = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
 class VictimPod:
-    """One pod that a unit evicts: its ``key`` (uid), priority, and the disruption budgets that cover it."""
+    """One pod that a unit evicts: its ``key`` (uid), priority, the disruption budgets that cover it, and the
+    whole seconds it has run (0: not started)."""
 
     key: str
     priority: int
     budgets: tuple[str, ...] = ()
+    ran: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +134,14 @@ def budget_violations(pods: Iterable[VictimPod], allowed: Mapping[str, int]) -> 
 
 
 def cost_of(units: Collection[VictimUnit], allowed: Mapping[str, int]) -> Cost:
-    """The cost of evicting ``units`` (see the module's order); ``(0, -1, 0, 0)`` for none."""
+    """The cost of evicting ``units`` (see the module's order); ``(0, -1, 0, 0, 0)`` for none."""
     pods = [p for u in units for p in u.pods]
     return (
         budget_violations(pods, allowed),
         max((u.priority for u in units), default=-1),
         len(pods),
         sum(u.devices for u in units),
+        sum(p.ran for p in pods),
     )
 
 
@@ -511,6 +516,7 @@ class _Search:
                     max(cost[1], int(self.prio_after[j])),
                     cost[2] + math.ceil(short * self.per_w_after[j] - 1e-9),
                     cost[3] + math.ceil(short * self.per_d_after[j] - 1e-9),
+                    cost[4],
                 )
             else:
                 least = cost
@@ -561,10 +567,19 @@ class _Search:
 
 def _canonical(u: VictimUnit) -> tuple[object, ...]:
     """What makes units interchangeable (all but the key, last), for ordering a node's units."""
-    return (u.priority, len(u.pods), u.devices, tuple(sorted((p.priority, p.budgets) for p in u.pods)), u.group, u.key)
+    return (
+        u.priority,
+        len(u.pods),
+        u.devices,
+        sum(p.ran for p in u.pods),
+        tuple(sorted((p.priority, p.budgets, p.ran) for p in u.pods)),
+        u.group,
+        u.key,
+    )
 
 
 def _option_key(units: list[VictimUnit], mask: int, gain: int) -> tuple[object, ...]:
     picked = [units[i] for i in range(len(units)) if mask >> i & 1]
     weight = sum(len(u.pods) for u in picked)
-    return (max(u.priority for u in picked), weight / gain, sum(u.devices for u in picked) / gain, -gain)
+    ran = sum(p.ran for u in picked for p in u.pods)
+    return (max(u.priority for u in picked), weight / gain, sum(u.devices for u in picked) / gain, ran / gain, -gain)
