@@ -31,7 +31,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from scheduler.cache import ClusterCache, NodeRecord, PodChange
 from scheduler.gangbook import GangBook
@@ -41,15 +41,19 @@ from scheduler.host import Host, QuietHost
 from scheduler.layout import MemberLayouts
 from scheduler.podspec import GangRef, PodInfo, Rank, sized_rank
 from topology import DeviceRank, Shape, ShapeError, parse_shape
-from topology.backfill import choose_domain
+from topology.backfill import DomainCost, choose_domain, completion, stated_end
 
-__all__ = ["PRUNE_EVERY_S", "REPLAN_COLLECTING_S", "GangManager"]
+__all__ = ["PRUNE_EVERY_S", "REPLAN_COLLECTING_S", "SWITCH_MARGIN_S", "GangManager"]
 
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY_S = 60.0  # how often sweep forgets what it kept of gangs that are gone
 # how often the sweep plans a collecting gang again (a cheaper domain?) when no member's filter did
 REPLAN_COLLECTING_S = 30.0
+# how much earlier another domain must complete (the latest stated end of the pods on its missing devices) for a
+# collecting gang to move there, letting go of what it holds: an estimate that is minutes sooner does not pay
+# for the collection thrown away, and a domain whose holders state no end is never sooner
+SWITCH_MARGIN_S = 1800.0
 
 
 class GangManager:
@@ -272,24 +276,39 @@ class GangManager:
         bound: Sequence[PodInfo] = (),
     ) -> tuple[set[str] | None, str]:
         """Collect devices for ``members`` x ``shape`` of the member's gang (lock held): in the cheapest domain
-        (:func:`topology.backfill.choose_domain`), ``res``'s kept while no other is strictly cheaper than what
-        it still lacks. The member waits, unless every device of the target was free (then it is placed)."""
+        (:func:`topology.backfill.choose_domain`): the one whose target completes first (the latest stated end
+        among the pods on its devices not free, :meth:`_completion`), ``res``'s kept unless another completes
+        more than :data:`SWITCH_MARGIN_S` earlier; ``res``'s devices lent to backfilled pods count as its own
+        (they come back by its expected start). The member waits, unless every device of the target was free
+        (then it is placed)."""
         gang = info.gang
         assert gang is not None
         self._planned[gang.key] = now
         found, why = self.planner.targets(gang, shape, members, candidates)
-        costs = {domain: cost for domain, (_target, cost) in found.items()}
+        wall = self.book.wall()
+        costs: dict[str, DomainCost] = {}
+        for domain, (target, cost) in found.items():
+            missing: dict[str, set[str]] = {}
+            for node, p in target.members:
+                view, _why = self.cache.nodes.node_view(node)
+                free = view.free if view is not None else frozenset()
+                missing.setdefault(node, set()).update(d for d in p.devices if d not in free)
+            costs[domain] = (self._completion(missing, wall), cost)
         if res is not None:
+            # what it holds, and what it lent to pods that end before its expected start, is the gang's
+            missing = {}
+            for slot in res.slots:
+                if slot.waiting:
+                    missing.setdefault(slot.node, set()).update(d for d in slot.devices if d not in slot.held)
             held, total = res.devices_held()
-            costs[res.domain] = total - held
-        choice = choose_domain(costs, res.domain if res is not None else None)
+            lent = sum(len(s.lent) for s in res.slots if s.waiting)
+            costs[res.domain] = (self._completion(missing, wall), total - held - lent)
+        choice = choose_domain(costs, res.domain if res is not None else None, SWITCH_MARGIN_S)
         if choice is None:
             return None, why
         if res is None or choice != res.domain:
             if res is not None:
-                log.info(
-                    "gang %s: collects in %s instead of %s, which is cheaper to complete", gang.key, choice, res.domain
-                )
+                log.info("gang %s: collects in %s instead of %s, which completes sooner", gang.key, choice, res.domain)
                 self.book.release(gang.key, replaced=True)
             numbers = self.slot_numbers(info, list(bound), members) if res is None else [s.number for s in res.slots]
             res, why = self.book.reserve(info, shape, found[choice][0], now, numbers, collecting=True)
@@ -300,6 +319,22 @@ class GangManager:
         if not res.collecting:
             return res.open_nodes(info.uid, own.value if own is not None else None), ""
         return None, f"gang {gang.name!r} {res.collecting_state()}; its members bind once every device is held"
+
+    def _completion(self, missing: Mapping[str, set[str]], now: float) -> float:
+        """When ``missing`` (node -> devices) would all be free (lock held; wall clock): the latest stated end
+        of the pods holding them (:func:`topology.backfill.completion`); infinite when one states none, or a
+        device is held by no pod (another gang's hold, a device the extender does not account for)."""
+        ends: list[float | None] = []
+        for node, devices in missing.items():
+            left = set(devices)
+            for pod in self.cache.pods.holding_on(node):
+                held = self.cache.pods.held(pod.uid)
+                if held is not None and left & set(held[1]):
+                    ends.append(stated_end(pod.started, pod.runtime, now))
+                    left -= set(held[1])
+            if left:
+                ends.append(None)
+        return completion(now, ends)
 
     def collect_waiting(self, lead: Callable[[], bool]) -> None:
         """Plan, once each, the gangs with a pending member and no reservation, so that a due gang starts

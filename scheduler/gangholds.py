@@ -104,11 +104,13 @@ class GangHolds:
                 self.cache.reserve(slot.owner, slot.node, slot.held)
             return 0
         slot.held, slot.waiting = ((), False) if whole else (held, True)
+        slot.lent = () if whole else tuple(d for d in slot.lent if d not in have)
         return int(whole)
 
     def release_held(self, slot: Slot, devices: Iterable[str]) -> None:
         """Let go of ``devices`` of a collecting gang's waiting ``slot`` (lock held): a pod that ends before
-        the gang's expected start takes them (backfill); the slot holds them again once they are freed."""
+        the gang's expected start takes them (backfill); the slot counts them as lent and holds them again once
+        they are freed."""
         gone = set(devices)
         keep = tuple(d for d in slot.held if d not in gone)
         if len(keep) == len(slot.held):
@@ -116,6 +118,7 @@ class GangHolds:
         self.cache.unreserve(slot.owner, slot.node)
         if keep:
             self.cache.reserve(slot.owner, slot.node, keep)
+        slot.lent = (*slot.lent, *(d for d in slot.held if d in gone and d not in slot.lent))
         slot.held = keep
 
     def collected(self, res: Reservation) -> None:

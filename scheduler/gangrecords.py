@@ -49,6 +49,9 @@ class Slot:
     waiting: bool = False
     # of a waiting slot of a collecting gang: the devices already held for it (reserved in the cache under its owner)
     held: tuple[str, ...] = ()
+    # of a waiting slot of a collecting gang: the devices it held and lent to a pod that ends before the gang's
+    # expected start (backfill); they count as the gang's when its domain is weighed against another
+    lent: tuple[str, ...] = ()
 
     @property
     def number(self) -> int:

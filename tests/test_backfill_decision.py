@@ -1,14 +1,16 @@
 """The pure decisions of reservation with backfill (:mod:`topology.backfill`) against brute force.
 
 Who may use held devices: exactly the pods that state a runtime ending by the latest stated end of the
-pods holding the gang back, so lending never delays the gang. Which domain: the cheapest, the current one
-kept on a tie. Where: one target per domain of the lowest level that could ever hold the gang, each of the
-asked size and shape on its node, costing exactly its devices not free, and complete (held whole) exactly
-when it costs nothing.
+pods holding the gang back, so lending never delays the gang. Which domain: the one whose target completes
+first (the latest stated end of its holders, never when one states none), the current one left only for
+one that completes sooner by the margin. Where: one target per domain of the lowest level that could ever
+hold the gang, each of the asked size and shape on its node, costing exactly its devices not free, and
+complete (held whole) exactly when it costs nothing.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 from topology import ClusterView, NodeTopology, Shape, build_preset, pack_node, parse_shape, place_gang
 from topology.backfill import (
     choose_domain,
+    completion,
     cost,
     covers,
     expected_start,
@@ -54,23 +57,48 @@ def test_held_devices_go_only_to_a_pod_that_ends_before_the_gang_would_start_any
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    costs=st.dictionaries(st.sampled_from(("d0", "d1", "d2", "d3")), st.integers(0, 5), max_size=4),
-    current=st.one_of(st.none(), st.sampled_from(("d0", "d1", "d2", "d3"))),
-)
-def test_the_domain_chosen_is_the_cheapest_and_the_current_one_is_kept_on_a_tie(
-    costs: dict[str, int], current: str | None
+@given(now=times, ends=st.lists(st.one_of(st.none(), times), max_size=5))
+def test_a_domain_completes_at_its_holders_latest_stated_end_and_never_when_one_states_none(
+    now: float, ends: list[float | None]
 ) -> None:
-    chosen = choose_domain(costs, current)
+    done = completion(now, ends)
+    if None in ends:
+        assert done == math.inf
+    else:
+        assert done >= now and all(e is not None and e <= done for e in ends)
+        assert done == now or done in ends
+
+
+completions = st.one_of(st.just(math.inf), st.floats(0, 10_000, allow_nan=False))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    costs=st.dictionaries(
+        st.sampled_from(("d0", "d1", "d2", "d3")), st.tuples(completions, st.integers(0, 5)), max_size=4
+    ),
+    current=st.one_of(st.none(), st.sampled_from(("d0", "d1", "d2", "d3"))),
+    margin=st.sampled_from((0.0, 1800.0)),
+)
+def test_the_domain_chosen_completes_first_and_the_current_one_is_left_only_for_one_sooner_by_the_margin(
+    costs: dict[str, tuple[float, int]], current: str | None, margin: float
+) -> None:
+    chosen = choose_domain(costs, current, margin)
     if not costs:
         assert chosen is None
         return
-    least = min(costs.values())
-    assert chosen is not None and costs[chosen] == least
-    if current in costs and costs[current] == least:
-        assert chosen == current, "moved to a domain no cheaper"
-    elif current not in costs or costs[current] > least:
-        assert chosen == min(d for d, c in costs.items() if c == least), "ties: the first by name"
+    assert chosen is not None
+    if current in costs:
+        sooner = [d for d, (done, _n) in costs.items() if done + margin < costs[current][0]]
+        if not sooner:
+            assert chosen == current, "moved to a domain not sooner by the margin"
+            return
+        assert chosen in sooner
+    first = min(c[0] for c in costs.values())
+    assert costs[chosen][0] == first, "not the domain that completes first"
+    fewest = min(n for done, n in costs.values() if done == first)
+    assert costs[chosen][1] == fewest, "ties: fewer devices to free"
+    assert chosen == min(d for d, c in costs.items() if c == (first, fewest)), "then the first by name"
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Reservation with backfill through the extender's verbs, on an in-memory API server.
 
 A gang that cannot be placed collects once it is due (``gangCollect``): every device of its target in
-the cheapest domain is held as it is freed, a pod that states a runtime ending before the gang's expected
-start may use held devices, any other pod is kept off them with the reason, the collection moves only to a
-strictly cheaper domain, survives a failover through its record, starts from the sweep when no member
-reaches the filter, gives way to whole-gang preemption, and the members bind once it is whole.
+the domain whose holders end first is held as it is freed, a pod that states a runtime ending before the
+gang's expected start may use held devices, any other pod is kept off them with the reason, the collection
+moves only to a domain that completes sooner by a margin (devices lent to a backfilled pod still count as
+the gang's), survives a failover through its record, starts from the sweep when no member reaches the
+filter, gives way to whole-gang preemption, and the members bind once it is whole.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from test_scheduler_policies import _preempt as _preempt_only
 from scheduler.cache import ClusterCache
 from scheduler.config import ConfigError, ExtenderConfig, LeaderElectionConfig, parse_config
 from scheduler.extender import Extender
-from scheduler.gang import REPLAN_COLLECTING_S
+from scheduler.gang import REPLAN_COLLECTING_S, SWITCH_MARGIN_S
 from scheduler.informer import Informer
 from scheduler.wire import RECORD_LABEL, read_record
 from tests.support.extender import pod_obj
@@ -64,12 +65,15 @@ def _gone(c: Cluster, *pods: dict[str, Any]) -> None:
         c.cache.delete_pod(pod)
 
 
-def _full(c: Cluster, split: str = "a") -> dict[str, dict[str, Any]]:
+def _full(c: Cluster, split: str = "a", ends: dict[str, int | None] | None = None) -> dict[str, dict[str, Any]]:
     """Every node full: on the nodes of ``split`` two pods of 4 devices (``<node>0``, ``<node>1``), elsewhere one
-    of 8 (``<node>``); rack r0's end two hours after their start (an hour from now), rack r1's state no end."""
+    of 8 (``<node>``); by ``ends``, node -> seconds from now its pods end (None: they state no end), by default
+    rack r0's in an hour and rack r1's none."""
+    ends = {"a": 3600, "b": 3600, "c": None, "d": None} | (ends or {})
     out = {}
     for n in "abcd":
-        deadline = 7200 if n in "ab" else None
+        end = ends[n]
+        deadline = None if end is None else 3600 + end  # started an hour ago
         if n in split:
             out[f"{n}0"] = _holder(c, f"{n}0", n, "0,1,2,3", deadline=deadline)
             out[f"{n}1"] = _holder(c, f"{n}1", n, "4,5,6,7", deadline=deadline)
@@ -150,18 +154,56 @@ def test_the_gang_binds_as_soon_as_its_held_devices_cover_its_shapes() -> None:
     assert {c.schedule(w0), c.schedule(w1)} == {"a", "b"}
 
 
-def test_the_collection_moves_only_to_a_strictly_cheaper_domain() -> None:
+@pytest.mark.parametrize("sooner", [SWITCH_MARGIN_S + 600, SWITCH_MARGIN_S - 600])
+def test_the_collection_moves_only_to_a_domain_that_completes_sooner_by_the_margin(sooner: float) -> None:
     c = _cluster()
-    held = _full(c, split="ad")
+    c_ends = int(3600 - sooner)  # rack r1's node c ends ``sooner`` seconds before rack r0's holders
+    held = _full(c, split="ad", ends={"c": c_ends})
     w0 = _member(c, "w0")
-    assert f"domain {R0}" in _reason(c.filter(w0), "a"), "both racks lack 16: the first by name"
-    _gone(c, held["a0"], held["d0"])  # both lack 12 now: it stays
+    assert f"domain {R0}" in _reason(c.filter(w0), "a"), "r1's d states no end: r0 completes first"
+    _gone(c, held["a0"], held["d0"])
     assert f"collecting: 4 of 16 devices held in domain {R0}" in _reason(c.filter(w0), "a")
-    _gone(c, held["d1"])  # rack r1 lacks 8
-    assert f"collecting: 8 of 16 devices held in domain {RACK}=r1" in _reason(c.filter(w0), "a")
+    _gone(c, held["d1"])  # rack r1 lacks only c's devices, which end ``sooner`` before r0's holders
+    why = _reason(c.filter(w0), "a")
+    if sooner <= SWITCH_MARGIN_S:
+        assert f"collecting: 4 of 16 devices held in domain {R0}" in why, "not sooner by the margin: it stays"
+        return
+    assert f"collecting: 8 of 16 devices held in domain {RACK}=r1" in why, why
     assert set(c.ext.gangs.book.reserved_devices()) == {("d", str(i)) for i in range(8)}, "r0's devices let go"
     _gone(c, held["c"])
     assert sorted(c.filter(w0).node_names) == ["c", "d"]
+
+
+def test_a_domain_lacking_fewer_devices_whose_holders_state_no_end_does_not_take_the_collection() -> None:
+    c = _cluster()
+    held = _full(c, split="ad")
+    w0 = _member(c, "w0")
+    c.filter(w0)
+    _gone(c, held["d0"], held["d1"])  # rack r1 lacks 8, rack r0 16; r1's c states no end
+    assert f"collecting: 0 of 16 devices held in domain {R0}" in _reason(c.filter(w0), "a")
+
+
+def test_a_pod_backfilled_onto_held_devices_does_not_make_the_gang_move_domains() -> None:
+    c = _cluster()
+    held = _full(c, split="ad", ends={"c": 3600, "d": 3600})  # both racks' holders end in an hour
+    w0 = _member(c, "w0")
+    c.filter(w0)
+    _gone(c, held["a0"], held["d0"])  # each rack lacks 12; r0's 4 free devices are held
+    short = _pod(c, "short", 4, activeDeadlineSeconds=600)
+    assert c.schedule(short) == "a", "it ends before the gang's expected start: it backfills"
+    res = c.ext.gangs.book.reservations["default/g"]
+    assert sorted(d for s in res.slots for d in s.lent) == ["0", "1", "2", "3"]
+    why = _reason(c.filter(w0), "a")
+    assert f"collecting: 0 of 16 devices held in domain {R0}" in why, "the lent devices are still the gang's"
+    _gone(c, short)
+    assert res.collecting_state() == f"collecting: 4 of 16 devices held in domain {R0}"
+    assert [d for s in res.slots for d in s.lent] == [], "held again, no longer lent"
+
+
+def test_the_domain_whose_holders_end_sooner_wins() -> None:
+    c = _cluster()
+    _full(c, split="", ends={"c": 600, "d": 600})  # both racks lack 16; r1's holders end 50 minutes sooner
+    assert f"domain {RACK}=r1" in _reason(c.filter(_member(c, "w0")), "a")
 
 
 def test_the_collection_survives_a_failover_through_its_record() -> None:
@@ -233,13 +275,13 @@ def test_a_collecting_gang_still_preempts_lower_priority_pods_counting_what_it_h
     assert not read_record(lease).collecting and {n for _o, n, _d in read_record(lease).slots} == {"c", "d"}
 
 
-def test_the_sweep_moves_a_collection_to_a_cheaper_domain_at_most_every_replan_interval() -> None:
+def test_the_sweep_moves_a_collection_to_a_sooner_domain_at_most_every_replan_interval() -> None:
     c = _cluster(leader_election=LeaderElectionConfig(enabled=False))
-    held = _full(c)
+    held = _full(c, ends={"d": 600})  # r1's c states no end, its d ends 50 minutes before r0's holders
     _member(c, "w0")
     _member(c, "w1")
     c.ext.sweep()
-    _gone(c, held["c"])  # rack r1 is now cheaper
+    _gone(c, held["c"])  # rack r1 now completes sooner
     c.clock.now += REPLAN_COLLECTING_S - 1
     c.ext.sweep()
     assert f"domain {R0}" in c.ext.gangs.book.collecting("default/g"), "not planned again yet"

@@ -8,8 +8,10 @@ before the gang's expected start (Slurm's backfill rule, with the runtimes Kuber
 - :func:`targets`: one target per domain of the lowest level that could ever hold the gang (the
   planner's :func:`topology.place_gang` over every healthy device of the domain's nodes), each node's
   placements re-packed to use its free devices first, with its cost: the target devices not free now.
-- :func:`choose_domain`: the cheapest domain; the current one is kept unless another is strictly
-  cheaper, so a collection is not thrown away for an equal one.
+- :func:`completion`, :func:`choose_domain`: when a domain's target would be complete (the latest stated end
+  among the pods on its devices still missing), and the domain to collect in: the one that completes
+  first; the current one is kept unless another completes earlier by more than a margin, so a collection
+  is not thrown away for one that is no better, nor for one whose holders state no end.
 - :func:`held_now`, :func:`covers`: what is held of a target, and whether that completes it.
 - :func:`expected_start`, :func:`may_backfill`: when the gang expects to start, and whether a pod that
   states its runtime ends before then.
@@ -17,6 +19,7 @@ before the gang's expected start (Slurm's backfill rule, with the runtimes Kuber
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Mapping
 
 from topology.cluster import ClusterView, GangPlacement, pack_node, place_gang
@@ -25,7 +28,18 @@ from topology.placement import Placement
 from topology.scoring import DeviceRank
 from topology.shapes import Shape
 
-__all__ = ["choose_domain", "cost", "covers", "expected_start", "held_now", "may_backfill", "stated_end", "targets"]
+__all__ = [
+    "DomainCost",
+    "choose_domain",
+    "completion",
+    "cost",
+    "covers",
+    "expected_start",
+    "held_now",
+    "may_backfill",
+    "stated_end",
+    "targets",
+]
 
 
 def stated_end(started: float | None, runtime: float | None, now: float) -> float | None:
@@ -60,17 +74,45 @@ def may_backfill(now: float, runtime: float | None, start: float) -> bool:
     return runtime is not None and now + runtime <= start
 
 
-def choose_domain(costs: Mapping[str, int], current: str | None = None) -> str | None:
-    """The domain to collect in: the cheapest by ``costs`` (ties: the first by name), ``current`` kept while
-    no other is strictly cheaper; None when there is none.
+DomainCost = tuple[float, int]
+"""A domain's cost to a collecting gang: (when its target would be complete, :func:`completion`; the target's
+devices still to be freed)."""
 
-    >>> choose_domain({"b": 3, "a": 3}), choose_domain({"b": 3, "a": 3}, "b"), choose_domain({"b": 3, "a": 2}, "b")
+
+def completion(now: float, ends: Iterable[float | None]) -> float:
+    """When a target whose missing devices are held by pods stating ``ends`` would be complete: the latest,
+    never before ``now``; infinite when one states no end (it may run for ever), ``now`` when none is missing.
+
+    >>> completion(10.0, [30.0, 20.0]), completion(10.0, [30.0, None]), completion(10.0, [])
+    (30.0, inf, 10.0)
+    """
+    latest = now
+    for end in ends:
+        if end is None:
+            return math.inf
+        latest = max(latest, end)
+    return latest
+
+
+def choose_domain(costs: Mapping[str, DomainCost], current: str | None = None, margin: float = 0.0) -> str | None:
+    """The domain to collect in: the one that completes first by ``costs`` (ties: fewer devices to free, then
+    the first by name); ``current`` is kept unless another completes more than ``margin`` seconds earlier, so
+    what it holds is not thrown away for a domain that is not clearly sooner: not for one that merely lacks
+    fewer devices now, nor when neither's holders state when they end. None when there is none.
+
+    >>> inf = float("inf")
+    >>> choose_domain({"b": (inf, 3), "a": (inf, 3)}), choose_domain({"b": (inf, 3), "a": (inf, 1)}, "b")
+    ('a', 'b')
+    >>> costs = {"b": (900.0, 3), "a": (100.0, 8)}
+    >>> choose_domain(costs), choose_domain(costs, "b", 1000.0), choose_domain(costs, "b", 500.0)
     ('a', 'b', 'a')
+    >>> choose_domain({"b": (inf, 1), "a": (100.0, 8)}, "b", 1000.0)
+    'a'
     """
     if not costs:
         return None
-    best = min(costs, key=lambda d: (costs[d], d))
-    if current is not None and current in costs and costs[current] <= costs[best]:
+    best = min(costs, key=lambda d: (*costs[d], d))
+    if current is not None and current in costs and not costs[best][0] + margin < costs[current][0]:
         return current
     return best
 
