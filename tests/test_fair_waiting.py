@@ -11,34 +11,19 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_scheduler_policies import Cluster as PolicyCluster
 
 from scheduler import fairshare
-from scheduler.cache import ClusterCache
-from scheduler.config import ExtenderConfig
-from scheduler.extender import Extender
-from scheduler.informer import Informer
 from scheduler.nodefit import FitMemory
 from scheduler.wire import ExtenderArgs
-from tests.support.extender import MemoryKubeAPI, node_obj, pod_obj
+from tests.support.extender import node_obj, pod_obj
 
 FULL = "0,1,2,3,4,5,6,7"
 UNSCHEDULABLE = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
 
 
-class Cluster:
-    def __init__(self, nodes: dict[str, str], cfg: ExtenderConfig | None = None) -> None:
-        self.api = MemoryKubeAPI()
-        for name, preset in nodes.items():
-            self.api.nodes[name] = node_obj(name, preset)
-        self.cache = ClusterCache("kube-icl.io/accelerator")
-        Informer(self.api, self.cache).sync_once()
-        self.ext = Extender(cfg or ExtenderConfig(), self.cache, self.api)
-        self.names = list(nodes)
-
-    def add(self, pod: dict[str, Any]) -> dict[str, Any]:
-        self.api.pods[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = pod
-        self.cache.upsert_pod(pod)
-        return pod
+class Cluster(PolicyCluster):
+    """The policies' in-memory cluster; its filter answers the names of the nodes that pass."""
 
     def delete(self, pod: dict[str, Any]) -> None:
         self.api.pods.pop((pod["metadata"]["namespace"], pod["metadata"]["name"]))
