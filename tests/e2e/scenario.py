@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import urllib3
 import yaml
 from kubernetes import client as k8s
@@ -180,6 +181,15 @@ def _icl_command() -> list[str]:
         return [str(script)]
     found = shutil.which("icl")
     return [found] if found else [sys.executable, "-m", "icl"]
+
+
+def kubectl_icl_script() -> str:
+    """The ``kubectl-icl`` entry point installed beside this interpreter (or on ``PATH``)."""
+    script = Path(sys.executable).with_name("kubectl-icl")
+    found = str(script) if script.exists() else shutil.which("kubectl-icl")
+    if found is None:
+        pytest.fail("kubectl-icl is not installed: pip install -e . puts it beside the interpreter", pytrace=False)
+    return found
 
 
 class ExtenderProcess:

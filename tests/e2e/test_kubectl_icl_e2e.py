@@ -16,9 +16,7 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,6 +36,7 @@ from .scenario import (
     NodeSpec,
     create_pods,
     delete_nodes,
+    kubectl_icl_script,
     node_labels,
     pod_body,
     publish_nodes,
@@ -51,14 +50,6 @@ pytestmark = pytest.mark.e2e
 RACK = "example.com/rack"
 
 
-def _script() -> str:
-    script = Path(sys.executable).with_name("kubectl-icl")
-    found = str(script) if script.exists() else shutil.which("kubectl-icl")
-    if found is None:
-        pytest.fail("kubectl-icl is not installed: pip install -e . puts it beside the interpreter", pytrace=False)
-    return found
-
-
 @dataclass
 class Fleet:
     label: str
@@ -70,7 +61,7 @@ class Fleet:
 
     def icl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         out = subprocess.run(
-            [_script(), "--kubeconfig", str(self.plane.kubeconfig), *args],
+            [kubectl_icl_script(), "--kubeconfig", str(self.plane.kubeconfig), *args],
             capture_output=True,
             text=True,
             timeout=120,
@@ -214,7 +205,7 @@ def test_nodes_shows_each_chip_as_the_cluster_holds_it(fleet: Fleet) -> None:
     assert ring_node["chips"]["unhealthy"] == 1 and ring_node["devices"][7]["state"] == "unhealthy"
 
     # the table, through kubectl's own plugin lookup: `kubectl icl` finds kubectl-icl on the PATH
-    env = dict(os.environ, PATH=f"{Path(_script()).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = dict(os.environ, PATH=f"{Path(kubectl_icl_script()).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     env["KUBECONFIG"] = str(plane.kubeconfig)
     kubectl = plane.binaries["kubectl"]  # the pinned kubectl the control plane was built with
     table = subprocess.run(
@@ -360,7 +351,7 @@ def test_a_snapshot_of_the_live_cluster_reads_back_as_the_extender_holds_it(flee
     }
     live = fleet.doc("nodes", "-l", f"kube-icl.io/e2e={fleet.label}", "--extender-config", fleet.configmap)
     assert chips == {i["name"]: [(d["id"], d["state"], d["pods"]) for d in i["devices"]] for i in live["items"]}
-    icl = Path(_script()).with_name("icl")
+    icl = Path(kubectl_icl_script()).with_name("icl")
     sim = subprocess.run(
         [str(icl), "sim", "--snapshot", str(out), "--policies", "icl", "--no-plots", "--out", str(tmp_path / "r")],
         capture_output=True, text=True, timeout=300, check=False,

@@ -19,13 +19,10 @@ preemption only on nodes where its own dry run finds victims of a lower priority
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -37,6 +34,7 @@ from tests.support.extender import wait_for
 
 from .harness import ControlPlane
 from .inprocess import InProcessExtender, ensure_priority_classes, extender_in_process, shaped_pod
+from .scenario import kubectl_icl_script
 
 pytestmark = pytest.mark.e2e
 
@@ -60,14 +58,6 @@ def _settings(prefix: str) -> dict[str, Any]:
             }
         ]
     }
-
-
-def _script() -> str:
-    script = Path(sys.executable).with_name("kubectl-icl")
-    found = str(script) if script.exists() else shutil.which("kubectl-icl")
-    if found is None:
-        pytest.fail("kubectl-icl is not installed: pip install -e . puts it beside the interpreter", pytrace=False)
-    return found
 
 
 @dataclass
@@ -129,7 +119,7 @@ def _bound(plane: ControlPlane, namespace: str) -> dict[str, str]:
 
 def _queues(plane: ControlPlane, configmap: str) -> tuple[dict[str, Any], str]:
     """``kubectl icl queues`` against the cluster: its tree (-o json) by queue name, and its table."""
-    base = [_script(), "--kubeconfig", str(plane.kubeconfig), "queues", "--extender-config", configmap]
+    base = [kubectl_icl_script(), "--kubeconfig", str(plane.kubeconfig), "queues", "--extender-config", configmap]
     out = subprocess.run([*base, "-o", "json"], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     table = subprocess.run(base, capture_output=True, text=True, timeout=120, check=False)
