@@ -24,7 +24,7 @@ from topology import Placer, build_preset, parse_shape
 
 from .harness import ControlPlane
 from .inprocess import InProcessExtender, ensure_priority_classes, extender_in_process, shaped_pod
-from .test_kubectl_icl_e2e import _script
+from .scenario import kubectl_icl_script
 from .test_preemption_e2e import HALVES, PRESET, RESOURCE, _bound
 
 pytestmark = pytest.mark.e2e
@@ -108,7 +108,7 @@ def test_a_big_gang_collects_while_a_short_pod_backfills_and_a_long_one_is_kept_
 
 def _icl(control_plane: ControlPlane, *args: str) -> dict[str, Any]:
     """``kubectl icl ARGS`` against the control plane, its JSON."""
-    command = [_script(), "--kubeconfig", str(control_plane.kubeconfig), *args]
+    command = [kubectl_icl_script(), "--kubeconfig", str(control_plane.kubeconfig), *args]
     out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     doc: dict[str, Any] = json.loads(out.stdout)
