@@ -37,11 +37,11 @@ from .harness import ControlPlane, wait_for
 from .scenario import (
     DEVICES_ANNOTATION,
     BindWatch,
-    Bound,
     ExtenderProcess,
     bound_pods,
     create_pods,
     delete_pods,
+    kubelet_devices,
     pod_body,
     shipped_extender_settings,
     shipped_scheduler_config,
@@ -101,27 +101,6 @@ def _holder_body(holder: Holder, selector: Mapping[str, str]) -> dict[str, Any]:
     if holder.group:
         body["spec"]["schedulingGroup"] = {"podGroupName": holder.group}
     return body
-
-
-def _stock_kubelet_devices(
-    members: Mapping[str, Bound],
-    order: Mapping[str, float],
-    survivors: Mapping[str, tuple[str, ...]],
-    topologies: Mapping[str, NodeTopology],
-) -> dict[str, tuple[str, ...]]:
-    """What a stock kubelet gives each member: the lowest device ids its node's survivors do not hold, in bind
-    order."""
-    used: dict[str, set[str]] = {}
-    for node, devices in survivors.items():
-        used.setdefault(node, set()).update(devices)
-    out: dict[str, tuple[str, ...]] = {}
-    for name in sorted(members, key=lambda n: (order.get(n, math.inf), n)):
-        pod = members[name]
-        taken = used.setdefault(pod.node, set())
-        chosen = tuple([d for d in topologies[pod.node].ids if d not in taken][: pod.count])
-        taken.update(chosen)
-        out[name] = chosen
-    return out
 
 
 def run_preempt_side(
@@ -224,7 +203,7 @@ def run_preempt_side(
             devices = {n: p.devices for n, p in placed.items()}
         else:
             devices = dict(
-                _stock_kubelet_devices(placed, watch.bound_at, {k: tuple(v) for k, v in survivors.items()}, topologies)
+                kubelet_devices(placed, watch.bound_at, topologies, {k: tuple(v) for k, v in survivors.items()})
             )
         for gang in gangs:
             names = members[gang.name]

@@ -627,10 +627,14 @@ def wait_for_binds(
 
 
 def kubelet_devices(
-    bound: Mapping[str, Bound], order: Mapping[str, float], topologies: Mapping[str, NodeTopology]
+    bound: Mapping[str, Bound],
+    order: Mapping[str, float],
+    topologies: Mapping[str, NodeTopology],
+    held: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, tuple[str, ...]]:
-    """What a stock kubelet gives each pod without kube-icl: the lowest free device indices, in bind order."""
-    used: dict[str, set[str]] = {}
+    """What a stock kubelet gives each pod without kube-icl: the lowest device indices free, in bind order;
+    ``held``: node -> devices other pods already hold there (survivors of a preemption)."""
+    used: dict[str, set[str]] = {node: set(devices) for node, devices in (held or {}).items()}
     out: dict[str, tuple[str, ...]] = {}
     for name in sorted(bound, key=lambda n: (order.get(n, float("inf")), n)):
         pod = bound[name]
