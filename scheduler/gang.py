@@ -31,7 +31,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from scheduler.cache import ClusterCache, NodeRecord, PodChange
 from scheduler.gangbook import GangBook
@@ -41,7 +41,7 @@ from scheduler.host import Host, QuietHost
 from scheduler.layout import MemberLayouts
 from scheduler.podspec import GangRef, PodInfo, Rank, sized_rank
 from topology import DeviceRank, Shape, ShapeError, parse_shape
-from topology.backfill import DomainCost, choose_domain, completion, stated_end
+from topology.backfill import DomainCost, choose_domain, readiness, stated_end
 
 __all__ = ["PRUNE_EVERY_S", "REPLAN_COLLECTING_S", "SWITCH_MARGIN_S", "GangManager"]
 
@@ -275,43 +275,44 @@ class GangManager:
         res: Reservation | None,
         bound: Sequence[PodInfo] = (),
     ) -> tuple[set[str] | None, str]:
-        """Collect devices for ``members`` x ``shape`` of the member's gang (lock held): in the cheapest domain
-        (:func:`topology.backfill.choose_domain`): the one whose target completes first (the latest stated end
-        among the pods on its devices not free, :meth:`_completion`), ``res``'s kept unless another completes
-        more than :data:`SWITCH_MARGIN_S` earlier; ``res``'s devices lent to backfilled pods count as its own
-        (they come back by its expected start). The member waits, unless every device of the target was free
-        (then it is placed)."""
+        """Collect devices for ``members`` x ``shape`` of the member's gang (lock held): on the target that
+        completes first (:func:`topology.backfill.targets`, one per domain, on the devices whose holders end
+        soonest; :func:`topology.backfill.choose_domain`), ``res``'s kept unless another completes more than
+        :data:`SWITCH_MARGIN_S` earlier; what ``res`` holds counts as free to it, and what it lent to backfilled
+        pods as theirs until they end. The member waits, unless every device of the target was free (then it
+        is placed)."""
         gang = info.gang
         assert gang is not None
         self._planned[gang.key] = now
-        found, why = self.planner.targets(gang, shape, members, candidates)
         wall = self.book.wall()
-        costs: dict[str, DomainCost] = {}
-        for domain, (target, cost) in found.items():
-            missing: dict[str, set[str]] = {}
-            for node, p in target.members:
-                view, _why = self.cache.nodes.node_view(node)
-                free = view.free if view is not None else frozenset()
-                missing.setdefault(node, set()).update(d for d in p.devices if d not in free)
-            costs[domain] = (self._completion(missing, wall), cost)
+        ready = self._ready(candidates, res, wall)
+        found, why = self.planner.targets(gang, shape, members, candidates, ready, wall)
+        costs: dict[str, DomainCost] = {d: (t.completion, t.placement.level, t.cost) for d, t in found.items()}
+        kept = None
         if res is not None:
-            # what it holds, and what it lent to pods that end before its expected start, is the gang's
-            missing = {}
+            kept = f"{res.domain} (held)"
+            free = {}
             for slot in res.slots:
-                if slot.waiting:
-                    missing.setdefault(slot.node, set()).update(d for d in slot.devices if d not in slot.held)
-            held, total = res.devices_held()
-            lent = sum(len(s.lent) for s in res.slots if s.waiting)
-            costs[res.domain] = (self._completion(missing, wall), total - held - lent)
-        choice = choose_domain(costs, res.domain if res is not None else None, SWITCH_MARGIN_S)
+                view, _why = self.cache.nodes.node_view(slot.node)
+                free[slot.node] = view.free if view is not None else frozenset()
+            done, busy = readiness([(s.node, s.devices) for s in res.slots if s.waiting], free, ready, wall)
+            costs[kept] = (done, self.planner.view().crossing({s.node for s in res.slots}), busy)
+        choice = choose_domain(costs, kept, SWITCH_MARGIN_S)
         if choice is None:
             return None, why
-        if res is None or choice != res.domain:
+        if res is None or choice != kept:
             if res is not None:
-                log.info("gang %s: collects in %s instead of %s, which completes sooner", gang.key, choice, res.domain)
+                log.info(
+                    "gang %s: collects in %s instead of %s, which completes sooner (%.0fs against %.0fs from now)",
+                    gang.key,
+                    choice,
+                    res.domain,
+                    costs[choice][0] - wall,
+                    costs[kept][0] - wall if kept is not None else math.inf,
+                )
                 self.book.release(gang.key, replaced=True)
             numbers = self.slot_numbers(info, list(bound), members) if res is None else [s.number for s in res.slots]
-            res, why = self.book.reserve(info, shape, found[choice][0], now, numbers, collecting=True)
+            res, why = self.book.reserve(info, shape, found[choice].placement, now, numbers, collecting=True)
             if res is None:
                 return None, why
             self.book.tell(functools.partial(self.host.background, functools.partial(self._write_record, res)))
@@ -320,21 +321,28 @@ class GangManager:
             return res.open_nodes(info.uid, own.value if own is not None else None), ""
         return None, f"gang {gang.name!r} {res.collecting_state()}; its members bind once every device is held"
 
-    def _completion(self, missing: Mapping[str, set[str]], now: float) -> float:
-        """When ``missing`` (node -> devices) would all be free (lock held; wall clock): the latest stated end
-        of the pods holding them (:func:`topology.backfill.completion`); infinite when one states none, or a
-        device is held by no pod (another gang's hold, a device the extender does not account for)."""
-        ends: list[float | None] = []
-        for node, devices in missing.items():
-            left = set(devices)
+    def _ready(self, nodes: Iterable[str], res: Reservation | None, now: float) -> dict[str, dict[str, float]]:
+        """Node -> device -> when it is expected free (lock held; wall clock): the stated end of the pod holding
+        it (infinite when that pod states none); the devices ``res`` holds, at once (they are the gang's); never,
+        those of another gang's slots (held, reserved, or still to be collected or freed by its victims), so two
+        gangs do not wait for the same devices. A device held by no pod (one the extender does not account for)
+        is not named: never known to be freed either."""
+        out: dict[str, dict[str, float]] = {}
+        for node in nodes:
+            known = out[node] = {}
             for pod in self.cache.pods.holding_on(node):
                 held = self.cache.pods.held(pod.uid)
-                if held is not None and left & set(held[1]):
-                    ends.append(stated_end(pod.started, pod.runtime, now))
-                    left -= set(held[1])
-            if left:
-                ends.append(None)
-        return completion(now, ends)
+                if held is not None:
+                    end = stated_end(pod.started, pod.runtime, now)
+                    known.update(dict.fromkeys(held[1], math.inf if end is None else end))
+        for other in self.book.reservations.values():
+            for slot in other.slots:
+                if other is res:
+                    if slot.waiting:
+                        out.setdefault(slot.node, {}).update(dict.fromkeys(slot.held, -math.inf))
+                elif slot.node in out:
+                    out[slot.node].update(dict.fromkeys(slot.devices, math.inf))
+        return out
 
     def collect_waiting(self, lead: Callable[[], bool]) -> None:
         """Plan, once each, the gangs with a pending member and no reservation, so that a due gang starts

@@ -202,7 +202,11 @@ class GangBook:
                 gang.key,
                 len(slots),
                 ",".join(dict.fromkeys(s.node for s in slots)),
-                f" ({len(slots) - len(done)} waiting for preemption victims to go)" if len(done) < len(slots) else "",
+                ""
+                if len(done) == len(slots)
+                else f" ({len(slots) - len(done)} collecting their devices as they are freed)"
+                if collecting
+                else f" ({len(slots) - len(done)} waiting for preemption victims to go)",
             )
             self.event("reserved", gang.key)
             return res, ""

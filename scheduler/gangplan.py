@@ -36,6 +36,7 @@ from topology import (
     extend_gang,
     place_gang,
 )
+from topology.backfill import Ready, Target
 from topology.backfill import targets as collect_targets
 
 __all__ = ["GangPlanner", "tiered"]
@@ -87,17 +88,19 @@ class GangPlanner:
         return found, ""
 
     def targets(
-        self, gang: GangRef, shape: Shape, members: int, candidates: Iterable[str]
-    ) -> tuple[dict[str, tuple[GangPlacement, int]], str]:
-        """Where the gang could collect ``members`` x ``shape`` (:func:`topology.backfill.targets`: domain ->
-        a target there and the devices of it not free now) on the usable nodes of ``candidates``; ({}, why)
-        when no domain could ever hold it."""
+        self, gang: GangRef, shape: Shape, members: int, candidates: Iterable[str], ready: Ready, now: float
+    ) -> tuple[dict[str, Target], str]:
+        """Where the gang could collect ``members`` x ``shape`` on the usable nodes of ``candidates``
+        (:func:`topology.backfill.targets`: domain -> the target there that completes first by ``ready``, when
+        each busy device is expected free, at ``now``); ({}, why) when no domain could ever hold it."""
         got, why = self._inputs(gang, candidates, shape, empty=True)
         if got is None:
             return {}, why
         views = self.reader.usable_views(got.topologies)
         free = {n: views[n].free if n in views else frozenset() for n in got.topologies}
-        found = collect_targets(got.cluster, got.topologies, free, shape, members, self.policy, got.within)
+        found = collect_targets(
+            got.cluster, got.topologies, free, shape, members, self.policy, got.within, ready=ready, now=now
+        )
         if not found:
             where = f"within one {gang.tier}" if gang.tier else "in the cluster"
             return {}, f"gang {gang.name!r} needs {members} x {shape.describe()} {where}; no domain ever holds them"

@@ -206,6 +206,33 @@ def test_the_domain_whose_holders_end_sooner_wins() -> None:
     assert f"domain {RACK}=r1" in _reason(c.filter(_member(c, "w0")), "a")
 
 
+def test_the_gang_collects_on_the_nodes_that_free_soonest_across_racks_when_no_rack_frees_as_soon() -> None:
+    c = _cluster()
+    hour = 3600
+    _full(c, split="", ends={"a": hour, "b": 10 * hour, "c": 2 * hour, "d": 12 * hour})
+    why = _reason(c.filter(_member(c, "w0")), "a")
+    assert "collecting: 0 of 16 devices held in domain cluster" in why, "r0 completes in 10 h, r1 in 12, a+c in 2"
+    res = c.ext.gangs.book.reservations["default/g"]
+    assert sorted(s.node for s in res.slots) == ["a", "c"]
+
+
+def test_a_rack_that_frees_as_soon_as_the_nodes_across_racks_keeps_the_gang_in_one_rack() -> None:
+    c = _cluster()
+    _full(c, split="", ends={"a": 600, "b": 600, "c": 600, "d": 3600})
+    assert f"domain {R0}" in _reason(c.filter(_member(c, "w0")), "a"), "a+c completes no sooner than rack r0"
+
+
+def test_a_second_collecting_gang_does_not_wait_for_the_devices_of_the_first() -> None:
+    c = _cluster()
+    _full(c, split="", ends={"a": 600, "b": 600, "c": 3600, "d": 3600})
+    c.filter(_member(c, "w0"))
+    ann = {"kube-icl.io/gang": "h", "kube-icl.io/gang-size": "2"}
+    why = _reason(c.filter(c.add(pod_obj("h0", 8, "ring", priority=100, annotations=ann))), "c")
+    assert f"domain {RACK}=r1" in why, "rack r0 frees first, but for gang g"
+    slots = {g: {s.node for s in r.slots} for g, r in c.ext.gangs.book.reservations.items()}
+    assert slots == {"default/g": {"a", "b"}, "default/h": {"c", "d"}}
+
+
 def test_the_collection_survives_a_failover_through_its_record() -> None:
     c = _cluster()
     held = _full(c)
