@@ -10,14 +10,30 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from scheduler.kube import KubeAPI, KubeError
 from scheduler.podspec import ANN_GANG_LAYOUT, PodInfo
+from topology.contract import ANN_GANG_RESERVED
 
 __all__ = ["Background", "evict", "write_layouts"]
 
 log = logging.getLogger(__name__)
+
+
+PARALLEL = 8  # API calls of one batch (:meth:`Background.put_batch`) in flight at once on the worker
+
+
+class _Batch:
+    """Calls independent of each other, queued as one (:meth:`Background.put_batch`)."""
+
+    def __init__(self, calls: Sequence[Callable[[], None]]) -> None:
+        self.calls = list(calls)
+
+    def __call__(self) -> None:
+        for call in self.calls:
+            _logged(call)
 
 
 class Background:
@@ -27,6 +43,7 @@ class Background:
     def __init__(self) -> None:
         self._calls: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
     def start(self) -> None:
         if self._thread is None:
@@ -39,10 +56,20 @@ class Background:
             self._calls.put(None)
             self._thread.join(timeout=5)
             self._thread = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
     def put(self, call: Callable[[], None]) -> None:
         """Run ``call`` after the calls queued before it."""
         self._calls.put(call)
+
+    def put_batch(self, calls: Sequence[Callable[[], None]]) -> None:
+        """Run ``calls``, independent of each other, after the calls queued before them and before those queued
+        after: on the worker up to :data:`PARALLEL` at once (the victims of one preemption are evicted together,
+        as kube-scheduler deletes its own), in order where no worker runs (:meth:`run_here`)."""
+        if calls:
+            self._calls.put(_Batch(calls))
 
     def join(self) -> None:
         """Wait until every call queued is run; at once when the worker is not running."""
@@ -68,11 +95,7 @@ class Background:
 
     def _one(self, call: Callable[[], None]) -> None:
         try:
-            call()
-        except KubeError as exc:
-            log.warning("background API call: %s", exc)
-        except Exception:
-            log.exception("background worker")
+            _logged(call)
         finally:
             self._calls.task_done()
 
@@ -82,7 +105,25 @@ class Background:
             if call is None:
                 self._calls.task_done()
                 return
+            if isinstance(call, _Batch) and len(call.calls) > 1:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="evictions")
+                try:
+                    wait([self._pool.submit(_logged, c) for c in call.calls])
+                finally:
+                    self._calls.task_done()
+                continue
             self._one(call)
+
+
+def _logged(call: Callable[[], None]) -> None:
+    """Run ``call``; an API error or a bug is logged, never raised into the worker."""
+    try:
+        call()
+    except KubeError as exc:
+        log.warning("background API call: %s", exc)
+    except Exception:
+        log.exception("background worker")
 
 
 def evict(api: KubeAPI, info: PodInfo) -> None:
@@ -104,3 +145,14 @@ def write_layouts(api: KubeAPI, key: str, layouts: Iterable[tuple[PodInfo, str]]
         except KubeError as exc:
             if exc.status not in (404, 409, 422):  # gone, or a new pod of the same name
                 log.warning("gang %s: layout of %s not written: %s", key, info.key, exc)
+
+
+def mark_reserved(api: KubeAPI, key: str, pending: Iterable[PodInfo], at: str) -> None:
+    """Write ``kube-icl.io/gang-reserved`` (``at``) on each pending member of gang ``key``: the pod update moves a
+    member kube-scheduler set aside as unschedulable back to its queue; a member gone or replaced is skipped."""
+    for info in pending:
+        try:
+            api.annotate_pod(info.namespace, info.name, info.uid, {ANN_GANG_RESERVED: at})
+        except KubeError as exc:
+            if exc.status not in (404, 409, 422):
+                log.warning("gang %s: %s not told its slots are reserved: %s", key, info.key, exc)

@@ -146,6 +146,9 @@ class ExtenderConfig:
     # has waited this long; None: only by priority (or never, with no priority either)
     collect_after_s: float | None = None
     collect_priority: int | None = None  # a gang member at or above this priority collects at once
+    # how long the preempt verb's whole-gang search for victims may run before it answers the best set found
+    # (kube-scheduler's cycle waits for it); 0: no bound in seconds, only the search's step bound
+    preempt_search_s: float = 1.0
     # node label keys of the network tiers above the link domain, lowest first (topology.parse_tiers)
     tiers: tuple[str, ...] = ()
     fair_share: bool = True
@@ -206,6 +209,7 @@ _TOP_KEYS = {
     "weights",
     "gangTimeoutSeconds",
     "gangCollect",
+    "preemptSearchSeconds",
     "tiers",
     "fairShare",
     "queueHolds",
@@ -465,6 +469,8 @@ def parse_config(raw: Any) -> ExtenderConfig:
         kw["collect_after_s"] = _seconds(collect["afterSeconds"], "gangCollect.afterSeconds")
     if "priority" in collect:
         kw["collect_priority"] = _int(collect["priority"], "gangCollect.priority", minimum=-(2**31), maximum=2**31 - 1)
+    if "preemptSearchSeconds" in top:
+        kw["preempt_search_s"] = _seconds(top["preemptSearchSeconds"], "preemptSearchSeconds")
     if "tiers" in top:
         try:
             kw["tiers"] = parse_tiers(top["tiers"])

@@ -22,6 +22,7 @@ a later GET) shows the pod, as kube-scheduler's assume cache does.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -31,7 +32,7 @@ from typing import Any
 from scheduler import fairshare, queuetree
 from scheduler.admissioncheck import AdmissionChecks, KueueAPI
 from scheduler.backfill import Backfill
-from scheduler.background import Background, evict, write_layouts
+from scheduler.background import Background, evict, mark_reserved, write_layouts
 from scheduler.binding import Binding, GangRecord, Unsure
 from scheduler.cache import ClusterCache
 from scheduler.config import ExtenderConfig
@@ -59,6 +60,7 @@ from scheduler.wire import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
     HostPriority,
+    micro_time,
     usage_record_name,
 )
 from topology.decay import DecayedUsage
@@ -480,8 +482,12 @@ class Extender:
     def evict_member(self, info: PodInfo, why: str) -> None:
         self._evict(info, "GangFailed", why)
 
-    def preempt_victim(self, info: PodInfo, why: str) -> None:
-        self._evict(info, "Preempted", why)
+    def preempt_victims(self, victims: Sequence[PodInfo], why: str) -> None:
+        for info in victims:
+            self.event(info, "Preempted", why)
+        api = self.api
+        if api is not None:
+            self._background.put_batch([functools.partial(evict, api, info) for info in victims])
 
     def _evict(self, info: PodInfo, reason: str, why: str) -> None:
         """An Event on the pod saying why, then its eviction on the background worker."""
@@ -522,6 +528,12 @@ class Extender:
         api, layouts = self.api, self.gangs.member_layouts
         if api is not None:
             self._background.put(lambda: write_layouts(api, key, layouts.of_gang(key)))
+
+    def gang_ready(self, key: str, pending: Sequence[PodInfo]) -> None:
+        """Tell the gang's pending members their slots are reserved (off the verbs' threads)."""
+        api, at = self.api, micro_time(self.gangs.book.wall())
+        if api is not None:
+            self._background.put(lambda: mark_reserved(api, key, list(pending), at))
 
     def event(self, info: PodInfo, reason: str, message: str, event_type: str = "Warning") -> None:
         if info.name:

@@ -258,6 +258,29 @@ class GangManager:
                 return None, why
             return res.open_nodes(info.uid, rank), ""
 
+    def waiting_for_victims(self, key: str) -> frozenset[str] | None:
+        """The nodes where gang ``key``'s reserved slots wait for victims of its preemption that are not leaving
+        yet (empty while every one is leaving); None when it has no slot waiting for victims (no reservation,
+        every slot reserved, or it collects)."""
+        with self.cache.lock:
+            res = self.book.reservations.get(key)
+            if res is None or res.collecting or not res.waiting_nodes():
+                return None
+            return frozenset(self.staying(res))
+
+    def staying(self, res: Reservation) -> dict[str, list[PodInfo]]:
+        """Node -> the pods not leaving yet that hold devices of ``res``'s slots waiting there (lock held)."""
+        out: dict[str, list[PodInfo]] = {}
+        for slot in res.slots:
+            if not slot.waiting:
+                continue
+            here = self.cache.nodes.holders(slot.node)
+            for uid, devs in sorted(here.owners.items()) if here is not None else ():
+                pod = self.cache.pods.pod(uid)
+                if pod is not None and not pod.deleting and set(devs) & set(slot.devices):
+                    out.setdefault(slot.node, []).append(pod)
+        return out
+
     def _collects(self, info: PodInfo, waited: float) -> bool:
         """Whether a gang that cannot be placed collects devices: its member's priority is at least the
         configured one, or it has waited the configured time."""

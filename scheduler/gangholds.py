@@ -67,6 +67,7 @@ class GangHolds:
         settled = 0
         with self.cache.lock:
             for res in self.reservations.values():
+                settled_here = 0
                 for slot in res.slots:
                     if not slot.waiting:
                         continue
@@ -79,9 +80,12 @@ class GangHolds:
                         continue
                     slot.waiting = False
                     settled += 1
+                    settled_here += 1
                     log.info("gang %s: slot %s on %s reserved, its victims are gone", res.key, slot.owner, slot.node)
                 if res.collecting and not any(s.waiting for s in res.slots):
                     self.collected(res)
+                elif settled_here and not any(s.waiting for s in res.slots):
+                    self.ready(res)
         return settled
 
     def hold(self, slot: Slot) -> int:
@@ -128,6 +132,15 @@ class GangHolds:
         res.expires_at = self.wall() + self.timeout_s
         log.info("gang %s: collected every slot in %s; its members bind now", res.key, res.domain or "the cluster")
         self.cache.lock.defer(functools.partial(self.host.gang_event, "collected", res.key))
+        self.ready(res)
+
+    def ready(self, res: Reservation) -> None:
+        """Every slot of ``res`` holds its devices (lock held): its members not bound yet are told, so that
+        kube-scheduler, which may have set one aside as unschedulable before the extender saw the last
+        holder go, tries it again now."""
+        pending = [p for p in self.cache.pods.pending() if p.gang is not None and p.gang.key == res.key]
+        if pending:
+            self.cache.lock.defer(functools.partial(self.host.gang_ready, res.key, pending))
 
     def _pod_changed(self, change: PodChange) -> None:
         """A pod that let go of devices may free a waiting slot's: reserve it before anyone else's filter."""

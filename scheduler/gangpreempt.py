@@ -147,6 +147,7 @@ class GangPreemption:
                 limits=inputs.limits,
                 within=within,
                 policy=self.gangs.planner.policy,
+                max_seconds=self.cfg.preempt_search_s or None,
             )
         except TopologyError as exc:
             log.info("preempt %s: gang %s: %s", info.key, gang.key, exc)
@@ -360,8 +361,7 @@ class GangPreemption:
                     else:
                         by_node.setdefault(held[0], []).append(vp.key)
             slot = res.slot_of(info.rank.value if info.rank is not None else None)
-        for p in unplaced:
-            self._evict(p, info, gang)
+        leaving = list(unplaced)
         inside = {n: uids for n, uids in by_node.items() if n in room}  # a node the member may be nominated to
         node, answer = _one_node(inside, proposed, slot.node if slot is not None else "") if inside else ("", {})
         message = (
@@ -371,10 +371,8 @@ class GangPreemption:
         )
         log.info("preempt %s: %s; answered %s, evicting the rest", info.key, message, node or "nobody")
         self.host.event(info, "GangPreempting", message, "Normal")
-        for other, uids in sorted(by_node.items()):
-            for uid in uids:
-                if other != node:
-                    self._evict(inputs.pods[uid], info, gang)
+        leaving += [inputs.pods[uid] for other, uids in sorted(by_node.items()) if other != node for uid in uids]
+        self._evict(leaving, info, gang)
         return answer
 
     def _promised(self, key: str) -> set[str]:
@@ -405,27 +403,24 @@ class GangPreemption:
                 out.append(node)
         return sorted(set(out))
 
-    def _evict(self, victim: PodInfo, preemptor: PodInfo, gang: GangRef) -> None:
+    def _evict(self, victims: Sequence[PodInfo], preemptor: PodInfo, gang: GangRef) -> None:
+        if not victims:
+            return
         why = f"preempted by gang {gang.name!r} (pod {preemptor.key}, priority {preemptor.priority})"
-        self.gangs.book.tell(functools.partial(self.host.preempt_victim, victim, why))
+        self.gangs.book.tell(functools.partial(self.host.preempt_victims, list(victims), why))
 
     def _waiting(
         self, info: PodInfo, res: Reservation, proposed: Mapping[str, tuple[tuple[str, ...], int]]
     ) -> dict[str, MetaVictims] | None:
         """A gang whose reservation waits for victims (lock held): those on a waiting slot that are not
         leaving yet, on one node; nobody while they are all leaving; None without a waiting slot."""
-        waiting = [s for s in res.slots if s.waiting]
-        if not waiting:
+        if not any(s.waiting for s in res.slots):
             return None
         by_node: dict[str, list[str]] = {}
-        for slot in waiting:
-            here = self.cache.nodes.holders(slot.node)
-            if here is None:
-                continue
-            for uid, devs in sorted(here.owners.items()):
-                p = self.cache.pods.pod(uid)
-                if p is not None and not p.deleting and p.priority < info.priority and set(devs) & set(slot.devices):
-                    by_node.setdefault(slot.node, []).append(uid)
+        for node, pods in self.gangs.staying(res).items():
+            lower = [p.uid for p in pods if p.priority < info.priority]
+            if lower:
+                by_node[node] = lower
         if not by_node:
             return {}
         return _one_node(by_node, proposed, "")[1]

@@ -54,6 +54,11 @@ class Host(Protocol):
         """An elastic gang grew or shrank: its members' layouts are rewritten."""
         ...
 
+    def gang_ready(self, key: str, pending: Sequence[PodInfo]) -> None:
+        """Every slot of gang ``key``'s reservation holds its devices: ``pending``, its members not bound yet,
+        are told (``kube-icl.io/gang-reserved``), so kube-scheduler tries again a member it set aside."""
+        ...
+
     def held_back(self, state: CycleState) -> bool:
         """Whether fair share holds the pod back now (a held-back pod never preempts)."""
         ...
@@ -63,8 +68,9 @@ class Host(Protocol):
         of the watch; the uids that are gone or terminating."""
         ...
 
-    def preempt_victim(self, info: PodInfo, why: str) -> None:
-        """Evict a victim of a whole-gang preemption on a node kube-scheduler did not pick (an Event says why)."""
+    def preempt_victims(self, victims: Sequence[PodInfo], why: str) -> None:
+        """Evict the victims of a whole-gang preemption on the nodes kube-scheduler did not pick, together (a
+        ``Preempted`` Event on each says why)."""
         ...
 
     def disruption_budgets(self, pods: Sequence[PodInfo]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
@@ -97,13 +103,16 @@ class QuietHost:
     def gang_resized(self, key: str) -> None:
         return None
 
+    def gang_ready(self, key: str, pending: Sequence[PodInfo]) -> None:
+        return None
+
     def held_back(self, state: CycleState) -> bool:
         return False
 
     def confirm(self, uids: Iterable[str]) -> set[str]:
         return set()
 
-    def preempt_victim(self, info: PodInfo, why: str) -> None:
+    def preempt_victims(self, victims: Sequence[PodInfo], why: str) -> None:
         return None
 
     def disruption_budgets(self, pods: Sequence[PodInfo]) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:

@@ -628,6 +628,14 @@ class Gang:
         assert info.gang is not None and state.shape is not None
         allowed, reason = self.gangs.plan(info, state.shape, state.names)
         if reason:
+            waiting = self.gangs.waiting_for_victims(info.gang.key)
+            if waiting is not None:
+                # its victims are chosen: preemption elsewhere would not help, so kube-scheduler's dry run looks
+                # only at the nodes where one is not leaving yet (named again there), and at none once all are;
+                # the member waits for the extender's word that its slots are reserved (kube-icl.io/gang-reserved)
+                names = state.names
+                failed = {n: reason for n in names if n in waiting}
+                state.answer = NodeAnswer([], failed, {n: reason for n in names if n not in waiting})
             return Status(Code.UNSCHEDULABLE, reason)
         if allowed is None:
             return OK  # beyond the gang's size: placed like a plain pod

@@ -60,6 +60,7 @@ __all__ = [
     "encode_priorities",
     "encode_priority_list",
     "lease_record",
+    "micro_time",
     "parse_binding_args",
     "parse_extender_args",
     "parse_filter_result",
@@ -575,7 +576,8 @@ def record_name(key: str) -> str:
     return RECORD_PREFIX + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def _micro(at: float) -> str:
+def micro_time(at: float) -> str:
+    """``at`` (seconds since the epoch) as Kubernetes' MicroTime: RFC 3339 in UTC with microseconds."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
 
 
@@ -608,8 +610,8 @@ def lease_record(record: Record, namespace: str, holder: str, created_at: float)
         "spec": {
             "holderIdentity": holder,
             "leaseDurationSeconds": max(1, int(record.expires_at - created_at + 0.999)),
-            "acquireTime": _micro(created_at),
-            "renewTime": _micro(created_at),
+            "acquireTime": micro_time(created_at),
+            "renewTime": micro_time(created_at),
         },
     }
 
@@ -704,7 +706,7 @@ def usage_lease(usage: DecayedUsage, namespace: str, name: str, holder: str) -> 
             "labels": {USAGE_LABEL: "true", "app.kubernetes.io/name": "kube-icl"},
             "annotations": {USAGE_ANNOTATION: json.dumps(body, sort_keys=True, separators=(",", ":"))},
         },
-        "spec": {"holderIdentity": holder, "renewTime": _micro(usage.as_of)},
+        "spec": {"holderIdentity": holder, "renewTime": micro_time(usage.as_of)},
     }
 
 

@@ -105,6 +105,9 @@ class ExtenderModel(TopoNodes):
             flat = {q: c for q, c in cfg.queues.items() if q not in queue_tree.nodes}
             cfg = dataclasses.replace(cfg, queue_tree=queue_tree, queues=flat)
         cfg = dataclasses.replace(cfg, leader_election=dataclasses.replace(cfg.leader_election, enabled=False))
+        # the preempt verb's search bounded by steps alone: a run's result depends on its inputs, not on how
+        # busy the machine replaying it is (the product also bounds it in seconds, preemptSearchSeconds)
+        cfg = dataclasses.replace(cfg, preempt_search_s=0.0)
         if usage_half_life_s is not None:  # fair share's usage half-life, on the run's clock (0: off)
             cfg = dataclasses.replace(cfg, usage_half_life_s=usage_half_life_s)
         self.resource = cfg.resource_name

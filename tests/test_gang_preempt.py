@@ -15,13 +15,15 @@ import datetime
 import time
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_scheduler_policies import Cluster
 from test_scheduler_policies import _preempt as _preempt_only
 
+from scheduler import gangpreempt
 from scheduler.cache import ClusterCache
-from scheduler.config import ExtenderConfig, QueueConfig, parse_config
+from scheduler.config import ConfigError, ExtenderConfig, QueueConfig, parse_config
 from scheduler.extender import Extender
 from scheduler.informer import Informer
 from scheduler.wire import RECORD_ANNOTATION, Record, lease_record, read_record
@@ -133,7 +135,9 @@ def test_a_member_asking_while_the_victims_leave_names_nobody_new() -> None:
         leaving = {**low[n], "metadata": {**low[n]["metadata"], "deletionTimestamp": _started(0)}}
         c.add(leaving)
     assert _preempt(c, w1, _uids(low)) == {}, "both leaving: the members wait"
-    assert "wait for the victims of its preemption" in next(iter(c.filter(w1).failed_nodes.values()))
+    result = c.filter(w1)
+    assert not result.failed_nodes, "nowhere left for kube-scheduler to preempt on for it"
+    assert "wait for the victims of its preemption" in result.failed_and_unresolvable_nodes["a"]
 
 
 def test_a_second_gang_leaves_the_nodes_where_the_first_gangs_slots_wait_for_their_victims() -> None:
@@ -376,3 +380,76 @@ def test_a_gang_reclaims_a_rack_only_when_its_victims_together_keep_every_guaran
     (node,) = answer
     rack = "ab" if node in "ab" else "cd"
     assert _evicted(c) == [f"lo-{n}" for n in rack if n != node], "the other node of the same rack"
+
+
+def test_the_preempt_verb_bounds_its_search_by_preempt_search_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The configured bound reaches the search (0: none in seconds); it is read from the config and a bad
+    value is named."""
+    seen: list[float | None] = []
+    real = gangpreempt.choose_gang_victims
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(kw.get("max_seconds"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(gangpreempt, "choose_gang_victims", spy)
+    base = {"fairShare": False, "tiers": [RACK]}
+    for cfg, expected in ((parse_config(base), 1.0), (parse_config({**base, "preemptSearchSeconds": 0}), None)):
+        c = _racks(cfg)
+        low = {n: _low(c, n) for n in "abcd"}
+        w0 = _member(c, "w0")
+        _member(c, "w1")
+        _preempt(c, w0, _uids(low))
+        assert seen[-1] == expected
+    assert parse_config({"preemptSearchSeconds": 2.5}).preempt_search_s == 2.5
+    with pytest.raises(ConfigError, match=r"preemptSearchSeconds"):
+        parse_config({"preemptSearchSeconds": -1})
+
+
+def test_once_every_victim_is_gone_the_pending_members_are_told_their_slots_are_reserved() -> None:
+    """kube-scheduler may try a member again before the extender has seen the last victim go, find it
+    refused, and set it aside until some cluster event: the extender's own write on each pending member
+    (``kube-icl.io/gang-reserved``) is that event, once every slot holds its devices, and not before."""
+    c = _racks()
+    low = {n: _low(c, n) for n in "abcd"}
+    w0 = _member(c, "w0")
+    _member(c, "w1")
+    _preempt(c, w0, _uids(low))
+
+    def told() -> dict[str, str | None]:
+        c.ext.start()
+        c.ext.flush()
+        c.ext.stop()
+        return {
+            n: c.api.pods[("default", n)]["metadata"].get("annotations", {}).get("kube-icl.io/gang-reserved")
+            for n in ("w0", "w1")
+        }
+
+    c.api.pods.pop(("default", "lo-a"), None)
+    c.cache.delete_pod(low["a"])
+    assert told() == {"w0": None, "w1": None}, "one slot still waits for its victim"
+    c.api.pods.pop(("default", "lo-b"), None)
+    c.cache.delete_pod(low["b"])
+    marks = told()
+    assert all(marks.values()), marks
+    assert c.schedule(w0) in "ab"
+
+
+def test_while_its_victims_go_a_member_leaves_kube_scheduler_only_the_nodes_of_victims_not_leaving_yet() -> None:
+    """Every other node is unresolvable for it: kube-scheduler's dry run for each further member then looks
+    at the few nodes where its gang's victims have not started to leave, not at the whole cluster."""
+    c = _racks()
+    low = {n: _low(c, n) for n in "abcd"}
+    w0, w1 = _member(c, "w0"), _member(c, "w1")
+    _preempt(c, w0, _uids(low))
+    result = c.filter(w1)
+    assert sorted(result.failed_nodes) == ["a", "b"], "their victims are not leaving yet"
+    assert sorted(result.failed_and_unresolvable_nodes) == ["c", "d"]
+    assert "wait for the victims of its preemption to go" in result.failed_nodes["a"]
+    leaving = {**low["a"], "metadata": {**low["a"]["metadata"], "deletionTimestamp": _started(0)}}
+    c.add(leaving)
+    assert sorted(c.filter(w1).failed_nodes) == ["b"], "a's victim leaves: only b's is left to name again"
+    for n in "ab":
+        c.api.pods.pop(("default", f"lo-{n}"), None)
+        c.cache.delete_pod(low[n])
+    assert sorted(c.filter(w1).node_names) in (["a"], ["b"], ["a", "b"]), "its slots are open once they go"

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology import ClusterView, NodeTopology, Shape, build_preset, pack_node, parse_shape
+from topology import ClusterView, NodeTopology, Shape, build_preset, gangpreempt, pack_node, parse_shape
 from topology.gangpreempt import (
     Cost,
     VictimPod,
@@ -243,3 +243,62 @@ def test_budget_violations_count_as_kube_scheduler_counts_them() -> None:
     assert budget_violations(pods, {"pdb": 1}) == 1
     assert budget_violations(pods, {"pdb": 2}) == 0
     assert budget_violations(pods, {}) == 0, "a budget not listed limits nothing"
+
+
+def _spanning_cluster(nodes: int) -> tuple[list[str], list[VictimUnit], NodeTopology]:
+    """``nodes`` full:8 nodes, each half held by a pod of priority 0..2 (seeded by position), every other
+    node's second half paired with the next node's into a rigid two-member gang: a search that finds a set
+    at once and needs many more steps to show that none is cheaper."""
+    topo = build_preset("full:8")
+    names = [f"n{i:03d}" for i in range(nodes)]
+    low, high = ("0", "1", "2", "3"), ("4", "5", "6", "7")
+    units = [VictimUnit(f"{n}-0", (VictimPod(f"{n}-0", i * 7 % 3),), ((n, low),)) for i, n in enumerate(names)]
+    for i in range(0, nodes - 1, 2):
+        a, b = names[i], names[i + 1]
+        units.append(VictimUnit(f"g{i}", (VictimPod(f"{a}-1", 0), VictimPod(f"{b}-1", 0)), ((a, high), (b, high))))
+    return names, units, topo
+
+
+def test_out_of_time_the_search_answers_a_set_it_found_that_frees_the_gang() -> None:
+    """A bound of zero seconds: the search stops at its first reading of the clock once it holds a set
+    (inexact, where the step bound alone lets it finish, exact), and that set lets the domain hold the
+    gang; unbounded in seconds it finds no dearer set."""
+    names, units, topo = _spanning_cluster(16)
+    topologies = dict.fromkeys(names, topo)
+    free = dict.fromkeys(names, frozenset[str]())
+    shape = parse_shape("ring", count=8)
+    quick = choose_gang_victims(ClusterView(), topologies, free, units, shape, 8, max_seconds=0.0)
+    steps = choose_gang_victims(ClusterView(), topologies, free, units, shape, 8)
+    assert quick is not None and steps is not None
+    assert steps.exact and not quick.exact, "cut short by the clock"
+    assert _holds(names, topologies, free, quick.units, shape, 8), "the set answered frees the gang"
+    assert steps.cost <= quick.cost
+
+
+def test_out_of_time_a_search_that_has_found_nothing_yet_goes_on_to_its_first_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Zero seconds and the clock read at every step, with no set in hand at the start (the greedy set the
+    search starts from refused, as the units' limits may refuse it): a search whose first set takes more than
+    a few steps still answers one (only the step bound stops a search empty-handed)."""
+    monkeypatch.setattr(gangpreempt, "_CLOCK_EVERY", 1)
+    monkeypatch.setattr(gangpreempt._Search, "_greedy", lambda self: None)
+    names, units, topo = _spanning_cluster(16)
+    topologies = dict.fromkeys(names, topo)
+    free = dict.fromkeys(names, frozenset[str]())
+    ring8 = parse_shape("ring", count=8)
+    assert choose_gang_victims(ClusterView(), topologies, free, units, ring8, 16, max_steps=16) is None
+    found = choose_gang_victims(ClusterView(), topologies, free, units, ring8, 16, max_seconds=0.0)
+    assert found is not None and len({n for u in found.units for n, _d in u.freed}) == 16
+
+
+def test_the_search_starts_from_a_greedy_set_so_even_one_step_answers_a_set_that_frees_the_gang() -> None:
+    names, units, topo = _spanning_cluster(16)
+    topologies = dict.fromkeys(names, topo)
+    free = dict.fromkeys(names, frozenset[str]())
+    ring8 = parse_shape("ring", count=8)
+    found = choose_gang_victims(ClusterView(), topologies, free, units, ring8, 8, max_steps=1)
+    best = choose_gang_victims(ClusterView(), topologies, free, units, ring8, 8)
+    assert found is not None and best is not None and not found.exact and best.exact
+    assert _holds(names, topologies, free, found.units, ring8, 8)
+    assert best.cost <= found.cost

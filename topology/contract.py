@@ -34,6 +34,7 @@ __all__ = [
     "ANN_EXPECTED_RUNTIME",
     "ANN_GANG",
     "ANN_GANG_LAYOUT",
+    "ANN_GANG_RESERVED",
     "ANN_GANG_MAX",
     "ANN_GANG_MIN",
     "ANN_GANG_SIZE",
@@ -83,6 +84,10 @@ ANN_GANG_MAX = "kube-icl.io/gang-max"  # elastic gang: members up to this many j
 # the network tier a gang must stay within: node, link-domain, a configured tier's label key, or cluster
 ANN_GANG_TIER = "kube-icl.io/gang-required-tier"
 ANN_GANG_LAYOUT = "kube-icl.io/gang-layout"  # written by the extender: the member's place in its gang (JSON)
+# written by the extender on a gang's pending members when every slot of its reservation holds its devices (the
+# victims of its preemption gone, or its collection complete): when, as MicroTime; the write is a pod update,
+# which moves a member kube-scheduler had set aside as unschedulable back to its queue
+ANN_GANG_RESERVED = "kube-icl.io/gang-reserved"
 ANN_QUEUE = "kube-icl.io/queue"
 # the scheduling gate a pod waits behind while its queue holds it (extender config queueHolds: gate); the
 # chart's admission policy adds it at creation, the extender's leader removes it when the queue admits the pod

@@ -27,8 +27,9 @@ member fails the whole gang). :func:`choose_gang_victims` picks the units:
 The search is a branch and bound over each domain, node by node (:class:`_Search`), exact: every
 component of the cost grows as units are added, so a partial choice that, with a lower bound for the
 placements it still lacks, costs as much as the best found is not extended, and one whose remaining
-nodes cannot hold the missing members is dropped. ``max_steps`` bounds it; past the bound the best set
-found so far is returned (``exact`` False). Pure: no I/O, the inputs are values.
+nodes cannot hold the missing members is dropped. ``max_steps`` bounds it, and ``max_seconds`` when given
+(the preempt verb's caller waits for the answer); past a bound the best set found so far is returned
+(``exact`` False). Pure: no I/O, the inputs are values (and, with ``max_seconds``, the clock).
 
 >>> from topology.presets import build_preset
 >>> from topology.shapes import parse_shape
@@ -44,8 +45,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from topology.cluster import LEVEL_NODE, ClusterView, pack_node
@@ -57,6 +59,7 @@ from topology.shapes import Shape
 __all__ = ["Cost", "GangVictims", "VictimPod", "VictimUnit", "budget_violations", "choose_gang_victims", "cost_of"]
 
 MAX_STEPS = 20_000  # search nodes per call; past it the best set found so far is answered
+_CLOCK_EVERY = 64  # search nodes between two readings of the clock, under a bound in seconds
 
 #: (budget violations, highest victim priority, victims weighted by gangs broken, devices freed, seconds run)
 Cost = tuple[int, int, int, int, int]
@@ -75,20 +78,20 @@ class VictimPod:
 
 @dataclass(frozen=True, slots=True)
 class VictimUnit:
-    """Pods evicted together, and the devices that frees per node: ``freed`` is ``(node, devices)`` pairs."""
+    """Pods evicted together, and the devices that frees per node: ``freed`` is ``(node, devices)`` pairs;
+    ``priority`` (its pods' highest) and ``devices`` (how many it frees) are computed once, as the search reads
+    them at every step."""
 
     key: str
     pods: tuple[VictimPod, ...]
     freed: tuple[tuple[str, tuple[str, ...]], ...]
     group: str = ""  # units of one group are limited together (``limits``); "" for none
+    priority: int = field(init=False, compare=False)
+    devices: int = field(init=False, compare=False)
 
-    @property
-    def priority(self) -> int:
-        return max((p.priority for p in self.pods), default=0)
-
-    @property
-    def devices(self) -> int:
-        return sum(len(d) for _n, d in self.freed)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "priority", max((p.priority for p in self.pods), default=0))
+        object.__setattr__(self, "devices", sum(len(d) for _n, d in self.freed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,11 +207,16 @@ def choose_gang_victims(
     within: int | None = None,
     policy: DeviceRank = DeviceRank.FRAGMENTATION,
     max_steps: int = MAX_STEPS,
+    max_seconds: float | None = None,
 ) -> GangVictims | None:
     """The cheapest units whose eviction lets one domain of the lowest possible level hold ``members`` x
     ``shape`` (see the module), or None when no domain up to ``within`` (None: the cluster) can hold them
     even with every unit evicted. ``free``: each node's free devices (those of pods already leaving
     included); nodes without a topology are left out. A gang that fits already gets no units.
+    ``max_seconds``: a bound on the search in seconds of the monotonic clock, beside ``max_steps`` (None:
+    steps only, so the answer depends on the inputs alone); past it, the search answers as soon as it has
+    found a set (only the step bound stops one that has found none); past either, the best set found is
+    answered.
     """
     if members < 1:
         raise TopologyError(f"gang preemption: members must be >= 1, got {members}")
@@ -222,6 +230,7 @@ def choose_gang_victims(
         for n in dict.fromkeys(n for n, _d in u.freed):
             touching.setdefault(n, []).append(u)
     steps = [0]
+    deadline = math.inf if max_seconds is None else time.monotonic() + max_seconds
     for level in range(LEVEL_NODE, limit + 1):
         best: tuple[Cost, tuple[str, ...], tuple[VictimUnit, ...]] | None = None
         exact = True
@@ -231,7 +240,8 @@ def choose_gang_victims(
             if not domain.holds(mine):
                 continue
             mine.sort(key=lambda u: (u.priority, len(u.pods), u.devices, u.key))
-            found, done = _Search(domain, mine, allowed, caps, best[0] if best else None, steps, max_steps).run()
+            bound = best[0] if best else None
+            found, done = _Search(domain, mine, allowed, caps, bound, steps, max_steps, deadline).run()
             exact = exact and done
             if found is not None and (best is None or found[0] < best[0]):
                 best = (found[0], key, found[1])
@@ -273,8 +283,10 @@ class _Search:
         bound: Cost | None,
         steps: list[int],
         max_steps: int,
+        deadline: float = math.inf,
     ) -> None:
         self.domain = domain
+        self.deadline = deadline
         self.allowed = allowed
         self.caps = caps
         self.best: tuple[Cost, tuple[VictimUnit, ...]] | None = None
@@ -296,6 +308,10 @@ class _Search:
                 spanning.append(u)
         for n in self.local:
             self.local[n].sort(key=_canonical)
+        self.spanning_on: dict[str, list[VictimUnit]] = {}
+        for u in spanning:
+            for n in dict.fromkeys(n for n, _d in u.freed if n in inside):
+                self.spanning_on.setdefault(n, []).append(u)
         none = frozenset[str]()
         self.base = {n: self.capacity(n, none) for n in domain.nodes}
         touched = {n for u in spanning for n, _d in u.freed if n in inside}
@@ -459,12 +475,63 @@ class _Search:
     # ------------------------------------------------------------------ search
 
     def run(self) -> tuple[tuple[Cost, tuple[VictimUnit, ...]] | None, bool]:
+        seed = self._greedy()
+        if seed is not None and (self.bound is None or seed[0] < self.bound):
+            self.best = seed  # a set in hand from the start: the search prunes by it, and may stop on time
         self._node(0, self.domain.members - self.outside, [], {}, -1)
         return self.best, self.complete
 
+    def _greedy(self) -> tuple[Cost, tuple[VictimUnit, ...]] | None:
+        """A set that lets the domain hold the members, found at once (an upper bound, not the answer unless
+        nothing cheaper is found): every unit on the nodes in the search's order until those hold the members
+        still missing, then each unit not needed for that let go, the last taken first; None when the units'
+        limits do not allow the set."""
+        missing = self.domain.members - self.outside
+        freed: dict[str, set[str]] = {n: set() for n in self.order}
+        taken: dict[str, VictimUnit] = {}
+        held = sum(self.base[n] for n in self.order)
+        for n in self.order:
+            if held >= missing:
+                break
+            for u in (*self.local[n], *self.spanning_on.get(n, ())):
+                if u.key in taken:
+                    continue
+                taken[u.key] = u
+                for m, devs in u.freed:
+                    if m in freed:
+                        before = self.capacity(m, frozenset(freed[m]))
+                        freed[m].update(devs)
+                        held += self.capacity(m, frozenset(freed[m])) - before
+        if held < missing:
+            return None
+        for key in reversed(list(taken)):
+            u = taken[key]
+            loss = 0
+            for m in dict.fromkeys(m for m, _d in u.freed if m in freed):
+                mine = {d for node, devs in u.freed if node == m for d in devs}
+                loss += self.capacity(m, frozenset(freed[m])) - self.capacity(m, frozenset(freed[m] - mine))
+            if held - loss >= missing:
+                del taken[key]
+                held -= loss
+                for m, devs in u.freed:
+                    if m in freed:
+                        freed[m].difference_update(devs)
+        units = tuple(taken.values())
+        if not self._fits_cap(units):
+            return None
+        return cost_of(units, self.allowed), units
+
     def _tick(self) -> bool:
         self.steps[0] += 1
-        if self.steps[0] > self.max_steps:
+        over = self.steps[0] > self.max_steps
+        if (
+            not over
+            and self.steps[0] % _CLOCK_EVERY == 0
+            and (self.best is not None or self.bound is not None)
+            and time.monotonic() > self.deadline
+        ):
+            over = True  # out of time with a set in hand (this domain's or an earlier one's): answer it
+        if over:
             self.complete = False
             return False
         return True
