@@ -97,6 +97,8 @@ class GangManager:
         # node selectors, taints, room); whole-gang preemption counts free room only there
         self.asked: dict[str, frozenset[str]] = {}
         self._evicted: set[str] = set()
+        # preemption victims the extender evicts: leaving already, although the cache may not show it yet
+        self.evicting: set[str] = set()
         self._ran: set[str] = set()  # elastic gangs seen running at their minimum (below it they fail whole)
         self._pruned_at = 0.0  # when limits and _ran last let go of gangs with no pod and no reservation left
         self.member_layouts = MemberLayouts(self, self.book, cache)
@@ -269,7 +271,8 @@ class GangManager:
             return frozenset(self.staying(res))
 
     def staying(self, res: Reservation) -> dict[str, list[PodInfo]]:
-        """Node -> the pods not leaving yet that hold devices of ``res``'s slots waiting there (lock held)."""
+        """Node -> the pods not leaving yet that hold devices of ``res``'s slots waiting there (lock held): not
+        terminating, and not among the victims the extender is evicting itself."""
         out: dict[str, list[PodInfo]] = {}
         for slot in res.slots:
             if not slot.waiting:
@@ -277,7 +280,9 @@ class GangManager:
             here = self.cache.nodes.holders(slot.node)
             for uid, devs in sorted(here.owners.items()) if here is not None else ():
                 pod = self.cache.pods.pod(uid)
-                if pod is not None and not pod.deleting and set(devs) & set(slot.devices):
+                if pod is None or pod.deleting or uid in self.evicting:
+                    continue  # leaving
+                if set(devs) & set(slot.devices):
                     out.setdefault(slot.node, []).append(pod)
         return out
 

@@ -406,6 +406,9 @@ class GangPreemption:
     def _evict(self, victims: Sequence[PodInfo], preemptor: PodInfo, gang: GangRef) -> None:
         if not victims:
             return
+        if len(self.gangs.evicting) > 100_000:
+            self.gangs.evicting.clear()
+        self.gangs.evicting.update(v.uid for v in victims)
         why = f"preempted by gang {gang.name!r} (pod {preemptor.key}, priority {preemptor.priority})"
         self.gangs.book.tell(functools.partial(self.host.preempt_victims, list(victims), why))
 

@@ -484,7 +484,7 @@ class _Search:
     def _greedy(self) -> tuple[Cost, tuple[VictimUnit, ...]] | None:
         """A set that lets the domain hold the members, found at once (an upper bound, not the answer unless
         nothing cheaper is found): every unit on the nodes in the search's order until those hold the members
-        still missing, then each unit not needed for that let go, the last taken first; None when the units'
+        still missing, then each unit not needed for that let go, the dearest first; None when the units'
         limits do not allow the set."""
         missing = self.domain.members - self.outside
         freed: dict[str, set[str]] = {n: set() for n in self.order}
@@ -504,7 +504,12 @@ class _Search:
                         held += self.capacity(m, frozenset(freed[m])) - before
         if held < missing:
             return None
-        for key in reversed(list(taken)):
+        # let go of the dearest units first (highest priority, then most pods and devices), so the set keeps
+        # the cheapest that suffice; among equals, the last taken first
+        dearest = sorted(
+            reversed(list(taken)), key=lambda k: (-taken[k].priority, -len(taken[k].pods), -taken[k].devices)
+        )
+        for key in dearest:
             u = taken[key]
             loss = 0
             for m in dict.fromkeys(m for m, _d in u.freed if m in freed):
