@@ -126,14 +126,16 @@ def _logged(call: Callable[[], None]) -> None:
         log.exception("background worker")
 
 
-def evict(api: KubeAPI, info: PodInfo) -> None:
+def evict(api: KubeAPI, info: PodInfo, refused: Callable[[PodInfo], None] | None = None) -> None:
     """Evict the pod (a member of a gang that failed, a whole-gang preemption's victim); one already gone is not
-    an error."""
+    an error; ``refused`` is told of a pod the API server would not evict (a disruption budget, an error)."""
     try:
         api.evict_pod(info.namespace, info.name, info.uid)
     except KubeError as exc:
         if exc.status != 404:
             log.warning("evicting %s: %s", info.key, exc)
+            if refused is not None:
+                refused(info)
 
 
 def write_layouts(api: KubeAPI, key: str, layouts: Iterable[tuple[PodInfo, str]]) -> None:

@@ -487,7 +487,11 @@ class Extender:
             self.event(info, "Preempted", why)
         api = self.api
         if api is not None:
-            self._background.put_batch([functools.partial(evict, api, info) for info in victims])
+            # a victim the API server would not evict is no longer leaving: the next member's preempt names it again
+            staying = self.gangs.evicting.discard
+            self._background.put_batch(
+                [functools.partial(evict, api, info, lambda p: staying(p.uid)) for info in victims]
+            )
 
     def _evict(self, info: PodInfo, reason: str, why: str) -> None:
         """An Event on the pod saying why, then its eviction on the background worker."""

@@ -453,3 +453,18 @@ def test_while_its_victims_go_a_member_leaves_kube_scheduler_only_the_nodes_of_v
         c.api.pods.pop(("default", f"lo-{n}"), None)
         c.cache.delete_pod(low[n])
     assert sorted(c.filter(w1).node_names) in (["a"], ["b"], ["a", "b"]), "its slots are open once they go"
+
+
+def test_a_victim_the_api_server_would_not_evict_is_named_again_to_the_next_member() -> None:
+    """The extender's eviction of the victim on b fails: it is not leaving after all, so kube-scheduler may
+    preempt on b for the next member, and the preempt verb names it there."""
+    c = _racks()
+    low = {n: _low(c, n) for n in "abcd"}
+    w0 = _member(c, "w0")
+    w1 = _member(c, "w1")
+    _preempt(c, w0, _uids(low))
+    assert c.filter(w1).failed_nodes.keys() == {"a"}, "b's victim is being evicted by the extender"
+    c.api.fail["evict"] = 1
+    assert _evicted(c) == ["lo-b"]
+    assert sorted(c.filter(w1).failed_nodes) == ["a", "b"], "refused: b's victim stays"
+    assert _preempt_only(c, w1, {"b": [low["b"]["metadata"]["uid"]]}) == {"b": [low["b"]["metadata"]["uid"]]}

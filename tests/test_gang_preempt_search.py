@@ -245,7 +245,9 @@ def test_budget_violations_count_as_kube_scheduler_counts_them() -> None:
     assert budget_violations(pods, {}) == 0, "a budget not listed limits nothing"
 
 
-def _spanning_cluster(nodes: int) -> tuple[list[str], list[VictimUnit], NodeTopology]:
+def _spanning_cluster(
+    nodes: int,
+) -> tuple[list[str], list[VictimUnit], dict[str, NodeTopology], dict[str, frozenset[str]]]:
     """``nodes`` full:8 nodes, each half held by a pod of priority 0..2 (seeded by position), every other
     node's second half paired with the next node's into a rigid two-member gang: a search that finds a set
     at once and needs many more steps to show that none is cheaper."""
@@ -256,16 +258,14 @@ def _spanning_cluster(nodes: int) -> tuple[list[str], list[VictimUnit], NodeTopo
     for i in range(0, nodes - 1, 2):
         a, b = names[i], names[i + 1]
         units.append(VictimUnit(f"g{i}", (VictimPod(f"{a}-1", 0), VictimPod(f"{b}-1", 0)), ((a, high), (b, high))))
-    return names, units, topo
+    return names, units, dict.fromkeys(names, topo), dict.fromkeys(names, frozenset[str]())
 
 
 def test_out_of_time_the_search_answers_a_set_it_found_that_frees_the_gang() -> None:
     """A bound of zero seconds: the search stops at its first reading of the clock once it holds a set
     (inexact, where the step bound alone lets it finish, exact), and that set lets the domain hold the
     gang; unbounded in seconds it finds no dearer set."""
-    names, units, topo = _spanning_cluster(16)
-    topologies = dict.fromkeys(names, topo)
-    free = dict.fromkeys(names, frozenset[str]())
+    names, units, topologies, free = _spanning_cluster(16)
     shape = parse_shape("ring", count=8)
     quick = choose_gang_victims(ClusterView(), topologies, free, units, shape, 8, max_seconds=0.0)
     steps = choose_gang_victims(ClusterView(), topologies, free, units, shape, 8)
@@ -283,9 +283,7 @@ def test_out_of_time_a_search_that_has_found_nothing_yet_goes_on_to_its_first_se
     a few steps still answers one (only the step bound stops a search empty-handed)."""
     monkeypatch.setattr(gangpreempt, "_CLOCK_EVERY", 1)
     monkeypatch.setattr(gangpreempt._Search, "_greedy", lambda self: None)
-    names, units, topo = _spanning_cluster(16)
-    topologies = dict.fromkeys(names, topo)
-    free = dict.fromkeys(names, frozenset[str]())
+    _names, units, topologies, free = _spanning_cluster(16)
     ring8 = parse_shape("ring", count=8)
     assert choose_gang_victims(ClusterView(), topologies, free, units, ring8, 16, max_steps=16) is None
     found = choose_gang_victims(ClusterView(), topologies, free, units, ring8, 16, max_seconds=0.0)
@@ -293,9 +291,7 @@ def test_out_of_time_a_search_that_has_found_nothing_yet_goes_on_to_its_first_se
 
 
 def test_the_search_starts_from_a_greedy_set_so_even_one_step_answers_a_set_that_frees_the_gang() -> None:
-    names, units, topo = _spanning_cluster(16)
-    topologies = dict.fromkeys(names, topo)
-    free = dict.fromkeys(names, frozenset[str]())
+    names, units, topologies, free = _spanning_cluster(16)
     ring8 = parse_shape("ring", count=8)
     found = choose_gang_victims(ClusterView(), topologies, free, units, ring8, 8, max_steps=1)
     best = choose_gang_victims(ClusterView(), topologies, free, units, ring8, 8)
