@@ -416,9 +416,12 @@ class GangPreemption:
         self, info: PodInfo, res: Reservation, proposed: Mapping[str, tuple[tuple[str, ...], int]]
     ) -> dict[str, MetaVictims] | None:
         """A gang whose reservation waits for victims (lock held): those on a waiting slot that are not
-        leaving yet, on one node; nobody while they are all leaving; None without a waiting slot."""
+        leaving yet, on one node; nobody while they are all leaving, nor for a member whose slot is reserved
+        already (kube-scheduler, whose view may lag the extender's, still counts the last victims there: the
+        member binds once it sees them gone); None without a waiting slot or an open one for the member."""
         if not any(s.waiting for s in res.slots):
-            return None
+            own = info.rank.value if info.rank is not None else None
+            return {} if res.open_nodes(info.uid, own) else None
         by_node: dict[str, list[str]] = {}
         for node, pods in self.gangs.staying(res).items():
             lower = [p.uid for p in pods if p.priority < info.priority]

@@ -468,3 +468,19 @@ def test_a_victim_the_api_server_would_not_evict_is_named_again_to_the_next_memb
     assert _evicted(c) == ["lo-b"]
     assert sorted(c.filter(w1).failed_nodes) == ["a", "b"], "refused: b's victim stays"
     assert _preempt_only(c, w1, {"b": [low["b"]["metadata"]["uid"]]}) == {"b": [low["b"]["metadata"]["uid"]]}
+
+
+def test_a_member_whose_slot_is_reserved_names_nobody_while_kube_scheduler_still_sees_the_victims() -> None:
+    """Every victim gone to the extender, but kube-scheduler's view lags and it asks for a member, proposing
+    the pods on another node: nobody is named (the member binds to its slot once kube-scheduler catches up)."""
+    c = _racks()
+    low = {n: _low(c, n) for n in "abcd"}
+    w0, w1 = _member(c, "w0"), _member(c, "w1")
+    _preempt(c, w0, _uids(low))
+    for n in "ab":
+        c.api.pods.pop(("default", f"lo-{n}"), None)
+        c.cache.delete_pod(low[n])
+    assert not c.ext.gangs.book.reservations["default/g"].waiting_nodes()
+    assert _preempt_only(c, w1, {"c": [low["c"]["metadata"]["uid"]]}) == {}
+    assert "lo-c" not in _evicted(c)
+    assert c.schedule(w1) in "ab"
