@@ -270,6 +270,11 @@ class GangManager:
                 return None
             return frozenset(self.staying(res))
 
+    def evicting_now(self, uids: Iterable[str]) -> None:
+        """The extender evicts these preemption victims itself: they count as leaving (:meth:`staying`) until a
+        refused eviction takes one back (``evicting.discard``)."""
+        _remember(self.evicting, uids)
+
     def staying(self, res: Reservation) -> dict[str, list[PodInfo]]:
         """Node -> the pods not leaving yet that hold devices of ``res``'s slots waiting there (lock held): not
         terminating, and not among the victims the extender is evicting itself."""
@@ -523,9 +528,7 @@ class GangManager:
                 for _uid, p in self._members(key)
                 if p.uid != except_uid and p.uid not in self._evicted and not p.deleting
             ]
-            self._evicted.update(p.uid for p in victims)
-            if len(self._evicted) > 100_000:
-                self._evicted.clear()
+            _remember(self._evicted, (p.uid for p in victims))
             self._ran.discard(key)
         if victims or released:
             log.warning("gang %s failed (%s): evicting %d members", key, why, len(victims))
@@ -588,3 +591,11 @@ class GangManager:
             for _uid, p in self._members(key):
                 return p.gang
         return None
+
+
+def _remember(uids_seen: set[str], uids: Iterable[str]) -> None:
+    """Add ``uids`` to a set of pods the extender evicted, forgotten whole past 100,000 (a uid is never reused;
+    one forgotten is at worst evicted or counted again)."""
+    if len(uids_seen) > 100_000:
+        uids_seen.clear()
+    uids_seen.update(uids)

@@ -406,9 +406,7 @@ class GangPreemption:
     def _evict(self, victims: Sequence[PodInfo], preemptor: PodInfo, gang: GangRef) -> None:
         if not victims:
             return
-        if len(self.gangs.evicting) > 100_000:
-            self.gangs.evicting.clear()
-        self.gangs.evicting.update(v.uid for v in victims)
+        self.gangs.evicting_now(v.uid for v in victims)
         why = f"preempted by gang {gang.name!r} (pod {preemptor.key}, priority {preemptor.priority})"
         self.gangs.book.tell(functools.partial(self.host.preempt_victims, list(victims), why))
 
@@ -420,8 +418,7 @@ class GangPreemption:
         already (kube-scheduler, whose view may lag the extender's, still counts the last victims there: the
         member binds once it sees them gone); None without a waiting slot or an open one for the member."""
         if not any(s.waiting for s in res.slots):
-            own = info.rank.value if info.rank is not None else None
-            return {} if res.open_nodes(info.uid, own) else None
+            return {} if self.gangs.book.open_nodes_for(info) else None
         by_node: dict[str, list[str]] = {}
         for node, pods in self.gangs.staying(res).items():
             lower = [p.uid for p in pods if p.priority < info.priority]

@@ -11,15 +11,24 @@ complete (held whole) exactly when it costs nothing.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology import ClusterView, NodeTopology, Shape, build_preset, pack_node, parse_shape, place_gang
+from topology import (
+    ClusterView,
+    GangPlacement,
+    NodeTopology,
+    Shape,
+    build_preset,
+    pack_node,
+    parse_shape,
+    place_gang,
+)
 from topology.backfill import (
     choose_domain,
-    cost,
     covers,
     expected_start,
     held_now,
@@ -135,17 +144,17 @@ def cases(draw: st.DrawFn) -> Case:
 
 
 def _capacity(case: Case, nodes: list[str], healthy: bool = True) -> int:
-    return sum(
-        len(
-            pack_node(
-                case.topologies[n],
-                case.topologies[n].healthy_ids if healthy else case.free[n],
-                case.shape,
-                case.members,
-            )
-        )
-        for n in nodes
-    )
+    return _capacity_on(case, {n: case.topologies[n].healthy_ids if healthy else case.free[n] for n in nodes})
+
+
+def _capacity_on(case: Case, usable: Mapping[str, Collection[str]]) -> int:
+    """Disjoint placements of the case's shape on each node's ``usable`` devices, summed."""
+    return sum(len(pack_node(case.topologies[n], frozenset(f), case.shape, case.members)) for n, f in usable.items())
+
+
+def _busy(target: GangPlacement, free: Mapping[str, Collection[str]]) -> int:
+    """The target's devices not in ``free`` (what has to be freed before the gang can start)."""
+    return sum(d not in free.get(n, ()) for n, p in target.members for d in p.devices)
 
 
 def _name(case: Case, level: int, nodes: list[str]) -> str:
@@ -195,8 +204,7 @@ def test_a_target_in_every_domain_of_the_lowest_level_that_could_ever_hold_the_g
             assert len(devices) == len(set(devices)), "disjoint placements"
             assert set(devices) <= case.topologies[n].healthy_ids
         assert all(len(p.devices) == case.shape.size and p.valid for _n, p in target.members)
-        busy = sum(d not in case.free[n] for n, p in target.members for d in p.devices)
-        assert price == busy == cost(target, case.free)
+        assert price == _busy(target, case.free)
         if level == 0:
             (n,) = nodes
             on_free = _capacity(case, [n], healthy=False)
@@ -204,7 +212,7 @@ def test_a_target_in_every_domain_of_the_lowest_level_that_could_ever_hold_the_g
         domain = next(ns for ns in holding if nodes <= set(ns))
         healthy = {n: case.topologies[n].healthy_ids for n in domain}
         plain = place_gang(case.cluster, case.topologies, healthy, case.shape, case.members, within=level)
-        assert plain is not None and price <= cost(plain, case.free), "re-packing never needs more devices freed"
+        assert plain is not None and price <= _busy(plain, case.free), "re-packing never needs more devices freed"
 
 
 @settings(max_examples=200, deadline=None)
@@ -258,11 +266,7 @@ def test_each_domains_target_completes_at_the_earliest_time_its_devices_free_by_
         if done < math.inf:
             usable = by[done]
             assert all(d in usable[n] for n, p in target.members for d in p.devices), "a device not free by then"
-        assert price == cost(
+        assert price == _busy(
             target, {n: case.free[n] | {d for d, t in ready[n].items() if t <= now} for n in case.free}
         )
         assert all(len(p.devices) == case.shape.size and p.valid for _n, p in target.members)
-
-
-def _capacity_on(case: Case, usable: dict[str, set[str] | frozenset[str]]) -> int:
-    return sum(len(pack_node(case.topologies[n], frozenset(f), case.shape, case.members)) for n, f in usable.items())

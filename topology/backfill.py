@@ -35,7 +35,6 @@ __all__ = [
     "DomainCost",
     "Target",
     "choose_domain",
-    "cost",
     "covers",
     "expected_start",
     "held_now",
@@ -123,12 +122,6 @@ def held_now(target: GangPlacement, free_by_node: Mapping[str, Collection[str]])
 def covers(target: GangPlacement, held: Mapping[str, Collection[str]]) -> bool:
     """Whether ``held`` holds every device of ``target``: the gang can then be placed on it, at once."""
     return all(d in held.get(node, ()) for node, p in target.members for d in p.devices)
-
-
-def cost(target: GangPlacement, free_by_node: Mapping[str, Collection[str]]) -> int:
-    """The target's devices not free now (what still has to be freed before the gang starts)."""
-    free = held_now(target, free_by_node)
-    return sum(len(p.devices) for _n, p in target.members) - sum(len(v) for v in free.values())
 
 
 Ready = Mapping[str, Mapping[str, float]]
@@ -221,11 +214,11 @@ def _soonest(
             for n in healthy
         }
 
-    times = sorted({at for n in healthy for d, at in ready.get(n, {}).items() if d in healthy[n] and at < math.inf})
-    lo, hi = -1, len(times)  # by(times[lo]) does not hold the gang (-1: the free devices alone), by(times[hi]) does
     found = place_gang(cluster, topologies, now_free, shape, members, policy, level)
     if found is not None:
         return found, dict(now_free)
+    times = sorted({at for n in healthy for d, at in ready.get(n, {}).items() if d in healthy[n] and at < math.inf})
+    lo, hi = -1, len(times)  # by(times[lo]) does not hold the gang (-1: the free devices alone), by(times[hi]) does
     best: tuple[GangPlacement, dict[str, frozenset[str]]] | None = None
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -266,6 +259,31 @@ def targets(
     whole = place_gang(cluster, topologies, healthy, shape, members, policy, within)
     if whole is None:
         return {}
+
+    def target(nodes: list[str], level: int, name: str) -> Target | None:
+        """The target on ``nodes`` (one domain of ``level``) that completes first; None when it never holds the gang."""
+        mine = {n: healthy[n] for n in nodes}
+        now_free = {
+            n: (frozenset(free_by_node.get(n, ())) | {d for d, at in known.get(n, {}).items() if at <= now}) & mine[n]
+            for n in nodes
+        }
+        own = {n: topologies[n] for n in nodes}
+        soonest = _soonest(cluster, own, mine, now_free, known, shape, members, policy, level)
+        if soonest is None:
+            anyhow = place_gang(cluster, own, mine, shape, members, policy, level)
+            if anyhow is None:
+                return None
+            soonest = (anyhow, mine)
+        found, usable = soonest
+        by_node: dict[str, list[Placement]] = {}
+        for node, p in found.members:
+            by_node.setdefault(node, []).append(p)
+        repacked = {n: _free_first(own[n], now_free[n], shape, ps, policy, usable[n]) for n, ps in by_node.items()}
+        order = list(dict.fromkeys(n for n, _p in found.members))
+        placement = GangPlacement(name, tuple((n, p) for n in order for p in repacked[n]), found.level)
+        done, busy = readiness(((n, p.devices) for n, p in placement.members), now_free, known, now)
+        return Target(placement, done, busy)
+
     limit = cluster.top if within is None else within
     out: dict[str, Target] = {}
     for level in range(whole.level, limit + 1):
@@ -274,45 +292,7 @@ def targets(
             units.setdefault(cluster.unit(node, level), []).append(node)
         for key, nodes in units.items():
             name = nodes[0] if level == 0 else cluster.unit_name(level, key)
-            target = _target(cluster, topologies, free_by_node, known, now, nodes, shape, members, policy, level)
-            if target is not None and (level == whole.level or target.placement.level >= level):
-                out[name] = target
+            found = target(nodes, level, name)
+            if found is not None and (level == whole.level or found.placement.level >= level):
+                out[name] = found
     return out
-
-
-def _target(
-    cluster: ClusterView,
-    topologies: Mapping[str, NodeTopology],
-    free_by_node: Mapping[str, Collection[str]],
-    known: Ready,
-    now: float,
-    nodes: list[str],
-    shape: Shape,
-    members: int,
-    policy: DeviceRank,
-    level: int,
-) -> Target | None:
-    """The target on ``nodes`` (one domain of ``level``) that completes first (see :func:`targets`); None when
-    the domain could never hold the gang."""
-    mine = {n: topologies[n].healthy_ids for n in nodes}
-    now_free = {
-        n: (frozenset(free_by_node.get(n, ())) | {d for d, at in known.get(n, {}).items() if at <= now}) & mine[n]
-        for n in nodes
-    }
-    own = {n: topologies[n] for n in nodes}
-    soonest = _soonest(cluster, own, mine, now_free, known, shape, members, policy, level)
-    if soonest is None:
-        anyhow = place_gang(cluster, own, mine, shape, members, policy, level)
-        if anyhow is None:
-            return None
-        soonest = (anyhow, mine)
-    found, usable = soonest
-    by_node: dict[str, list[Placement]] = {}
-    for node, p in found.members:
-        by_node.setdefault(node, []).append(p)
-    repacked = {n: _free_first(topologies[n], now_free[n], shape, ps, policy, usable[n]) for n, ps in by_node.items()}
-    order = list(dict.fromkeys(n for n, _p in found.members))
-    name = nodes[0] if level == 0 else cluster.unit_name(level, cluster.unit(nodes[0], level))
-    target = GangPlacement(name, tuple((n, p) for n in order for p in repacked[n]), found.level)
-    done, busy = readiness(((n, p.devices) for n, p in target.members), now_free, known, now)
-    return Target(target, done, busy)
